@@ -1,0 +1,37 @@
+# The README's two commands: `make train` and `make test`. Both create .venv when it is missing.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Real text in enwik8's shape for machines without network (see ../shared/data/README.md);
+# on a machine with network, leave DATA empty and the enwik8 DataModule downloads enwik8.
+DATA ?= $(wildcard ../shared/data/textmix100m.gz)
+TRAIN_ARGS ?=
+
+.PHONY: setup train test test-slow bench-decode bench-train clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,hf]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+train: $(STAMP)
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m train experiment=enwik8_prophet $(if $(DATA),data.path=$(DATA)) $(TRAIN_ARGS)
+
+test: $(STAMP)
+	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m slow
+
+bench-decode: $(STAMP)
+	$(PY) scripts/bench_decode.py
+
+bench-train: $(STAMP)
+	$(PY) scripts/bench_train.py $(if $(DATA),--data $(DATA))
+
+clean:
+	rm -rf $(VENV) outputs multirun wandb .pytest_cache

@@ -1,0 +1,18 @@
+"""specdec_models: the pure-PyTorch side of specdec.
+
+Models (a decoder with a per-row KV cache, a main decoder with its prophet), lossless
+speculative decoding (`specdec_models.decode.generate`) and the export format
+(`save_export` / `load_export`). Never imports lightning, hydra or wandb.
+"""
+
+from .cache import KVCache
+from .config import ModelConfig, ProphetConfig
+from .errors import SpecdecError
+from .model import Decoder, DecoderOutput
+from .prophet import ModelWithProphet, ProphetLoss
+from .sampling import SamplingConfig
+
+__all__ = [
+    "Decoder", "DecoderOutput", "KVCache", "ModelConfig", "ModelWithProphet", "ProphetConfig",
+    "ProphetLoss", "SamplingConfig", "SpecdecError",
+]

@@ -1,0 +1,121 @@
+"""Model configurations: plain dataclasses that validate themselves and round-trip through JSON.
+
+The same dict lives in Hydra configs, in Lightning checkpoints' hyper-parameters and in exports,
+so a model can always be rebuilt from it without Hydra (as in litgpt and nanoGPT's model_args).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import SpecdecError, check
+
+
+def _from_dict(cls, data: dict[str, Any], what: str):
+    if not isinstance(data, dict):
+        raise SpecdecError(f"{what} must be a mapping, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    check(not unknown, f"{what}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    return cls(**data)
+
+
+def _positive_int(value: Any, name: str) -> None:
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+          f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of one decoder. `dim_head` must be even (rotary embeddings rotate pairs)."""
+
+    vocab_size: int = 256
+    dim: int = 512
+    depth: int = 10
+    heads: int = 8
+    dim_head: int = 64
+    ff_mult: int = 4
+    max_seq_len: int = 2048
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _positive_int(getattr(self, f.name), f"model.{f.name}")
+        check(self.dim_head % 2 == 0, f"model.dim_head must be even for rotary embeddings, got {self.dim_head}")
+
+    @property
+    def inner_dim(self) -> int:
+        return self.heads * self.dim_head
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        return _from_dict(cls, dict(data), "model config")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass(frozen=True)
+class ProphetConfig:
+    """The prophet: a small decoder that drafts from the main model's last-layer embeddings.
+
+    For an anchor position t of the main model, the prophet reads the main model's embeddings
+    h[t - num_leading_start_tokens + 1 .. t] (projected to the prophet's width) as leading start
+    tokens, then the tokens x[t+1], x[t+2], ... It learns to predict x[t+1 .. t+prophet_train_length]:
+    the first prediction comes from the last start token, so a decoding round of gamma drafts
+    needs prophet_train_length >= gamma + 1.
+
+    `windows_per_seq` trains on a random subset of anchors per sequence (None: every anchor, as
+    the seed does). `detach_embeds` stops the prophet's gradient at the main model's embeddings.
+    """
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(dim=512, depth=2))
+    prophet_train_length: int = 7
+    num_leading_start_tokens: int = 2
+    detach_embeds: bool = False
+    prophet_loss_weight: float = 1.0
+    windows_per_seq: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            object.__setattr__(self, "model", ModelConfig.from_dict(self.model))
+        check(isinstance(self.model, ModelConfig), "prophet.model must be a ModelConfig")
+        _positive_int(self.prophet_train_length, "prophet.prophet_train_length")
+        _positive_int(self.num_leading_start_tokens, "prophet.num_leading_start_tokens")
+        check(isinstance(self.detach_embeds, bool), "prophet.detach_embeds must be true or false")
+        check(isinstance(self.prophet_loss_weight, (int, float)) and self.prophet_loss_weight >= 0,
+              f"prophet.prophet_loss_weight must be >= 0, got {self.prophet_loss_weight!r}")
+        if self.windows_per_seq is not None:
+            _positive_int(self.windows_per_seq, "prophet.windows_per_seq")
+        window = self.window_len
+        check(window <= self.model.max_seq_len,
+              f"prophet.model.max_seq_len ({self.model.max_seq_len}) must hold a training window of "
+              f"num_leading_start_tokens + prophet_train_length - 1 = {window} positions")
+
+    @property
+    def window_len(self) -> int:
+        """Positions in one prophet training window: the start tokens, then train_length - 1 tokens."""
+        return self.num_leading_start_tokens + self.prophet_train_length - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProphetConfig":
+        return _from_dict(cls, dict(data), "prophet config")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ProphetConfig":
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,102 @@
+"""A main decoder and its prophet, trained jointly (or with the main model frozen).
+
+The prophet idea (see lucidrains/speculative-decoding, "speculative decoding with prophet"):
+a small decoder drafts the next tokens from the main model's last-layer embeddings instead of
+from scratch. For an anchor position t, the prophet's input is
+
+    [ P(h[t-S+1]), ..., P(h[t]),  x[t+1], x[t+2], ..., x[t+L-1] ]
+
+where h are the main model's last-layer embeddings, P a projection to the prophet's width (the
+identity when the widths agree), S = num_leading_start_tokens and L = prophet_train_length. Its
+outputs from the last start token on predict x[t+1 .. t+L]. Decoding uses exactly this layout:
+after a verify step the target's cache ends at the anchor t, x[t+1] is the token the target just
+emitted, and the prophet drafts x[t+2], ... from it.
+
+The joint loss is the main model's next-token loss plus `prophet_loss_weight` times the
+prophet's loss averaged over every anchor of every sequence, computed as one batched forward
+over all windows (no Python loop), or over `windows_per_seq` random anchors per sequence.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig, ProphetConfig
+from .errors import check
+from .model import Decoder
+
+
+class ProphetLoss(NamedTuple):
+    loss: Tensor
+    main_loss: Tensor
+    prophet_loss: Tensor
+
+
+def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy (nats) of logits (..., vocab) against labels (...)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+
+
+class ModelWithProphet(nn.Module):
+    def __init__(self, main: ModelConfig, prophet: ProphetConfig) -> None:
+        super().__init__()
+        check(main.vocab_size == prophet.model.vocab_size,
+              f"prophet vocabulary ({prophet.model.vocab_size}) differs from the main model's ({main.vocab_size})")
+        self.main_cfg = main
+        self.prophet_cfg = prophet
+        self.model = Decoder(main)
+        self.prophet = Decoder(prophet.model)
+        self.to_prophet_start = (nn.Identity() if main.dim == prophet.model.dim
+                                 else nn.Linear(main.dim, prophet.model.dim, bias=False))
+        if isinstance(self.to_prophet_start, nn.Linear):
+            nn.init.normal_(self.to_prophet_start.weight, std=main.dim ** -0.5)
+
+    @property
+    def num_start_tokens(self) -> int:
+        return self.prophet_cfg.num_leading_start_tokens
+
+    def start_tokens(self, embeds: Tensor) -> Tensor:
+        """Project main-model embeddings (..., main dim) to prophet start tokens (..., prophet dim)."""
+        return self.to_prophet_start(embeds)
+
+    def anchors(self, seq_len: int, batch: int, generator: torch.Generator | None = None,
+                device: torch.device | None = None) -> Tensor:
+        """Anchor positions (batch, W) whose windows fit in a training sequence of seq_len + 1 tokens."""
+        S, L = self.num_start_tokens, self.prophet_cfg.prophet_train_length
+        first, last = S - 1, seq_len - L           # t needs h[t-S+1] and labels up to x[t+L]
+        count = last - first + 1
+        check(count >= 1, f"seq_len {seq_len} is too short for prophet windows of "
+                          f"{S} start tokens + {L} predicted tokens")
+        k = self.prophet_cfg.windows_per_seq
+        if k is None or k >= count:
+            return torch.arange(first, last + 1, device=device).expand(batch, count)
+        scores = torch.rand(batch, count, generator=generator, device=generator.device if generator else device)
+        return scores.argsort(dim=-1)[:, :k].to(device) + first
+
+    def prophet_loss(self, seq: Tensor, main_embeds: Tensor, anchors: Tensor) -> Tensor:
+        """Prophet loss over the windows at `anchors` (b, W) of `seq` (b, n + 1), given the main
+        model's embeddings (b, n, dim) of seq[:, :n]."""
+        S, L = self.num_start_tokens, self.prophet_cfg.prophet_train_length
+        b, W = anchors.shape
+        rows = torch.arange(b, device=seq.device)[:, None, None]
+        start = self.start_tokens(main_embeds)                                  # (b, n, d)
+        start = start[rows, anchors[..., None] + torch.arange(1 - S, 1, device=seq.device)]  # (b, W, S, d)
+        targets = seq[rows, anchors[..., None] + torch.arange(1, L + 1, device=seq.device)]  # (b, W, L)
+        hidden = self.prophet.hidden(targets[..., :-1].flatten(0, 1), start=start.flatten(0, 1))
+        logits = self.prophet.logits(hidden[:, S - 1:])                        # (b W, L, vocab)
+        return next_token_loss(logits, targets.flatten(0, 1))
+
+    def forward(self, seq: Tensor, generator: torch.Generator | None = None) -> ProphetLoss:
+        """Joint loss on token sequences `seq` (b, n + 1): inputs seq[:, :-1], labels seq[:, 1:]."""
+        embeds = self.model.hidden(seq[:, :-1])
+        main_loss = next_token_loss(self.model.logits(embeds), seq[:, 1:])
+        if self.prophet_cfg.detach_embeds:
+            embeds = embeds.detach()
+        anchors = self.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
+        prophet_loss = self.prophet_loss(seq, embeds, anchors)
+        loss = main_loss + self.prophet_cfg.prophet_loss_weight * prophet_loss
+        return ProphetLoss(loss, main_loss, prophet_loss)

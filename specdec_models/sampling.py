@@ -1,0 +1,82 @@
+"""Turning logits into the distributions that decoding samples from: the one implementation.
+
+The draft, the target and plain decoding all call `process_logits` and `to_probs` with the same
+settings, so speculative decoding reproduces exactly the processed target distribution (a
+frequent bug in public implementations is processing one side only). Order, as in Hugging Face
+transformers: temperature, then top-k, then top-p. Temperature 0 is greedy: a one-hot on the
+argmax (first index on ties, `torch.argmax`'s rule, used everywhere), never a division by a
+small number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .errors import check
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        check(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 and t == t,
+              f"temperature must be >= 0, got {t!r}")
+        if self.top_k is not None:
+            check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 1,
+                  f"top_k must be an integer >= 1, got {self.top_k!r}")
+        if self.top_p is not None:
+            check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+                  f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def process_logits(logits: Tensor, cfg: SamplingConfig) -> Tensor:
+    """fp32 logits (..., vocab) after temperature, top-k and top-p; filtered entries are -inf."""
+    logits = logits.float()
+    if cfg.temperature not in (0, 1):
+        logits = logits / cfg.temperature
+    if cfg.top_k is not None and cfg.top_k < logits.shape[-1]:
+        kth = logits.topk(cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p is not None and cfg.top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # keep a token while the mass before it is below top_p (so the top token always stays)
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cfg.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def to_probs(logits: Tensor, cfg: SamplingConfig) -> Tensor:
+    """The processed distribution (..., vocab) in fp32; a one-hot on the argmax when greedy."""
+    if cfg.greedy:
+        probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        return probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return process_logits(logits, cfg).softmax(dim=-1)
+
+
+def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of probs (..., vocab) -> (...)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """norm(max(0, p - q)) per row, the distribution of the correction token after a rejection.
+
+    Where p == q the residual has no mass; a rejection then has probability 0, but rounding can
+    still produce one, so those rows fall back to p (keeps the result finite and normalised)."""
+    r = (p - q).clamp_(min=0)
+    mass = r.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp(min=torch.finfo(r.dtype).tiny), p)
