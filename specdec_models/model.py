@@ -80,17 +80,31 @@ class Block(nn.Module):
         self.ff = nn.Sequential(nn.Linear(cfg.dim, cfg.dim * cfg.ff_mult), nn.GELU(),
                                 nn.Linear(cfg.dim * cfg.ff_mult, cfg.dim))
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, *, cache: KVCache | None = None,
-                layer: int = 0, pos: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+    def qkv(self, x: Tensor) -> Tensor:
+        """Queries, keys and values (b, n, 3 * heads * dim_head) before rotary embedding. Depends
+        on each position alone, so the prophet's training computes it once per position."""
+        return self.to_qkv(self.attn_norm(x))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, *, qkv: Tensor | None = None,
+                cache: KVCache | None = None, layer: int = 0, pos: Tensor | None = None,
+                mask: Tensor | None = None, queries_from: int = 0) -> Tensor:
+        """x (b, n, dim) -> (b, n - queries_from, dim). `queries_from` > 0 computes the outputs of
+        the last positions only (their keys and values still come from all n positions)."""
         # b: batch, n: new positions, h: heads, d: dim_head
-        q, k, v = rearrange(self.to_qkv(self.attn_norm(x)), "b n (qkv h d) -> qkv b h n d", qkv=3, h=self.heads)
+        qkv = self.qkv(x) if qkv is None else qkv
+        q, k, v = rearrange(qkv, "b n (qkv h d) -> qkv b h n d", qkv=3, h=self.heads)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        if cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
+        if cache is not None:
             k, v = cache.update(layer, pos, k, v, mask.shape[-1])
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif queries_from:
+            n = x.shape[1]
+            x, q = x[:, queries_from:], q[:, :, queries_from:]
+            causal = torch.ones(n - queries_from, n, dtype=torch.bool, device=x.device).tril(queries_from)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.to_out(rearrange(out, "b h n d -> b n (h d)"))
         return x + self.ff(self.ff_norm(x))
 

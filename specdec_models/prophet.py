@@ -79,16 +79,47 @@ class ModelWithProphet(nn.Module):
 
     def prophet_loss(self, seq: Tensor, main_embeds: Tensor, anchors: Tensor) -> Tensor:
         """Prophet loss over the windows at `anchors` (b, W) of `seq` (b, n + 1), given the main
-        model's embeddings (b, n, dim) of seq[:, :n]."""
+        model's embeddings (b, n, dim) of seq[:, :n].
+
+        Same result as running `self.prophet` on each window (see `window_inputs`), with two
+        savings: the first layer's query/key/value projection depends on each position alone, so
+        it runs once per sequence position instead of once per window position (the windows
+        overlap about train_length-fold); and the last layer computes outputs only from the last
+        start token on, the positions that have labels."""
         S, L = self.num_start_tokens, self.prophet_cfg.prophet_train_length
-        b, W = anchors.shape
-        rows = torch.arange(b, device=seq.device)[:, None, None]
-        start = self.start_tokens(main_embeds)                                  # (b, n, d)
-        start = start[rows, anchors[..., None] + torch.arange(1 - S, 1, device=seq.device)]  # (b, W, S, d)
-        targets = seq[rows, anchors[..., None] + torch.arange(1, L + 1, device=seq.device)]  # (b, W, L)
-        hidden = self.prophet.hidden(targets[..., :-1].flatten(0, 1), start=start.flatten(0, 1))
-        logits = self.prophet.logits(hidden[:, S - 1:])                        # (b W, L, vocab)
-        return next_token_loss(logits, targets.flatten(0, 1))
+        b, n = main_embeds.shape[:2]
+        P = S + L - 1                                                          # positions per window
+        prophet = self.prophet
+        # per-position inputs: start tokens for positions 0..n-1, token embeddings for 0..n
+        inputs = torch.cat([self.start_tokens(main_embeds), prophet.token_emb(seq)], 1)  # (b, 2n + 1, d)
+        index = self._window_index(anchors, n, S, L)                           # (b, W, P) into dim 1
+        flat = (index + torch.arange(b, device=seq.device)[:, None, None] * inputs.shape[1]).flatten()
+        gather = lambda t: t.flatten(0, 1).index_select(0, flat).view(b * anchors.shape[1], P, -1)  # noqa: E731
+        x = gather(inputs)                                                     # (b W, P, d)
+        qkv = gather(prophet.layers[0].qkv(inputs))                            # (b W, P, 3 inner)
+        cos, sin = prophet.rotary(P, x.dtype)
+        depth = len(prophet.layers)
+        for i, block in enumerate(prophet.layers):
+            x = block(x, cos, sin, qkv=qkv if i == 0 else None, queries_from=S - 1 if i == depth - 1 else 0)
+        targets = seq.gather(1, (anchors[..., None] + torch.arange(1, L + 1, device=seq.device)).flatten(1))
+        return next_token_loss(prophet.logits(x), targets.view(-1, L))
+
+    @staticmethod
+    def _window_index(anchors: Tensor, n: int, S: int, L: int) -> Tensor:
+        """Index (b, W, S + L - 1) into [start tokens (n); token embeddings (n + 1)] for each window:
+        start tokens of positions t-S+1..t, then the tokens at positions t+1..t+L-1."""
+        offsets = torch.cat([torch.arange(1 - S, 1), n + torch.arange(1, L)]).to(anchors.device)
+        return anchors[..., None] + offsets
+
+    def window_inputs(self, seq: Tensor, main_embeds: Tensor, anchors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The plain form of the prophet's training windows: (start (bW, S, d), tokens (bW, L-1),
+        labels (bW, L)), for a prophet call `self.prophet(tokens, start=start)` whose outputs from
+        position S-1 on predict the labels. Used by tests to check `prophet_loss`."""
+        S, L = self.num_start_tokens, self.prophet_cfg.prophet_train_length
+        rows = torch.arange(seq.shape[0], device=seq.device)[:, None, None]
+        start = self.start_tokens(main_embeds)[rows, anchors[..., None] + torch.arange(1 - S, 1, device=seq.device)]
+        labels = seq[rows, anchors[..., None] + torch.arange(1, L + 1, device=seq.device)]
+        return start.flatten(0, 1), labels[..., :-1].flatten(0, 1), labels.flatten(0, 1)
 
     def forward(self, seq: Tensor, generator: torch.Generator | None = None) -> ProphetLoss:
         """Joint loss on token sequences `seq` (b, n + 1): inputs seq[:, :-1], labels seq[:, 1:]."""
