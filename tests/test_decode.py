@@ -303,3 +303,19 @@ def test_bad_input_gives_a_one_line_error(kwargs, message):
     with pytest.raises(SpecdecError, match=message) as err:
         generate(tiny(), **args)
     assert "\n" not in str(err.value)
+
+
+def test_rows_that_finish_early_in_a_long_batch_never_overflow_the_cache():
+    # Rows accept different counts, so they reach max_new_tokens in different rounds, some in
+    # the middle of an accepted block; finished rows keep being fed (frozen) while others go on,
+    # and their caches must stay within capacity.
+    target = tiny(sharpen=2.0)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(3)
+    prompts = torch.randint(0, V, (8, 20), generator=g)
+    got, stats = generate(target, prompts, 60, draft=draft, gamma=5, generator=g)
+    assert [len(t) for t in got] == [60] * 8
+    assert 0.3 < stats.acceptance_rate < 0.98

@@ -293,7 +293,8 @@ def _verify(target, cache, rows, proposal, stats, sampling, pick, eos_id, genera
     stats.accepted += int((k * active).sum())
     stats.accepted_at += (prefix * active[:, None]).sum(0)
     rows.emit(block, k + 1, eos_id)
-    cache.rollback(torch.where(active, before + 1 + k, before))
+    # keep [pending, accepted drafts]; a row cut short by EOS or max_new_tokens keeps less
+    cache.rollback(torch.where(active, torch.minimum(before + 1 + k, rows.seq_len - 1), before))
 
 
 def _finish(stats: DecodeStats, rows: _Rows) -> None:
