@@ -319,3 +319,15 @@ def test_rows_that_finish_early_in_a_long_batch_never_overflow_the_cache():
     got, stats = generate(target, prompts, 60, draft=draft, gamma=5, generator=g)
     assert [len(t) for t in got] == [60] * 8
     assert 0.3 < stats.acceptance_rate < 0.98
+
+
+def test_sampling_with_a_copy_of_the_target_as_draft_accepts_everything():
+    # p == q at every drafted position iff the draft's cache is right after every round (the
+    # catch-up after a full acceptance, rollback after a rejection): any draft-state bug makes
+    # q differ from p somewhere and shows up as a rejection.
+    target = tiny(sharpen=2.0)
+    g = torch.Generator().manual_seed(5)
+    _, stats = generate(target, ragged_prompts(), 50, draft=copy.deepcopy(target), gamma=4,
+                        temperature=0.8, top_k=20, generator=g)
+    assert stats.acceptance_rate == 1.0
+    assert stats.alpha == pytest.approx(1.0, abs=1e-5)
