@@ -8,6 +8,7 @@ speculative decoding (`specdec_models.decode.generate`) and the export format
 from .cache import KVCache
 from .config import ModelConfig, ProphetConfig
 from .errors import SpecdecError
+from .export import export_hash, load_export, save_export
 from .model import Decoder, DecoderOutput
 from .prophet import ModelWithProphet, ProphetLoss
 from .sampling import SamplingConfig
@@ -15,4 +16,5 @@ from .sampling import SamplingConfig
 __all__ = [
     "Decoder", "DecoderOutput", "KVCache", "ModelConfig", "ModelWithProphet", "ProphetConfig",
     "ProphetLoss", "SamplingConfig", "SpecdecError",
+    "export_hash", "load_export", "save_export",
 ]

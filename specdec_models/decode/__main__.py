@@ -1,0 +1,159 @@
+"""The decoding CLI: `python -m specdec_models.decode --export DIR --prompt TEXT`.
+
+Loads an export (see `specdec_models.export`), encodes the prompt with the export's tokenizer
+(kind "bytes": the UTF-8 bytes, token id = byte value), runs `generate` with the chosen method
+and prints each row's continuation and the decoding stats (DECODING.md defines them), or one JSON
+object with `--json`. Methods: `base` (one target call per token), `draft` (a second export
+drafts, `--draft DIR`), `prophet` (a model_with_prophet export drafts with its own prophet).
+Every bad input is one line `error: ...` on stderr and exit status 2.
+
+    python -m specdec_models.decode --export outputs/run/export --prompt "The quick brown fox" \
+        --gamma 5 --temperature 0.8 --top-p 0.95 --max-new-tokens 200 --batch 4 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+
+from ..errors import SpecdecError, check
+from ..export import load_export
+from ..model import Decoder
+from ..prophet import ModelWithProphet
+from ..sampling import SamplingConfig
+from . import generate
+
+METHODS = ("base", "draft", "prophet")
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints the usage and exits on a bad argument; this CLI answers one line, exit 2."""
+
+    def error(self, message: str):
+        raise _UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m specdec_models.decode",
+                     description="Generate text from a specdec export with plain or speculative decoding.")
+    parser.add_argument("--export", required=True, metavar="DIR",
+                        help="the target's export directory (a decoder or a model_with_prophet)")
+    parser.add_argument("--prompt", required=True, help="prompt text, encoded as UTF-8 bytes")
+    parser.add_argument("--draft", metavar="DIR",
+                        help="export of the draft model for --method draft (a decoder export, or a "
+                             "model_with_prophet export whose main model then drafts)")
+    parser.add_argument("--method", choices=METHODS,
+                        help="default: draft with --draft, prophet for a model_with_prophet export, else base")
+    parser.add_argument("--gamma", type=int, default=5, help="tokens drafted per round (default 5)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=1, help="decode the prompt N times as one batch")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampling generator")
+    parser.add_argument("--eos-id", type=int, default=None, help="stop a row after this token")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        result = run(args)
+    except (_UsageError, SpecdecError) as error:
+        message = " ".join(str(error).split())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, allow_nan=False))
+    else:
+        print(format_text(result))
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Check the arguments, load the models, decode; return the JSON result."""
+    # settings first, so a typo is reported before any model is loaded
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    check(args.gamma >= 1, f"--gamma must be >= 1, got {args.gamma}")
+    check(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
+    check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
+    prompt_bytes = args.prompt.encode("utf-8", errors="surrogateescape")
+    check(len(prompt_bytes) > 0, "--prompt is empty: give at least one character")
+
+    exported = load_export(args.export)
+    target = exported.model if isinstance(exported, ModelWithProphet) else exported
+    method = args.method or ("draft" if args.draft else "prophet" if isinstance(exported, ModelWithProphet) else "base")
+    draft = prophet = None
+    if method == "draft":
+        check(args.draft is not None, "--method draft needs --draft DIR, the draft model's export")
+        draft = load_export(args.draft)
+        draft = draft.model if isinstance(draft, ModelWithProphet) else draft
+        check(draft.vocab_size == target.vocab_size,
+              f"the draft's vocabulary ({draft.vocab_size} tokens, {args.draft}) differs from the target's "
+              f"({target.vocab_size} tokens, {args.export}): use a draft trained on the same tokenizer")
+    else:
+        check(args.draft is None, f"--draft is only used by --method draft, not --method {method}")
+    if method == "prophet":
+        check(isinstance(exported, ModelWithProphet),
+              f"--method prophet needs a model_with_prophet export, {args.export} holds a plain decoder: "
+              f"use --method base or --method draft --draft DIR")
+        prophet = exported
+
+    prompt = encode_bytes(prompt_bytes, target)
+    tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
+                             prophet=prophet, gamma=args.gamma, temperature=sampling.temperature,
+                             top_k=sampling.top_k, top_p=sampling.top_p, eos_id=args.eos_id,
+                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
+    continuations = [bytes(t.tolist()).decode("utf-8", errors="replace") for t in tokens]
+    return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
+
+
+def encode_bytes(data: bytes, target: Decoder) -> torch.Tensor:
+    """Prompt bytes -> token ids (1, n) for the "bytes" tokenizer, checked against the model."""
+    vocab, max_len = target.vocab_size, target.cfg.max_seq_len
+    outside = sorted({b for b in data if b >= vocab})
+    check(not outside, f"the prompt holds byte(s) {', '.join(f'0x{b:02x}' for b in outside[:5])} outside the "
+                       f"model's vocabulary of {vocab} tokens (token id = UTF-8 byte value): use ASCII "
+                       f"below {vocab}")
+    check(len(data) <= max_len, f"the prompt is {len(data)} bytes, more than the model's max_seq_len {max_len}: "
+                                f"shorten it")
+    return torch.tensor(list(data), dtype=torch.long)[None]
+
+
+def _printable(text: str) -> str:
+    # a random or half-trained model emits control bytes; escape them so they cannot drive the terminal
+    return "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def format_text(result: dict[str, Any]) -> str:
+    rows = result["continuations"]
+    lines = []
+    for i, text in enumerate(rows):
+        if len(rows) > 1:
+            lines.append(f"--- row {i}")
+        lines.append(_printable(text))
+    s = result["stats"]
+    summary = (f"--- {result['method']}: {s['new_tokens']} new tokens in {s['wall_seconds']:.2f} s "
+               f"({s['tokens_per_second']:.1f} tokens/s), {s['target_calls']} target calls, "
+               f"{s['tokens_per_call']:.2f} tokens per call")
+    if s.get("acceptance_rate") is not None:
+        alpha = "n/a" if s.get("alpha") is None else f"{s['alpha']:.3f}"
+        per_position = " ".join(f"{a:.2f}" for a in s.get("per_position_acceptance", []))
+        summary += (f", acceptance rate {s['acceptance_rate']:.3f} ({s['accepted']}/{s['drafted']}), "
+                    f"alpha {alpha}, per position [{per_position}]")
+    lines.append(summary)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The export format: what decoding loads, written atomically and read without pickle.
+
+An export is a directory holding
+
+    config.json                      {"format": "specdec-export", "format_version": 1,
+                                      "kind": "decoder" | "model_with_prophet",
+                                      "main": ModelConfig dict, "prophet": ProphetConfig dict or null,
+                                      "tokenizer": {"kind": "bytes"},
+                                      "weights": "weights-<sha256[:16]>.safetensors",
+                                      "weights_sha256": "<hex>", "metadata": {...}}
+    weights-<sha256[:16]>.safetensors   the model's state_dict
+
+A `model_with_prophet` export holds the state_dict of a `ModelWithProphet` (main model, prophet and
+the start projection); a `decoder` export a `Decoder`'s. Loading rebuilds the model from the JSON
+configs and copies the safetensors tensors in with `load_state_dict`, so nothing is unpickled.
+
+Writing is crash-safe: the weights go to a new file named after their hash (temp name, fsync,
+rename), then config.json is replaced in one `os.replace`, the single commit point. A crash at any
+moment leaves either the old export or the new one readable; weights files that no committed
+config references are deleted by the next successful save. One writer per directory at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig, ProphetConfig
+from .errors import SpecdecError, check
+from .model import Decoder
+from .prophet import ModelWithProphet
+
+FORMAT = "specdec-export"
+FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
+_TMP_PREFIX = ".tmp-"     # in-progress files; a crashed save can leave them, the next one removes them
+
+
+# ---------------------------------------------------------------- writing
+
+def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet, *,
+                tokenizer: str | dict[str, Any] = "bytes", metadata: dict[str, Any] | None = None) -> Path:
+    """Write `model` as an export into `directory` (created if needed) and return its path.
+
+    Replaces a previous export in the same directory atomically. `metadata` must be plain JSON
+    values (run name, training step, ...)."""
+    directory = Path(directory)
+    if isinstance(model, ModelWithProphet):
+        kind, main, prophet = "model_with_prophet", model.main_cfg, model.prophet_cfg
+    elif isinstance(model, Decoder):
+        kind, main, prophet = "decoder", model.cfg, None
+    else:
+        raise SpecdecError(f"can only export a Decoder or a ModelWithProphet, got {type(model).__name__}")
+    tokenizer_dict = _tokenizer_dict(tokenizer)
+    metadata = {} if metadata is None else metadata
+    check(isinstance(metadata, dict), f"export metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise SpecdecError(f"export metadata must hold plain JSON values: {_one_line(error)}") from None
+
+    check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
+    _refuse_foreign_config(directory / CONFIG_NAME)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    # Decoder stores some weights column-major; safetensors wants contiguous tensors. The layout
+    # comes back on load, because load_state_dict copies into the freshly built model's strides.
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    temps: list[Path] = []
+    try:
+        tmp_weights = directory / f"{_TMP_PREFIX}weights-{uuid.uuid4().hex}.safetensors"
+        temps.append(tmp_weights)
+        save_file(tensors, str(tmp_weights))
+        _fsync_file(tmp_weights)
+        digest = _sha256(tmp_weights)
+        weights_name = f"weights-{digest[:16]}.safetensors"
+        os.replace(tmp_weights, directory / weights_name)   # same bytes if it already exists
+        temps.remove(tmp_weights)
+        _fsync_dir(directory)
+
+        config = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "kind": kind,
+            "main": main.to_dict(),
+            "prophet": None if prophet is None else prophet.to_dict(),
+            "tokenizer": tokenizer_dict,
+            "weights": weights_name,
+            "weights_sha256": digest,
+            "metadata": metadata,
+        }
+        tmp_config = directory / f"{_TMP_PREFIX}config-{uuid.uuid4().hex}.json"
+        temps.append(tmp_config)
+        _write_json(tmp_config, config)
+        os.replace(tmp_config, directory / CONFIG_NAME)     # the commit point
+        temps.remove(tmp_config)
+        _fsync_dir(directory)
+    finally:
+        for path in temps:
+            path.unlink(missing_ok=True)
+    _remove_unreferenced(directory, keep=weights_name)
+    return directory
+
+
+def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:
+    spec = {"kind": tokenizer} if isinstance(tokenizer, str) else tokenizer
+    check(isinstance(spec, dict) and spec.get("kind") in TOKENIZERS and set(spec) == {"kind"},
+          f"tokenizer must be one of {', '.join(TOKENIZERS)} (or {{'kind': ...}}), got {tokenizer!r}")
+    return dict(spec)
+
+
+def _refuse_foreign_config(path: Path) -> None:
+    """Never overwrite a config.json that some other tool wrote (say a Hugging Face model's)."""
+    if not path.is_file():
+        return
+    try:
+        existing = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return     # unreadable: not a usable export of anyone's, safe to replace
+    check(isinstance(existing, dict) and existing.get("format") == FORMAT,
+          f"{path} exists and is not a specdec export: choose an empty or new export directory")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True, allow_nan=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames durable (POSIX); platforms that cannot open a directory skip it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_unreferenced(directory: Path, keep: str) -> None:
+    for path in directory.iterdir():
+        stale_weights = path.name.startswith("weights-") and path.name.endswith(".safetensors") and path.name != keep
+        if stale_weights or path.name.startswith(_TMP_PREFIX):
+            path.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+# ---------------------------------------------------------------- reading
+
+def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The validated config.json of an export (configs still as dicts). Raises `SpecdecError`
+    with what to do when the directory is not a readable export of this format version."""
+    directory = Path(directory)
+    check(directory.is_dir(), f"export directory {directory} does not exist: pass a directory written by "
+                              f"save_export (python -m train or scripts/export.py)")
+    path = directory / CONFIG_NAME
+    check(path.is_file(), f"{path} is missing: {directory} is not a specdec export (write one with scripts/export.py)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise SpecdecError(f"{path} is not valid JSON ({_one_line(error)}): re-export the model") from None
+    check(isinstance(config, dict), f"{path} must hold a JSON object: re-export the model")
+    check(config.get("format") == FORMAT,
+          f"{path} has format {config.get('format')!r}, expected {FORMAT!r}: not a specdec export")
+    version = config.get("format_version")
+    check(version == FORMAT_VERSION,
+          f"{path} has format_version {version!r}, this specdec reads version {FORMAT_VERSION}: "
+          f"re-export the model with this version (or use the specdec that wrote it)")
+    kind = config.get("kind")
+    check(kind in ("decoder", "model_with_prophet"),
+          f"{path} has kind {kind!r}, expected 'decoder' or 'model_with_prophet': re-export the model")
+    check((config.get("prophet") is None) == (kind == "decoder"),
+          f"{path}: a {kind} export must {'not ' if kind == 'decoder' else ''}have a prophet config: "
+          f"re-export the model")
+    tokenizer = config.get("tokenizer")
+    check(isinstance(tokenizer, dict) and tokenizer.get("kind") in TOKENIZERS,
+          f"{path} has tokenizer {tokenizer!r}; this specdec knows {', '.join(TOKENIZERS)}")
+    weights = config.get("weights")
+    check(isinstance(weights, str) and weights and Path(weights).name == weights and weights not in (".", ".."),
+          f"{path}: 'weights' must be a file name inside the export directory, got {weights!r}")
+    sha = config.get("weights_sha256")
+    check(isinstance(sha, str) and len(sha) == 64,
+          f"{path}: 'weights_sha256' is missing or malformed: re-export the model")
+    check(isinstance(config.get("metadata", {}), dict), f"{path}: 'metadata' must be a JSON object")
+    return config
+
+
+def export_hash(directory: str | os.PathLike, *, verify: bool = False) -> str:
+    """The sha256 (hex) of the export's weights file, as recorded in config.json: an identity of
+    the model's weights, e.g. to check a cache was made by the same model. `verify=True` also
+    re-hashes the file and raises `SpecdecError` if it no longer matches."""
+    directory = Path(directory)
+    config = read_export_config(directory)
+    if verify:
+        _check_weights_file(directory, config)
+    return config["weights_sha256"]
+
+
+def load_export(directory: str | os.PathLike, *,
+                map_location: str | torch.device = "cpu") -> Decoder | ModelWithProphet:
+    """Rebuild the model of an export (in eval mode, on `map_location`): a `Decoder` or a
+    `ModelWithProphet`, by the export's kind. Uses no pickle: JSON configs and safetensors only."""
+    directory = Path(directory)
+    config = read_export_config(directory)
+    path = directory / CONFIG_NAME
+    try:
+        main = ModelConfig.from_dict(config.get("main"))
+        prophet = None if config["prophet"] is None else ProphetConfig.from_dict(config["prophet"])
+        model = Decoder(main) if prophet is None else ModelWithProphet(main, prophet)
+    except (SpecdecError, TypeError) as error:
+        raise SpecdecError(f"{path}: bad model config ({_one_line(error)}): re-export the model") from None
+
+    weights = _check_weights_file(directory, config)
+    try:
+        tensors = load_file(str(weights), device="cpu")
+    except Exception as error:  # safetensors raises its own error types for a corrupt file
+        raise SpecdecError(f"cannot read weights file {weights} ({_one_line(error)}): re-export the model") from None
+
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    check(not missing and not unexpected,
+          f"{weights} does not match the {config['kind']} config in {path}: "
+          f"missing tensors {_few(missing)}, unexpected tensors {_few(unexpected)}; re-export the model")
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(dtypes) == 1:
+        model.to(dtypes.pop())    # keep the precision the model was exported in
+    try:
+        # copies into the existing parameters, so Decoder's column-major layout survives
+        model.load_state_dict(tensors, strict=True)
+    except RuntimeError as error:
+        raise SpecdecError(f"{weights} does not match the config in {path} ({_one_line(error)}): "
+                           f"re-export the model") from None
+    return model.to(map_location).eval()
+
+
+def _check_weights_file(directory: Path, config: dict[str, Any]) -> Path:
+    weights = directory / config["weights"]
+    check(weights.is_file(), f"weights file {weights} named in {directory / CONFIG_NAME} is missing: "
+                             f"the export is incomplete, re-export the model")
+    digest = _sha256(weights)
+    check(digest == config["weights_sha256"],
+          f"weights file {weights} has sha256 {digest[:16]}..., config.json records "
+          f"{config['weights_sha256'][:16]}...: the file is truncated or corrupt, re-export the model")
+    return weights
+
+
+def _few(names: list[str], limit: int = 4) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__

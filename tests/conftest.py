@@ -1,0 +1,60 @@
+"""Shared fixtures: a tiny repetitive byte corpus, Hydra composition of conf/, offline settings."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+TEXTMIX = REPO.parent / "shared" / "data" / "textmix100m.gz"   # 10^8 bytes of text; never committed
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No W&B and no Hugging Face network calls."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """~240 KB of four sentences in random order (.gz): a corpus a tiny model learns in steps."""
+    sentences = [b"the quick brown fox jumps over the lazy dog. ",
+                 b"<page><title>Speculative decoding</title></page>\n",
+                 b"a prophet drafts, the main model verifies. ",
+                 b"0123456789 abcdefghij "]
+    order = np.random.default_rng(0).integers(0, len(sentences), 6000)
+    path = tmp_path_factory.mktemp("corpus") / "tiny.gz"
+    path.write_bytes(gzip.compress(b"".join(sentences[i] for i in order)))
+    return path
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+@pytest.fixture(scope="session")
+def compose():
+    """compose(overrides): conf/train.yaml composed as `python -m train` would (struct mode)."""
+    return _compose
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg(tiny_corpus):
+    """tiny_cfg(output_dir, *overrides): experiment=tiny on the tiny corpus, writing into
+    output_dir; with the evaluation callback only once train.callbacks exists."""
+    def make(output_dir: Path, *extra: str):
+        overrides = ["experiment=tiny", f"data.path={tiny_corpus}", "data.allow_short=true", f"output_dir={output_dir}"]
+        if importlib.util.find_spec("train.callbacks") is None:
+            overrides.append("callbacks.speculative_eval=null")
+        return _compose(overrides + list(extra))
+    return make

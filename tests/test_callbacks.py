@@ -1,0 +1,164 @@
+"""SpeculativeEval: a short fit with a tiny ModelWithProphet and stub Lightning modules built here
+(no dependency on train.module / train.data), checking what the callback logs and writes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
+
+from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
+from specdec_models.errors import SpecdecError
+from train.callbacks import SAMPLES_FILE, SpeculativeEval, temperature_tag
+
+GAMMA = 3
+TEXT = b"the quick brown fox jumps over the lazy dog. a prophet drafts, the main model verifies. " * 20
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far more so on a CPU shared with other jobs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_net() -> ModelWithProphet:
+    torch.manual_seed(0)
+    main = ModelConfig(dim=32, depth=2, heads=2, dim_head=16, max_seq_len=256)
+    prophet = ProphetConfig(model=ModelConfig(dim=32, depth=1, heads=2, dim_head=16, max_seq_len=32),
+                            prophet_train_length=GAMMA + 2)
+    return ModelWithProphet(main, prophet)
+
+
+class StubModule(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = tiny_net()
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch).loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/main_loss", self.net(batch).main_loss)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.net.parameters(), lr=1e-3)
+
+
+class StubData(L.LightningDataModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = torch.tensor(list(TEXT))
+
+    def windows(self, count: int, length: int) -> torch.Tensor:
+        starts = torch.arange(count) * 37
+        return torch.stack([self.data[s:s + length] for s in starts.tolist()])
+
+    def train_dataloader(self):
+        return DataLoader(self.windows(8, 33), batch_size=2)
+
+    def val_dataloader(self):
+        return DataLoader(self.windows(4, 33), batch_size=2)
+
+    def prompts(self, count: int, length: int) -> torch.Tensor:
+        return self.windows(count, length)
+
+
+def fit(tmp_path, callback: SpeculativeEval, precision: str = "32-true", **trainer_kwargs):
+    trainer = L.Trainer(max_steps=3, val_check_interval=3, limit_val_batches=1, num_sanity_val_steps=1,
+                        logger=CSVLogger(tmp_path, name="csv", version=""), enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        precision=precision, default_root_dir=tmp_path, log_every_n_steps=1, callbacks=[callback],
+                        **trainer_kwargs)
+    module = StubModule()
+    trainer.fit(module, datamodule=StubData())
+    return trainer, module
+
+
+def logged_metrics(tmp_path) -> dict[str, float]:
+    values: dict[str, float] = {}
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            values.update({k: float(v) for k, v in row.items() if v not in ("", None) and k.startswith("val/")})
+    return values
+
+
+def test_eval_callback_logs_acceptance_metrics_and_writes_samples_after_validation_only(tmp_path):
+    callback = SpeculativeEval(num_prompts=2, prompt_len=12, max_new_tokens=10, gamma=GAMMA, temperatures=[0.0, 1.0])
+    trainer, module = fit(tmp_path, callback)
+    metrics = logged_metrics(tmp_path)
+    for t in ("t0", "t1"):
+        for name in ("acceptance_rate", "alpha", *(f"per_position_acceptance/pos{i}" for i in range(1, GAMMA + 1))):
+            value = metrics[f"val/{name}/{t}"]
+            assert 0.0 <= value <= 1.0, (name, t, value)
+        assert 1.0 <= metrics[f"val/tokens_per_call/{t}"] <= GAMMA + 1
+        for name in ("base_tokens_per_second", "spec_tokens_per_second", "speedup"):
+            assert math.isfinite(metrics[f"val/{name}/{t}"]) and metrics[f"val/{name}/{t}"] > 0
+        # position i is reached only after positions 1..i-1 were accepted
+        rates = [metrics[f"val/per_position_acceptance/pos{i}/{t}"] for i in range(1, GAMMA + 1)]
+        assert rates == sorted(rates, reverse=True)
+    assert metrics["val/spec_eval_seconds"] > 0
+    assert "val/acceptance_rate/t0" in trainer.callback_metrics
+    assert module.training and module.net.training          # train mode restored
+
+    # one validation epoch after the sanity check: 2 prompts x 2 temperatures
+    lines = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
+    assert len(lines) == 4
+    assert {(r["temperature"], r["prompt_index"]) for r in lines} == {(0.0, 0), (0.0, 1), (1.0, 0), (1.0, 1)}
+    assert all(r["step"] == 3 and r["prompt"] == TEXT[37 * r["prompt_index"]:][:12].decode() for r in lines)
+    assert all(len(r["continuation"]) > 0 for r in lines)
+    # greedy speculative decoding is exact (fp32): its samples equal plain greedy decoding's
+    assert all(r["matches_base"] for r in lines if r["temperature"] == 0.0)
+
+
+def test_eval_runs_in_fp32_under_bf16_mixed_and_logs_to_wandb_table(tmp_path, monkeypatch):
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    tables = []
+    monkeypatch.setattr(WandbLogger, "log_table", lambda self, key, columns, data, step=None: tables.append(
+        (key, columns, data, step)))
+    seen = []
+    original = SpeculativeEval._evaluate_at
+
+    def spy(self, net, prompts, temperature, device):
+        seen.append((torch.is_autocast_enabled("cpu"), net.training, torch.is_inference_mode_enabled(),
+                     torch.get_num_threads()))
+        return original(self, net, prompts, temperature, device)
+
+    monkeypatch.setattr(SpeculativeEval, "_evaluate_at", spy)
+    torch.set_num_threads(2)
+    callback = SpeculativeEval(num_prompts=2, prompt_len=8, max_new_tokens=6, gamma=GAMMA, temperatures=[0.0],
+                               num_threads=1)
+    trainer = L.Trainer(max_steps=2, val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0,
+                        logger=WandbLogger(save_dir=str(tmp_path), mode="disabled"), enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        precision="bf16-mixed", default_root_dir=tmp_path, callbacks=[callback], log_every_n_steps=1)
+    trainer.fit(StubModule(), datamodule=StubData())
+    # no autocast, eval mode, inference mode, one thread while decoding (and two again after)
+    assert seen == [(False, False, True, 1)] and torch.get_num_threads() == 2
+    assert len(tables) == 1
+    key, columns, data, step = tables[0]
+    assert key == "val/samples" and step == 2 and len(data) == 2
+    assert {"prompt", "continuation", "temperature", "acceptance_rate", "tokens_per_call"} <= set(columns)
+    assert 0.0 <= callback.last_metrics["val/acceptance_rate/t0"] <= 1.0
+
+
+def test_temperature_tags_and_argument_errors():
+    assert [temperature_tag(t) for t in (0, 0.0, 1, 0.7)] == ["t0", "t0", "t1", "t0.7"]
+    with pytest.raises(SpecdecError, match="gamma"):
+        SpeculativeEval(gamma=0)
+    with pytest.raises(SpecdecError, match="num_threads"):
+        SpeculativeEval(num_threads=0)
+    with pytest.raises(SpecdecError, match="duplicates"):
+        SpeculativeEval(temperatures=[1, 1.0])
+    with pytest.raises(SpecdecError, match="prophet_train_length"):
+        SpeculativeEval(gamma=GAMMA + 2).check_model(tiny_net())

@@ -1,0 +1,221 @@
+"""The decoding CLI (`python -m specdec_models.decode`): methods and their defaults, JSON output,
+greedy exactness through the CLI, and a one-line `error: ...` with exit status 2 for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, save_export
+from specdec_models.decode.__main__ import main
+
+MAX_LEN = 32
+
+
+def tiny_cfg(vocab=256, dim=32, depth=2):
+    return ModelConfig(vocab_size=vocab, dim=dim, depth=depth, heads=2, dim_head=16, max_seq_len=MAX_LEN)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """Tiny exports: a target decoder, a smaller draft, a model_with_prophet, and a vocab-100 target."""
+    root = tmp_path_factory.mktemp("exports")
+    torch.manual_seed(0)
+    save_export(root / "target", Decoder(tiny_cfg()))
+    save_export(root / "draft", Decoder(tiny_cfg(dim=16 * 2, depth=1)))
+    save_export(root / "draft100", Decoder(tiny_cfg(vocab=100, depth=1)))
+    save_export(root / "target100", Decoder(tiny_cfg(vocab=100)))
+    prophet = ProphetConfig(model=ModelConfig(vocab_size=256, dim=16, depth=1, heads=1, dim_head=16, max_seq_len=16),
+                            prophet_train_length=6, num_leading_start_tokens=2)
+    save_export(root / "prophet", ModelWithProphet(tiny_cfg(), prophet))
+    return root
+
+
+def cli(capsys, *argv):
+    """Run the CLI in-process: (exit status, stdout, stderr)."""
+    status = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def cli_json(capsys, *argv):
+    status, out, err = cli(capsys, *argv, "--json")
+    assert status == 0, err
+    assert err == ""
+    return json.loads(out)
+
+
+def assert_usage_error(capsys, match, *argv):
+    status, out, err = cli(capsys, *argv)
+    assert status == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert match in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------- decoding
+
+@pytest.mark.parametrize("extra, method", [
+    ((), "base"),
+    (("--draft", "draft"), "draft"),
+])
+def test_json_output_has_one_continuation_per_row_and_the_stats(exports, capsys, extra, method):
+    extra = tuple(exports / a if a == "draft" else a for a in extra)
+    result = cli_json(capsys, "--export", exports / "target", "--prompt", "hello", "--batch", 3,
+                      "--max-new-tokens", 7, "--seed", 0, *extra)
+    assert set(result) == {"method", "continuations", "stats"}
+    assert result["method"] == method == result["stats"]["method"]
+    assert len(result["continuations"]) == 3 and all(isinstance(c, str) for c in result["continuations"])
+    stats = result["stats"]
+    assert stats["new_tokens"] == 3 * 7 and stats["batch"] == 3
+    for key in ("target_calls", "drafted", "accepted", "acceptance_rate", "tokens_per_call", "alpha",
+                "per_position_acceptance", "wall_seconds", "tokens_per_second"):
+        assert key in stats, key
+    if method == "base":
+        assert stats["tokens_per_call"] == 1 and stats["acceptance_rate"] is None
+    else:
+        assert 0 <= stats["acceptance_rate"] <= 1 and len(stats["per_position_acceptance"]) == 5
+
+
+def test_a_model_with_prophet_export_decodes_with_its_prophet_by_default(exports, capsys):
+    result = cli_json(capsys, "--export", exports / "prophet", "--prompt", "abc", "--max-new-tokens", 9,
+                      "--gamma", 3, "--seed", 1)
+    assert result["method"] == "prophet" and result["stats"]["gamma"] == 3
+    assert result["stats"]["new_tokens"] == 9 and result["stats"]["drafted"] > 0
+    base = cli_json(capsys, "--export", exports / "prophet", "--prompt", "abc", "--max-new-tokens", 9,
+                    "--method", "base")
+    assert base["method"] == "base" and base["stats"]["drafted"] == 0
+
+
+def test_greedy_speculative_continuations_equal_greedy_base_through_the_cli(exports, capsys):
+    common = ("--prompt", "The fox", "--max-new-tokens", 12, "--temperature", 0, "--batch", 2)
+    base = cli_json(capsys, "--export", exports / "prophet", "--method", "base", *common)
+    prophet = cli_json(capsys, "--export", exports / "prophet", "--method", "prophet", *common)
+    assert prophet["continuations"] == base["continuations"]
+    target = cli_json(capsys, "--export", exports / "target", *common)
+    draft = cli_json(capsys, "--export", exports / "target", "--draft", exports / "draft", *common)
+    assert draft["continuations"] == target["continuations"]
+
+
+def test_the_same_seed_gives_the_same_sample_and_another_seed_differs(exports, capsys):
+    args = ("--export", exports / "target", "--prompt", "seed", "--max-new-tokens", 16)
+    a = cli_json(capsys, *args, "--seed", 5)["continuations"]
+    assert cli_json(capsys, *args, "--seed", 5)["continuations"] == a
+    assert cli_json(capsys, *args, "--seed", 6)["continuations"] != a
+
+
+def test_continuation_is_the_new_bytes_decoded_as_utf8(exports, capsys):
+    from specdec_models import load_export
+    from specdec_models.decode import generate
+
+    result = cli_json(capsys, "--export", exports / "target", "--prompt", "ab", "--max-new-tokens", 10,
+                      "--temperature", 0)
+    tokens, _ = generate(load_export(exports / "target"), torch.tensor([list(b"ab")]), 10, temperature=0)
+    assert result["continuations"] == [bytes(tokens[0].tolist()).decode("utf-8", errors="replace")]
+
+
+def test_eos_id_stops_a_row_after_that_token(exports, capsys):
+    from specdec_models import load_export
+    from specdec_models.decode import generate
+
+    tokens, _ = generate(load_export(exports / "target"), torch.tensor([list(b"stop")]), 12, temperature=0)
+    full = tokens[0].tolist()
+    eos = full[3]
+    cut = full[: full.index(eos) + 1]
+    result = cli_json(capsys, "--export", exports / "target", "--prompt", "stop", "--max-new-tokens", 12,
+                      "--temperature", 0, "--eos-id", eos)
+    assert result["stats"]["new_tokens"] == len(cut) < 12
+    assert result["continuations"] == [bytes(cut).decode("utf-8", errors="replace")]
+
+
+def test_text_output_prints_each_row_and_a_stats_summary(exports, capsys):
+    status, out, err = cli(capsys, "--export", exports / "prophet", "--prompt", "hi", "--batch", 2,
+                           "--max-new-tokens", 5, "--seed", 0)
+    assert status == 0 and err == ""
+    assert "--- row 0" in out and "--- row 1" in out
+    summary = out.splitlines()[-1]
+    assert summary.startswith("--- prophet: 10 new tokens") and "acceptance rate" in summary and "alpha" in summary
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("args, match", [
+    (("--prompt", ""), "--prompt is empty"),
+    (("--prompt", "x" * (MAX_LEN + 1)), f"max_seq_len {MAX_LEN}"),
+    (("--prompt", "x", "--gamma", 0), "--gamma must be >= 1"),
+    (("--prompt", "x", "--temperature", -0.5), "temperature must be >= 0"),
+    (("--prompt", "x", "--top-p", 0), "top_p must be in (0, 1]"),
+    (("--prompt", "x", "--top-p", 1.5), "top_p must be in (0, 1]"),
+    (("--prompt", "x", "--top-k", 0), "top_k must be an integer >= 1"),
+    (("--prompt", "x", "--batch", 0), "--batch must be >= 1"),
+    (("--prompt", "x", "--max-new-tokens", -1), "--max-new-tokens must be >= 0"),
+    (("--prompt", "x", "--eos-id", 256), "eos_id must be a token id in [0, 256)"),
+    (("--prompt", "x", "--method", "draft"), "--method draft needs --draft"),
+    (("--prompt", "x", "--method", "prophet"), "needs a model_with_prophet export"),
+    (("--prompt", "x", "--gamma", "two"), "invalid int value"),
+    (("--prompt", "x", "--method", "medusa"), "invalid choice"),
+])
+def test_bad_arguments_exit_2_with_one_line(exports, capsys, args, match):
+    assert_usage_error(capsys, match, "--export", exports / "target", *args)
+
+
+def test_missing_required_arguments_exit_2_with_one_line(exports, capsys):
+    assert_usage_error(capsys, "--export", "--prompt", "x")
+    assert_usage_error(capsys, "--prompt", "--export", exports / "target")
+
+
+def test_draft_with_another_vocabulary_is_refused(exports, capsys):
+    assert_usage_error(capsys, "vocabulary (100 tokens", "--export", exports / "target", "--prompt", "x",
+                       "--draft", exports / "draft100")
+
+
+def test_draft_given_with_another_method_is_refused(exports, capsys):
+    assert_usage_error(capsys, "--draft is only used by --method draft", "--export", exports / "prophet",
+                       "--prompt", "x", "--draft", exports / "draft", "--method", "prophet")
+
+
+def test_prompt_bytes_outside_the_vocabulary_are_refused(exports, capsys):
+    # 'e' is byte 101 and the accent's UTF-8 bytes are 0xc3 0xa9: all outside a 100-token vocabulary
+    assert_usage_error(capsys, "0x65, 0xa9, 0xc3 outside the model's vocabulary of 100",
+                       "--export", exports / "target100", "--prompt", "abeé")
+    result = cli_json(capsys, "--export", exports / "target100", "--prompt", "ab", "--max-new-tokens", 3)
+    assert result["stats"]["new_tokens"] == 3
+
+
+def test_missing_export_directory_exits_2(exports, capsys, tmp_path):
+    assert_usage_error(capsys, "does not exist", "--export", tmp_path / "nope", "--prompt", "x")
+    assert_usage_error(capsys, "does not exist", "--export", exports / "target", "--prompt", "x",
+                       "--draft", tmp_path / "nope")
+
+
+def _copy_export(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst, json.loads((dst / "config.json").read_text())
+
+
+def test_truncated_export_exits_2(exports, capsys, tmp_path):
+    directory, config = _copy_export(exports / "target", tmp_path / "exp")
+    weights = directory / config["weights"]
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert_usage_error(capsys, "truncated or corrupt", "--export", directory, "--prompt", "x")
+
+
+def test_unknown_format_version_exits_2(exports, capsys, tmp_path):
+    directory, config = _copy_export(exports / "target", tmp_path / "exp")
+    (directory / "config.json").write_text(json.dumps({**config, "format_version": 99}))
+    assert_usage_error(capsys, "format_version 99", "--export", directory, "--prompt", "x")
+
+
+def test_command_line_run_with_a_missing_export_prints_one_error_line_and_exits_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "specdec_models.decode", "--export", str(tmp_path / "nope"),
+                             "--prompt", "hello"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: export directory") and "does not exist" in lines[0]

@@ -1,0 +1,100 @@
+"""Configs: every experiment and group option composes and validates; bad values stop a run
+with a one-line error before anything is created."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from conftest import CONF
+from specdec_models import ModelConfig, ProphetConfig
+from specdec_models.errors import SpecdecError
+from train.run import run, validate
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def test_experiments_exist():
+    assert {"enwik8_prophet", "tiny"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(compose, experiment):
+    cfg = compose([f"experiment={experiment}"])
+    main, prophet, optim = validate(cfg)
+    assert cfg.name == experiment
+    assert prophet.prophet_train_length >= cfg.gamma + 1
+    first = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()
+    assert first[0] == "# @package _global_" and first[1].startswith("# Run: python -m train experiment=")
+
+
+@pytest.mark.parametrize("group,options", [
+    ("model", ["tiny", "small", "mid", "base"]),
+    ("trainer", ["default", "cpu", "gpu", "ddp", "fsdp"]),
+    ("logger", ["csv", "wandb", "none"]),
+    ("optim", ["adam", "adamw"]),
+])
+def test_every_group_option_composes(compose, group, options):
+    for option in options:
+        cfg = compose(["experiment=tiny", f"{group}={option}"])
+        validate(cfg)
+
+
+def test_enwik8_prophet_is_the_seed_recipe(compose):
+    cfg = compose(["experiment=enwik8_prophet"])
+    main = ModelConfig.from_dict(OmegaConf.to_container(cfg.model.main))
+    prophet = ProphetConfig.from_dict(OmegaConf.to_container(cfg.model.prophet))
+    assert (main.dim, main.depth, prophet.model.dim, prophet.model.depth) == (512, 10, 512, 2)
+    assert (cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.accumulate_grad_batches) == (512, 4, 4)
+    assert (cfg.optim.name, cfg.optim.lr, cfg.trainer.gradient_clip_val) == ("adam", 1e-4, 0.5)
+    assert cfg.gamma == 5 and prophet.prophet_train_length == cfg.gamma + 2
+    assert prophet.num_leading_start_tokens == 2 and prophet.windows_per_seq is None
+    assert list(cfg.logger) == ["wandb"] and cfg.trainer.accelerator == "auto"
+    assert cfg.trainer.precision == "32-true"
+
+
+def test_unknown_key_is_a_composition_error(compose):
+    with pytest.raises(ConfigCompositionException):
+        compose(["experiment=tiny", "data.seqlen=64"])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("gamma=7", "prophet_train_length (7) must be >= gamma + 1"),
+    ("model.main.dim_head=15", "dim_head must be even"),
+    ("model.prophet.model.vocab_size=128", "byte-level data needs vocab_size 256"),
+    ("data.seq_len=512", "exceeds model.main.max_seq_len"),
+    ("data.seq_len=4", "must hold one prophet window"),
+    ("optim.name=sgd", "optim.name must be adam or adamw"),
+    ("optim.lr=-1", "optim.lr must be > 0"),
+    ("trainer.max_steps=0", "trainer.max_steps must be a positive integer"),
+    ("trainer.val_check_interval=0.5", "whole number of batches"),
+    ("trainer.accumulate_grad_batches=3", "multiple of trainer.accumulate_grad_batches"),
+    ("data.path=/nonexistent/enwik8", "does not exist"),
+    ("ckpt_path=/nonexistent/last.ckpt", "does not exist"),
+])
+def test_bad_values_fail_in_one_line_before_any_work(tiny_cfg, tmp_path, override, message):
+    out = tmp_path / "run"
+    cfg = tiny_cfg(out, override)
+    with pytest.raises(SpecdecError) as error:
+        run(cfg)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("env_mode,logged_in,expected", [(None, False, "offline"), (None, True, None),
+                                                          ("disabled", False, None)])
+def test_wandb_goes_offline_without_credentials_unless_wandb_mode_says(compose, tmp_path, monkeypatch,
+                                                                         env_mode, logged_in, expected):
+    import train.run as train_run
+
+    if env_mode is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", env_mode)
+    monkeypatch.setattr(train_run, "_wandb_logged_in", lambda: logged_in)
+    cfg = compose(["experiment=enwik8_prophet", f"output_dir={tmp_path}"])
+    (logger,) = train_run.build_loggers(cfg, tmp_path)
+    assert logger._wandb_init.get("mode") == expected
+    assert logger._wandb_init["project"] == "specdec" and logger._wandb_init["tags"] == ["enwik8", "prophet"]
+    assert logger._wandb_init["name"].startswith("enwik8_prophet-")
