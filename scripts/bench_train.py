@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -310,7 +311,7 @@ def markdown(result: dict) -> str:
             hours = 1000 * 4 * seed[0]["seconds_per_step"] / 3600
             lines.append(f"\nexperiment=enwik8_prophet (512x10+512x2, batch 4 x grad-accum 4): about {hours:.1f} h "
                          f"per 1,000 optimizer steps at this rate.")
-        return "\n".join(lines)
+        return "\n".join(lines) + load_note(result)
     lines = [f"model={result['model']}, seq {result['seq_len']}, batch {result['batch_size']}, {result['rounds']} rounds "
              f"x {result['steps_per_round']} steps each side after {result['warmup_steps']} warm-up steps; "
              f"data: {result['data']}", "",
@@ -327,7 +328,13 @@ def markdown(result: dict) -> str:
                      f"({s['num_prompts']} prompts x {s['max_new_tokens']} tokens, gamma {s['gamma']}, temperatures "
                      f"{s['temperatures']}); every {ev['val_check_interval']} steps that is "
                      f"{100 * ev['share_of_training_time']:.1f}% of training time.")
-    return "\n".join(lines)
+    return "\n".join(lines) + load_note(result)
+
+
+def load_note(result: dict) -> str:
+    m = result["machine"]
+    return (f"\n\n{m['cpus']} CPUs, {m['threads']} threads; load average (1 min) {m['load_average_1m_before']:.2f} "
+            f"before, {m['load_average_1m_after']:.2f} after (well above 0 means other jobs shared the CPUs).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.warmup, args.steps, args.rounds) < 1:
         parser.error("--warmup, --steps and --rounds must be >= 1")
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         started = time.perf_counter()
         try:
@@ -359,8 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
         result["wall_seconds"] = time.perf_counter() - started
-    result["machine"] = {"platform": platform.platform(), "processor": platform.processor(),
-                         "torch": torch.__version__, "threads": torch.get_num_threads()}
+    # other jobs on the machine skew every figure (the ratios less, being interleaved): keep the load
+    result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                         "threads": torch.get_num_threads(), "load_average_1m_before": load_before[0],
+                         "load_average_1m_after": os.getloadavg()[0]}
     result["command"] = " ".join(["python", "scripts/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
     out = Path(args.out) if args.out else REPO / "bench" / ("train_reference.json" if args.reference else "train.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ and export it with `train.module.export_checkpoint`.
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ from specdec_models import ModelConfig, ProphetConfig
 from specdec_models.errors import check
 
 from .module import OptimConfig, ProphetLitModule, export_checkpoint
+
+
+# Lightning 2.6 with torch 2.13 warns about torch's pytree LeafSpec on every fit: harmless noise.
+warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
 
 
 def _positive_int(value: Any, name: str) -> None:
