@@ -178,15 +178,15 @@ def bench_pipeline(args, workdir: Path) -> dict:
         cfg.trainer.val_check_interval = 10 ** 6           # no validation inside the timed fit
         eval_node = cfg.callbacks.get("speculative_eval")
         cfg.callbacks.speculative_eval = None              # off for the ratio; timed alone below
-        main, prophet, _ = validate(cfg)
+        kwargs = validate(cfg)
+        main, prophet = ModelConfig.from_dict(kwargs["main"]), ProphetConfig.from_dict(kwargs["prophet"])
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         L.seed_everything(cfg.seed, verbose=False)
         datamodule = instantiate(cfg.data)
         datamodule.prepare_data()
         datamodule.setup("fit")
-        module = ProphetLitModule(main=main.to_dict(), prophet=prophet.to_dict(),
-                                  optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=cfg.seed)
+        module = ProphetLitModule(**kwargs)
         if prophet.windows_per_seq is not None:
             raise SystemExit("the plain loop draws no window subsets: benchmark windows_per_seq with --reference")
         twin = ModelWithProphet(main, prophet)

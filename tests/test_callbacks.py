@@ -129,10 +129,10 @@ def test_eval_runs_in_fp32_under_bf16_mixed_and_logs_to_wandb_table(tmp_path, mo
     seen = []
     original = SpeculativeEval._evaluate_at
 
-    def spy(self, net, prompts, temperature, device):
-        seen.append((torch.is_autocast_enabled("cpu"), net.training, torch.is_inference_mode_enabled(),
-                     torch.get_num_threads()))
-        return original(self, net, prompts, temperature, device)
+    def spy(self, models, prompts, temperature, device):
+        seen.append((torch.is_autocast_enabled("cpu"), models["target"].training or models["prophet"].training,
+                     torch.is_inference_mode_enabled(), torch.get_num_threads()))
+        return original(self, models, prompts, temperature, device)
 
     monkeypatch.setattr(SpeculativeEval, "_evaluate_at", spy)
     torch.set_num_threads(2)

@@ -22,9 +22,10 @@ def test_experiments_exist():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(compose, experiment):
     cfg = compose([f"experiment={experiment}"])
-    main, prophet, optim = validate(cfg)
-    assert cfg.name == experiment
-    assert prophet.prophet_train_length >= cfg.gamma + 1
+    kwargs = validate(cfg)
+    assert cfg.name == experiment and kwargs["metadata"]["name"] == experiment
+    if "prophet" in kwargs:
+        assert kwargs["prophet"]["prophet_train_length"] >= cfg.gamma + 1
     first = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()
     assert first[0] == "# @package _global_" and first[1].startswith("# Run: python -m train experiment=")
 

@@ -1,9 +1,13 @@
-"""The speculative-decoding evaluation callback: what a prophet buys, measured while it trains.
+"""The speculative-decoding evaluation callback: what a draft buys, measured while it trains.
 
 At the end of every validation epoch (not the sanity check) `SpeculativeEval` decodes from K
-fixed validation prompts with real prophet speculative decoding (`specdec_models.decode.generate`,
-Leviathan et al. 2022 / Chen et al. 2023 with the prophet as the draft) and with plain KV-cached
-decoding of the same target, at each temperature, and logs (names as in docs/DECODING.md):
+fixed validation prompts with real speculative decoding (`specdec_models.decode.generate`,
+Leviathan et al. 2022 / Chen et al. 2023) and with plain KV-cached decoding of the same target,
+at each temperature. What it decodes with comes from the LightningModule's
+`speculative_models()`: {"target": Decoder, "prophet": ModelWithProphet} (a prophet drafts) or
+{"target": Decoder, "draft": Decoder} (a draft model drafts); a module with only a `net`
+(ModelWithProphet) attribute is decoded as main model + prophet. It logs (names as in
+docs/DECODING.md):
 
     val/acceptance_rate/t{T}                 accepted drafts / drafted tokens
     val/tokens_per_call/t{T}                 emitted tokens / target calls (bonus/correction included)
@@ -86,23 +90,34 @@ class SpeculativeEval(L.Callback):
 
     # -- the evaluation itself (no trainer needed: scripts/bench_train.py times it alone) --------
 
-    def check_model(self, net: ModelWithProphet) -> None:
-        check(isinstance(net, ModelWithProphet), f"SpeculativeEval needs a ModelWithProphet, got {type(net).__name__}")
-        needed = self.gamma + 1
-        check(net.prophet_cfg.prophet_train_length >= needed,
-              f"speculative_eval.gamma ({self.gamma}) needs prophet_train_length >= gamma + 1 = {needed}, "
-              f"got {net.prophet_cfg.prophet_train_length}")
+    def check_model(self, models: ModelWithProphet | dict[str, torch.nn.Module]) -> dict[str, torch.nn.Module]:
+        """The {"target", "prophet" or "draft"} dict to decode with, checked."""
+        if isinstance(models, ModelWithProphet):
+            models = {"target": models.model, "prophet": models}
+        check(isinstance(models, dict) and "target" in models and len(set(models) & {"prophet", "draft"}) == 1,
+              f"SpeculativeEval needs a ModelWithProphet or a dict with a target and a prophet or a draft, got "
+              f"{models if isinstance(models, dict) else type(models).__name__}")
+        prophet = models.get("prophet")
+        if prophet is not None:
+            needed = self.gamma + 1
+            check(prophet.prophet_cfg.prophet_train_length >= needed,
+                  f"speculative_eval.gamma ({self.gamma}) needs prophet_train_length >= gamma + 1 = {needed}, "
+                  f"got {prophet.prophet_cfg.prophet_train_length}")
+        return models
 
     @torch.inference_mode()
-    def evaluate(self, net: ModelWithProphet, prompts: Tensor) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def evaluate(self, models: ModelWithProphet | dict[str, torch.nn.Module],
+                 prompts: Tensor) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Decode `prompts` (K, prompt_len) at each temperature, speculatively and plainly; return
         (metrics named as in the module docstring, one sample record per prompt and temperature).
-        Runs in eval mode and fp32 (autocast off) and restores the modules' training flags."""
-        self.check_model(net)
-        device = net.model.to_logits.weight.device
+        `models`: a ModelWithProphet, or {"target": Decoder, "prophet" or "draft": ...}. Runs in
+        eval mode and fp32 (autocast off) and restores the modules' training flags."""
+        models = self.check_model(models)
+        device = models["target"].to_logits.weight.device
         prompts = prompts.to(device)
-        modes = {m: m.training for m in net.modules()}
-        net.eval()
+        modes = {m: m.training for model in models.values() for m in model.modules()}
+        for model in models.values():
+            model.eval()
         threads = torch.get_num_threads()
         if self.num_threads is not None and device.type == "cpu":
             torch.set_num_threads(self.num_threads)
@@ -113,7 +128,7 @@ class SpeculativeEval(L.Callback):
         try:
             with autocast_off:
                 for temperature in self.temperatures:
-                    m, s = self._evaluate_at(net, prompts, temperature, device)
+                    m, s = self._evaluate_at(models, prompts, temperature, device)
                     metrics.update(m)
                     samples.extend(s)
         finally:
@@ -127,19 +142,21 @@ class SpeculativeEval(L.Callback):
         # the same stream at every evaluation, a different one per temperature
         return torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + int(round(temperature * 1000)))
 
-    def _evaluate_at(self, net: ModelWithProphet, prompts: Tensor, temperature: float,
+    def _evaluate_at(self, models: dict[str, torch.nn.Module], prompts: Tensor, temperature: float,
                      device: torch.device) -> tuple[dict[str, float], list[dict[str, Any]]]:
         tag = temperature_tag(temperature)
+        target = models["target"]
+        drafter = {k: v for k, v in models.items() if k != "target"}          # prophet=... or draft=...
         decode = dict(max_new_tokens=self.max_new_tokens, gamma=self.gamma, temperature=temperature)
         # warm-up (a few tokens, same batch): first calls at a shape pay one-time costs that would
         # skew the timing
         warm = dict(decode, max_new_tokens=min(self.max_new_tokens, 2 * self.gamma + 2))
-        generate(net.model, prompts, prophet=net, generator=self._generator(device, temperature), **warm)
-        generate(net.model, prompts, generator=self._generator(device, temperature), **warm)
+        generate(target, prompts, **drafter, generator=self._generator(device, temperature), **warm)
+        generate(target, prompts, generator=self._generator(device, temperature), **warm)
 
-        spec_tokens, spec = generate(net.model, prompts, prophet=net,
-                                     generator=self._generator(device, temperature), **decode)
-        base_tokens, base = generate(net.model, prompts, generator=self._generator(device, temperature), **decode)
+        spec_tokens, spec = generate(target, prompts, **drafter, generator=self._generator(device, temperature),
+                                     **decode)
+        base_tokens, base = generate(target, prompts, generator=self._generator(device, temperature), **decode)
         spec, base = spec.to_dict(), base.to_dict()
         metrics = {
             f"val/acceptance_rate/{tag}": spec["acceptance_rate"],
@@ -185,9 +202,13 @@ class SpeculativeEval(L.Callback):
         if trainer.sanity_checking:
             return
         if trainer.is_global_zero:
-            net = getattr(pl_module, "net", None)
-            check(net is not None, "SpeculativeEval needs a LightningModule with a `net` (ModelWithProphet) attribute")
-            metrics, samples = self.evaluate(net, self.prompts(trainer))
+            if hasattr(pl_module, "speculative_models"):
+                models = pl_module.speculative_models()
+            else:
+                models = getattr(pl_module, "net", None)
+                check(models is not None, "SpeculativeEval needs a LightningModule with speculative_models() or a "
+                                          "`net` (ModelWithProphet) attribute")
+            metrics, samples = self.evaluate(models, self.prompts(trainer))
             self.last_metrics = metrics
             for name, value in metrics.items():
                 pl_module.log(name, value, rank_zero_only=True)

@@ -19,6 +19,8 @@ import lightning as L
 import numpy as np
 import torch
 
+from omegaconf import DictConfig, OmegaConf
+
 from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError, check
 
@@ -67,12 +69,45 @@ class OptimConfig:
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def to_plain(node: Any) -> Any:
+    """A Hydra node as plain Python values (resolved); plain values pass through."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def metadata_of(cfg: DictConfig) -> dict[str, Any]:
+    """What a run keeps in its checkpoint and export: run name, task, gamma, seq_len, tags."""
+    return {"name": cfg.name, "task": cfg.get("task", "prophet"), "gamma": cfg.gamma, "seq_len": cfg.data.seq_len,
+            "tags": list(cfg.tags)}
+
+
+def validate_task(cfg: DictConfig) -> dict[str, Any]:
+    """task=prophet: check the model, optimiser and their fit with the data; return the keyword
+    arguments of ProphetLitModule (plain values)."""
+    main = ModelConfig.from_dict(to_plain(cfg.model.main))
+    prophet = ProphetConfig.from_dict(to_plain(cfg.model.prophet))
+    OptimConfig.from_dict(to_plain(cfg.optim))
+    check(main.vocab_size == 256 and prophet.model.vocab_size == 256,
+          f"byte-level data needs vocab_size 256, got main {main.vocab_size} and prophet {prophet.model.vocab_size}")
+    check(prophet.prophet_train_length >= cfg.gamma + 1,
+          f"model.prophet.prophet_train_length ({prophet.prophet_train_length}) must be >= gamma + 1 = "
+          f"{cfg.gamma + 1}: the prophet drafts gamma tokens after the one the main model emits")
+    check(cfg.data.seq_len <= main.max_seq_len,
+          f"data.seq_len ({cfg.data.seq_len}) exceeds model.main.max_seq_len ({main.max_seq_len})")
+    check(cfg.data.seq_len >= prophet.window_len,
+          f"data.seq_len ({cfg.data.seq_len}) must hold one prophet window of num_leading_start_tokens + "
+          f"prophet_train_length - 1 = {prophet.window_len} positions")
+    return dict(main=main.to_dict(), prophet=prophet.to_dict(), optim=to_plain(cfg.optim), seed=cfg.seed,
+                metadata=metadata_of(cfg), compile=cfg.compile)
+
+
 def step_seed(*parts: int) -> int:
     """A 63-bit seed mixed from integers (seed, step, micro-batch, rank)."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)[0] >> 1)
 
 
 class ProphetLitModule(L.LightningModule):
+    task = "prophet"
+
     def __init__(self, main: dict[str, Any], prophet: dict[str, Any], optim: dict[str, Any] | None = None,
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
         """`main`, `prophet`: the dicts of ModelConfig and ProphetConfig; `optim`: of OptimConfig;
@@ -129,10 +164,30 @@ class ProphetLitModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+    # -- checkpoints and export ------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["specdec_task"] = self.task          # export_checkpoint rebuilds the right module
+
+    def speculative_models(self) -> dict[str, torch.nn.Module]:
+        """What the evaluation callback decodes with: the main model as target, drafted by its prophet."""
+        return {"target": self.net.model, "prophet": self.net}
+
+    def export_model(self) -> torch.nn.Module:
+        """What the export holds: the main model with its prophet."""
+        return self.net
+
+
+LitModule = ProphetLitModule
+
+
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict[str, Any] | None = None) -> Path:
-    """Write the export (safetensors + JSON, see `specdec_models.export`) of a ProphetLitModule
-    checkpoint; the one writer used by `train.run` and `scripts/export.py`. Returns the directory."""
+    """Write the export (safetensors + JSON, see `specdec_models.export`) of a training
+    checkpoint of any task; the one writer used by `train.run` and `scripts/export.py`. Returns
+    the directory. The checkpoint's `specdec_task` picks the LightningModule (see train.run.TASKS)."""
     from specdec_models.export import save_export
+
+    from .run import task_module
 
     ckpt_path = Path(ckpt_path)
     check(ckpt_path.is_file(), f"checkpoint {ckpt_path} does not exist")
@@ -140,10 +195,10 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except Exception as error:  # pickle or zip errors: report the file, not the stack
         raise SpecdecError(f"cannot read checkpoint {ckpt_path}: {error}") from None
-    check("hyper_parameters" in ckpt and "state_dict" in ckpt, f"{ckpt_path} is not a ProphetLitModule checkpoint")
+    check("hyper_parameters" in ckpt and "state_dict" in ckpt, f"{ckpt_path} is not a specdec training checkpoint")
     hparams = ckpt["hyper_parameters"]
-    module = ProphetLitModule(**hparams)
+    module = task_module(ckpt.get("specdec_task", "prophet")).LitModule(**hparams)
     module.load_state_dict(ckpt["state_dict"])
     meta = {**(hparams.get("metadata") or {}), "global_step": int(ckpt.get("global_step", 0)),
             "optim": asdict(module.optim_cfg), "checkpoint": str(ckpt_path.resolve()), **(metadata or {})}
-    return Path(save_export(out_dir, module.net.eval(), tokenizer="bytes", metadata=meta))
+    return Path(save_export(out_dir, module.export_model().eval(), tokenizer="bytes", metadata=meta))

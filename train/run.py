@@ -8,6 +8,7 @@ and export it with `train.module.export_checkpoint`.
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from datetime import datetime
@@ -19,10 +20,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specdec_models import ModelConfig, ProphetConfig
 from specdec_models.errors import check
 
-from .module import OptimConfig, ProphetLitModule, export_checkpoint
+from .module import export_checkpoint
 
 
 # Lightning 2.6 with torch 2.13 warns about torch's pytree LeafSpec on every fit: harmless noise.
@@ -34,28 +34,26 @@ def _positive_int(value: Any, name: str) -> None:
           f"{name} must be a positive integer, got {value!r}")
 
 
-def validate(cfg: DictConfig) -> tuple[ModelConfig, ProphetConfig, OptimConfig]:
-    """Check the values a run depends on; raise SpecdecError with a one-line message."""
-    container = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
-    main = ModelConfig.from_dict(container(cfg.model.main))
-    prophet = ProphetConfig.from_dict(container(cfg.model.prophet))
-    optim = OptimConfig.from_dict(container(cfg.optim))
-    check(main.vocab_size == 256 and prophet.model.vocab_size == 256,
-          f"byte-level data needs vocab_size 256, got main {main.vocab_size} and prophet {prophet.model.vocab_size}")
+# task name -> module holding `validate_task(cfg) -> dict` (the LightningModule's keyword
+# arguments, checked) and `LitModule` (the class they build)
+TASKS = {"prophet": "train.module", "prophet_frozen": "train.frozen", "draft_distill": "train.distill"}
+
+
+def task_module(name: Any):
+    check(name in TASKS, f"task must be one of {', '.join(TASKS)}, got {name!r}")
+    return importlib.import_module(TASKS[name])
+
+
+def validate(cfg: DictConfig) -> dict[str, Any]:
+    """Check the values a run depends on; raise SpecdecError with a one-line message. Returns
+    the keyword arguments of the task's LightningModule."""
+    task = task_module(cfg.get("task", "prophet"))
     _positive_int(cfg.gamma, "gamma")
-    check(prophet.prophet_train_length >= cfg.gamma + 1,
-          f"model.prophet.prophet_train_length ({prophet.prophet_train_length}) must be >= gamma + 1 = "
-          f"{cfg.gamma + 1}: the prophet drafts gamma tokens after the one the main model emits")
     check(isinstance(cfg.seed, int), f"seed must be an integer, got {cfg.seed!r}")
     check(isinstance(cfg.compile, bool), f"compile must be true or false, got {cfg.compile!r}")
 
     data = cfg.data
     _positive_int(data.seq_len, "data.seq_len")
-    check(data.seq_len <= main.max_seq_len,
-          f"data.seq_len ({data.seq_len}) exceeds model.main.max_seq_len ({main.max_seq_len})")
-    check(data.seq_len >= prophet.window_len,
-          f"data.seq_len ({data.seq_len}) must hold one prophet window of num_leading_start_tokens + "
-          f"prophet_train_length - 1 = {prophet.window_len} positions")
     if data.get("path"):
         check(Path(data.path).expanduser().is_file(), f"data.path {data.path} does not exist or is not a file")
 
@@ -73,7 +71,7 @@ def validate(cfg: DictConfig) -> tuple[ModelConfig, ProphetConfig, OptimConfig]:
           f"trainer.gradient_clip_val must be > 0 or null, got {trainer.get('gradient_clip_val')!r}")
     if cfg.ckpt_path is not None:
         check(Path(cfg.ckpt_path).is_file(), f"ckpt_path {cfg.ckpt_path} does not exist")
-    return main, prophet, optim
+    return task.validate_task(cfg)
 
 
 def output_dir(cfg: DictConfig) -> Path:
@@ -124,7 +122,7 @@ def build_callbacks(cfg: DictConfig) -> list:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train, checkpoint and export. Returns output_dir, export_dir, last_ckpt, best_ckpt,
     global_step and metrics (the final logged values)."""
-    main, prophet, optim = validate(cfg)
+    kwargs = validate(cfg)
     out = output_dir(cfg).resolve()
     cfg.output_dir = str(out)                       # resolves ${output_dir} in trainer, loggers, callbacks
     print(f"output directory: {out}")
@@ -136,10 +134,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     datamodule.prepare_data()                       # a missing or bad file stops here
     datamodule.setup("fit")
 
-    metadata = {"name": cfg.name, "gamma": cfg.gamma, "seq_len": cfg.data.seq_len, "tags": list(cfg.tags)}
-    module = ProphetLitModule(main=main.to_dict(), prophet=prophet.to_dict(),
-                              optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=cfg.seed, metadata=metadata,
-                              compile=cfg.compile)
+    module = task_module(cfg.get("task", "prophet")).LitModule(**kwargs)
     loggers = build_loggers(cfg, out)
     callbacks = build_callbacks(cfg)
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
