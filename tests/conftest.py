@@ -58,3 +58,16 @@ def tiny_cfg(tiny_corpus):
             overrides.append("callbacks.speculative_eval=null")
         return _compose(overrides + list(extra))
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder_export(tmp_path_factory) -> Path:
+    """The export of a random tiny Decoder (dim 32, depth 2, bytes): a teacher or frozen main model
+    for tests of the pipeline's mechanics."""
+    import torch
+
+    from specdec_models import Decoder, ModelConfig, save_export
+
+    torch.manual_seed(0)
+    model = Decoder(ModelConfig(vocab_size=256, dim=32, depth=2, heads=2, dim_head=16, max_seq_len=1024))
+    return Path(save_export(tmp_path_factory.mktemp("tiny_decoder") / "export", model))

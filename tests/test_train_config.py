@@ -20,8 +20,12 @@ def test_experiments_exist():
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiment_composes_and_validates(compose, experiment):
-    cfg = compose([f"experiment={experiment}"])
+def test_every_experiment_composes_and_validates(compose, experiment, tiny_decoder_export):
+    task = compose([f"experiment={experiment}"]).task
+    # experiments that start from a trained model are given one (an export of a tiny decoder)
+    extra = {"draft_distill": [f"teacher.export={tiny_decoder_export}", "student=tiny"],
+             "prophet_frozen": [f"main.export={tiny_decoder_export}"]}.get(task, [])
+    cfg = compose([f"experiment={experiment}", *extra])
     kwargs = validate(cfg)
     assert cfg.name == experiment and kwargs["metadata"]["name"] == experiment
     if "prophet" in kwargs:

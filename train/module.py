@@ -100,6 +100,20 @@ def validate_task(cfg: DictConfig) -> dict[str, Any]:
                 metadata=metadata_of(cfg), compile=cfg.compile)
 
 
+def configure_adam(model: torch.nn.Module, cfg: OptimConfig, total_steps: int | None) -> dict[str, Any]:
+    """Adam(W) over the trainable parameters of `model` with the warmup + cosine schedule, as
+    LightningModule.configure_optimizers returns it. Weight decay applies to matrices (linear and
+    embedding weights), never to norm gains or biases."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer_cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
+    optimizer = optimizer_cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    check(total_steps is not None and total_steps > 0, "trainer.max_steps must be set (> 0): it sets the cosine schedule")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step, total_steps))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
 def step_seed(*parts: int) -> int:
     """A 63-bit seed mixed from integers (seed, step, micro-batch, rank)."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)[0] >> 1)
@@ -151,18 +165,7 @@ class ProphetLitModule(L.LightningModule):
         self._evaluate(batch, "test")
 
     def configure_optimizers(self):
-        cfg = self.optim_cfg
-        decay = [p for p in self.net.parameters() if p.ndim >= 2 and p.requires_grad]
-        rest = [p for p in self.net.parameters() if p.ndim < 2 and p.requires_grad]
-        # weight decay on matrices (linear and embedding weights), never on norm gains or biases
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-        optimizer_cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-        optimizer = optimizer_cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-        total = self.trainer.max_steps
-        check(total is not None and total > 0, "trainer.max_steps must be set (> 0): it sets the cosine schedule")
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step, total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
+        return configure_adam(self.net, self.optim_cfg, self.trainer.max_steps)
 
     # -- checkpoints and export ------------------------------------------------------------------
 
@@ -200,5 +203,6 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict
     module = task_module(ckpt.get("specdec_task", "prophet")).LitModule(**hparams)
     module.load_state_dict(ckpt["state_dict"])
     meta = {**(hparams.get("metadata") or {}), "global_step": int(ckpt.get("global_step", 0)),
-            "optim": asdict(module.optim_cfg), "checkpoint": str(ckpt_path.resolve()), **(metadata or {})}
+            "optim": asdict(module.optim_cfg), "checkpoint": str(ckpt_path.resolve()),
+            **(module.export_metadata() if hasattr(module, "export_metadata") else {}), **(metadata or {})}
     return Path(save_export(out_dir, module.export_model().eval(), tokenizer="bytes", metadata=meta))
