@@ -79,7 +79,13 @@ class ModelWithProphet(nn.Module):
 
     def prophet_loss(self, seq: Tensor, main_embeds: Tensor, anchors: Tensor) -> Tensor:
         """Prophet loss over the windows at `anchors` (b, W) of `seq` (b, n + 1), given the main
-        model's embeddings (b, n, dim) of seq[:, :n].
+        model's embeddings (b, n, dim) of seq[:, :n]."""
+        return next_token_loss(*self.prophet_logits(seq, main_embeds, anchors))
+
+    def prophet_logits(self, seq: Tensor, main_embeds: Tensor, anchors: Tensor) -> tuple[Tensor, Tensor]:
+        """The prophet's logits (b W, L, vocab) on the windows at `anchors` (b, W) and their labels
+        (b W, L): row w's position i predicts seq[anchor + 1 + i], as the main model's position
+        anchor + i does (what a distillation loss compares them with).
 
         Same result as running `self.prophet` on each window (see `window_inputs`), with two
         savings: the first layer's query/key/value projection depends on each position alone, so
@@ -102,7 +108,7 @@ class ModelWithProphet(nn.Module):
         for i, block in enumerate(prophet.layers):
             x = block(x, cos, sin, qkv=qkv if i == 0 else None, queries_from=S - 1 if i == depth - 1 else 0)
         targets = seq.gather(1, (anchors[..., None] + torch.arange(1, L + 1, device=seq.device)).flatten(1))
-        return next_token_loss(prophet.logits(x), targets.view(-1, L))
+        return prophet.logits(x), targets.view(-1, L)
 
     @staticmethod
     def _window_index(anchors: Tensor, n: int, S: int, L: int) -> Tensor:

@@ -123,6 +123,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train, checkpoint and export. Returns output_dir, export_dir, last_ckpt, best_ckpt,
     global_step and metrics (the final logged values)."""
     kwargs = validate(cfg)
+    if cfg.task == "prophet_frozen":     # Lightning's notice about modules in eval mode: the frozen main model
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
     out = output_dir(cfg).resolve()
     cfg.output_dir = str(out)                       # resolves ${output_dir} in trainer, loggers, callbacks
     print(f"output directory: {out}")
