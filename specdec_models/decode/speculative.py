@@ -6,6 +6,8 @@
   (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023, Algorithm 2);
 - prophet: a `ModelWithProphet` whose prophet drafts from the target's cached last-layer
   embeddings, verified the same way.
+Target and draft may also be Hugging Face causal LMs (wrapped in `hf.HFDecoder`, with per-row
+rollback of their caches; `vocab_size` slices padded heads to the shared vocabulary).
 
 Every round keeps this invariant per row: the target's cache holds all tokens but the last one
 (the "pending" token, just emitted by the target). Drafting starts from the pending token; the
@@ -24,14 +26,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from ..errors import check
+from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig, residual, sample, to_probs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -89,7 +96,8 @@ def _as_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -
 
 
 def _validate(target, draft, prophet, gamma, max_new_tokens, eos_id) -> str:
-    check(isinstance(target, Decoder), f"target must be a specdec_models Decoder, got {type(target).__name__}")
+    check(isinstance(target, (Decoder, HFDecoder)),
+          f"target must be a specdec_models Decoder or a Hugging Face causal LM, got {type(target).__name__}")
     check(draft is None or prophet is None, "give either a draft or a prophet, not both")
     check(isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1, f"gamma must be an integer >= 1, got {gamma!r}")
     check(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0,
@@ -98,12 +106,15 @@ def _validate(target, draft, prophet, gamma, max_new_tokens, eos_id) -> str:
         check(isinstance(eos_id, int) and 0 <= eos_id < target.vocab_size,
               f"eos_id must be a token id in [0, {target.vocab_size}), got {eos_id!r}")
     if draft is not None:
-        check(isinstance(draft, Decoder), f"draft must be a specdec_models Decoder, got {type(draft).__name__}")
+        check(isinstance(draft, (Decoder, HFDecoder)),
+              f"draft must be a specdec_models Decoder or a Hugging Face causal LM, got {type(draft).__name__}")
         check(draft.vocab_size == target.vocab_size,
               f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         return "draft"
     if prophet is not None:
         check(isinstance(prophet, ModelWithProphet), f"prophet must be a ModelWithProphet, got {type(prophet).__name__}")
+        check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
+              "not a Hugging Face target")
         check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
         return "prophet"
     return "base"
@@ -159,10 +170,10 @@ class _Rows:
 
 @torch.inference_mode()
 def generate(
-    target: Decoder,
+    target: Decoder | HFDecoder | PreTrainedModel,
     prompt: Tensor | list[Tensor],
     max_new_tokens: int,
-    draft: Decoder | None = None,
+    draft: Decoder | HFDecoder | PreTrainedModel | None = None,
     prophet: ModelWithProphet | None = None,
     gamma: int = 5,
     temperature: float = 1.0,
@@ -170,15 +181,19 @@ def generate(
     top_p: float | None = None,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
+    vocab_size: int | str | None = None,
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
+    Hugging Face causal LMs are wrapped in `HFDecoder`s; `vocab_size` (an integer, or "min" for
+    the smaller head) slices their logits to the vocabulary target and draft share (see `hf.as_decoders`).
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
+    target, draft = as_decoders(target, draft, vocab_size)
     method = _validate(target, draft, prophet, gamma, max_new_tokens, eos_id)
     sampling = SamplingConfig(temperature, top_k, top_p)
     rows_in = _as_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
-    device = target.to_logits.weight.device
+    device = target.device if isinstance(target, HFDecoder) else target.to_logits.weight.device
     stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma if method != "base" else 0)
     t0 = time.perf_counter()
     rows = _Rows(rows_in, max_new_tokens, gamma, device)

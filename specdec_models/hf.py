@@ -1,0 +1,243 @@
+"""Hugging Face causal LMs as targets and drafts of `generate`: a thin adapter with per-row rollback.
+
+`HFDecoder` wraps a transformers causal LM (GPTNeoXForCausalLM, LlamaForCausalLM, ... anything
+`AutoModelForCausalLM` loads that keeps its keys and values in a `DynamicCache`) and offers the
+small protocol `generate` uses on a `Decoder`: `model(tokens, cache=cache).logits`,
+`new_cache(batch, capacity)` with per-row `lengths` and `rollback(lengths)`, `vocab_size`,
+`cfg.max_seq_len` and `device`.
+
+Ragged rows in a Hugging Face cache. A `DynamicCache` appends the same number of slots to every
+row, but speculative decoding rolls rows back by different counts. `HFCache` keeps the padded
+cache and a boolean `valid` (batch, slots): each call appends n slots to every row and passes
+- `attention_mask` = valid slots + the new tokens (2-D), so rolled-back and padding slots are
+  masked out (a masked key adds exactly 0 to the softmax, where a zeroed key would add e^0);
+- `position_ids` = each row's own length + 0..n-1, so positions ignore the holes.
+Hugging Face's causal mask works in slot order, which is each row's logical order, so a query sees
+exactly its own row's earlier tokens. A rollback marks slots invalid; slots no row uses at the end
+are cut off, and once the cache holds more than `slack` slots beyond the longest row, each row's
+valid slots are gathered to the front (compaction): the cache never grows without bound.
+
+Vocabularies. Drafts and targets of one family often differ only by padding of the logits head
+(Pythia: a 50304- or 50432-row head over a 50277-token tokenizer). `vocab_size` slices the logits
+to the shared vocabulary, so p and q live on the same tokens; distributions are those of the
+sliced heads (the padded rows, never trained, are left out).
+
+transformers is imported lazily: `specdec_models` imports without it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .errors import check
+
+
+def is_hf_model(obj: Any) -> bool:
+    """Whether obj is a transformers PreTrainedModel (without importing transformers: if it is
+    not imported yet, nothing can be one)."""
+    tf = sys.modules.get("transformers")
+    return tf is not None and isinstance(obj, tf.PreTrainedModel)
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _logits_width(model: Any) -> int:
+    """The number of logits a HF causal LM returns per position (its head's rows)."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else int(_text_config(model.config).vocab_size)
+
+
+@dataclass(frozen=True)
+class HFSizes:
+    """What `generate` reads from a model's `cfg`."""
+
+    vocab_size: int
+    max_seq_len: int
+
+
+class HFOutput(NamedTuple):
+    logits: Tensor        # (b, n, vocab_size), sliced to the shared vocabulary
+
+
+def _map_kv(kv: Any, fn) -> None:
+    """Replace every cached key and value tensor t (b, heads, slots, dim) of a DynamicCache by fn(t)."""
+    layers = getattr(kv, "layers", None)
+    if layers is not None:                       # transformers >= 4.56: one object per layer
+        for layer in layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys, layer.values = fn(layer.keys), fn(layer.values)
+    else:                                        # older: lists of tensors
+        kv.key_cache = [fn(k) if k.numel() else k for k in kv.key_cache]
+        kv.value_cache = [fn(v) if v.numel() else v for v in kv.value_cache]
+
+
+class HFCache:
+    """A Hugging Face DynamicCache with one logical length per row (see the module docstring)."""
+
+    def __init__(self, batch: int, capacity: int, device: torch.device, slack: int) -> None:
+        from transformers import DynamicCache
+
+        self.kv = DynamicCache()
+        self.capacity = capacity
+        self.slack = slack
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)    # (b, slots)
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def slots(self) -> int:
+        """Positions the Hugging Face cache holds per row (valid or not)."""
+        return self.valid.shape[1]
+
+    def forward(self, model: Any, tokens: Tensor, window: int | None) -> Tensor:
+        """Append tokens (b, n) to every row and return the model's logits (b, n, head rows)."""
+        b, n = tokens.shape
+        check(b == self.batch, f"cache holds {self.batch} rows, got {b}")
+        check(int(self.lengths.max()) + n <= self.capacity,
+              f"KV cache full: {int(self.lengths.max())} + {n} tokens exceed capacity {self.capacity}")
+        if window is not None:
+            check(self.slots + n <= window,
+                  f"the model attends through a sliding window of {window} positions; the cache would hold "
+                  f"{self.slots + n}, which this adapter does not support")
+        valid = torch.cat([self.valid, torch.ones(b, n, dtype=torch.bool, device=self.valid.device)], 1)
+        pos = self.lengths[:, None] + torch.arange(n, device=self.lengths.device)         # (b, n)
+        out = model(input_ids=tokens, attention_mask=valid.long(), position_ids=pos,
+                    past_key_values=self.kv, use_cache=True)
+        check(out.past_key_values is self.kv,
+              f"{type(model).__name__} did not use the DynamicCache it was given: its cache cannot be rolled back per row")
+        self.valid = valid
+        self.lengths = self.lengths + n
+        return out.logits
+
+    def rollback(self, lengths: Tensor) -> None:
+        """Forget everything past `lengths` (batch,) in each row; lengths may only shrink."""
+        lengths = lengths.to(self.lengths.device, torch.long)
+        check(bool((lengths <= self.lengths).all()) and bool((lengths >= 0).all()),
+              "rollback can only shorten rows")
+        # a row's first lengths[b] valid slots stay valid
+        self.valid = self.valid & (self.valid.cumsum(1) <= lengths[:, None])
+        self.lengths = lengths.clone()
+        slots = self.slots
+        if slots == 0:
+            return
+        last_used = (self.valid.any(0) * torch.arange(1, slots + 1, device=self.valid.device)).max()
+        longest, used = torch.stack([self.lengths.max(), last_used]).tolist()
+        if slots > longest + self.slack:
+            self._compact(longest)
+        elif used < slots:
+            _map_kv(self.kv, lambda t: t[:, :, :used])
+            self.valid = self.valid[:, :used]
+
+    def _compact(self, longest: int) -> None:
+        """Gather each row's valid slots to the front, in order; keep `longest` slots."""
+        order = (~self.valid).to(torch.uint8).argsort(dim=1, stable=True)[:, :longest]   # (b, longest)
+
+        def gather(t: Tensor) -> Tensor:
+            b, h, _, d = t.shape
+            return t.gather(2, order.to(t.device)[:, None, :, None].expand(b, h, longest, d))
+
+        _map_kv(self.kv, gather)
+        self.valid = torch.arange(longest, device=self.valid.device) < self.lengths[:, None]
+
+
+class HFDecoder:
+    """A Hugging Face causal LM seen through the protocol `generate` uses on a `Decoder`.
+
+    vocab_size: keep the first vocab_size logits (the vocabulary shared with the other model);
+    None keeps all the head's rows. slack: slots a cache may hold beyond its longest row before it
+    is compacted (a trade between copying the cache and attending over holes)."""
+
+    def __init__(self, model: Any, vocab_size: int | None = None, slack: int = 64) -> None:
+        check(is_hf_model(model), f"HFDecoder wraps a transformers PreTrainedModel, got {type(model).__name__}")
+        config = _text_config(model.config)
+        check(not getattr(model.config, "is_encoder_decoder", False),
+              f"{type(model).__name__} is an encoder-decoder model; give a causal LM (AutoModelForCausalLM)")
+        check(model.get_output_embeddings() is not None,
+              f"{type(model).__name__} has no language-model head; load it with AutoModelForCausalLM")
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        check(layer_types <= {"full_attention", "sliding_attention"},
+              f"{type(model).__name__} has layers of type {sorted(layer_types)}: only attention layers with a "
+              "DynamicCache can be rolled back per row")
+        width = _logits_width(model)
+        vocab_size = width if vocab_size is None else vocab_size
+        check(isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and 1 <= vocab_size <= width,
+              f"vocab_size must be an integer in [1, {width}] (the rows of {type(model).__name__}'s head), got {vocab_size!r}")
+        check(isinstance(slack, int) and slack >= 0, f"slack must be an integer >= 0, got {slack!r}")
+        window = getattr(config, "sliding_window", None)
+        uses_window = getattr(config, "use_sliding_window", True) is not False
+        self.window = window if isinstance(window, int) and uses_window else None
+        max_len = next((getattr(config, k) for k in ("max_position_embeddings", "n_positions", "max_seq_len")
+                        if isinstance(getattr(config, k, None), int)), 1 << 30)
+        self.model = model
+        self.slack = slack
+        self.cfg = HFSizes(vocab_size=vocab_size, max_seq_len=max_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    def new_cache(self, batch: int, capacity: int, *, keep_embeds: bool = False) -> HFCache:
+        check(not keep_embeds, "a Hugging Face model's cache keeps no embeddings for a prophet")
+        return HFCache(batch, capacity, self.device, self.slack)
+
+    @torch.no_grad()
+    def __call__(self, tokens: Tensor, *, cache: HFCache | None = None) -> HFOutput:
+        """Logits (b, n, vocab_size) of tokens (b, n): appended to each row of `cache`, or a fresh
+        causal sequence from position 0 without one."""
+        tokens = tokens.to(self.device)
+        if cache is None:
+            logits = self.model(input_ids=tokens, use_cache=False).logits
+        else:
+            logits = cache.forward(self.model, tokens, self.window)
+        return HFOutput(logits[..., : self.vocab_size].to(tokens.device))
+
+
+def as_decoders(target: Any, draft: Any, vocab_size: int | str | None) -> tuple[Any, Any]:
+    """Wrap the Hugging Face causal LMs among target and draft in `HFDecoder`s on one vocabulary.
+
+    vocab_size: None keeps every head whole (the vocabularies must then be equal); an integer
+    slices every Hugging Face head to it; "min" slices to the smaller of the two. Models that are
+    not Hugging Face ones pass through unchanged (generate validates them), and must already have
+    exactly the shared vocabulary."""
+    hf = [m for m in (target, draft) if is_hf_model(m)]
+    if vocab_size is None and not hf:
+        return target, draft
+    if vocab_size is not None:
+        check(vocab_size == "min" or (isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size >= 1),
+              f"vocab_size must be an integer >= 1 or 'min', got {vocab_size!r}")
+    sizes = [_logits_width(m) if is_hf_model(m) else getattr(m, "vocab_size", None) for m in (target, draft)]
+    if vocab_size is None:
+        if draft is not None and hf and None not in sizes:
+            check(sizes[0] == sizes[1],
+                  f"draft vocabulary ({sizes[1]}) differs from the target's ({sizes[0]}); if both use one tokenizer "
+                  "and a head is padded, pass vocab_size=<the tokenizer's size> or vocab_size='min'")
+        shared = None
+    else:
+        known = [s for s in sizes if isinstance(s, int)]
+        shared = min(known) if vocab_size == "min" and known else vocab_size
+        for role, m, size in (("target", target, sizes[0]), ("draft", draft, sizes[1])):
+            if m is None or not isinstance(size, int):
+                continue
+            if is_hf_model(m):
+                check(shared <= size, f"vocab_size {shared} exceeds the {role}'s {size} logits")
+            else:
+                check(size == shared, f"the {role} ({type(m).__name__}) has vocabulary {size}, not vocab_size {shared}: "
+                      "only Hugging Face heads are sliced")
+    target, draft = (HFDecoder(m, shared) if is_hf_model(m) else m for m in (target, draft))
+    return target, draft
