@@ -1,0 +1,55 @@
+"""scripts/compare_drafts.py end to end at test sizes: every kind of candidate trains, decodes
+and lands in the table, JSON and plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from conftest import REPO
+
+pytestmark = pytest.mark.usefixtures("offline")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("compare_drafts", REPO / "scripts" / "compare_drafts.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.filterwarnings("ignore:Found .* module\\(s\\) in eval mode")
+def test_compare_drafts_at_test_sizes(tiny_cfg, tiny_corpus, tmp_path, capsys):
+    from train.run import run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target = run(tiny_cfg(tmp_path / "target", "trainer.max_steps=10", "trainer.val_check_interval=10",
+                              "callbacks.speculative_eval=null"))
+        script = load_script()
+        args = ["--target-export", str(target["export_dir"]), "--data", str(tiny_corpus), "--student", "tiny",
+                "--steps", "2", "--seq-len", "32", "--prompt-len", "8", "--divergences", "tvd",
+                "--prompts", "2", "--prompt-bytes", "8", "--max-new-tokens", "8", "--repeats", "1",
+                "--out", str(tmp_path / "cmp")]
+        assert script.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    names = [e["name"] for e in result["entries"]]
+    assert names == ["ce", "tvd/corpus", "tvd/student", "prophet/frozen", "prophet/joint"]
+    for entry in result["entries"]:
+        for tag in ("t0", "t1"):
+            assert 1.0 <= entry[tag]["tokens_per_call"] <= 6.0 and entry[tag]["speedup"] > 0
+    # equal student compute; distillation pays the teacher's forward passes on top
+    ce, tvd, on_policy = result["entries"][:3]
+    assert ce["train_tokens"] == tvd["train_tokens"] == on_policy["train_tokens"] == 2 * 8 * 32
+    assert ce["total_flops"] == ce["student_flops"] < tvd["total_flops"] < on_policy["total_flops"]
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
+    assert "| tvd/student |" in capsys.readouterr().out
+    # a second call reuses the trained runs
+    assert script.main(args) == 0
+    assert "reusing" in capsys.readouterr().err
