@@ -6,12 +6,35 @@ import gzip
 import importlib.util
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 TEXTMIX = REPO.parent / "shared" / "data" / "textmix100m.gz"   # 10^8 bytes of text; never committed
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models are fastest on one thread, and the 2 cores here are shared."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class StopAt(L.Callback):
+    """Ends fit after optimizer step `step`, like an interrupted job."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
 
 
 @pytest.fixture

@@ -28,18 +28,11 @@ from train.cached_data import (
 )
 from train.data import split_bounds, window_batch
 
-pytestmark = pytest.mark.usefixtures("offline")
+pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
 MAIN = ModelConfig(dim=32, depth=2, heads=2, dim_head=16, max_seq_len=256)
 SEQ = 64
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

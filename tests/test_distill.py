@@ -12,7 +12,7 @@ from specdec_models import SamplingConfig
 from specdec_models.distill import LOG_FLOOR, divergence
 from specdec_models.errors import SpecdecError
 
-pytestmark = pytest.mark.usefixtures("offline")
+pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
 P = [0.5, 0.3, 0.2]          # teacher
 Q = [0.2, 0.1, 0.7]          # student
@@ -25,13 +25,6 @@ def logits(probs):
 def kl(a, b):
     return sum(x * math.log(x / y) for x, y in zip(a, b) if x > 0)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # -- divergences -------------------------------------------------------------------------------

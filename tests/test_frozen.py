@@ -11,7 +11,7 @@ import math
 import lightning as L
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, StopAt
 from safetensors.torch import load_file
 
 import train.run as train_run
@@ -23,20 +23,12 @@ from train.frozen import FrozenMainLitModule, validate_task
 from train.module import export_checkpoint
 from train.run import run, validate
 
-pytestmark = [pytest.mark.usefixtures("offline"),
+pytestmark = [pytest.mark.usefixtures("offline", "one_thread"),
               # Lightning's notice about modules in eval mode at fit start: the frozen main model, on purpose
               pytest.mark.filterwarnings("ignore:Found .* module\\(s\\) in eval mode")]
 
 MAIN = ModelConfig(dim=32, depth=2, heads=2, dim_head=16, max_seq_len=512)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models are fastest on one thread, and the 2 cores here are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -201,16 +193,6 @@ def test_cached_run_trains_and_validates_like_the_online_run(online, cache, comp
     assert load_export(result["export_dir"]).model.state_dict().keys() == main_tensors(main_export).keys()
 
 
-class StopAt(L.Callback):
-    """Ends fit after optimizer step `step`, like an interrupted job."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
-
 
 @pytest.mark.filterwarnings("ignore:The dirpath has changed")
 def test_a_resumed_cached_run_continues_the_same_stream(compose, tiny_corpus, main_export, cache, tmp_path,
@@ -342,7 +324,7 @@ def other_exports(tmp_path_factory):
     ("missing", [], "does not exist"),
     ("not_export", [], "is not a specdec export"),
     ("vocab128", [], "vocab_size 256"),
-    ("short", [], "exceeds the max_seq_len (32)"),
+    ("short", [], "exceeds the max_seq_len of main.export"),
     ("main", ["main.embeddings=remote"], "main.embeddings must be one of online, cached"),
     ("main", ["main.embeddings=cached"], "needs main.cache=CACHE_DIR"),
     ("main", ["main.embeddings=cached", "main.cache=/nonexistent/cache"], "does not exist"),

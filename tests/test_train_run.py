@@ -7,25 +7,16 @@ import csv
 import importlib.util
 import math
 
-import lightning as L
 import pytest
 import torch
 
-from conftest import REPO, TEXTMIX
+from conftest import REPO, StopAt, TEXTMIX
 from train.module import ProphetLitModule
 import train.run as train_run
 from train.run import run
 
-pytestmark = pytest.mark.usefixtures("offline")
+pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models are fastest on one thread, and the 2 cores here are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +70,6 @@ def test_loss_falls_on_a_tiny_repetitive_corpus(trained):
     assert prophet[0] > 5.0 and prophet[-1] < 0.5 * prophet[0]
     assert trained["metrics"]["val/bpc"] < 0.6 * 8
 
-
-class StopAt(L.Callback):
-    """Ends fit after optimizer step `step`, like an interrupted job."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
 
 
 @pytest.mark.filterwarnings("ignore:The dirpath has changed")

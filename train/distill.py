@@ -35,7 +35,7 @@ from specdec_models.distill import DIVERGENCES, divergence
 from specdec_models.errors import check
 from specdec_models.export import export_hash, load_export, read_export_config
 
-from .module import LN2, OptimConfig, configure_adam, metadata_of, step_seed, to_plain
+from .module import LN2, OptimConfig, configure_adam, dataclass_from_dict, metadata_of, step_seed, to_plain
 
 DATA_SOURCES = ("corpus", "teacher", "student")
 
@@ -89,10 +89,7 @@ class DistillConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DistillConfig":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        check(not unknown, f"objective: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "objective")
 
 
 def teacher_config(directory: str | Path) -> ModelConfig:

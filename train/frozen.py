@@ -41,7 +41,7 @@ from specdec_models.export import export_hash, load_export, read_export_config
 from specdec_models.prophet import next_token_loss
 
 from .cached_data import EMBEDDINGS, HOW_TO_BUILD, check_cache
-from .module import LN2, OptimConfig, ProphetLitModule, metadata_of, to_plain
+from .module import LN2, OptimConfig, ProphetLitModule, check_prophet_fits, metadata_of, to_plain
 
 CACHED_DATAMODULE = "train.cached_data.CachedDataModule"
 DISTILL = tuple(d for d in DIVERGENCES if d != "ce")     # ce is the undistilled loss: main.distill=null
@@ -79,14 +79,7 @@ def validate_task(cfg: DictConfig) -> dict[str, Any]:
     check(prophet.model.vocab_size == main.vocab_size,
           f"model.prophet.model.vocab_size ({prophet.model.vocab_size}) differs from the main model's "
           f"({main.vocab_size}) in main.export {export}")
-    check(prophet.prophet_train_length >= cfg.gamma + 1,
-          f"model.prophet.prophet_train_length ({prophet.prophet_train_length}) must be >= gamma + 1 = "
-          f"{cfg.gamma + 1}: the prophet drafts gamma tokens after the one the main model emits")
-    check(cfg.data.seq_len <= main.max_seq_len,
-          f"data.seq_len ({cfg.data.seq_len}) exceeds the max_seq_len ({main.max_seq_len}) of main.export {export}")
-    check(cfg.data.seq_len >= prophet.window_len,
-          f"data.seq_len ({cfg.data.seq_len}) must hold one prophet window of num_leading_start_tokens + "
-          f"prophet_train_length - 1 = {prophet.window_len} positions")
+    check_prophet_fits(cfg, main, prophet, f"the max_seq_len of main.export {export}")
 
     embeddings = cfg.main.get("embeddings", "online")
     check(embeddings in EMBEDDINGS, f"main.embeddings must be one of {', '.join(EMBEDDINGS)}, got {embeddings!r}")

@@ -27,6 +27,14 @@ from specdec_models.errors import SpecdecError, check
 LN2 = math.log(2.0)
 
 
+def dataclass_from_dict(cls, data: dict[str, Any], where: str):
+    """cls(**data), refusing unknown keys with one line naming the config node `where`."""
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    check(not unknown, f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**data)
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """Adam or AdamW; the learning rate warms up linearly for `warmup_steps`, then follows a
@@ -55,10 +63,7 @@ class OptimConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "OptimConfig":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        check(not unknown, f"optim: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "optim")
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """Multiplier of `lr` at optimizer step `step` of `total_steps`."""
@@ -80,6 +85,19 @@ def metadata_of(cfg: DictConfig) -> dict[str, Any]:
             "tags": list(cfg.tags)}
 
 
+def check_prophet_fits(cfg: DictConfig, main: ModelConfig, prophet: ProphetConfig, main_name: str) -> None:
+    """The prophet drafts cfg.gamma tokens and its windows fit the data; the data fits the main
+    model (called `main_name` in the message)."""
+    check(prophet.prophet_train_length >= cfg.gamma + 1,
+          f"model.prophet.prophet_train_length ({prophet.prophet_train_length}) must be >= gamma + 1 = "
+          f"{cfg.gamma + 1}: the prophet drafts gamma tokens after the one the main model emits")
+    check(cfg.data.seq_len <= main.max_seq_len,
+          f"data.seq_len ({cfg.data.seq_len}) exceeds {main_name} ({main.max_seq_len})")
+    check(cfg.data.seq_len >= prophet.window_len,
+          f"data.seq_len ({cfg.data.seq_len}) must hold one prophet window of num_leading_start_tokens + "
+          f"prophet_train_length - 1 = {prophet.window_len} positions")
+
+
 def validate_task(cfg: DictConfig) -> dict[str, Any]:
     """task=prophet: check the model, optimiser and their fit with the data; return the keyword
     arguments of ProphetLitModule (plain values)."""
@@ -88,14 +106,7 @@ def validate_task(cfg: DictConfig) -> dict[str, Any]:
     OptimConfig.from_dict(to_plain(cfg.optim))
     check(main.vocab_size == 256 and prophet.model.vocab_size == 256,
           f"byte-level data needs vocab_size 256, got main {main.vocab_size} and prophet {prophet.model.vocab_size}")
-    check(prophet.prophet_train_length >= cfg.gamma + 1,
-          f"model.prophet.prophet_train_length ({prophet.prophet_train_length}) must be >= gamma + 1 = "
-          f"{cfg.gamma + 1}: the prophet drafts gamma tokens after the one the main model emits")
-    check(cfg.data.seq_len <= main.max_seq_len,
-          f"data.seq_len ({cfg.data.seq_len}) exceeds model.main.max_seq_len ({main.max_seq_len})")
-    check(cfg.data.seq_len >= prophet.window_len,
-          f"data.seq_len ({cfg.data.seq_len}) must hold one prophet window of num_leading_start_tokens + "
-          f"prophet_train_length - 1 = {prophet.window_len} positions")
+    check_prophet_fits(cfg, main, prophet, "model.main.max_seq_len")
     return dict(main=main.to_dict(), prophet=prophet.to_dict(), optim=to_plain(cfg.optim), seed=cfg.seed,
                 metadata=metadata_of(cfg), compile=cfg.compile)
 
