@@ -22,6 +22,8 @@ def test_experiments_exist():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(compose, experiment, tiny_decoder_export):
     task = compose([f"experiment={experiment}"]).task
+    if task == "hf_draft_distill":
+        pytest.skip("validated with tiny Hugging Face models in tests/test_hf_distill.py")
     # experiments that start from a trained model are given one (an export of a tiny decoder)
     extra = {"draft_distill": [f"teacher.export={tiny_decoder_export}", "student=tiny"],
              "prophet_frozen": [f"main.export={tiny_decoder_export}"]}.get(task, [])
@@ -103,3 +105,14 @@ def test_wandb_goes_offline_without_credentials_unless_wandb_mode_says(compose, 
     assert logger._wandb_init.get("mode") == expected
     assert logger._wandb_init["project"] == "specdec" and logger._wandb_init["tags"] == ["enwik8", "prophet"]
     assert logger._wandb_init["name"].startswith("enwik8_prophet-")
+
+
+def test_no_experiment_inherits_from_another():
+    import yaml
+
+    for name in EXPERIMENTS:
+        for entry in yaml.safe_load((CONF / "experiment" / f"{name}.yaml").read_text()).get("defaults", []):
+            # only `group: option` entries (/student: small, override /trainer: cpu), never another experiment
+            assert isinstance(entry, dict), (name, entry)
+            group = next(iter(entry)).replace("override ", "").strip("/")
+            assert group != "experiment" and group not in EXPERIMENTS, (name, entry)

@@ -87,6 +87,7 @@ class SpeculativeEval(L.Callback):
         self.num_threads = num_threads
         self._prompts: Tensor | None = None
         self.last_metrics: dict[str, float] = {}
+        self.text = bytes_text                  # tokens -> text of the samples; the DataModule's decode_text if any
 
     # -- the evaluation itself (no trainer needed: scripts/bench_train.py times it alone) --------
 
@@ -175,9 +176,9 @@ class SpeculativeEval(L.Callback):
             samples.append({
                 "temperature": temperature,
                 "prompt_index": row,
-                "prompt": bytes_text(prompt),
-                "continuation": bytes_text(new),
-                "base_continuation": bytes_text(plain),
+                "prompt": self.text(prompt),
+                "continuation": self.text(new),
+                "base_continuation": self.text(plain),
                 # greedy speculative decoding is exact: in fp32 it must equal plain greedy decoding
                 "matches_base": bool(torch.equal(new, plain)),
                 "acceptance_rate": metrics[f"val/acceptance_rate/{tag}"],
@@ -196,6 +197,7 @@ class SpeculativeEval(L.Callback):
                 raise SpecdecError("SpeculativeEval needs a DataModule with prompts(count, length) "
                                    "(pass it as trainer.fit(module, datamodule=...))")
             self._prompts = datamodule.prompts(self.num_prompts, self.prompt_len).long().cpu()
+            self.text = getattr(datamodule, "decode_text", bytes_text)
         return self._prompts
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

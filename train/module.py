@@ -216,4 +216,6 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict
     meta = {**(hparams.get("metadata") or {}), "global_step": int(ckpt.get("global_step", 0)),
             "optim": asdict(module.optim_cfg), "checkpoint": str(ckpt_path.resolve()),
             **(module.export_metadata() if hasattr(module, "export_metadata") else {}), **(metadata or {})}
+    if hasattr(module, "write_export"):     # hf_draft_distill: a save_pretrained directory, not a specdec export
+        return Path(module.write_export(out_dir, meta))
     return Path(save_export(out_dir, module.export_model().eval(), tokenizer="bytes", metadata=meta))

@@ -36,7 +36,8 @@ def _positive_int(value: Any, name: str) -> None:
 
 # task name -> module holding `validate_task(cfg) -> dict` (the LightningModule's keyword
 # arguments, checked) and `LitModule` (the class they build)
-TASKS = {"prophet": "train.module", "prophet_frozen": "train.frozen", "draft_distill": "train.distill"}
+TASKS = {"prophet": "train.module", "prophet_frozen": "train.frozen", "draft_distill": "train.distill",
+         "hf_draft_distill": "train.hf_distill"}
 
 
 def task_module(name: Any):
