@@ -269,13 +269,17 @@ def bench_reference(args, workdir: Path) -> dict:
                                                       max_seq_len=64),
                                     prophet_train_length=7, num_leading_start_tokens=2, windows_per_seq=k)
             torch.manual_seed(0)
-            loop = PlainLoop(ModelWithProphet(main, prophet), {"name": "adamw", "lr": 1e-4, "warmup_steps": 0},
-                             total_steps=10 ** 6, clip=None)
+            net = ModelWithProphet(main, prophet)
+            if args.compile:
+                net.compile()                   # as the pipeline's compile=true does; compiles at the first step
+            loop = PlainLoop(net, {"name": "adamw", "lr": 1e-4, "warmup_steps": 0}, total_steps=10 ** 6, clip=None)
             windows = RandomWindows(data, seq_len, batch, seed=0, rank=0, start=0)
             generator = torch.Generator().manual_seed(0)
             warmup, steps = (2, args.ref_steps or 12) if dim == 256 else (2, args.ref_steps or 5)
+            t0 = time.perf_counter()
             for i in range(warmup):
                 loop.step(windows.batch(i), generator)
+            warmup_seconds = time.perf_counter() - t0
             times = []
             for i in range(steps):
                 t0 = time.perf_counter()
@@ -287,10 +291,12 @@ def bench_reference(args, workdir: Path) -> dict:
             ref = size["reference_tokens_per_second"]
             windows_count = k if k is not None else seq_len - prophet.prophet_train_length - prophet.num_leading_start_tokens + 2
             rows.append({"size": name, "windows_per_seq": k, "prophet_windows": windows_count, "steps": steps,
+                         "compiled": args.compile, "warmup_seconds": warmup_seconds,
                          "seconds_per_step": statistics.median(times), "step_seconds": times,
                          "tokens_per_second": tps, "best_step_tokens_per_second": batch * seq_len / min(times),
                          "reference_tokens_per_second": ref, "vs_reference": tps / ref})
-            print(f"[{name} windows={k or 'all'}] {tps:,.0f} tokens/s (median step)", file=sys.stderr)
+            print(f"[{name} windows={k or 'all'}{' compiled' if args.compile else ''}] {tps:,.0f} tokens/s "
+                  f"(median step; warm-up {warmup_seconds:.0f} s)", file=sys.stderr)
     return {"mode": "reference", "seq_len": seq_len, "batch_size": batch, "precision": "32-true",
             "optimizer": "AdamW", "data": data_desc, "results": rows}
 
@@ -299,11 +305,13 @@ def bench_reference(args, workdir: Path) -> dict:
 
 def markdown(result: dict) -> str:
     if result["mode"] == "reference":
-        lines = ["| main + prophet | prophet windows / seq | s / step (median) | tokens/s | best step tokens/s | "
-                 "reference tokens/s | ours / reference |", "|---|---|---|---|---|---|---|"]
+        lines = ["| main + prophet | prophet windows / seq | torch.compile | s / step (median) | tokens/s | "
+                 "best step tokens/s | reference tokens/s | ours / reference |", "|---|---|---|---|---|---|---|---|"]
         for r in result["results"]:
             windows = f"{r['prophet_windows']} (all)" if r["windows_per_seq"] is None else str(r["prophet_windows"])
-            lines.append(f"| {r['size']} | {windows} | {r['seconds_per_step']:.2f} | {r['tokens_per_second']:,.0f} | "
+            compiled = f"yes ({r['warmup_seconds']:.0f} s once)" if r.get("compiled") else "no"
+            lines.append(f"| {r['size']} | {windows} | {compiled} | {r['seconds_per_step']:.2f} | "
+                         f"{r['tokens_per_second']:,.0f} | "
                          f"{r['best_step_tokens_per_second']:,.0f} | {r['reference_tokens_per_second']:,.0f} | "
                          f"{r['vs_reference']:.2f}x |")
         seed = [r for r in result["results"] if r["size"] == "512x10+512x2" and r["windows_per_seq"] is None]
@@ -352,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows-per-seq", type=int, nargs="*", default=[],
                         help="--reference: also measure with K random prophet windows per sequence")
     parser.add_argument("--sizes", nargs="*", choices=list(REFERENCE_SIZES), help="--reference: only these sizes")
+    parser.add_argument("--compile", action="store_true", help="--reference: torch.compile the model (as compile=true)")
     parser.add_argument("--ref-steps", type=int, help="--reference: timed steps per size (default 12 / 5)")
     parser.add_argument("--out", help="JSON output (default bench/train.json, or bench/train_reference.json)")
     args = parser.parse_args(argv)

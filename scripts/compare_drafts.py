@@ -182,14 +182,14 @@ def markdown(result: dict[str, Any]) -> str:
              f"{a['max_new_tokens']} bytes, batch 1, gamma {a['gamma']}; speed-up = plain / speculative wall time "
              f"(median of {a['repeats']}).", "",
              "| candidate | tokens/call t=0 | speed-up t=0 | tokens/call t=1 | acceptance t=1 | speed-up t=1 | "
-             "val bpc | total train PFLOP |",
+             "draft val bpc | total train TFLOP |",
              "|---|---|---|---|---|---|---|---|"]
     for e in result["entries"]:
-        bpc = e.get("val", {}).get("val/bpc")
+        bpc = e.get("val", {}).get("val/bpc") if e["kind"] == "draft" else None     # a prophet's is the target's
         flop = e.get("total_flops")
         lines.append(f"| {e['name']} | {e['t0']['tokens_per_call']:.2f} | {e['t0']['speedup']:.2f}x | "
                      f"{e['t1']['tokens_per_call']:.2f} | {e['t1']['acceptance_rate']:.3f} | {e['t1']['speedup']:.2f}x | "
-                     f"{'' if bpc is None else f'{bpc:.3f}'} | {'' if flop is None else f'{flop / 1e15:.3f}'} |")
+                     f"{'' if bpc is None else f'{bpc:.3f}'} | {'' if flop is None else f'{flop / 1e12:.1f}'} |")
     verdict = result["verdict"]
     lines += ["", f"Best distilled draft at t=1: {verdict['best']} with {verdict['best_tpc']:.3f} tokens/call against "
               f"{verdict['ce_tpc']:.3f} for the undistilled draft: {100 * verdict['gain']:+.1f}% "
@@ -215,12 +215,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label)
         if metric == "speedup":
             ax.axhline(1.0, color="gray", lw=0.8)
-        ax.legend()
-    fig.suptitle(f"Drafts for {Path(result['target']).name}: equal training tokens ({result['args']['steps']} steps)")
+        ax.legend(loc="lower right")
+    target = Path(result["target"])
+    run = target.parent.name if target.name == "export" else target.name
+    fig.suptitle(f"Drafts for the target of {run}: equal training tokens ({result['args']['steps']} steps each)")
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
     os.replace(tmp, path)
+
+
+def render(out: Path) -> None:
+    """Write compare.md and compare.png again from compare.json (after a change of format)."""
+    result = json.loads((out / "compare.json").read_text())
+    (out / "compare.md").write_text(markdown(result) + "\n")
+    plot(result, out / "compare.png")
 
 
 def main(argv: list[str] | None = None) -> int:
