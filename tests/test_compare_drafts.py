@@ -1,5 +1,5 @@
 """scripts/compare_drafts.py end to end at test sizes: every kind of candidate trains, decodes
-and lands in the table, JSON and plot."""
+and lands in the table, JSON and plot; scripts/acceptance.py on the same target."""
 
 from __future__ import annotations
 
@@ -53,3 +53,15 @@ def test_compare_drafts_at_test_sizes(tiny_cfg, tiny_corpus, tmp_path, capsys):
     # a second call reuses the trained runs
     assert script.main(args) == 0
     assert "reusing" in capsys.readouterr().err
+
+    # scripts/acceptance.py on the same target: one row per temperature, rates in [0, 1]
+    spec = importlib.util.spec_from_file_location("acceptance", REPO / "scripts" / "acceptance.py")
+    acceptance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acceptance)
+    assert acceptance.main(["--export", str(target["export_dir"]), "--data", str(tiny_corpus), "--prompts", "2",
+                            "--prompt-len", "8", "--max-new-tokens", "8"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[2].strip() for r in rows] == ["0", "1"] and all(0 <= float(r[3]) <= 1 for r in rows)
+    draft = tmp_path / "cmp" / "runs" / "ce" / "export"
+    assert acceptance.main(["--export", str(draft), "--data", str(tiny_corpus)]) == 2
+    assert "has no prophet" in capsys.readouterr().err

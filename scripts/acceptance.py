@@ -1,0 +1,61 @@
+"""Acceptance of trained prophets (or drafts) on validation prompts: a table, one row per export.
+
+    python scripts/acceptance.py --export outputs/a/export outputs/b/export [--draft DIR] \\
+        --data ../shared/data/textmix100m.gz --prompts 32 --max-new-tokens 128
+
+Each model_with_prophet export decodes `--prompts` fixed validation prompts (the evaluation
+callback's, from the enwik8 DataModule) with its own prophet, batched, at temperature 0 and 1,
+seeded; with `--draft DIR` every export's main model is drafted by that decoder instead. Reports
+acceptance rate, tokens per target call and alpha (counts, not timings: load on the machine does
+not change them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from specdec_models import ModelWithProphet, SpecdecError, load_export
+from specdec_models.decode import generate
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--export", nargs="+", required=True, help="model_with_prophet exports (or targets with --draft)")
+    parser.add_argument("--draft", help="a decoder export drafting for every target instead of its prophet")
+    parser.add_argument("--data", required=True, help="enwik8 or a stand-in (.zip, .gz or raw)")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    from train.data import Enwik8DataModule
+
+    try:
+        prompts = Enwik8DataModule(path=args.data, allow_short=True, download=False).prompts(args.prompts,
+                                                                                               args.prompt_len)
+        draft = load_export(args.draft) if args.draft else None
+        print("| export | temperature | acceptance rate | tokens / call | alpha |\n|---|---|---|---|---|")
+        for directory in args.export:
+            model = load_export(directory)
+            if draft is None and not isinstance(model, ModelWithProphet):
+                raise SpecdecError(f"{directory} has no prophet: pass --draft DIR")
+            target = model.model if isinstance(model, ModelWithProphet) else model
+            drafter = {"draft": draft} if draft is not None else {"prophet": model}
+            for temperature in args.temperatures:
+                _, stats = generate(target, prompts, args.max_new_tokens, gamma=args.gamma, temperature=temperature,
+                                    generator=torch.Generator().manual_seed(args.seed), **drafter)
+                print(f"| {directory} | {temperature:g} | {stats.acceptance_rate:.3f} | {stats.tokens_per_call:.2f} | "
+                      f"{stats.alpha:.3f} |")
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
