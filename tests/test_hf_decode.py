@@ -314,3 +314,26 @@ def test_specdec_models_imports_without_transformers():
             "import specdec_models, specdec_models.decode, specdec_models.hf\n"
             "from specdec_models.hf import is_hf_model; assert not is_hf_model(object())")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_compare_hf_script_runs_on_tiny_local_models(tmp_path, capsys):
+    import importlib.util
+    import json
+
+    from conftest import REPO
+
+    target = build(tmp_path / "target", "neox", 0, 20.0)
+    build(tmp_path / "draft", None, 4, None, noise=(target, 0.002))
+    spec = importlib.util.spec_from_file_location("compare_hf", REPO / "scripts" / "compare_hf.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "compare.json"
+    assert script.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+                        "--max-new-tokens", "8", "--repeats", "1", "--batch", "3", "--device", "cpu",
+                        "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    # every method emits the target's own greedy tokens
+    assert all(results[name]["equal"] for name in ("hf", "hf_assisted", "specdec_base", "specdec_draft"))
+    assert results["specdec_draft"]["tokens_per_call"] >= 1.0
+    assert results["specdec_draft_batch3"]["tokens_per_second"] > 0
+    assert "specdec_draft" in capsys.readouterr().out
