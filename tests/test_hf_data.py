@@ -15,21 +15,13 @@ pytest.importorskip("datasets")
 
 from specdec_models.errors import SpecdecError
 
-pytestmark = pytest.mark.usefixtures("offline")
+pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
 WORDS = ("the quick brown fox jumps over lazy dog a draft verifies target model tokens speculative decoding "
          "is fast small large one two three four five six seven eight nine ten").split()
 SPECIALS = ["<unk>", "<pad>", "<eos>", "<bos>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<bos> {{ m['role'] }} {{ m['content'] }} <eos> {% endfor %}"
                  "{% if add_generation_prompt %}<bos> assistant {% endif %}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def build_tokenizer(path, words=WORDS, eos="<eos>", extra=(), chat_template=CHAT_TEMPLATE):

@@ -16,17 +16,9 @@ from test_hf_data import build_tokenizer, write_corpus
 
 from specdec_models.errors import SpecdecError
 
-pytestmark = pytest.mark.usefixtures("offline")
+pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
 TASK = "hf_draft_distill"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def save_model(path, tok, arch, seed, vocab=None, hidden=32, sharpen=8.0, tied=False):

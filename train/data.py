@@ -88,10 +88,27 @@ def window_batch(data: np.ndarray, offsets: np.ndarray, length: int) -> torch.Te
     return torch.from_numpy(data[index].astype(np.int64))
 
 
-class RandomWindows(IterableDataset):
-    """Endless batches (batch_size, seq_len + 1) of random training windows; batch k depends
-    only on (seed, rank, k). Worker i of W yields k = start + i, start + i + W, ..., which the
-    DataLoader interleaves back into order."""
+class StepBatches(IterableDataset):
+    """Endless batches from `batch(k)`, a pure function of the batch index k, from k = `start` on.
+    Worker i of W yields k = start + i, start + i + W, ..., which the DataLoader interleaves back
+    into order."""
+
+    start: int
+
+    def batch(self, k: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __iter__(self):
+        info = get_worker_info()
+        k, step = (self.start, 1) if info is None else (self.start + info.id, info.num_workers)
+        while True:
+            yield self.batch(k)
+            k += step
+
+
+class RandomWindows(StepBatches):
+    """Batches (batch_size, seq_len + 1) of random training windows; batch k depends only on
+    (seed, rank, k)."""
 
     def __init__(self, data: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int, start: int) -> None:
         self.data, self.seq_len, self.batch_size = data, seq_len, batch_size
@@ -101,13 +118,6 @@ class RandomWindows(IterableDataset):
         rng = np.random.default_rng([self.seed, self.rank, k])
         offsets = rng.integers(0, len(self.data) - self.seq_len, size=self.batch_size)
         return window_batch(self.data, offsets, self.seq_len + 1)
-
-    def __iter__(self):
-        info = get_worker_info()
-        k, step = (self.start, 1) if info is None else (self.start + info.id, info.num_workers)
-        while True:
-            yield self.batch(k)
-            k += step
 
 
 class FixedWindows(Dataset):

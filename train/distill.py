@@ -147,60 +147,24 @@ def validate_task(cfg: DictConfig) -> dict[str, Any]:
                 seed=cfg.seed, metadata=metadata_of(cfg), compile=cfg.compile)
 
 
-class DistillLitModule(L.LightningModule):
-    task = "draft_distill"
-
-    def __init__(self, student: dict[str, Any], teacher_export: str, teacher_hash: str,
-                 objective: dict[str, Any] | None = None, optim: dict[str, Any] | None = None, seed: int = 0,
-                 metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
-        """`student`: a ModelConfig dict; `teacher_export`, `teacher_hash`: the frozen teacher
-        (loaded in `setup`, checked against the hash); `objective`: a DistillConfig dict."""
-        super().__init__()
-        self.save_hyperparameters()
-        self.objective = DistillConfig.from_dict(dict(objective or {}))
-        self.optim_cfg = OptimConfig.from_dict(dict(optim or {}))
-        self.student = Decoder(ModelConfig.from_dict(dict(student)))
-        if compile:
-            self.student.compile()
-        self._teacher: list[Decoder] = []       # a list hides it from state_dict, DDP and the optimizer
-
-    # -- the teacher -----------------------------------------------------------------------------
-
-    @property
-    def teacher(self) -> Decoder:
-        if not self._teacher:
-            self._teacher.append(load_teacher(self.hparams.teacher_export, self.hparams.teacher_hash))
-        teacher = self._teacher[0]
-        if teacher.to_logits.weight.device != self.device:
-            teacher.to(self.device)
-        return teacher
+class DistillSteps(L.LightningModule):
+    """The training, validation and optimizer steps shared by the distillation tasks (native
+    decoders here, Hugging Face models in train.hf_distill). A subclass provides `student`,
+    `objective`, `optim_cfg`, `task`, a `teacher` property, `student_logits(inputs)`,
+    `teacher_logits(inputs)` and `sample_rows(prompts, source, generator)`."""
 
     def setup(self, stage: str) -> None:
         self.teacher                           # load (and check) before the first step
-
-    @torch.no_grad()
-    def teacher_logits(self, seq: Tensor) -> Tensor:
-        return self.teacher(seq).logits
-
-    # -- data ------------------------------------------------------------------------------------
 
     def generator(self, micro: int) -> torch.Generator:
         g = torch.Generator(device=self.device)
         return g.manual_seed(step_seed(self.hparams.seed, self.global_step, micro, self.global_rank))
 
-    def sample_rows(self, prompts: Tensor, source: str, generator: torch.Generator) -> Tensor:
-        """prompts (b, prompt_len) continued by gen_len tokens sampled from `source` (teacher or
-        student, as it is now): (b, prompt_len + gen_len), batched with a KV cache."""
-        model = self.teacher if source == "teacher" else self.student
-        obj = self.objective
-        new, _ = generate(model, prompts, obj.gen_len, temperature=obj.sample_temperature, generator=generator)
-        return torch.cat([prompts, torch.stack(new)], 1).clone()        # a normal tensor, not an inference one
-
     def _loss(self, seq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """(loss, divergence, ce, student logits, teacher logits or None) of the student on
         `seq` (b, n + 1); the teacher runs only when the divergence needs it."""
         inputs, labels = seq[:, :-1], seq[:, 1:]
-        logits = self.student(inputs).logits
+        logits = self.student_logits(inputs)
         obj = self.objective
         ce = divergence("ce", logits, labels=labels)
         if not obj.needs_teacher_logits:
@@ -239,7 +203,8 @@ class DistillLitModule(L.LightningModule):
         b = batch.shape[0]
         self.log_dict({f"{prefix}/loss": loss, f"{prefix}/divergence": div, f"{prefix}/ce": ce,
                        f"{prefix}/expected_acceptance": 1 - tvd}, sync_dist=True, batch_size=b)
-        self.log(f"{prefix}/bpc", ce / LN2, prog_bar=True, sync_dist=True, batch_size=b)    # the student's
+        # the student's bits per token (per byte on byte-level data; the checkpoint callback monitors it)
+        self.log(f"{prefix}/bpc", ce / LN2, prog_bar=True, sync_dist=True, batch_size=b)
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         self._evaluate(batch, "val")
@@ -250,13 +215,59 @@ class DistillLitModule(L.LightningModule):
     def configure_optimizers(self):
         return configure_adam(self.student, self.optim_cfg, self.trainer.max_steps)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["specdec_task"] = self.task
+
+
+class DistillLitModule(DistillSteps):
+    task = "draft_distill"
+
+    def __init__(self, student: dict[str, Any], teacher_export: str, teacher_hash: str,
+                 objective: dict[str, Any] | None = None, optim: dict[str, Any] | None = None, seed: int = 0,
+                 metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
+        """`student`: a ModelConfig dict; `teacher_export`, `teacher_hash`: the frozen teacher
+        (loaded in `setup`, checked against the hash); `objective`: a DistillConfig dict."""
+        super().__init__()
+        self.save_hyperparameters()
+        self.objective = DistillConfig.from_dict(dict(objective or {}))
+        self.optim_cfg = OptimConfig.from_dict(dict(optim or {}))
+        self.student = Decoder(ModelConfig.from_dict(dict(student)))
+        if compile:
+            self.student.compile()
+        self._teacher: list[Decoder] = []       # a list hides it from state_dict, DDP and the optimizer
+
+    # -- the teacher -----------------------------------------------------------------------------
+
+    @property
+    def teacher(self) -> Decoder:
+        if not self._teacher:
+            self._teacher.append(load_teacher(self.hparams.teacher_export, self.hparams.teacher_hash))
+        teacher = self._teacher[0]
+        if teacher.to_logits.weight.device != self.device:
+            teacher.to(self.device)
+        return teacher
+
+    def student_logits(self, inputs: Tensor) -> Tensor:
+        return self.student(inputs).logits
+
+    @torch.no_grad()
+    def teacher_logits(self, inputs: Tensor) -> Tensor:
+        return self.teacher(inputs).logits
+
+    # -- data ------------------------------------------------------------------------------------
+
+    def sample_rows(self, prompts: Tensor, source: str, generator: torch.Generator) -> Tensor:
+        """prompts (b, prompt_len) continued by gen_len tokens sampled from `source` (teacher or
+        student, as it is now): (b, prompt_len + gen_len), batched with a KV cache."""
+        model = self.teacher if source == "teacher" else self.student
+        obj = self.objective
+        new, _ = generate(model, prompts, obj.gen_len, temperature=obj.sample_temperature, generator=generator)
+        return torch.cat([prompts, torch.stack(new)], 1).clone()        # a normal tensor, not an inference one
+
     # -- evaluation, checkpoints and export ------------------------------------------------------
 
     def speculative_models(self) -> dict[str, torch.nn.Module]:
         return {"target": self.teacher, "draft": self.student}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["specdec_task"] = self.task
 
     def export_model(self) -> torch.nn.Module:
         return self.student

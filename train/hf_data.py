@@ -31,9 +31,11 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 
 from specdec_models.errors import SpecdecError, check
+
+from .data import StepBatches
 
 CACHE_VERSION = 1
 WINDOWS_FILE = "windows.arrow"
@@ -181,7 +183,7 @@ def write_windows(tokens, length: int, path: Path) -> int:
     return count
 
 
-class RandomRows(IterableDataset):
+class RandomRows(StepBatches):
     """Endless batches (batch_size, seq_len + 1) of random training windows (rows < `rows`);
     batch k depends only on (seed, rank, k)."""
 
@@ -193,13 +195,6 @@ class RandomRows(IterableDataset):
         rng = np.random.default_rng([self.seed, self.rank, k])
         index = rng.integers(0, self.rows, size=self.batch_size)
         return torch.from_numpy(self.windows[index.tolist()]["input_ids"].astype(np.int64))
-
-    def __iter__(self):
-        info = get_worker_info()
-        k, step = (self.start, 1) if info is None else (self.start + info.id, info.num_workers)
-        while True:
-            yield self.batch(k)
-            k += step
 
 
 class Rows(Dataset):

@@ -34,19 +34,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
 from specdec_models.decode import generate
-from specdec_models.distill import divergence
 from specdec_models.errors import SpecdecError, check
 from specdec_models.hf import HFDecoder
 
-from .distill import DistillConfig
+from .distill import DistillConfig, DistillSteps
 from .hf_data import load_tokenizer, special_tokens
-from .module import LN2, OptimConfig, configure_adam, metadata_of, step_seed, to_plain
+from .module import OptimConfig, metadata_of, to_plain
 
 TASK = "hf_draft_distill"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -183,7 +181,7 @@ def validate_task(cfg: DictConfig) -> dict[str, Any]:
                 compile=cfg.compile)
 
 
-class HFDistillLitModule(L.LightningModule):
+class HFDistillLitModule(DistillSteps):
     task = TASK
 
     def __init__(self, teacher_path: str, teacher_hash: str, student_path: str, vocab_size: int,
@@ -225,9 +223,6 @@ class HFDistillLitModule(L.LightningModule):
             teacher.to(self.device)
         return teacher
 
-    def setup(self, stage: str) -> None:
-        self.teacher                                     # load (and check) before the first step
-
     def student_logits(self, inputs: Tensor) -> Tensor:
         return self.student(input_ids=inputs, use_cache=False).logits[..., : self.vocab_size]
 
@@ -240,10 +235,6 @@ class HFDistillLitModule(L.LightningModule):
         return {"target": HFDecoder(self.teacher, self.vocab_size), "draft": HFDecoder(self.student, self.vocab_size)}
 
     # -- data ------------------------------------------------------------------------------------
-
-    def generator(self, micro: int) -> torch.Generator:
-        g = torch.Generator(device=self.device)
-        return g.manual_seed(step_seed(self.hparams.seed, self.global_step, micro, self.global_rank))
 
     def sample_rows(self, prompts: Tensor, source: str, generator: torch.Generator) -> Tensor:
         """prompts (b, prompt_len) continued by gen_len tokens sampled from `source` (teacher or
@@ -259,67 +250,10 @@ class HFDistillLitModule(L.LightningModule):
             self.student.train(training)
         return torch.cat([prompts, torch.stack(new).to(prompts.device)], 1).clone()   # not an inference tensor
 
-    # -- losses (as train.distill) ---------------------------------------------------------------
-
-    def _loss(self, seq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-        """(loss, divergence, ce, student logits, teacher logits or None) on seq (b, n + 1)."""
-        inputs, labels = seq[:, :-1], seq[:, 1:]
-        logits = self.student_logits(inputs)
-        obj = self.objective
-        ce = divergence("ce", logits, labels=labels)
-        if not obj.needs_teacher_logits:
-            return ce, ce, ce, logits, None
-        teacher = self.teacher_logits(inputs)
-        div = divergence(obj.divergence, logits, teacher, sampling=obj.sampling, beta=obj.beta)
-        return div + obj.ce_weight * ce, div, ce, logits, teacher
-
-    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        micro = batch_idx % self.trainer.accumulate_grad_batches
-        obj = self.objective
-        k = obj.generated_rows(batch.shape[0])
-        parts = []
-        if k:
-            parts.append(self.sample_rows(batch[:k, :obj.prompt_len], obj.data, self.generator(micro)))
-        if k < batch.shape[0]:
-            parts.append(batch[k:])
-        tokens = sum(p[:, 1:].numel() for p in parts)     # token-weighted mean over generated and corpus rows
-        loss = div = ce = 0.0
-        for part in parts:
-            weight = part[:, 1:].numel() / tokens
-            l, d, c, _, _ = self._loss(part)
-            loss, div, ce = loss + weight * l, div + weight * d, ce + weight * c
-        self.log("train/loss", loss, prog_bar=True)
-        self.log_dict({"train/divergence": div, "train/ce": ce, "train/generated_rows": float(k)})
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
-        return loss
-
-    def _evaluate(self, batch: Tensor, prefix: str) -> None:
-        loss, div, ce, logits, teacher = self._loss(batch)
-        if teacher is None:
-            teacher = self.teacher_logits(batch[:, :-1])
-        tvd = divergence("tvd", logits, teacher, sampling=self.objective.sampling)
-        b = batch.shape[0]
-        self.log_dict({f"{prefix}/loss": loss, f"{prefix}/divergence": div, f"{prefix}/ce": ce,
-                       f"{prefix}/expected_acceptance": 1 - tvd}, sync_dist=True, batch_size=b)
-        # bits per token here (the checkpoint callback monitors val/bpc)
-        self.log(f"{prefix}/bpc", ce / LN2, prog_bar=True, sync_dist=True, batch_size=b)
-
-    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
-        self._evaluate(batch, "val")
-
-    def test_step(self, batch: Tensor, batch_idx: int) -> None:
-        self._evaluate(batch, "test")
-
-    def configure_optimizers(self):
-        return configure_adam(self.student, self.optim_cfg, self.trainer.max_steps)
-
     # -- evaluation, checkpoints and export ------------------------------------------------------
 
     def speculative_models(self) -> dict[str, HFDecoder]:
         return self.decoders()
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["specdec_task"] = self.task
 
     def export_metadata(self) -> dict[str, Any]:
         return {"teacher_path": self.hparams.teacher_path, "teacher_hash": self.hparams.teacher_hash,
