@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from scipy.stats import chi2
+from test_decode import chi_square_p_value
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
 from specdec_models.decode import generate
@@ -210,17 +210,6 @@ def test_every_row_emits_exactly_max_new_tokens_and_stops_at_eos(models):
 
 
 # ---------------------------------------------------------------- losslessness
-
-def chi_square_p_value(observed, expected_probs, n):
-    expected = expected_probs * n
-    keep = expected >= 5                                 # pool rare cells into one bin
-    obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
-    exp = torch.cat([expected[keep], expected[~keep].sum()[None]])
-    nonzero = exp > 0
-    stat = float(((obs[nonzero] - exp[nonzero]) ** 2 / exp[nonzero]).sum())
-    assert float(obs[~nonzero].sum()) == 0
-    return chi2.sf(stat, int(nonzero.sum()) - 1)
-
 
 @pytest.fixture(scope="module")
 def toy_pair(tmp_path_factory):
