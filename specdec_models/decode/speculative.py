@@ -220,6 +220,8 @@ def generate(
         draft(padded, cache=draft_cache)
         draft_cache.rollback(torch.minimum(draft_cache.lengths, rows.lens))
     if method == "prophet":
+        # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
+        draft_cache = prophet.prophet.new_cache(b, prophet.num_start_tokens + gamma)
         # the prophet needs S cached target positions per row: decode plainly until there are
         while not bool(rows.done.all()) and int(cache.lengths.min()) < prophet.num_start_tokens:
             _base_step(target, cache, rows, stats, pick, sampling, eos_id)
@@ -252,7 +254,8 @@ def _base_step(target, cache, rows, stats, pick, sampling, eos_id) -> None:
 
 def _draft_round(draft, draft_cache, prophet, cache, rows, gamma, sampling, pick) -> tuple[Tensor, Tensor]:
     """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab)) where q is
-    exactly the distribution each draft token was sampled from."""
+    exactly the distribution each draft token was sampled from. `draft_cache` is the draft's
+    cache, or the prophet's (emptied at each round: its start tokens change every round)."""
     if draft is not None:
         # Catch the draft up: it may lag one token (after a full acceptance it never saw d_gamma),
         # so it always re-reads the last two tokens; re-writing a cached position is harmless.
@@ -261,9 +264,9 @@ def _draft_round(draft, draft_cache, prophet, cache, rows, gamma, sampling, pick
         step = lambda tok: draft(tok, cache=draft_cache).logits[:, -1]  # noqa: E731
     else:
         start = prophet.start_tokens(cache.last_embeds(prophet.num_start_tokens))
-        pcache = prophet.prophet.new_cache(rows.seq.shape[0], prophet.num_start_tokens + gamma)
-        logits = prophet.prophet(rows.last(1), start=start, cache=pcache).logits[:, -1]
-        step = lambda tok: prophet.prophet(tok, cache=pcache).logits[:, -1]  # noqa: E731
+        draft_cache.rollback(torch.zeros_like(draft_cache.lengths))
+        logits = prophet.prophet(rows.last(1), start=start, cache=draft_cache).logits[:, -1]
+        step = lambda tok: prophet.prophet(tok, cache=draft_cache).logits[:, -1]  # noqa: E731
     drafts, qs = [], []
     for i in range(gamma):
         q = to_probs(logits, sampling)
