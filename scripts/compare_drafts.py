@@ -215,7 +215,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label)
         if metric == "speedup":
             ax.axhline(1.0, color="gray", lw=0.8)
-        ax.legend(loc="lower right")
+        top = max(max(e["t0"][metric], e["t1"][metric]) for e in entries)
+        ax.set_ylim(0, 1.2 * top)                             # headroom for the legend above the bars
+        ax.legend(loc="upper left", ncol=2)
     target = Path(result["target"])
     run = target.parent.name if target.name == "export" else target.name
     fig.suptitle(f"Drafts for the target of {run}: equal training tokens ({result['args']['steps']} steps each)")
