@@ -170,6 +170,17 @@ def _sha256(path: Path) -> str:
 
 # ---------------------------------------------------------------- reading
 
+def read_json_object(path: Path, remedy: str) -> dict[str, Any]:
+    """The JSON object in `path`; a file that is not valid JSON or not an object raises
+    `SpecdecError` ending with `remedy` (what the user should do)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise SpecdecError(f"{path} is not valid JSON ({_one_line(error)}): {remedy}") from None
+    check(isinstance(data, dict), f"{path} must hold a JSON object: {remedy}")
+    return data
+
+
 def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
     """The validated config.json of an export (configs still as dicts). Raises `SpecdecError`
     with what to do when the directory is not a readable export of this format version."""
@@ -178,11 +189,7 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
                               f"save_export (python -m train or scripts/export.py)")
     path = directory / CONFIG_NAME
     check(path.is_file(), f"{path} is missing: {directory} is not a specdec export (write one with scripts/export.py)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise SpecdecError(f"{path} is not valid JSON ({_one_line(error)}): re-export the model") from None
-    check(isinstance(config, dict), f"{path} must hold a JSON object: re-export the model")
+    config = read_json_object(path, "re-export the model")
     check(config.get("format") == FORMAT,
           f"{path} has format {config.get('format')!r}, expected {FORMAT!r}: not a specdec export")
     version = config.get("format_version")

@@ -41,8 +41,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from specdec_models.errors import SpecdecError, check
+from specdec_models.export import read_json_object
 
-from .data import ENWIK8_BYTES, Enwik8DataModule, read_bytes, split_bounds, window_batch
+from .data import ENWIK8_BYTES, Enwik8DataModule, read_bytes, split_bounds, stream_position, window_batch
 
 CACHE_FORMAT = "specdec-embeddings-cache"
 CACHE_VERSION = 1
@@ -198,11 +199,8 @@ def read_cache_meta(cache: str | os.PathLike) -> dict[str, Any]:
     check(cache.is_dir(), f"embeddings cache {cache} does not exist: {HOW_TO_BUILD}")
     path = cache / META_NAME
     check(path.is_file(), f"{path} is missing: {cache} is not a complete embeddings cache; {HOW_TO_BUILD}")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise SpecdecError(f"{path} is not valid JSON ({' '.join(str(error).split())}): rebuild the cache") from None
-    check(isinstance(meta, dict) and meta.get("format") == CACHE_FORMAT,
+    meta = read_json_object(path, f"rebuild the cache; {HOW_TO_BUILD}")
+    check(meta.get("format") == CACHE_FORMAT,
           f"{path} is not a specdec embeddings cache; {HOW_TO_BUILD}")
     check(meta.get("format_version") == CACHE_VERSION,
           f"{path} has format_version {meta.get('format_version')!r}, this specdec reads {CACHE_VERSION}: rebuild it")
@@ -333,10 +331,8 @@ class CachedDataModule(Enwik8DataModule):
     def train_dataloader(self) -> DataLoader:
         if self.embeddings == "online":
             return super().train_dataloader()
-        trainer = self.trainer
-        rank = trainer.global_rank if trainer is not None else 0
-        world = trainer.world_size if trainer is not None else 1
-        start = trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
+        rank, start = stream_position(self.trainer)
+        world = self.trainer.world_size if self.trainer is not None else 1
         windows = CachedWindows(self.cache, self.cache_meta(), self.batch_size, self.seed, rank, world, start)
         return DataLoader(windows, batch_size=None, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)

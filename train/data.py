@@ -88,6 +88,14 @@ def window_batch(data: np.ndarray, offsets: np.ndarray, length: int) -> torch.Te
     return torch.from_numpy(data[index].astype(np.int64))
 
 
+def stream_position(trainer: L.Trainer | None) -> tuple[int, int]:
+    """(rank, first batch index) of this process's training stream: on resume, batch
+    k = global_step * accumulate_grad_batches is the first one not yet trained on."""
+    if trainer is None:
+        return 0, 0
+    return trainer.global_rank, trainer.global_step * trainer.accumulate_grad_batches
+
+
 class StepBatches(IterableDataset):
     """Endless batches from `batch(k)`, a pure function of the batch index k, from k = `start` on.
     Worker i of W yields k = start + i, start + i + W, ..., which the DataLoader interleaves back
@@ -201,10 +209,7 @@ class Enwik8DataModule(L.LightningDataModule):
     # -- loaders --------------------------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        rank = trainer.global_rank if trainer is not None else 0
-        # Resume: batch k = global_step * accumulate is the first one not yet trained on.
-        start = trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
+        rank, start = stream_position(self.trainer)
         windows = RandomWindows(self.load()["train"], self.seq_len, self.batch_size, self.seed, rank, start)
         return DataLoader(windows, batch_size=None, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from specdec_models.errors import SpecdecError, check
 
-from .data import StepBatches
+from .data import StepBatches, stream_position
 
 CACHE_VERSION = 1
 WINDOWS_FILE = "windows.arrow"
@@ -295,10 +295,7 @@ class HFTextDataModule(L.LightningDataModule):
         self.windows()
 
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        rank = trainer.global_rank if trainer is not None else 0
-        # Resume: batch k = global_step * accumulate is the first one not yet trained on.
-        start = trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
+        rank, start = stream_position(self.trainer)
         rows = RandomRows(self.windows(), self.train_rows, self.batch_size, self.seed, rank, start)
         return DataLoader(rows, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
