@@ -289,7 +289,7 @@ def bench_reference(args, workdir: Path) -> dict:
             # machine slowed the rest down
             tps = batch * seq_len / statistics.median(times)
             ref = size["reference_tokens_per_second"]
-            windows_count = k if k is not None else seq_len - prophet.prophet_train_length - prophet.num_leading_start_tokens + 2
+            windows_count = k if k is not None else prophet.anchor_count(seq_len)
             rows.append({"size": name, "windows_per_seq": k, "prophet_windows": windows_count, "steps": steps,
                          "compiled": args.compile, "warmup_seconds": warmup_seconds,
                          "seconds_per_step": statistics.median(times), "step_seconds": times,

@@ -5,7 +5,7 @@ speculative decoding (`specdec_models.decode.generate`) and the export format
 (`save_export` / `load_export`). Never imports lightning, hydra or wandb.
 """
 
-from .cache import KVCache
+from .kv_cache import KVCache
 from .config import ModelConfig, ProphetConfig
 from .errors import SpecdecError
 from .export import export_hash, load_export, save_export

@@ -14,3 +14,9 @@ def check(condition: bool, message: str) -> None:
     """Raise `SpecdecError(message)` unless `condition` holds."""
     if not condition:
         raise SpecdecError(message)
+
+
+def check_positive_int(value: object, name: str) -> None:
+    """Raise `SpecdecError` unless `value` is an integer >= 1 (booleans are not integers here)."""
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+          f"{name} must be a positive integer, got {value!r}")

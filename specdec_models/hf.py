@@ -7,7 +7,7 @@ small protocol `generate` uses on a `Decoder`: `model(tokens, cache=cache).logit
 `cfg.max_seq_len` and `device`.
 
 Ragged rows in a Hugging Face cache. A `DynamicCache` appends the same number of slots to every
-row, but speculative decoding rolls rows back by different counts. `HFCache` keeps the padded
+row, but speculative decoding rolls rows back by different counts. `HFKVCache` keeps the padded
 cache and a boolean `valid` (batch, slots): each call appends n slots to every row and passes
 - `attention_mask` = valid slots + the new tokens (2-D), so rolled-back and padding slots are
   masked out (a masked key adds exactly 0 to the softmax, where a zeroed key would add e^0);
@@ -80,7 +80,7 @@ def _map_kv(kv: Any, fn) -> None:
         kv.value_cache = [fn(v) if v.numel() else v for v in kv.value_cache]
 
 
-class HFCache:
+class HFKVCache:
     """A Hugging Face DynamicCache with one logical length per row (see the module docstring)."""
 
     def __init__(self, batch: int, capacity: int, device: torch.device, slack: int) -> None:
@@ -214,12 +214,12 @@ class HFDecoder:
         self.model.train(mode)
         return self
 
-    def new_cache(self, batch: int, capacity: int, *, keep_embeds: bool = False) -> HFCache:
+    def new_cache(self, batch: int, capacity: int, *, keep_embeds: bool = False) -> HFKVCache:
         check(not keep_embeds, "a Hugging Face model's cache keeps no embeddings for a prophet")
-        return HFCache(batch, capacity, self.device, self.slack)
+        return HFKVCache(batch, capacity, self.device, self.slack)
 
     @torch.no_grad()
-    def __call__(self, tokens: Tensor, *, cache: HFCache | None = None) -> HFOutput:
+    def __call__(self, tokens: Tensor, *, cache: HFKVCache | None = None) -> HFOutput:
         """Logits (b, n, vocab_size) of tokens (b, n): appended to each row of `cache`, or a fresh
         causal sequence from position 0 without one."""
         tokens = tokens.to(self.device)

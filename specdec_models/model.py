@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .cache import KVCache
+from .kv_cache import KVCache
 from .config import ModelConfig
 from .errors import check
 
@@ -139,6 +139,10 @@ class Decoder(nn.Module):
     @property
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.to_logits.weight.device
 
     def reset_parameters(self) -> None:
         # GPT-2 style: N(0, 0.02), residual projections scaled down by depth.

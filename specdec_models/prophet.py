@@ -22,11 +22,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig, ProphetConfig
 from .errors import check
+from .losses import next_token_loss
 from .model import Decoder
 
 
@@ -34,11 +34,6 @@ class ProphetLoss(NamedTuple):
     loss: Tensor
     main_loss: Tensor
     prophet_loss: Tensor
-
-
-def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy (nats) of logits (..., vocab) against labels (...)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
 class ModelWithProphet(nn.Module):
@@ -56,6 +51,10 @@ class ModelWithProphet(nn.Module):
             nn.init.normal_(self.to_prophet_start.weight, std=main.dim ** -0.5)
 
     @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
     def num_start_tokens(self) -> int:
         return self.prophet_cfg.num_leading_start_tokens
 
@@ -67,13 +66,12 @@ class ModelWithProphet(nn.Module):
                 device: torch.device | None = None) -> Tensor:
         """Anchor positions (batch, W) whose windows fit in a training sequence of seq_len + 1 tokens."""
         S, L = self.num_start_tokens, self.prophet_cfg.prophet_train_length
-        first, last = S - 1, seq_len - L           # t needs h[t-S+1] and labels up to x[t+L]
-        count = last - first + 1
+        first, count = S - 1, self.prophet_cfg.anchor_count(seq_len)       # anchors S-1 .. seq_len-L
         check(count >= 1, f"seq_len {seq_len} is too short for prophet windows of "
                           f"{S} start tokens + {L} predicted tokens")
         k = self.prophet_cfg.windows_per_seq
         if k is None or k >= count:
-            return torch.arange(first, last + 1, device=device).expand(batch, count)
+            return torch.arange(first, first + count, device=device).expand(batch, count)
         scores = torch.rand(batch, count, generator=generator, device=generator.device if generator else device)
         return scores.argsort(dim=-1)[:, :k].to(device) + first
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_models import SamplingConfig
-from specdec_models.distill import LOG_FLOOR, divergence
+from specdec_models.losses import LOG_FLOOR, divergence
 from specdec_models.errors import SpecdecError
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
-from specdec_models.prophet import next_token_loss
+from specdec_models.losses import next_token_loss
 
 
 def small_pair(S=2, L=5, prophet_depth=2, windows_per_seq=None, detach=False):

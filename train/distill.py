@@ -31,7 +31,7 @@ from torch import Tensor
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, SamplingConfig
 from specdec_models.decode import generate
-from specdec_models.distill import DIVERGENCES, divergence
+from specdec_models.losses import DIVERGENCES, divergence
 from specdec_models.errors import check
 from specdec_models.export import export_hash, load_export, read_export_config
 

@@ -35,10 +35,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
-from specdec_models.distill import DIVERGENCES, divergence
+from specdec_models.losses import DIVERGENCES, divergence
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import export_hash, load_export, read_export_config
-from specdec_models.prophet import next_token_loss
+from specdec_models.losses import next_token_loss
 
 from .cached_data import EMBEDDINGS, HOW_TO_BUILD, check_cache
 from .module import LN2, OptimConfig, ProphetLitModule, check_prophet_fits, metadata_of, to_plain

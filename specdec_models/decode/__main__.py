@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from .. import byte_tokenizer
 from ..errors import SpecdecError, check
 from ..export import load_export
-from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
 from . import generate
@@ -87,8 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
     check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
-    prompt_bytes = args.prompt.encode("utf-8", errors="surrogateescape")
-    check(len(prompt_bytes) > 0, "--prompt is empty: give at least one character")
+    check(len(args.prompt) > 0, "--prompt is empty: give at least one character")
 
     exported = load_export(args.export)
     target = exported.model if isinstance(exported, ModelWithProphet) else exported
@@ -109,25 +108,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"use --method base or --method draft --draft DIR")
         prophet = exported
 
-    prompt = encode_bytes(prompt_bytes, target)
+    prompt = byte_tokenizer.encode(args.prompt, target.vocab_size, target.cfg.max_seq_len)[None]
     tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
                              prophet=prophet, gamma=args.gamma, temperature=sampling.temperature,
                              top_k=sampling.top_k, top_p=sampling.top_p, eos_id=args.eos_id,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
-    continuations = [bytes(t.tolist()).decode("utf-8", errors="replace") for t in tokens]
+    continuations = [byte_tokenizer.decode(t) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
-
-
-def encode_bytes(data: bytes, target: Decoder) -> torch.Tensor:
-    """Prompt bytes -> token ids (1, n) for the "bytes" tokenizer, checked against the model."""
-    vocab, max_len = target.vocab_size, target.cfg.max_seq_len
-    outside = sorted({b for b in data if b >= vocab})
-    check(not outside, f"the prompt holds byte(s) {', '.join(f'0x{b:02x}' for b in outside[:5])} outside the "
-                       f"model's vocabulary of {vocab} tokens (token id = UTF-8 byte value): use ASCII "
-                       f"below {vocab}")
-    check(len(data) <= max_len, f"the prompt is {len(data)} bytes, more than the model's max_seq_len {max_len}: "
-                                f"shorten it")
-    return torch.tensor(list(data), dtype=torch.long)[None]
 
 
 def _printable(text: str) -> str:

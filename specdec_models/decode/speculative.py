@@ -193,7 +193,7 @@ def generate(
     method = _validate(target, draft, prophet, gamma, max_new_tokens, eos_id)
     sampling = SamplingConfig(temperature, top_k, top_p)
     rows_in = _as_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
-    device = target.device if isinstance(target, HFDecoder) else target.to_logits.weight.device
+    device = target.device
     stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma if method != "base" else 0)
     t0 = time.perf_counter()
     rows = _Rows(rows_in, max_new_tokens, gamma, device)

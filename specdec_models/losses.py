@@ -1,4 +1,5 @@
-"""Divergences between a teacher's and a student's next-token distributions (DistillSpec).
+"""The training losses: next-token cross-entropy, and the divergences between a teacher's and a
+student's next-token distributions (DistillSpec).
 
 Zhou et al. 2023, "DistillSpec: Improving Speculative Decoding via Knowledge Distillation",
 train the draft (student) to match the target (teacher) under the distribution decoding will
@@ -37,6 +38,13 @@ DIVERGENCES = ("fkl", "rkl", "jsd", "tvd", "ce")
 LOG_FLOOR = -1e4          # log-probability given to tokens a filter removed (exp underflows to 0)
 
 
+def next_token_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy (nats) of logits (..., vocab) against labels (...), in fp32: the mean, or
+    per position (shape of labels) with reduction="none"."""
+    per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction=reduction)
+    return per if reduction == "mean" else per.view(labels.shape)
+
+
 def log_probs(logits: Tensor, sampling: SamplingConfig) -> Tensor:
     """Log of the processed distribution (fp32); filtered tokens get LOG_FLOOR instead of -inf."""
     check(not sampling.greedy, "distillation needs a temperature > 0 (use 1 for drafts meant for greedy decoding)")
@@ -57,8 +65,7 @@ def divergence(name: str, student_logits: Tensor, teacher_logits: Tensor | None 
     check(name in DIVERGENCES, f"unknown divergence {name!r}; choose one of {', '.join(DIVERGENCES)}")
     if name == "ce":
         check(labels is not None, "divergence 'ce' needs labels")
-        per = F.cross_entropy(student_logits.flatten(0, -2).float(), labels.flatten(), reduction="none")
-        per = per.view(labels.shape)
+        per = next_token_loss(student_logits, labels, reduction="none")
     else:
         check(teacher_logits is not None, f"divergence {name!r} needs teacher logits")
         check(teacher_logits.shape == student_logits.shape,
