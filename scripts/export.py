@@ -1,7 +1,7 @@
 """Export a training checkpoint for decoding: `python scripts/export.py CKPT OUT_DIR`.
 
 Writes the same export as the end of `python -m train` (safetensors + JSON config, no pickle),
-through `train.module.export_checkpoint`; `specdec_models.load_export(OUT_DIR)` and
+through `train.checkpoints.export_checkpoint`; `specdec_models.load_export(OUT_DIR)` and
 `python -m specdec_models.decode --export OUT_DIR` load it.
 """
 
@@ -15,10 +15,10 @@ from specdec_models.errors import SpecdecError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ckpt", help="a Lightning checkpoint of train.module.ProphetLitModule (e.g. .../last.ckpt)")
+    parser.add_argument("ckpt", help="a Lightning checkpoint of any task (e.g. outputs/<run>/checkpoints/last.ckpt)")
     parser.add_argument("out_dir", help="the export directory to write")
     args = parser.parse_args(argv)
-    from train.module import export_checkpoint   # imports lightning: after argument parsing
+    from train.checkpoints import export_checkpoint   # imports lightning: after argument parsing
 
     try:
         path = export_checkpoint(args.ckpt, args.out_dir)

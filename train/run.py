@@ -1,14 +1,14 @@
 """run(cfg): the training job, wired explicitly so tests call the same function users do.
 
-Order: check the whole config (one-line `SpecdecError`s, before anything is created), pick the
-output directory, seed, load the data (so a missing or bad file stops the run before a model is
-built), build the module, loggers, callbacks and trainer, fit, save `checkpoints/last.ckpt`,
-and export it with `train.module.export_checkpoint`.
+Order: check the whole config (one-line `SpecdecError`s, before anything is created: the
+run-level keys here, the task's own through its `Task.validate`), pick the output directory,
+seed, load the data (so a missing or bad file stops the run before a model is built), build the
+task's module, loggers, callbacks and trainer, fit, save `checkpoints/last.ckpt`, and export it
+with `train.checkpoints.export_checkpoint`. Nothing here knows one task from another.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from datetime import datetime
@@ -20,47 +20,42 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specdec_models.errors import check
+from specdec_models.errors import check, check_positive_int
 
-from .module import export_checkpoint
-
+from .checkpoints import export_checkpoint
+from .optim import OptimConfig
+from .tasks import Task, get_task
+from .tasks.base import data_class, to_plain
 
 # Lightning 2.6 with torch 2.13 warns about torch's pytree LeafSpec on every fit: harmless noise.
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+# ... and about modules in eval mode at the start of a fit: the frozen models some tasks hold, on purpose.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
-def _positive_int(value: Any, name: str) -> None:
-    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-          f"{name} must be a positive integer, got {value!r}")
+def metadata_of(cfg: DictConfig) -> dict[str, Any]:
+    """What a run keeps in its checkpoint and export: run name, task, gamma, seq_len, tags."""
+    return {"name": cfg.name, "task": cfg.task.name, "gamma": cfg.gamma, "seq_len": cfg.data.seq_len,
+            "tags": list(cfg.tags)}
 
 
-# task name -> module holding `validate_task(cfg) -> dict` (the LightningModule's keyword
-# arguments, checked) and `LitModule` (the class they build)
-TASKS = {"prophet": "train.module", "prophet_frozen": "train.frozen", "draft_distill": "train.distill",
-         "hf_draft_distill": "train.hf_distill"}
-
-
-def task_module(name: Any):
-    check(name in TASKS, f"task must be one of {', '.join(TASKS)}, got {name!r}")
-    return importlib.import_module(TASKS[name])
-
-
-def validate(cfg: DictConfig) -> dict[str, Any]:
-    """Check the values a run depends on; raise SpecdecError with a one-line message. Returns
-    the keyword arguments of the task's LightningModule."""
-    task = task_module(cfg.get("task", "prophet"))
-    _positive_int(cfg.gamma, "gamma")
+def validate_run(cfg: DictConfig) -> Task:
+    """Check the run-level keys every task shares; return the run's task."""
+    check(isinstance(cfg.get("task"), DictConfig), "task must be a config node: choose one with task=NAME")
+    task = get_task(cfg.task.get("name"))
+    check_positive_int(cfg.gamma, "gamma")
     check(isinstance(cfg.seed, int), f"seed must be an integer, got {cfg.seed!r}")
     check(isinstance(cfg.compile, bool), f"compile must be true or false, got {cfg.compile!r}")
-
     data = cfg.data
-    _positive_int(data.seq_len, "data.seq_len")
+    cls = data_class(cfg)
+    check(issubclass(cls, task.data), f"task={task.name} trains on {' or '.join(c.__name__ for c in task.data)} "
+                                      f"batches, data._target_ is {cls.__name__}: choose a data config for this task")
+    check_positive_int(data.seq_len, "data.seq_len")
     if data.get("path"):
         check(Path(data.path).expanduser().is_file(), f"data.path {data.path} does not exist or is not a file")
-
     trainer = cfg.trainer
-    _positive_int(trainer.max_steps, "trainer.max_steps")
-    _positive_int(trainer.accumulate_grad_batches, "trainer.accumulate_grad_batches")
+    check_positive_int(trainer.max_steps, "trainer.max_steps")
+    check_positive_int(trainer.accumulate_grad_batches, "trainer.accumulate_grad_batches")
     interval = trainer.val_check_interval
     check(isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1,
           f"trainer.val_check_interval must be a whole number of batches (training never ends an epoch), "
@@ -72,7 +67,17 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
           f"trainer.gradient_clip_val must be > 0 or null, got {trainer.get('gradient_clip_val')!r}")
     if cfg.ckpt_path is not None:
         check(Path(cfg.ckpt_path).is_file(), f"ckpt_path {cfg.ckpt_path} does not exist")
-    return task.validate_task(cfg)
+    OptimConfig.from_dict(to_plain(cfg.optim))
+    return task
+
+
+def validate(cfg: DictConfig) -> dict[str, Any]:
+    """Check the values a run depends on; raise SpecdecError with a one-line message. Returns
+    the keyword arguments of the task's LightningModule."""
+    task = validate_run(cfg)
+    kwargs = task.validate(cfg, task.typed_config(cfg))
+    metadata = {**metadata_of(cfg), **kwargs.pop("metadata", {})}
+    return {**kwargs, "optim": to_plain(cfg.optim), "seed": cfg.seed, "metadata": metadata, "compile": cfg.compile}
 
 
 def output_dir(cfg: DictConfig) -> Path:
@@ -124,8 +129,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train, checkpoint and export. Returns output_dir, export_dir, last_ckpt, best_ckpt,
     global_step and metrics (the final logged values)."""
     kwargs = validate(cfg)
-    if cfg.task == "prophet_frozen":     # Lightning's notice about modules in eval mode: the frozen main model
-        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+    task = get_task(cfg.task.name)
     out = output_dir(cfg).resolve()
     cfg.output_dir = str(out)                       # resolves ${output_dir} in trainer, loggers, callbacks
     print(f"output directory: {out}")
@@ -137,7 +141,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     datamodule.prepare_data()                       # a missing or bad file stops here
     datamodule.setup("fit")
 
-    module = task_module(cfg.get("task", "prophet")).LitModule(**kwargs)
+    module = task.module(**kwargs)
     loggers = build_loggers(cfg, out)
     callbacks = build_callbacks(cfg)
     trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
