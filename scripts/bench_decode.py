@@ -1,5 +1,5 @@
 """Benchmark plain vs speculative decoding (draft model and prophet) on CPU, and check the timings
-against the closed form of DECODING.md.
+against the closed form of docs/DECODING.md.
 
 Run `python scripts/bench_decode.py` (about 1-3 minutes on 2 cores): a target of the seed's size
 (vocab 256, dim 512, depth 10, 8 heads of 64), a prophet (dim 512, depth 2) and a draft decoder

@@ -2,7 +2,7 @@
 
 Loads an export (see `specdec_models.export`), encodes the prompt with the export's tokenizer
 (kind "bytes": the UTF-8 bytes, token id = byte value), runs `generate` with the chosen method
-and prints each row's continuation and the decoding stats (DECODING.md defines them), or one JSON
+and prints each row's continuation and the decoding stats (docs/DECODING.md defines them), or one JSON
 object with `--json`. Methods: `base` (one target call per token), `draft` (a second export
 drafts, `--draft DIR`), `prophet` (a model_with_prophet export drafts with its own prophet).
 Every bad input is one line `error: ...` on stderr and exit status 2.

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class DecodeStats:
-    """What one `generate` call did. See DECODING.md for the metric definitions.
+    """What one `generate` call did. See docs/DECODING.md for the metric definitions.
 
     target_calls counts batched target forward passes (the prefill included); tokens_per_call is
     emitted tokens / row-calls (each active row's share of those passes), so it includes the
