@@ -16,6 +16,18 @@ Hugging Face's causal mask works in slot order, which is each row's logical orde
 exactly its own row's earlier tokens. A rollback marks slots invalid; slots no row uses at the end
 are cut off, and once the cache holds more than `slack` slots beyond the longest row, each row's
 valid slots are gathered to the front (compaction): the cache never grows without bound.
+`compact_rows` drops finished rows from the batch, as `KVCache.compact_rows` does.
+
+Hidden states for a prophet head (`hf_prophet`): with `new_cache(..., keep_embeds=True)` the cache
+also keeps each slot's last-layer hidden state (transformers' `hidden_states[-1]`, after the final
+norm), cut and compacted with the keys and values, and `last_embeds(count)` returns each row's
+last `count` logical positions, as `KVCache.last_embeds` does for a `Decoder`.
+
+Cost. A 49k-token head costs as much per position as several transformer layers of a small
+model (SmolLM2-135M: 28M of its 134M weights), so `logits_at` computes it at one position per row
+only (transformers' `logits_to_keep`): the prefill needs each row's last position, a draft's
+catch-up call its last one. With no hole in the cache, the 2-D mask lets transformers skip
+building a 4-D mask (SDPA's own causal path), as its `generate()` does.
 
 Vocabularies. Drafts and targets of one family often differ only by padding of the logits head
 (Pythia: a 50304- or 50432-row head over a 50277-token tokenizer). `vocab_size` slices the logits
@@ -170,6 +182,19 @@ class HFKVCache:
             self.valid = self.valid[:, :used]
             if self.embeds is not None:
                 self.embeds = self.embeds[:, :used]
+
+    def compact_rows(self, dst: Tensor, src: Tensor, batch: int) -> None:
+        """Copy rows `src` into rows `dst`, then keep the first `batch` rows: how decoding drops
+        finished rows from a batch (the protocol of `KVCache.compact_rows`)."""
+        def move(t: Tensor) -> Tensor:                                  # batch is dim 0 of every tensor here
+            if dst.numel():
+                t[dst.to(t.device)] = t[src.to(t.device)]
+            return t[:batch]
+
+        _map_kv(self.kv, move)
+        self.valid, self.lengths = move(self.valid), move(self.lengths)
+        if self.embeds is not None:
+            self.embeds = move(self.embeds)
 
     def _compact(self, longest: int) -> None:
         """Gather each row's valid slots to the front, in order; keep `longest` slots."""

@@ -75,6 +75,25 @@ def test_cache_keeps_each_rows_hidden_states_through_ragged_rollbacks(targets, a
     assert cache.embeds.shape[1] == cache.slots
 
 
+@pytest.mark.parametrize("arch", ["llama", "neox"])
+def test_dropping_finished_rows_keeps_the_others_keys_values_and_hidden_states(targets, arch):
+    model = targets[arch]
+    dec = HFDecoder(model, slack=64)
+    x = torch.randint(0, V, (4, 30), generator=torch.Generator().manual_seed(1))
+    full = dec(x, embeds=True)
+    cache = dec.new_cache(4, 30, keep_embeds=True)
+    dec(x[:, :10], cache=cache)
+    cache.rollback(torch.tensor([10, 4, 7, 6]))
+    cache.compact_rows(torch.tensor([1]), torch.tensor([3]), 3)     # row 1 finished: row 3 takes its place
+    rows = [0, 3, 2]
+    torch.testing.assert_close(cache.last_embeds(2), torch.stack([full.embeds[r, n - 2:n] for r, n in
+                                                                  zip(rows, (10, 6, 7))]), rtol=1e-5, atol=1e-5)
+    start = cache.lengths.clone()
+    out = dec(torch.stack([x[r, start[i]:start[i] + 3] for i, r in enumerate(rows)]), cache=cache).logits
+    for i, r in enumerate(rows):
+        torch.testing.assert_close(out[i], full.logits[r, start[i]:start[i] + 3], rtol=1e-5, atol=1e-5)
+
+
 def test_a_cache_without_hidden_states_says_so(targets):
     cache = HFDecoder(targets["llama"]).new_cache(1, 8)
     with pytest.raises(SpecdecError, match="keep_embeds"):
