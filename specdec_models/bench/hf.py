@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..decode import generate
 from ..errors import SpecdecError, check
+from ..hf import _logits_width
 
 PROMPTS = [
     "What is the capital of France? Explain briefly.",
@@ -52,7 +53,9 @@ def _hf_generate(model: Any, prompts: list[Tensor], n: int, pad_id: int) -> list
     for i, p in enumerate(prompts):
         ids[i, width - p.numel():], mask[i, width - p.numel():] = p, 1
     config = copy.deepcopy(model.generation_config)
-    config.eos_token_id = None               # exactly n tokens, as specdec with eos_id=None
+    # exactly n tokens, as specdec with eos_id=None: generate() fills a None EOS from the model's
+    # config, so give it an id its head cannot emit (it still runs its EOS check every step)
+    config.eos_token_id = [_logits_width(model)]
     config.pad_token_id = pad_id
     config.max_new_tokens, config.do_sample = n, False
     out = model.generate(ids, attention_mask=mask, generation_config=config)
