@@ -1,14 +1,15 @@
 """A prophet head for Hugging Face targets: the hidden states the HF cache keeps, the head's window
 loss and shared frozen weights, drafting through `generate` (greedy exactness against the target's
-own `generate()`, batch invariance, chi-square losslessness). Tiny random Llama and GPT-NeoX
-models built from config objects, as in test_hf_decode."""
+own `generate()`, batch invariance; its chi-square losslessness test is test_hf_decode's, next
+to the draft's). Tiny random Llama and GPT-NeoX models built from config objects, as in
+test_hf_decode."""
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_decode import chi_square_p_value
+from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
 from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
 from specdec_models import SpecdecError
@@ -16,17 +17,6 @@ from specdec_models.decode import generate
 from specdec_models.hf import HFDecoder
 from specdec_models.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.losses import next_token_loss
-from specdec_models.sampling import SamplingConfig, to_probs
-
-
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -225,54 +215,6 @@ def test_each_row_alone_gives_the_tokens_it_gives_in_a_batch(targets, trained_he
     for i, p in enumerate(prompts):
         alone, _ = generate(target, [p], 30, prophet=head, temperature=0, gamma=5)
         assert alone[0].tolist() == batch[i].tolist()
-
-
-# ---------------------------------------------------------------- losslessness
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """An 8-token GPT-NeoX target whose distributions depend on position and prefix, and a random
-    head (narrower than the target: both projections) whose drafts are accepted part of the time."""
-    target = build(tmp_path_factory.mktemp("toy") / "t", "neox", 11, 6.0, vocab=8)
-    head = head_for(target, seed=12, dim=16, dim_head=8).eval()
-    with torch.no_grad():
-        head.prophet.to_logits.proj.weight.mul_(8.0)
-    return target, head
-
-
-def toy_samples(toy, n, **kw):
-    target, head = toy
-    prompt = torch.tensor([1, 4, 2])
-    g = torch.Generator().manual_seed(1234)
-    tokens, stats = generate(target, prompt.expand(n, -1), 3, prophet=head, gamma=2, generator=g, **kw)
-    index = (torch.stack(tokens) * torch.tensor([64, 8, 1])).sum(1)
-    with torch.no_grad():                                # exact joint of 3 tokens by enumeration
-        seqs = torch.cartesian_prod(*[torch.arange(8)] * 3)                        # (512, 3)
-        x = torch.cat([prompt.expand(len(seqs), -1), seqs], 1)
-        probs = to_probs(target(x[:, :-1]).logits[:, prompt.numel() - 1:], SamplingConfig(**kw))
-        exact = probs.gather(-1, seqs[..., None])[..., 0].prod(-1)
-    return torch.bincount(index, minlength=512).float(), exact, stats
-
-
-@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
-def test_prophet_head_speculative_sampling_is_lossless_chi_square(toy, setting):
-    # 8 tokens, 3 emitted (512 joint outcomes), 6,000 samples, gamma 2: the prompt holds 3 tokens,
-    # so the head drafts from the first round on (S = 2 cached positions), from the hidden states
-    # the target's cache keeps, through rejections, corrections and bonus tokens with ragged
-    # per-row rollbacks. Threshold p < 1e-4: a correct sampler fails at most once in 10^4 runs
-    # (never here: the seeds are fixed); a correction drawn from p gives p < 1e-20 (next test).
-    n = 6000
-    observed, exact, stats = toy_samples(toy, n, **setting)
-    assert stats.method == "prophet" and stats.drafted > 0
-    assert 0.05 < stats.acceptance_rate < 0.95, "the toy head must be neither perfect nor useless"
-    assert chi_square_p_value(observed, exact, n) > 1e-4
-
-
-def test_prophet_head_chi_square_catches_a_correction_drawn_from_p(toy, monkeypatch):
-    import specdec_models.decode.speculative as spec
-    monkeypatch.setattr(spec, "residual", lambda p, q: p)
-    observed, exact, _ = toy_samples(toy, 6000, temperature=1.0)
-    assert chi_square_p_value(observed, exact, 6000) < 1e-20
 
 
 # ---------------------------------------------------------------- bad input
