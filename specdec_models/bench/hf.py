@@ -13,6 +13,7 @@ head, as a stand-in draft (untrained, so it measures overhead at about 1 token p
 
     python -m specdec_models.bench.hf                                  # SmolLM2-135M, batch 1, plain
     python -m specdec_models.bench.hf --draft-layers 8 --gamma 4       # with an 8-layer draft
+    python -m specdec_models.bench.hf --prophet HEAD_DIR                  # a trained hf_prophet head
     python -m specdec_models.bench.hf --hf-model DIR --batch 8 --json out.json
 """
 
@@ -169,6 +170,8 @@ def chat_prompts(tokenizer: Any, batch: int) -> list[Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..export import load_export
+    from ..hf_prophet import HFProphet, HFProphetConfig
     from ..hf_weights import load_model, load_smollm2
 
     parser = argparse.ArgumentParser(prog="python -m specdec_models.bench.hf", description=__doc__.split("\n\n")[0])
@@ -178,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--draft-layers", type=int, default=0, help="draft with the target's first K layers (0: plain)")
+    parser.add_argument("--prophet", metavar="DIR", help="draft with an hf_prophet export trained for the target")
+    parser.add_argument("--prophet-layers", type=int, default=0,
+                        help="draft with an untrained prophet head of K layers (its overhead, at ~1 token per call)")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -189,17 +195,26 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
         loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
+        check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
+              "give one of --draft-layers, --prophet, --prophet-layers")
         draft = first_layers(loaded.model, args.draft_layers) if args.draft_layers else None
+        prophet = None
+        if args.prophet:
+            prophet = load_export(args.prophet, target=loaded.model)
+        elif args.prophet_layers:
+            torch.manual_seed(0)
+            prophet = HFProphet(HFProphetConfig.for_target(loaded.model, depth=args.prophet_layers), loaded.model).eval()
         pad = loaded.tokenizer.pad_token_id
         prompts = chat_prompts(loaded.tokenizer, args.batch)
-        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, draft=draft, gamma=args.gamma,
-                                          repeats=args.repeats, pad_id=0 if pad is None else pad)
-        result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
+        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, draft=draft, prophet=prophet,
+                                          gamma=args.gamma, repeats=args.repeats, pad_id=0 if pad is None else pad)
+        if prophet is None:
+            result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     result["model"] = loaded.source
-    print(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "tokens"}, indent=1))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
