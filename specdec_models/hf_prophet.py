@@ -78,44 +78,42 @@ class HFProphetConfig(JsonConfig):
         return cls(prophet=prophet, target_dim=target_dim)
 
 
-class _SharedEmbedding(nn.Module):
-    """The target's token embedding (frozen, not registered), then a projection to the prophet's width."""
+class _Shared(nn.Module):
+    """Holds one of the target's modules (frozen, not registered: out of parameters(), state_dict()
+    and `.to()`) next to the head's own projection. `weight` is an empty tensor that follows the
+    head's dtype and device: what `Decoder` reads them from (its inputs' dtype, its cache's)."""
+
+    def __init__(self, module: nn.Module, proj: nn.Module) -> None:
+        super().__init__()
+        self._target = (module,)          # a tuple keeps it out of nn.Module's registry
+        self.proj = proj
+        self.register_buffer("weight", torch.empty(0), persistent=False)
+
+
+class _SharedEmbedding(_Shared):
+    """The target's token embedding, then a projection to the prophet's width."""
 
     def __init__(self, embedding: nn.Module, target_dim: int, dim: int) -> None:
-        super().__init__()
-        self._target = (embedding,)          # a tuple keeps it out of parameters() and state_dict()
-        self.proj = nn.Identity() if dim == target_dim else nn.Linear(target_dim, dim, bias=False)
-
-    @property
-    def weight(self) -> Tensor:
-        """The shared embedding table (`Decoder.hidden` reads the dtype of its inputs from it)."""
-        return self._target[0].weight
+        super().__init__(embedding, nn.Identity() if dim == target_dim else nn.Linear(target_dim, dim, bias=False))
 
     def forward(self, tokens: Tensor) -> Tensor:
         with torch.no_grad():
-            x = self._target[0](tokens)
-        return self.proj(x)
+            x = self._target[0](tokens.to(self._target[0].weight.device))
+        return self.proj(x.to(self.weight))
 
 
-class _SharedHead(nn.Module):
-    """A projection to the target's width, then the target's head (frozen, not registered),
-    sliced to the first vocab_size rows."""
+class _SharedHead(_Shared):
+    """A projection to the target's width, then the target's head sliced to its first vocab_size rows."""
 
     def __init__(self, head: nn.Linear, target_dim: int, dim: int, vocab_size: int) -> None:
-        super().__init__()
-        self._target = (head,)
+        super().__init__(head, nn.Identity() if dim == target_dim else nn.Linear(dim, target_dim, bias=False))
         self.vocab_size = vocab_size
-        self.proj = nn.Identity() if dim == target_dim else nn.Linear(dim, target_dim, bias=False)
-
-    @property
-    def weight(self) -> Tensor:
-        """The shared head's weight (`Decoder` reads device and dtype from it)."""
-        return self._target[0].weight
 
     def forward(self, x: Tensor) -> Tensor:
         head = self._target[0]
+        w = head.weight[: self.vocab_size].detach()
         bias = None if head.bias is None else head.bias[: self.vocab_size].detach()
-        return F.linear(self.proj(x), head.weight[: self.vocab_size].detach(), bias)
+        return F.linear(self.proj(x).to(w), w, bias).to(self.weight.dtype)
 
 
 class SharedVocabDecoder(Decoder):
@@ -146,6 +144,11 @@ class HFProphet(ProphetWindows):
     hidden, _ = head.target_hidden(seq[:, :-1])                  # the target's, no gradient
     loss = head.loss(seq, hidden)                                 # prophet loss over the windows
     tokens, stats = generate(model, prompt, 64, prophet=head)     # drafting from the target's cache
+
+    The head lives on the target's device and takes its dtype; the target is not one of its
+    submodules, so moving the head (`.to(...)`, Lightning) leaves the target where it is: move the
+    target yourself. Training: keep the target frozen and in eval mode; `head.float()` trains fp32
+    weights next to a bf16 target.
     """
 
     def __init__(self, config: HFProphetConfig, target: Any) -> None:
@@ -163,6 +166,8 @@ class HFProphet(ProphetWindows):
         nn.init.normal_(self.to_prophet_start.weight, std=config.target_dim ** -0.5)
         self.prophet = SharedVocabDecoder(config.prophet.model, target, config.target_dim)
         weight = target.get_output_embeddings().weight
+        # the target's device and dtype to decode; `.float()` gives fp32 weights to train (the
+        # shared modules stay the target's: inputs and outputs are cast at the boundaries)
         self.to(device=weight.device, dtype=weight.dtype)
 
     @property
@@ -173,6 +178,10 @@ class HFProphet(ProphetWindows):
     @property
     def vocab_size(self) -> int:
         return self.prophet_cfg.model.vocab_size
+
+    def start_tokens(self, embeds: Tensor) -> Tensor:
+        """Project the target's hidden states (..., target_dim) to start tokens (..., dim)."""
+        return self.to_prophet_start(embeds.to(self.to_prophet_start.weight))
 
     @property
     def device(self) -> torch.device:

@@ -123,6 +123,19 @@ def test_head_holds_only_its_own_weights_and_leaves_the_target_without_gradient(
     assert not any("proj" in n for n in same_width.state_dict())
 
 
+def test_a_float32_head_trains_and_drafts_next_to_a_bfloat16_target(tmp_path):
+    target = build(tmp_path / "t", "llama", 1, 30.0).to(torch.bfloat16)
+    head = head_for(target)
+    assert head.to_prophet_start.weight.dtype == torch.bfloat16        # decoding: the target's dtype
+    head.float()
+    loss = head.loss(torch.randint(0, V, (2, 25)))
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad.dtype == torch.float32 for p in head.parameters())
+    assert target.lm_head.weight.dtype == torch.bfloat16 and target.lm_head.weight.grad is None
+    tokens, stats = generate(target, ragged_prompts(), 8, prophet=head.eval(), temperature=0, gamma=3)
+    assert [len(t) for t in tokens] == [8] * 5 and stats.drafted > 0
+
+
 @pytest.mark.parametrize("arch", ["llama", "neox"])
 def test_batched_window_loss_equals_running_the_head_on_each_window(targets, arch):
     head = head_for(targets[arch], prophet_train_length=5)
