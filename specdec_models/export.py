@@ -3,7 +3,7 @@
 An export is a directory holding
 
     config.json                      {"format": "specdec-export", "format_version": 1,
-                                      "kind": "decoder" | "model_with_prophet",
+                                      "kind": "decoder" | "model_with_prophet" | "hf_prophet",
                                       "main": ModelConfig dict, "prophet": ProphetConfig dict or null,
                                       "tokenizer": {"kind": "bytes"},
                                       "weights": "weights-<sha256[:16]>.safetensors",
@@ -13,6 +13,16 @@ An export is a directory holding
 A `model_with_prophet` export holds the state_dict of a `ModelWithProphet` (main model, prophet and
 the start projection); a `decoder` export a `Decoder`'s. Loading rebuilds the model from the JSON
 configs and copies the safetensors tensors in with `load_state_dict`, so nothing is unpickled.
+
+An `hf_prophet` export holds a prophet head for a Hugging Face target (`hf_prophet.HFProphet`):
+its own trainable weights only ("main": null, "prophet": the HFProphetConfig dict, "tokenizer":
+{"kind": "hf_target"}, the target's own), and the identity of the target it was trained for:
+
+    "target": {"path": file or directory it was loaded from (or null), "architecture": class name,
+               "hidden_size": int, "vocab_size": int, "weights_sha256": hf_weights.weights_sha256}
+
+`load_export(DIR, target=model)` attaches the head to `model` (whose embedding and head it
+shares) and refuses, in one line, a target whose weights hash differently.
 
 Writing is crash-safe: the weights go to a new file named after their hash (temp name, fsync,
 rename), then config.json is replaced in one `os.replace`, the single commit point. A crash at any
@@ -34,6 +44,9 @@ from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig, ProphetConfig
 from .errors import SpecdecError, check
+from .hf import _logits_width, _text_config, is_hf_model
+from .hf_prophet import HFProphet, HFProphetConfig
+from .hf_weights import weights_sha256
 from .model import Decoder
 from .prophet import ModelWithProphet
 
@@ -41,25 +54,36 @@ FORMAT = "specdec-export"
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
+HF_TARGET_TOKENIZER = {"kind": "hf_target"}   # an hf_prophet head uses its target's own tokenizer
+KINDS = ("decoder", "model_with_prophet", "hf_prophet")
 _TMP_PREFIX = ".tmp-"     # in-progress files; a crashed save can leave them, the next one removes them
 
 
 # ---------------------------------------------------------------- writing
 
-def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet, *,
-                tokenizer: str | dict[str, Any] = "bytes", metadata: dict[str, Any] | None = None) -> Path:
+def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
+                tokenizer: str | dict[str, Any] | None = None, metadata: dict[str, Any] | None = None,
+                target_path: str | os.PathLike | None = None) -> Path:
     """Write `model` as an export into `directory` (created if needed) and return its path.
 
     Replaces a previous export in the same directory atomically. `metadata` must be plain JSON
-    values (run name, training step, ...)."""
+    values (run name, training step, ...). tokenizer: "bytes" (the default) for a Decoder or a
+    ModelWithProphet; an HFProphet uses its target's. target_path: where an HFProphet's target
+    was loaded from (default: the target's `name_or_path`), recorded with its weights' hash."""
     directory = Path(directory)
-    if isinstance(model, ModelWithProphet):
-        kind, main, prophet = "model_with_prophet", model.main_cfg, model.prophet_cfg
-    elif isinstance(model, Decoder):
-        kind, main, prophet = "decoder", model.cfg, None
+    if isinstance(model, HFProphet):
+        check(tokenizer is None, "an hf_prophet export uses its target's tokenizer: pass no tokenizer")
+        fields = {"kind": "hf_prophet", "main": None, "prophet": model.config.to_dict(),
+                  "tokenizer": dict(HF_TARGET_TOKENIZER), "target": target_identity(model.target, target_path)}
+    elif isinstance(model, (ModelWithProphet, Decoder)):
+        check(target_path is None, "target_path is only for an HFProphet's export")
+        with_prophet = isinstance(model, ModelWithProphet)
+        fields = {"kind": "model_with_prophet" if with_prophet else "decoder",
+                  "main": (model.main_cfg if with_prophet else model.cfg).to_dict(),
+                  "prophet": model.prophet_cfg.to_dict() if with_prophet else None,
+                  "tokenizer": _tokenizer_dict("bytes" if tokenizer is None else tokenizer)}
     else:
-        raise SpecdecError(f"can only export a Decoder or a ModelWithProphet, got {type(model).__name__}")
-    tokenizer_dict = _tokenizer_dict(tokenizer)
+        raise SpecdecError(f"can only export a Decoder or a ModelWithProphet (or an HFProphet), got {type(model).__name__}")
     metadata = {} if metadata is None else metadata
     check(isinstance(metadata, dict), f"export metadata must be a dict, got {type(metadata).__name__}")
     try:
@@ -89,10 +113,7 @@ def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet,
         config = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "kind": kind,
-            "main": main.to_dict(),
-            "prophet": None if prophet is None else prophet.to_dict(),
-            "tokenizer": tokenizer_dict,
+            **fields,
             "weights": weights_name,
             "weights_sha256": digest,
             "metadata": metadata,
@@ -108,6 +129,15 @@ def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet,
             path.unlink(missing_ok=True)
     _remove_unreferenced(directory, keep=weights_name)
     return directory
+
+
+def target_identity(target: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """What an hf_prophet export records of its Hugging Face target (see the module docstring)."""
+    check(is_hf_model(target), f"the head's target must be a Hugging Face model, got {type(target).__name__}")
+    path = path if path is not None else (getattr(target, "name_or_path", None) or None)
+    return {"path": None if path is None else str(path), "architecture": type(target).__name__,
+            "hidden_size": int(_text_config(target.config).hidden_size), "vocab_size": _logits_width(target),
+            "weights_sha256": weights_sha256(target)}
 
 
 def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:
@@ -197,14 +227,22 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
           f"{path} has format_version {version!r}, this specdec reads version {FORMAT_VERSION}: "
           f"re-export the model with this version (or use the specdec that wrote it)")
     kind = config.get("kind")
-    check(kind in ("decoder", "model_with_prophet"),
-          f"{path} has kind {kind!r}, expected 'decoder' or 'model_with_prophet': re-export the model")
+    check(kind in KINDS, f"{path} has kind {kind!r}, expected one of {', '.join(KINDS)}: re-export the model")
     check((config.get("prophet") is None) == (kind == "decoder"),
           f"{path}: a {kind} export must {'not ' if kind == 'decoder' else ''}have a prophet config: "
           f"re-export the model")
     tokenizer = config.get("tokenizer")
-    check(isinstance(tokenizer, dict) and tokenizer.get("kind") in TOKENIZERS,
-          f"{path} has tokenizer {tokenizer!r}; this specdec knows {', '.join(TOKENIZERS)}")
+    if kind == "hf_prophet":
+        check(tokenizer == HF_TARGET_TOKENIZER, f"{path} has tokenizer {tokenizer!r}; an hf_prophet export uses "
+                                                f"its target's ({HF_TARGET_TOKENIZER}): re-export the head")
+        target = config.get("target")
+        check(isinstance(target, dict) and isinstance(target.get("weights_sha256"), str)
+              and len(target["weights_sha256"]) == 64 and isinstance(target.get("path"), (str, type(None))),
+              f"{path}: an hf_prophet export needs 'target' with the target's 'path' and 'weights_sha256': "
+              f"re-export the head")
+    else:
+        check(isinstance(tokenizer, dict) and tokenizer.get("kind") in TOKENIZERS,
+              f"{path} has tokenizer {tokenizer!r}; this specdec knows {', '.join(TOKENIZERS)}")
     weights = config.get("weights")
     check(isinstance(weights, str) and weights and Path(weights).name == weights and weights not in (".", ".."),
           f"{path}: 'weights' must be a file name inside the export directory, got {weights!r}")
@@ -226,19 +264,26 @@ def export_hash(directory: str | os.PathLike, *, verify: bool = False) -> str:
     return config["weights_sha256"]
 
 
-def load_export(directory: str | os.PathLike, *,
-                map_location: str | torch.device = "cpu") -> Decoder | ModelWithProphet:
+def load_export(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
+                target: Any = None) -> Decoder | ModelWithProphet | HFProphet:
     """Rebuild the model of an export (in eval mode, on `map_location`): a `Decoder` or a
-    `ModelWithProphet`, by the export's kind. Uses no pickle: JSON configs and safetensors only."""
+    `ModelWithProphet`, by the export's kind. Uses no pickle: JSON configs and safetensors only.
+
+    An hf_prophet export needs `target`, the Hugging Face model it was trained for (checked by the
+    hash of its weights); the head lives on the target's device and shares its embedding and head."""
     directory = Path(directory)
     config = read_export_config(directory)
     path = directory / CONFIG_NAME
-    try:
-        main = ModelConfig.from_dict(config.get("main"))
-        prophet = None if config["prophet"] is None else ProphetConfig.from_dict(config["prophet"])
-        model = Decoder(main) if prophet is None else ModelWithProphet(main, prophet)
-    except (SpecdecError, TypeError) as error:
-        raise SpecdecError(f"{path}: bad model config ({_one_line(error)}): re-export the model") from None
+    if config["kind"] == "hf_prophet":
+        model = _hf_prophet(directory, config, target)
+    else:
+        check(target is None, f"{directory} holds a {config['kind']} export: target= is only for an hf_prophet export")
+        try:
+            main = ModelConfig.from_dict(config.get("main"))
+            prophet = None if config["prophet"] is None else ProphetConfig.from_dict(config["prophet"])
+            model = Decoder(main) if prophet is None else ModelWithProphet(main, prophet)
+        except (SpecdecError, TypeError) as error:
+            raise SpecdecError(f"{path}: bad model config ({_one_line(error)}): re-export the model") from None
 
     weights = _check_weights_file(directory, config)
     try:
@@ -252,15 +297,35 @@ def load_export(directory: str | os.PathLike, *,
           f"{weights} does not match the {config['kind']} config in {path}: "
           f"missing tensors {_few(missing)}, unexpected tensors {_few(unexpected)}; re-export the model")
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(dtypes) == 1:
-        model.to(dtypes.pop())    # keep the precision the model was exported in
+    if len(dtypes) == 1 and not isinstance(model, HFProphet):
+        model.to(dtypes.pop())    # keep the precision the model was exported in (a head takes its target's)
     try:
         # copies into the existing parameters, so Decoder's column-major layout survives
         model.load_state_dict(tensors, strict=True)
     except RuntimeError as error:
         raise SpecdecError(f"{weights} does not match the config in {path} ({_one_line(error)}): "
                            f"re-export the model") from None
-    return model.to(map_location).eval()
+    return (model if isinstance(model, HFProphet) else model.to(map_location)).eval()
+
+
+def _hf_prophet(directory: Path, config: dict[str, Any], target: Any) -> HFProphet:
+    """An HFProphet for `target`, weights still to load; refuses a target other than the recorded one."""
+    recorded = config["target"]
+    trained_for = f"{recorded.get('architecture', 'a model')} from {recorded.get('path') or 'an unrecorded path'}"
+    check(target is not None, f"{directory} holds a prophet head for a Hugging Face target ({trained_for}): "
+                              f"load it with load_export(DIR, target=<that model>)")
+    check(is_hf_model(target), f"the target of the head in {directory} must be a Hugging Face causal LM, "
+                               f"got {type(target).__name__}")
+    found = weights_sha256(target)
+    check(found == recorded["weights_sha256"],
+          f"the prophet head in {directory} was trained for another target ({trained_for}, weights sha256 "
+          f"{recorded['weights_sha256'][:16]}...); the given {type(target).__name__}'s weights hash to {found[:16]}...: "
+          f"load the target it was trained for")
+    try:
+        return HFProphet(HFProphetConfig.from_dict(config["prophet"]), target)
+    except (SpecdecError, TypeError) as error:
+        raise SpecdecError(f"{directory / CONFIG_NAME}: bad hf_prophet config ({_one_line(error)}): "
+                           f"re-export the head") from None
 
 
 def _check_weights_file(directory: Path, config: dict[str, Any]) -> Path:

@@ -5,7 +5,8 @@
 - draft: a smaller `Decoder` proposes gamma tokens, the target verifies them in one call
   (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023, Algorithm 2);
 - prophet: a `ModelWithProphet` whose prophet drafts from the target's cached last-layer
-  embeddings, verified the same way.
+  embeddings, verified the same way; for a Hugging Face target, an `hf_prophet.HFProphet` head
+  drafting from the hidden states the target's cache keeps.
 Target and draft may also be Hugging Face causal LMs (wrapped in `hf.HFDecoder`, with per-row
 rollback of their caches; `vocab_size` slices padded heads to the shared vocabulary).
 
@@ -34,7 +35,7 @@ from torch import Tensor
 from ..errors import check
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
-from ..prophet import ModelWithProphet
+from ..prophet import ModelWithProphet, ProphetWindows
 from ..sampling import SamplingConfig, residual, sample, to_probs
 
 if TYPE_CHECKING:
@@ -112,10 +113,19 @@ def _validate(target, draft, prophet, gamma, max_new_tokens, eos_id) -> str:
               f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         return "draft"
     if prophet is not None:
-        check(isinstance(prophet, ModelWithProphet), f"prophet must be a ModelWithProphet, got {type(prophet).__name__}")
-        check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
-              "not a Hugging Face target")
-        check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
+        check(isinstance(prophet, ProphetWindows),
+              f"prophet must be a ModelWithProphet or an HFProphet, got {type(prophet).__name__}")
+        if isinstance(prophet, ModelWithProphet):
+            check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
+                  "not a Hugging Face target (a Hugging Face target drafts with an HFProphet head)")
+            check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
+        else:      # an HFProphet: drafts from the hidden states of the Hugging Face model it shares weights with
+            check(isinstance(target, HFDecoder) and target.model is getattr(prophet, "target", None),
+                  "this prophet head was built for another target: pass the Hugging Face model it was loaded "
+                  "with (head.target) as the target")
+            check(prophet.vocab_size == target.vocab_size,
+                  f"the prophet head's vocabulary ({prophet.vocab_size}) differs from the target's "
+                  f"({target.vocab_size}): pass vocab_size={prophet.vocab_size}")
         return "prophet"
     return "base"
 
@@ -174,7 +184,7 @@ def generate(
     prompt: Tensor | list[Tensor],
     max_new_tokens: int,
     draft: Decoder | HFDecoder | PreTrainedModel | None = None,
-    prophet: ModelWithProphet | None = None,
+    prophet: ProphetWindows | None = None,
     gamma: int = 5,
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -208,16 +218,15 @@ def generate(
     b, width = len(rows_in), int(rows.lens.max())
     padded = rows.seq[:, :width]
     cache = target.new_cache(b, rows.capacity, keep_embeds=method == "prophet")
-    logits = target(padded, cache=cache).logits
+    last = _logits_at(target, padded, cache, rows.lens - 1)
     cache.rollback(rows.lens)
-    last = logits[rows.arange_b, rows.lens - 1]
     _count_call(stats, rows)
     rows.emit(pick(to_probs(last, sampling))[:, None], torch.ones_like(rows.lens), eos_id)
 
     draft_cache = None
     if method == "draft":
         draft_cache = draft.new_cache(b, rows.capacity)
-        draft(padded, cache=draft_cache)
+        _logits_at(draft, padded, draft_cache, rows.lens - 1)
         draft_cache.rollback(torch.minimum(draft_cache.lengths, rows.lens))
     if method == "prophet":
         # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
@@ -236,6 +245,14 @@ def generate(
     stats.wall_seconds = time.perf_counter() - t0
     _finish(stats, rows)
     return rows.tokens(), stats
+
+
+def _logits_at(model, tokens: Tensor, cache, at: Tensor) -> Tensor:
+    """Logits (b, vocab) of position at[i] of each row of tokens (b, n), fed to `cache`; a Hugging
+    Face model computes its head at those positions only."""
+    if isinstance(model, HFDecoder):
+        return model(tokens, cache=cache, logits_at=at).logits[:, 0]
+    return model(tokens, cache=cache).logits[torch.arange(tokens.shape[0], device=at.device), at]
 
 
 def _count_call(stats: DecodeStats, rows: _Rows) -> None:
@@ -257,10 +274,12 @@ def _draft_round(draft, draft_cache, prophet, cache, rows, gamma, sampling, pick
     exactly the distribution each draft token was sampled from. `draft_cache` is the draft's
     cache, or the prophet's (emptied at each round: its start tokens change every round)."""
     if draft is not None:
-        # Catch the draft up: it may lag one token (after a full acceptance it never saw d_gamma),
-        # so it always re-reads the last two tokens; re-writing a cached position is harmless.
-        draft_cache.rollback(rows.seq_len - 2)
-        logits = draft(rows.last(2), cache=draft_cache).logits[:, -1]
+        # Catch the draft up: it lags one token after a full acceptance (it never saw d_gamma), so
+        # when a row does it re-reads the last two tokens (re-writing a cached position is harmless),
+        # else the pending one only.
+        n = 2 if bool((draft_cache.lengths < rows.seq_len - 1).any()) else 1
+        draft_cache.rollback(rows.seq_len - n)
+        logits = _logits_at(draft, rows.last(n), draft_cache, torch.full_like(rows.seq_len, n - 1))
         step = lambda tok: draft(tok, cache=draft_cache).logits[:, -1]  # noqa: E731
     else:
         start = prophet.start_tokens(cache.last_embeds(prophet.num_start_tokens))
