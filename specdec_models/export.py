@@ -253,6 +253,20 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
+def read_main_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
+    """(the ModelConfig of a specdec decoder export's model, or of a model_with_prophet export's
+    main model; the whole config.json): what a frozen teacher or main model is built from. An
+    hf_prophet export (a head without a model of its own) is refused in one line."""
+    config = read_export_config(directory)
+    check(config["kind"] != "hf_prophet",
+          f"{directory} is an hf_prophet export (a prophet head for a Hugging Face target), not a specdec model: "
+          f"give a decoder or model_with_prophet export")
+    try:
+        return ModelConfig.from_dict(config["main"]), config
+    except (SpecdecError, TypeError) as error:
+        raise SpecdecError(f"{directory}: bad main model config ({_one_line(error)}): re-export the model") from None
+
+
 def export_hash(directory: str | os.PathLike, *, verify: bool = False) -> str:
     """The sha256 (hex) of the export's weights file, as recorded in config.json: an identity of
     the model's weights, e.g. to check a cache was made by the same model. `verify=True` also

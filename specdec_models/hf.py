@@ -252,28 +252,6 @@ class HFDecoder:
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    # nn.Module look-alikes, so code written for a `Decoder` (train.callbacks.SpeculativeEval:
-    # `to_logits.weight.device`, `modules()`, `eval()`) takes an HFDecoder unchanged
-
-    @property
-    def to_logits(self) -> torch.nn.Module:
-        """The wrapped model's language-model head."""
-        return self.model.get_output_embeddings()
-
-    def modules(self):
-        return self.model.modules()
-
-    def parameters(self):
-        return self.model.parameters()
-
-    def eval(self) -> HFDecoder:
-        self.model.eval()
-        return self
-
-    def train(self, mode: bool = True) -> HFDecoder:
-        self.model.train(mode)
-        return self
-
     def new_cache(self, batch: int, capacity: int, *, keep_embeds: bool = False) -> HFKVCache:
         """A per-row cache; keep_embeds also keeps the last-layer hidden states (for a prophet)."""
         return HFKVCache(batch, capacity, self.device, self.slack, keep_embeds=keep_embeds)

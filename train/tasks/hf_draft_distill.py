@@ -86,11 +86,12 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
     teacher_dir, student_dir = model_dir(teacher.path, "teacher"), model_dir(student.path, "student")
     objective = DistillConfig.from_dict(to_plain(cfg.objective))
 
-    vocab = check_same_tokenizer(load_tokenizer(teacher_dir), load_tokenizer(student_dir), teacher_dir, student_dir)
+    vocab = check_same_tokenizer(load_tokenizer(teacher_dir), load_tokenizer(student_dir), f"teacher {teacher_dir}",
+                                 f"student {student_dir}")
     data_tokenizer = cfg.data.get("tokenizer")
     if data_tokenizer and Path(data_tokenizer).expanduser().resolve() != teacher_dir.resolve():
-        check_same_tokenizer(load_tokenizer(teacher_dir), load_tokenizer(data_tokenizer), teacher_dir,
-                             Path(data_tokenizer))
+        check_same_tokenizer(load_tokenizer(teacher_dir), load_tokenizer(data_tokenizer), f"teacher {teacher_dir}",
+                             f"data.tokenizer {data_tokenizer}")
     configs = {"teacher": load_config(teacher_dir, "teacher"), "student": load_config(student_dir, "student")}
     seq_len = cfg.data.seq_len
     for role, config in configs.items():
@@ -122,7 +123,7 @@ class HFDraftDistillModule(DistillModule):
         self.save_hyperparameters()
         self.objective = DistillConfig.from_dict(dict(objective or {}))
         self.vocab_size = vocab_size
-        self.student = load_causal_lm(student_path, DTYPES[student_dtype]).train()   # from_pretrained gives eval mode
+        self.student = load_causal_lm(student_path, DTYPES[student_dtype])
         if gradient_checkpointing:
             self.student.gradient_checkpointing_enable()
         self.student.config.use_cache = False            # training forwards keep no KV cache
@@ -138,7 +139,7 @@ class HFDraftDistillModule(DistillModule):
         found = fingerprint(path)
         check(found == expected, f"the teacher {path} has changed since this run started (fingerprint "
                                  f"{found[:16]}, the run's teacher {expected[:16]})")
-        return load_causal_lm(path, DTYPES[self.hparams.teacher_dtype])
+        return load_causal_lm(path, DTYPES[self.hparams.teacher_dtype])       # FrozenModel sets eval mode
 
     @property
     def teacher(self):

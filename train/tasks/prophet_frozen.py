@@ -38,7 +38,7 @@ from torch import nn
 
 from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError, check
-from specdec_models.export import export_hash, load_export, read_export_config
+from specdec_models.export import export_hash, load_export, read_main_config
 from specdec_models.losses import DIVERGENCES, divergence, next_token_loss
 
 from ..data.embeddings import EmbeddingsDataModule
@@ -66,24 +66,20 @@ class FrozenProphetOptions:
               f"task.distill_weight must be in (0, 1], got {w!r}")
 
 
-def main_export(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
-    """The export named by main.export and its checked config.json."""
+def main_export(cfg: DictConfig) -> tuple[Path, ModelConfig, dict[str, Any]]:
+    """The export named by main.export, its main model's config and its checked config.json."""
     export = Path(str(required(cfg, "main.export", HOW_TO_EXPORT))).expanduser()
     try:
-        config = read_export_config(export)
+        main, config = read_main_config(export)
     except SpecdecError as error:
         raise SpecdecError(f"main.export: {error}") from None
-    return export, config
+    return export, main, config
 
 
 def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
     """Check main.export, the prophet and their fit with the data (reads the export's config.json
     and the cache's cache.json, no weights)."""
-    export, config = main_export(cfg)
-    try:
-        main = ModelConfig.from_dict(config["main"])
-    except (SpecdecError, TypeError) as error:
-        raise SpecdecError(f"main.export {export}: bad main model config ({error}): re-export the model") from None
+    export, main, config = main_export(cfg)
     prophet = ProphetConfig.from_dict(to_plain(cfg.model.prophet))
     check(config["tokenizer"]["kind"] == "bytes",
           f"main.export {export} has a {config['tokenizer']['kind']} tokenizer; byte-level data needs the bytes "
