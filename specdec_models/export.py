@@ -47,6 +47,7 @@ FORMAT = "specdec-export"
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
+FORCE = "force=True, scripts/export.py --force"
 
 
 # ---------------------------------------------------------------- writing
@@ -141,12 +142,13 @@ def _check_target(directory: Path, header: dict[str, Any], force: bool) -> dict[
         existing = None
     if not (isinstance(existing, dict) and existing.get("format") == FORMAT):
         others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(TMP_PREFIX))
-        check(force or not others, f"{directory} is not a specdec export (it holds {_few(others, 3)}): choose "
-                                   f"an empty or new export directory, or pass --force to write into it anyway")
+        check(force or not others, f"{directory} is not a specdec export (it holds {_few(others, 3)}): choose an "
+                                   f"empty or new export directory, or write into it on purpose ({FORCE})")
         return None
     changed = sorted(key for key in header if existing.get(key) != header[key])
-    check(force or not changed, f"{directory} holds {describe_export(existing)}, another model (its {', '.join(changed)} "
-                                f"differ): choose another export directory, or pass --force to replace it")
+    check(force or not changed, f"{directory} holds {describe_export(existing)}, another model (its "
+                                f"{', '.join(changed)} differ): choose another export directory, or replace it on "
+                                f"purpose ({FORCE})")
     return existing
 
 

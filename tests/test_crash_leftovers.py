@@ -69,7 +69,8 @@ def test_export_killed_mid_write_leaves_the_previous_export_and_no_temps_after_t
     assert same_weights(load_export(tmp_path), old)
     export_hash(tmp_path, verify=True)
     save_export(tmp_path, new)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", f"weights-{export_hash(tmp_path)[:16]}.safetensors"]
+    weights = f"weights-{export_hash(tmp_path)[:16]}.safetensors"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", weights]
     assert same_weights(load_export(tmp_path), new)
 
 

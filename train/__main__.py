@@ -7,6 +7,7 @@ HYDRA_FULL_ERROR=1 shows the traceback instead.
 
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import hydra
@@ -16,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specdec_models.errors import SpecdecError
 
+CONF = Path(__file__).resolve().parent.parent / "conf"   # absolute: found however this module is imported
 MISTAKES = (SpecdecError, HydraException, OmegaConfBaseException)
 USER_WANTS_TRACEBACK = os.environ.get("HYDRA_FULL_ERROR") == "1"
 
@@ -44,7 +46,7 @@ def fail(error: BaseException) -> NoReturn:
     sys.exit(2)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="train")
 def main(cfg: DictConfig) -> None:
     if not USER_WANTS_TRACEBACK:
         os.environ.pop("HYDRA_FULL_ERROR", None)    # processes the run starts (DDP) see the user's setting

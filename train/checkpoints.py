@@ -154,7 +154,8 @@ class PeriodicCheckpoint(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._after_validation = not trainer.sanity_checking
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
         after_validation, self._after_validation = self._after_validation, False
         step = trainer.global_step
         if step == self._seen_step:                # mid-accumulation, or no step since the last batch
@@ -167,7 +168,7 @@ class PeriodicCheckpoint(L.Callback):
             return
         self._saving = True
         try:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)
         finally:
             self._saving = False
 

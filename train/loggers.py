@@ -9,9 +9,10 @@ in the CSV file and the W&B run id. A run resumed from that checkpoint then cont
   `metrics.csv`. Header rewrites and the resume's cut go through a temp file and a rename, so a
   crash never leaves half a file; a line cut short by a kill is dropped.
 - `WandbLogger` (Lightning's): the same run id with `resume="allow"`, online or offline (offline
-  runs land in several `offline-run-*` folders of one id, which `wandb sync` joins). W&B keeps
-  what it was sent: the steps between the checkpoint and a crash appear twice in its history.
-  Built without the `anonymous` setting wandb 0.31 warns about.
+  runs land in several `offline-run-*` folders of one id). W&B keeps what it was sent: the steps
+  between the checkpoint and a crash appear twice in its history (plotted against
+  `trainer/global_step`). Its local run file is written every second (wandb's default of 15 s
+  is history a kill loses), and it is built without the `anonymous` setting wandb warns about.
 """
 
 from __future__ import annotations
@@ -92,9 +93,15 @@ class CSVLogger(csv_logs.CSVLogger):
 
 class WandbLogger(wandb_logs.WandbLogger):
     """Lightning's WandbLogger without the `anonymous` setting (wandb >= 0.19 warns that it has
-    no effect, on every run)."""
+    no effect, on every run), writing its local run file every `flush_seconds` (wandb's default,
+    15 s, is what a kill loses)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, flush_seconds: float = 1.0, **kwargs: Any) -> None:
+        import wandb
+
+        fields = getattr(wandb.Settings, "model_fields", {})
+        if "settings" not in kwargs and "x_transaction_log_flush_interval" in fields:
+            kwargs["settings"] = wandb.Settings(x_transaction_log_flush_interval=flush_seconds)
         super().__init__(*args, **kwargs)
         if self._wandb_init.get("anonymous") is None:
             self._wandb_init.pop("anonymous", None)

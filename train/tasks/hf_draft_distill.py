@@ -174,7 +174,7 @@ class HFDraftDistillModule(DistillModule):
         others = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".tmp"))
         check(force or not others, f"{out_dir} is not a draft export of this task (it holds {', '.join(others[:3])}"
                                    f"{', ...' if len(others) > 3 else ''}): choose an empty or new export directory, "
-                                   f"or pass --force to replace it")
+                                   f"or replace it on purpose (force, scripts/export.py --force)")
         return None
 
     def write_export(self, out_dir: Path, metadata: dict[str, Any], force: bool = False) -> Path:
