@@ -24,10 +24,13 @@ its own trainable weights only ("main": null, "prophet": the HFProphetConfig dic
 `load_export(DIR, target=model)` attaches the head to `model` (whose embedding and head it
 shares) and refuses, in one line, a target whose weights hash differently.
 
-Writing is crash-safe: the weights go to a new file named after their hash (temp name, fsync,
-rename), then config.json is replaced in one `os.replace`, the single commit point. A crash at any
-moment leaves either the old export or the new one readable; weights files that no committed
-config references are deleted by the next successful save. One writer per directory at a time.
+Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
+(written in a temp directory of ours, fsync, rename), then config.json is replaced in one
+`os.replace`, the single commit point. A crash at any moment leaves either the old export or the
+new one readable; weights files no committed config references and the temps of crashed saves
+are deleted by the next successful save. Files get the umask's mode (exports are shared). A save
+writes into an existing directory only when it is empty or holds an export of the same model
+(`check_export_target`; `force=True` overrides). One writer per directory at a time.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,9 @@ from .errors import SpecdecError, check
 from .hf import _logits_width, _text_config, is_hf_model
 from .hf_prophet import HFProphet, HFProphetConfig
 from .hf_weights import weights_sha256
+from .files import (TMP_PREFIX, check_writable_dir, file_mode, fsync_dir, os_error, remove_stale_temps, temp_path,
+                    write_file)
+from .files import one_line as _one_line
 from .model import Decoder
 from .prophet import ModelWithProphet
 
@@ -56,21 +62,67 @@ CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
 HF_TARGET_TOKENIZER = {"kind": "hf_target"}   # an hf_prophet head uses its target's own tokenizer
 KINDS = ("decoder", "model_with_prophet", "hf_prophet")
-_TMP_PREFIX = ".tmp-"     # in-progress files; a crashed save can leave them, the next one removes them
+FORCE = "force=True, scripts/export.py --force"
 
 
 # ---------------------------------------------------------------- writing
 
 def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
                 tokenizer: str | dict[str, Any] | None = None, metadata: dict[str, Any] | None = None,
-                target_path: str | os.PathLike | None = None) -> Path:
+                target_path: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Write `model` as an export into `directory` (created if needed) and return its path.
 
-    Replaces a previous export in the same directory atomically. `metadata` must be plain JSON
-    values (run name, training step, ...). tokenizer: "bytes" (the default) for a Decoder or a
+    Replaces a previous export of the same model (kind, configs, tokenizer) in the same directory
+    atomically; refuses (`SpecdecError`) a folder that is not an export and an export of another
+    model unless `force` (see `check_export_target`). `metadata` must be plain JSON values (run
+    name, training step, ...). tokenizer: "bytes" (the default) for a Decoder or a
     ModelWithProphet; an HFProphet uses its target's. target_path: where an HFProphet's target
     was loaded from (default: the target's `name_or_path`), recorded with its weights' hash."""
     directory = Path(directory)
+    header = _header(model, tokenizer, target_path)
+    metadata = {} if metadata is None else metadata
+    check(isinstance(metadata, dict), f"export metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise SpecdecError(f"export metadata must hold plain JSON values: {_one_line(error)}") from None
+    _check_target(directory, header, force)
+    check_writable_dir(directory, "export directory")
+
+    # Decoder stores some weights column-major; safetensors wants contiguous tensors. The layout
+    # comes back on load, because load_state_dict copies into the freshly built model's strides.
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # safetensors writes through a temp file of its own (".tmpXXXXXX", mode 0600): it goes
+        # into a temp directory of ours, which a crashed save leaves for the next save to remove
+        staging = temp_path(directory / "weights")
+        staging.mkdir()
+        try:
+            written = staging / "weights.safetensors"
+            save_file(tensors, str(written))
+            with open(written, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(written, file_mode())
+            digest = _sha256(written)
+            weights_name = f"weights-{digest[:16]}.safetensors"
+            os.replace(written, directory / weights_name)   # same bytes if it already exists
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        fsync_dir(directory)
+        config = {**header, "weights": weights_name, "weights_sha256": digest, "metadata": metadata}
+        text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        write_file(directory / CONFIG_NAME, lambda f: f.write(text.encode("utf-8")))   # the commit point
+        _remove_unreferenced(directory, keep=weights_name)
+    except OSError as error:
+        raise os_error(error, f"cannot write the export to {directory}") from None
+    return directory
+
+
+def _header(model: Decoder | ModelWithProphet | HFProphet, tokenizer: str | dict[str, Any] | None,
+            target_path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """What identifies an export's model: format, kind, configs, tokenizer and, for a head, its
+    target (config.json without the weights and metadata)."""
     if isinstance(model, HFProphet):
         check(tokenizer is None, "an hf_prophet export uses its target's tokenizer: pass no tokenizer")
         fields = {"kind": "hf_prophet", "main": None, "prophet": model.config.to_dict(),
@@ -84,51 +136,7 @@ def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet 
                   "tokenizer": _tokenizer_dict("bytes" if tokenizer is None else tokenizer)}
     else:
         raise SpecdecError(f"can only export a Decoder or a ModelWithProphet (or an HFProphet), got {type(model).__name__}")
-    metadata = {} if metadata is None else metadata
-    check(isinstance(metadata, dict), f"export metadata must be a dict, got {type(metadata).__name__}")
-    try:
-        json.dumps(metadata, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise SpecdecError(f"export metadata must hold plain JSON values: {_one_line(error)}") from None
-
-    check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
-    _refuse_foreign_config(directory / CONFIG_NAME)
-    directory.mkdir(parents=True, exist_ok=True)
-
-    # Decoder stores some weights column-major; safetensors wants contiguous tensors. The layout
-    # comes back on load, because load_state_dict copies into the freshly built model's strides.
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
-    temps: list[Path] = []
-    try:
-        tmp_weights = directory / f"{_TMP_PREFIX}weights-{uuid.uuid4().hex}.safetensors"
-        temps.append(tmp_weights)
-        save_file(tensors, str(tmp_weights))
-        _fsync_file(tmp_weights)
-        digest = _sha256(tmp_weights)
-        weights_name = f"weights-{digest[:16]}.safetensors"
-        os.replace(tmp_weights, directory / weights_name)   # same bytes if it already exists
-        temps.remove(tmp_weights)
-        _fsync_dir(directory)
-
-        config = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            **fields,
-            "weights": weights_name,
-            "weights_sha256": digest,
-            "metadata": metadata,
-        }
-        tmp_config = directory / f"{_TMP_PREFIX}config-{uuid.uuid4().hex}.json"
-        temps.append(tmp_config)
-        _write_json(tmp_config, config)
-        os.replace(tmp_config, directory / CONFIG_NAME)     # the commit point
-        temps.remove(tmp_config)
-        _fsync_dir(directory)
-    finally:
-        for path in temps:
-            path.unlink(missing_ok=True)
-    _remove_unreferenced(directory, keep=weights_name)
-    return directory
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, **fields}
 
 
 def target_identity(target: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -147,50 +155,49 @@ def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:
     return dict(spec)
 
 
-def _refuse_foreign_config(path: Path) -> None:
-    """Never overwrite a config.json that some other tool wrote (say a Hugging Face model's)."""
-    if not path.is_file():
-        return
+def check_export_target(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
+                        tokenizer: str | dict[str, Any] | None = None, force: bool = False) -> dict[str, Any] | None:
+    """May `save_export(directory, model)` write there? Raises a one-line `SpecdecError` when
+    `directory` is a file, a non-empty folder that is not a specdec export (an embeddings cache, a
+    Hugging Face model), or an export of another model (kind, configs or tokenizer differ); `force`
+    allows the last two. Returns the config.json of the export it would replace, or None."""
+    return _check_target(Path(directory), _header(model, tokenizer), force)
+
+
+def _check_target(directory: Path, header: dict[str, Any], force: bool) -> dict[str, Any] | None:
+    check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
+    if not directory.is_dir():
+        return None
+    path = directory / CONFIG_NAME
     try:
-        existing = json.loads(path.read_text(encoding="utf-8"))
+        existing = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     except (OSError, UnicodeDecodeError, ValueError):
-        return     # unreadable: not a usable export of anyone's, safe to replace
-    check(isinstance(existing, dict) and existing.get("format") == FORMAT,
-          f"{path} exists and is not a specdec export: choose an empty or new export directory")
+        existing = None
+    if not (isinstance(existing, dict) and existing.get("format") == FORMAT):
+        others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(TMP_PREFIX))
+        check(force or not others, f"{directory} is not a specdec export (it holds {_few(others, 3)}): choose an "
+                                   f"empty or new export directory, or write into it on purpose ({FORCE})")
+        return None
+    changed = sorted(key for key in header if existing.get(key) != header[key])
+    check(force or not changed, f"{directory} holds {describe_export(existing)}, another model (its "
+                                f"{', '.join(changed)} differ): choose another export directory, or replace it on "
+                                f"purpose ({FORCE})")
+    return existing
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the renames durable (POSIX); platforms that cannot open a directory skip it."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def describe_export(config: dict[str, Any]) -> str:
+    """One line naming an export from its config.json: kind, training step, weights hash."""
+    step = (config.get("metadata") or {}).get("global_step")
+    sha = str(config.get("weights_sha256") or "?")[:16]
+    return f"a {config.get('kind')} export" + (f" of step {step}" if step is not None else "") + f" (weights {sha})"
 
 
 def _remove_unreferenced(directory: Path, keep: str) -> None:
+    """Delete weights files no committed config references, and temps of crashed saves."""
     for path in directory.iterdir():
-        stale_weights = path.name.startswith("weights-") and path.name.endswith(".safetensors") and path.name != keep
-        if stale_weights or path.name.startswith(_TMP_PREFIX):
+        if path.name.startswith("weights-") and path.name.endswith(".safetensors") and path.name != keep:
             path.unlink(missing_ok=True)
+    remove_stale_temps(directory)
 
 
 def _sha256(path: Path) -> str:
@@ -360,5 +367,3 @@ def _few(names: list[str], limit: int = 4) -> str:
     return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__

@@ -150,7 +150,12 @@ def test_eval_runs_in_fp32_under_bf16_mixed_and_logs_to_wandb_table(tmp_path, mo
                         logger=WandbLogger(save_dir=str(tmp_path), mode="disabled"), enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
                         precision="bf16-mixed", default_root_dir=tmp_path, callbacks=[callback], log_every_n_steps=1)
-    trainer.fit(StubModule(), datamodule=StubData())
+    try:
+        trainer.fit(StubModule(), datamodule=StubData())
+    finally:
+        import wandb
+
+        wandb.finish()            # no W&B run left behind for later tests (WandbLogger would reuse it)
     # no autocast, eval mode, inference mode, one thread while decoding (and two again after)
     assert seen == [(False, False, True, 1)] and torch.get_num_threads() == 2
     assert len(tables) == 1

@@ -109,7 +109,7 @@ def test_crash_while_replacing_a_head_leaves_the_old_one_loadable(target, tmp_pa
         return real(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(export_mod.os, "replace", replace)
-    with pytest.raises(OSError, match="simulated crash"):
+    with pytest.raises(SpecdecError, match="cannot write the export.*simulated crash"):
         save_export(tmp_path, new)
     monkeypatch.undo()
     assert export_hash(tmp_path, verify=True) == old_hash

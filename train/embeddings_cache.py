@@ -15,7 +15,8 @@ training windows and stores, per window,
 in a Hugging Face `datasets` Arrow dataset (`save_to_disk`, sharded; read memory-mapped by
 `load_from_disk`) under CACHE_DIR/dataset, next to CACHE_DIR/cache.json: the export's weights hash,
 the settings and each file's size. The cache is built in a temporary directory beside CACHE_DIR
-and renamed into place, so CACHE_DIR is either absent or complete.
+and renamed into place (`specdec_models.files.staged_dir`), so CACHE_DIR is either absent or
+complete, and the temp directory of a killed build is removed by the next build of CACHE_DIR.
 
 `train.data.embeddings.EmbeddingsDataModule` trains from it (`data=enwik8_embeddings`).
 """
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import read_json_object
+from specdec_models.files import staged_dir
 
 from .data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
 from .data.streams import window_batch
@@ -115,7 +115,10 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
     except (ValueError, AttributeError):
         raise SpecdecError(f"shard size must be bytes or like 500MB / 1GB, got {shard_size!r}") from None
     check(shard_size > 0, f"shard size must be > 0, got {shard_size}")
-    check(overwrite or not out.exists(), f"{out} already exists: pass --overwrite to replace it, or another --out")
+    if out.exists():
+        check(overwrite, f"{out} already exists: pass --overwrite to replace it, or another --out")
+        check(out.is_dir() and ((out / META_NAME).is_file() or not any(out.iterdir())),
+              f"{out} is not an embeddings cache: --overwrite replaces only a cache, choose another --out")
     check(data.is_file(), f"data {data} does not exist or is not a file")
     cfg, config = read_main_config(export)                # cheap checks first: the weights load last
     check(seq_len <= cfg.max_seq_len, f"seq_len ({seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
@@ -134,10 +137,7 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
     from datasets import Dataset
     from datasets.arrow_writer import ArrowWriter
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staged_dir(out) as tmp:          # out is absent or complete; a killed build's temp goes next time
         features = _features(seq_len, cfg.dim, dtype, top_k_logits, cfg.vocab_size)
         staging = tmp / "staging.arrow"           # one file, then resharded by save_to_disk
         writer = ArrowWriter(features=features, path=str(staging))
@@ -170,16 +170,6 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
             "bytes": sum(files.values()),
         }
         (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if out.exists():                          # --overwrite: the old cache goes only once the new one is whole
-            old = out.parent / f".old-{out.name}-{uuid.uuid4().hex[:8]}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     meta["seconds"] = time.perf_counter() - t0
     return meta
 

@@ -18,6 +18,7 @@ import os
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,7 @@ def read_bytes(path: Path) -> np.ndarray:
         return np.memmap(path, dtype=np.uint8, mode="r")
     except SpecdecError:
         raise
-    except (OSError, EOFError, zipfile.BadZipFile, gzip.BadGzipFile) as error:
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile, gzip.BadGzipFile) as error:   # zlib: corrupt .gz data
         raise SpecdecError(f"cannot read {path}: {error}") from None
 
 

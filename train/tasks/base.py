@@ -10,8 +10,9 @@ tasks; `train.run` and `train.checkpoints` look them up by name and never specia
 `TaskModule` is the base LightningModule: the optimizer and its schedule over `trainable()`,
 seeded generators per step, the task name in every checkpoint, `speculative_models()` for the
 evaluation callback, and the export (`write_export`: a specdec export of `export_model()` unless a
-task writes another format). It takes plain values only, so `load_from_checkpoint` and
-`train.checkpoints` rebuild it without Hydra.
+task writes another format; `check_export_dir`: may it replace what an export directory holds).
+It takes plain values only, so `load_from_checkpoint` and `train.checkpoints` rebuild it without
+Hydra.
 
 `FrozenModel` holds a model a task reads but never trains (a teacher, a frozen main model): loaded
 on first use, checked against the identity recorded when the run was configured, in eval mode
@@ -36,6 +37,7 @@ from torch import nn
 from specdec_models import Decoder, ModelWithProphet, save_export
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check
+from specdec_models.export import check_export_target, describe_export
 
 from ..optim import OptimConfig, configure_adam
 
@@ -155,9 +157,17 @@ class TaskModule(L.LightningModule):
         """Task-specific values the export records next to the run's metadata."""
         return {}
 
-    def write_export(self, out_dir: Path, metadata: dict[str, Any]) -> Path:
+    def check_export_dir(self, out_dir: Path, force: bool = False) -> str | None:
+        """Refuse (one-line SpecdecError) an export directory this module's export must not write
+        into: a folder that is not an export, an export of another model (`force` allows both).
+        Returns a line naming the export it would replace, or None."""
+        old = check_export_target(out_dir, self.export_model(), tokenizer="bytes", force=force)
+        return None if old is None else describe_export(old)
+
+    def write_export(self, out_dir: Path, metadata: dict[str, Any], force: bool = False) -> Path:
         """Write this module's export into out_dir (atomically); `metadata`: plain JSON values."""
-        return Path(save_export(out_dir, self.export_model().eval(), tokenizer="bytes", metadata=metadata))
+        return Path(save_export(out_dir, self.export_model().eval(), tokenizer="bytes", metadata=metadata,
+                                force=force))
 
     # -- shared steps ----------------------------------------------------------------------------
 

@@ -26,8 +26,6 @@ assistant_model=student)`) and by vLLM.
 from __future__ import annotations
 
 import json
-import shutil
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from torch import Tensor
 
 from specdec_models.config import DTYPES, from_dict, torch_dtype
 from specdec_models.errors import check
+from specdec_models.files import staged_dir
 from specdec_models.hf import HFDecoder
 
 from ..data.hf_text import HFTextDataModule
@@ -164,17 +163,30 @@ class HFDraftDistillModule(DistillModule):
                 "student_init": self.hparams.student_path, "vocab_size": self.vocab_size,
                 "objective": asdict(self.objective)}
 
-    def write_export(self, out_dir: Path, metadata: dict[str, Any]) -> Path:
-        """The student as a Hugging Face model directory (save_pretrained + the tokenizer +
-        `specdec_distill.json`), written next to `out_dir` and renamed into place."""
+    def check_export_dir(self, out_dir: Path, force: bool = False) -> str | None:
+        """An export directory must be new, empty, or hold an export of this task (its
+        `specdec_distill.json`); `force` allows any folder. Returns what it would replace."""
         out_dir = Path(out_dir)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir.with_name(f".tmp-{out_dir.name}-{uuid.uuid4().hex}")
-        old = out_dir.with_name(f".old-{out_dir.name}-{uuid.uuid4().hex}")
+        check(not out_dir.exists() or out_dir.is_dir(), f"export path {out_dir} exists and is not a directory")
+        if not out_dir.is_dir():
+            return None
+        if (out_dir / EXPORT_METADATA).is_file():
+            return f"a Hugging Face draft export ({out_dir / EXPORT_METADATA})"
+        others = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".tmp"))
+        check(force or not others, f"{out_dir} is not a draft export of this task (it holds {', '.join(others[:3])}"
+                                   f"{', ...' if len(others) > 3 else ''}): choose an empty or new export directory, "
+                                   f"or replace it on purpose (force, scripts/export.py --force)")
+        return None
+
+    def write_export(self, out_dir: Path, metadata: dict[str, Any], force: bool = False) -> Path:
+        """The student as a Hugging Face model directory (save_pretrained + the tokenizer +
+        `specdec_distill.json`), built beside `out_dir` and renamed into place (`staged_dir`)."""
+        out_dir = Path(out_dir)
+        self.check_export_dir(out_dir, force)
         name = self.hparams.export_dtype
         dtype = DTYPES[name] if name else getattr(load_config(Path(self.hparams.student_path), "student"), "dtype", None)
         dtype = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype), torch.float32)
-        try:
+        with staged_dir(out_dir) as tmp:
             state, cast = {}, {}
             for key, value in self.student.state_dict().items():
                 ident = (value.data_ptr(), value.shape, value.dtype)          # tied weights stay one tensor
@@ -193,12 +205,6 @@ class HFDraftDistillModule(DistillModule):
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
             load_tokenizer(self.hparams.student_path).save_pretrained(tmp)
             (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=1, default=str))
-            if out_dir.exists():
-                out_dir.rename(old)
-            tmp.rename(out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
         return out_dir
 
 
