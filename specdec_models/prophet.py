@@ -13,7 +13,11 @@ after a verify step the target's cache ends at the anchor t, x[t+1] is the token
 emitted, and the prophet drafts x[t+2], ... from it.
 
 `ProphetWindows` holds the layout and the batched window loss for every prophet; `ModelWithProphet`
-adds the main model. The joint loss is the main model's next-token loss plus `prophet_loss_weight` times the
+adds the main model. `drafted_hits` and `simulated_tokens_per_call` give the acceptance length
+other trainers report from teacher-forced windows alone (docs/DECODING.md, section 2): window
+output i = 1..gamma predicts the token decoding drafts at position i (output 0 predicts the token
+the target itself emits), so with a_i the top-1 accuracy there, a round would emit
+1 + sum_k prod_{i<=k} a_i tokens if acceptances at different positions were independent. The joint loss is the main model's next-token loss plus `prophet_loss_weight` times the
 prophet's loss averaged over every anchor of every sequence, computed as one batched forward
 over all windows (no Python loop), or over `windows_per_seq` random anchors per sequence.
 """
@@ -31,10 +35,31 @@ from .losses import next_token_loss
 from .model import Decoder
 
 
+def drafted_hits(logits: Tensor, labels: Tensor, gamma: int) -> Tensor:
+    """Teacher-forced top-1 hits of prophet windows at the drafted positions: logits (W, L, vocab)
+    and labels (W, L) as `ProphetWindows.prophet_logits` returns them; the count (gamma,) of
+    windows whose argmax at output i = 1..gamma equals the label (its true token, every earlier
+    one fed). Divided by W, the per-position accuracies a_1..a_gamma."""
+    check(1 <= gamma < logits.shape[1], f"gamma ({gamma}) must be in [1, {logits.shape[1] - 1}]: window "
+                                        f"outputs 1..gamma are the drafted positions")
+    hits = logits[:, 1:gamma + 1].argmax(-1) == labels[:, 1:gamma + 1]          # (W, gamma)
+    return hits.sum(0)
+
+
+def simulated_tokens_per_call(accuracy: Tensor | list[float]) -> float:
+    """1 + sum_{k=1..gamma} prod_{i<=k} a_i for per-position accuracies a_1..a_gamma: the tokens
+    per target call a round would give (bonus or correction token included) if draft i were
+    accepted with probability a_i given drafts 1..i-1 were (see the module docstring)."""
+    a = torch.as_tensor(accuracy, dtype=torch.float64)
+    return float(1 + a.cumprod(0).sum())
+
+
 class ProphetLoss(NamedTuple):
     loss: Tensor
     main_loss: Tensor
     prophet_loss: Tensor
+    prophet_logits: Tensor | None = None      # (b W, L, vocab): the windows' logits ...
+    labels: Tensor | None = None              # (b W, L): ... and labels (for `drafted_hits`)
 
 
 class ProphetWindows(nn.Module):
@@ -52,6 +77,12 @@ class ProphetWindows(nn.Module):
     @property
     def num_start_tokens(self) -> int:
         return self.prophet_cfg.num_leading_start_tokens
+
+    @property
+    def max_gamma(self) -> int:
+        """The most tokens a decoding round can draft: a window predicts prophet_train_length
+        tokens, the first of which the target emits itself."""
+        return self.prophet_cfg.prophet_train_length - 1
 
     def start_tokens(self, embeds: Tensor) -> Tensor:
         """Project main-model embeddings (..., main dim) to prophet start tokens (..., prophet dim)."""
@@ -148,6 +179,7 @@ class ModelWithProphet(ProphetWindows):
         if self.prophet_cfg.detach_embeds:
             embeds = embeds.detach()
         anchors = self.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
-        prophet_loss = self.prophet_loss(seq, embeds, anchors)
+        logits, labels = self.prophet_logits(seq, embeds, anchors)
+        prophet_loss = next_token_loss(logits, labels)
         loss = main_loss + self.prophet_cfg.prophet_loss_weight * prophet_loss
-        return ProphetLoss(loss, main_loss, prophet_loss)
+        return ProphetLoss(loss, main_loss, prophet_loss, logits, labels)

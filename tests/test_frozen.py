@@ -117,6 +117,11 @@ def test_the_prophet_learns_and_only_it_is_optimized(online):
     assert metrics["train/loss"] == metrics["train/prophet_loss"]
     assert metrics["val/prophet_loss"] < 0.5 * math.log(256)           # four sentences are learnt fast
     assert metrics["val/bpc"] == pytest.approx(metrics["val/main_loss"] / math.log(2))
+    # the simulated acceptance (teacher-forced windows) next to the real one, from the same validation
+    accuracy = [metrics[f"val/teacher_forced_accuracy/pos{i}"] for i in range(1, 6)]
+    assert metrics["val/simulated_tokens_per_call"] == pytest.approx(
+        1 + sum(math.prod(accuracy[:k]) for k in range(1, 6)), rel=1e-6)
+    assert 1 < metrics["val/simulated_tokens_per_call"] <= 6 and "val/tokens_per_call/t0" in metrics
 
 
 def test_optimizer_holds_only_the_prophet_and_its_projection(main_export):

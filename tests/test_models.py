@@ -130,3 +130,29 @@ def test_joint_training_lowers_both_losses_on_a_repetitive_sequence():
         out.loss.backward()
         opt.step()
     assert out.main_loss < 0.5 * first.main_loss and out.prophet_loss < 0.5 * first.prophet_loss
+
+
+def test_drafted_hits_count_top_one_matches_at_drafted_positions_only():
+    from specdec_models.prophet import drafted_hits, simulated_tokens_per_call
+
+    labels = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [0, 0, 0, 0]])           # (W=3, L=4)
+    right = torch.nn.functional.one_hot(labels, 5).float()                       # argmax == label everywhere
+    logits = right.clone()
+    logits[0, 2] = torch.nn.functional.one_hot(torch.tensor(0), 5)               # window 0 misses output 2
+    logits[1, 0] = torch.nn.functional.one_hot(torch.tensor(0), 5)               # output 0 is never drafted
+    logits[2, 1] = torch.nn.functional.one_hot(torch.tensor(3), 5)
+    assert drafted_hits(logits, labels, 3).tolist() == [2, 2, 3]
+    assert drafted_hits(logits, labels, 1).tolist() == [2]
+    with pytest.raises(SpecdecError, match="gamma"):
+        drafted_hits(logits, labels, 4)                                          # output L-1 is the last
+    # 1 + a1 + a1 a2 + a1 a2 a3, by hand
+    assert simulated_tokens_per_call([0.5, 0.5, 1.0]) == pytest.approx(1 + 0.5 + 0.25 + 0.25)
+    assert simulated_tokens_per_call([1.0] * 5) == 6.0 and simulated_tokens_per_call([0.0, 1.0]) == 1.0
+
+
+def test_joint_forward_returns_the_windows_logits_its_prophet_loss_is_made_of():
+    m = small_pair()
+    seq = torch.randint(0, 64, (2, 20))
+    out = m(seq)
+    assert out.prophet_logits.shape[:2] == out.labels.shape == (2 * m.prophet_cfg.anchor_count(19), 5)
+    torch.testing.assert_close(out.prophet_loss, next_token_loss(out.prophet_logits, out.labels))

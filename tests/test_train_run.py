@@ -46,6 +46,18 @@ def test_tiny_run_writes_checkpoints_config_metrics_and_export(trained):
         assert any(key.startswith("val/acceptance_rate/") for key in trained["metrics"])
 
 
+def test_every_validation_logs_the_simulated_acceptance_beside_the_real_one(trained):
+    rows = [r for r in csv_rows(trained["output_dir"]) if r.get("val/simulated_tokens_per_call")]
+    assert [int(r["step"]) for r in rows] == [19, 39]           # both validations (CSV steps count from 0)
+    gamma = 5
+    for row in rows:
+        accuracy = [float(row[f"val/teacher_forced_accuracy/pos{i}"]) for i in range(1, gamma + 1)]
+        assert all(0 <= a <= 1 for a in accuracy)
+        expected = 1 + sum(math.prod(accuracy[:k]) for k in range(1, gamma + 1))
+        assert float(row["val/simulated_tokens_per_call"]) == pytest.approx(expected, rel=1e-6)
+        assert row["val/tokens_per_call/t0"]                          # the real one, same validation
+
+
 def test_export_loads_and_matches_the_trained_module(trained):
     from specdec_models.export import load_export
 

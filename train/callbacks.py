@@ -4,9 +4,9 @@ At the end of every validation epoch (not the sanity check) `SpeculativeEval` de
 fixed validation prompts with real speculative decoding (`specdec_models.decode.generate`,
 Leviathan et al. 2022 / Chen et al. 2023) and with plain KV-cached decoding of the same target,
 at each temperature. What it decodes with comes from the LightningModule's
-`speculative_models()`: {"target": Decoder, "prophet": ModelWithProphet} (a prophet drafts) or
-{"target": Decoder, "draft": Decoder} (a draft model drafts); a module with only a `net`
-(ModelWithProphet) attribute is decoded as main model + prophet. It logs (names as in
+`speculative_models()`: {"target": Decoder, "prophet": ModelWithProphet} (a prophet drafts),
+{"target": Decoder, "draft": Decoder} (a draft model drafts), or a Hugging Face target with its
+draft or its prophet head (`hf_prophet.HFProphet`). It logs (names as in
 docs/DECODING.md):
 
     val/acceptance_rate/t{T}                 accepted drafts / drafted tokens
@@ -18,7 +18,10 @@ docs/DECODING.md):
     val/speedup/t{T}                         wall time of base / speculative decoding
     val/spec_eval_seconds                    wall time of the whole evaluation (not training time)
 
-T is the temperature written with `{:g}`: t0 (greedy), t1, t0.7. The samples go to
+T is the temperature written with `{:g}`: t0 (greedy), t1, t0.7. Beside them the prophet tasks
+log what other trainers report instead, from teacher-forced validation windows
+(`TaskModule.track_drafted`): `val/teacher_forced_accuracy/pos{i}` and
+`val/simulated_tokens_per_call` (compare it with `val/tokens_per_call/t0`). The samples go to
 `<samples_dir>/speculative_samples.jsonl` (one line per prompt, temperature and evaluation;
 samples_dir defaults to the trainer's default_root_dir, the run's output directory), and, when a
 `WandbLogger` is attached, to a W&B table `val/samples`.
@@ -43,6 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from specdec_models import ModelWithProphet, byte_tokenizer
+from specdec_models.prophet import ProphetWindows
 from specdec_models.decode import generate
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.hf import HFDecoder
@@ -89,7 +93,7 @@ class SpeculativeEval(L.Callback):
         check(num_threads is None or (isinstance(num_threads, int) and num_threads >= 1),
               f"speculative_eval.num_threads must be a positive integer or null, got {num_threads!r}")
         self.num_threads = num_threads
-        self._prompts: Tensor | None = None
+        self._prompts: Tensor | list[Tensor] | None = None
         self.last_metrics: dict[str, float] = {}
         self.text = byte_tokenizer.decode       # tokens -> text of the samples; the DataModule's decode_text if any
 
@@ -97,27 +101,31 @@ class SpeculativeEval(L.Callback):
 
     def check_model(self, models: ModelWithProphet | SpeculativeModels) -> SpeculativeModels:
         """The models to decode with, checked: a ModelWithProphet is its main model drafted by
-        its prophet."""
+        its prophet; any prophet (a ModelWithProphet, a Hugging Face target's HFProphet head)
+        must draft gamma tokens per round."""
         if isinstance(models, ModelWithProphet):
             models = SpeculativeModels(target=models.model, prophet=models)
         check(isinstance(models, SpeculativeModels),
               f"SpeculativeEval needs a ModelWithProphet or SpeculativeModels, got {type(models).__name__}")
         if models.prophet is not None:
-            needed = self.gamma + 1
-            check(models.prophet.prophet_cfg.prophet_train_length >= needed,
-                  f"speculative_eval.gamma ({self.gamma}) needs prophet_train_length >= gamma + 1 = {needed}, "
-                  f"got {models.prophet.prophet_cfg.prophet_train_length}")
+            check(isinstance(models.prophet, ProphetWindows),
+                  f"SpeculativeEval: a prophet must be a ModelWithProphet or an HFProphet, got "
+                  f"{type(models.prophet).__name__}")
+            check(models.prophet.max_gamma >= self.gamma,
+                  f"speculative_eval.gamma ({self.gamma}) needs prophet_train_length >= gamma + 1 = {self.gamma + 1}, "
+                  f"got {models.prophet.max_gamma + 1}")
         return models
 
     @torch.inference_mode()
     def evaluate(self, models: ModelWithProphet | SpeculativeModels,
-                 prompts: Tensor) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        """Decode `prompts` (K, prompt_len) at each temperature, speculatively and plainly; return
-        (metrics named as in the module docstring, one sample record per prompt and temperature).
-        Runs in eval mode and fp32 (autocast off) and restores the modules' training flags."""
+                 prompts: Tensor | list[Tensor]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Decode `prompts` (K, prompt_len), or K 1-D prompts of their own lengths, at each
+        temperature, speculatively and plainly; return (metrics named as in the module
+        docstring, one sample record per prompt and temperature). Runs in eval mode and fp32
+        (autocast off) and restores the modules' training flags."""
         models = self.check_model(models)
         device = models.target.device
-        prompts = prompts.to(device)
+        prompts = prompts.to(device) if isinstance(prompts, Tensor) else [p.to(device) for p in prompts]
         modes = {m: m.training for model in torch_modules(models) for m in model.modules()}
         for model in torch_modules(models):
             model.eval()
@@ -190,14 +198,17 @@ class SpeculativeEval(L.Callback):
 
     # -- Lightning hooks -------------------------------------------------------------------------
 
-    def prompts(self, trainer: L.Trainer) -> Tensor:
-        """The K fixed validation prompts (fetched once from the DataModule)."""
+    def prompts(self, trainer: L.Trainer) -> Tensor | list[Tensor]:
+        """The K fixed validation prompts (fetched once from the DataModule): a (K, prompt_len)
+        tensor, or K 1-D tensors (a DataModule whose rows start with prompts of their own)."""
         if self._prompts is None:
             datamodule = trainer.datamodule
             if not isinstance(datamodule, SpecdecDataModule):
                 raise SpecdecError("SpeculativeEval needs a SpecdecDataModule (train.data.streams) to draw prompts "
                                    "from: pass it as trainer.fit(module, datamodule=...)")
-            self._prompts = datamodule.prompts(self.num_prompts, self.prompt_len).long().cpu()
+            prompts = datamodule.prompts(self.num_prompts, self.prompt_len)
+            self._prompts = (prompts.long().cpu() if isinstance(prompts, Tensor)
+                             else [p.long().cpu() for p in prompts])
             self.text = datamodule.decode_text
         return self._prompts
 

@@ -9,7 +9,9 @@ tasks; `train.run` and `train.checkpoints` look them up by name and never specia
 
 `TaskModule` is the base LightningModule: the optimizer and its schedule over `trainable()`,
 seeded generators per step, the task name in every checkpoint, `speculative_models()` for the
-evaluation callback, and the export (`write_export`: a specdec export of `export_model()` unless a
+evaluation callback, the simulated acceptance of prophet tasks (`track_drafted`: teacher-forced
+top-1 accuracy per drafted position over a validation epoch and the tokens per call it implies,
+logged at the epoch's end beside the callback's real ones), and the export (`write_export`: a specdec export of `export_model()` unless a
 task writes another format; `check_export_dir`: may it replace what an export directory holds).
 It takes plain values only, so `load_from_checkpoint` and `train.checkpoints` rebuild it without
 Hydra.
@@ -38,6 +40,7 @@ from specdec_models import Decoder, ModelWithProphet, save_export
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import check_export_target, describe_export
+from specdec_models.prophet import drafted_hits, simulated_tokens_per_call
 
 from ..optim import OptimConfig, configure_adam
 
@@ -135,6 +138,7 @@ class TaskModule(L.LightningModule):
         self.seed = seed
         self.run_metadata = dict(metadata or {})
         self.compile_requested = compile          # the subclass compiles what is worth compiling
+        self._drafted: dict[str, tuple[torch.Tensor, int]] = {}      # prefix -> (hits (gamma,), windows)
 
     # -- what a task provides --------------------------------------------------------------------
 
@@ -190,6 +194,42 @@ class TaskModule(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.evaluate(batch, "test")
+
+    # -- simulated acceptance (prophet tasks) ----------------------------------------------------
+
+    def track_drafted(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add one batch's prophet windows (logits (W, L, vocab), labels (W, L)) to the epoch's
+        teacher-forced hits at drafted positions 1..gamma (the run's gamma, at most L - 1)."""
+        length = logits.shape[1]
+        gamma = min(int(self.run_metadata.get("gamma", length - 1)), length - 1)
+        hits = drafted_hits(logits.detach(), labels, gamma)
+        old, count = self._drafted.get(prefix, (torch.zeros_like(hits), 0))
+        self._drafted[prefix] = (old + hits, count + labels.shape[0])
+
+    def log_drafted(self, prefix: str) -> None:
+        """Log `{prefix}/teacher_forced_accuracy/pos{i}` (a_i) and `{prefix}/simulated_tokens_per_call`
+        (1 + sum_k prod_{i<=k} a_i, `specdec_models.prophet`) over the epoch's windows, all ranks'."""
+        if prefix not in self._drafted:
+            return
+        hits, count = self._drafted.pop(prefix)
+        totals = torch.cat([hits.double(), hits.new_tensor([count]).double()])
+        totals = self.trainer.strategy.reduce(totals, reduce_op="sum") if self._trainer is not None else totals
+        accuracy = (totals[:-1] / totals[-1].clamp(min=1)).cpu()
+        for i, a in enumerate(accuracy.tolist(), start=1):
+            self.log(f"{prefix}/teacher_forced_accuracy/pos{i}", a)
+        self.log(f"{prefix}/simulated_tokens_per_call", simulated_tokens_per_call(accuracy))
+
+    def on_validation_epoch_start(self) -> None:
+        self._drafted.pop("val", None)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_drafted("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._drafted.pop("test", None)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_drafted("test")
 
     def configure_optimizers(self):
         return configure_adam(self.trainable(), self.optim_cfg, self.trainer.max_steps)

@@ -84,6 +84,7 @@ class ProphetModule(ProphetNetModule):
 
     def evaluate(self, batch: torch.Tensor, prefix: str) -> None:
         out = self.net(batch, generator=self.window_generator(batch, 0))
+        self.track_drafted(prefix, out.prophet_logits, out.labels)
         b = batch.shape[0]
         self.log_dict({f"{prefix}/main_loss": out.main_loss, f"{prefix}/prophet_loss": out.prophet_loss},
                       sync_dist=True, batch_size=b)

@@ -184,15 +184,18 @@ class FrozenProphetModule(ProphetNetModule):
         return teacher.flatten(0, 1)
 
     def _losses(self, seq: torch.Tensor, embeds: torch.Tensor, micro: int, main_logits: torch.Tensor | None,
-                batch: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill})."""
+                batch: torch.Tensor | dict[str, torch.Tensor], prefix: str | None = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill});
+        with a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
         anchors = self.net.anchors(seq.shape[1] - 1, seq.shape[0], self.window_generator(seq, micro), seq.device)
-        distill = self.hparams.distill
-        if distill is None:
-            loss = self.net.prophet_loss(seq, embeds, anchors)
-            return loss, {"prophet_loss": loss}
         logits, labels = self.net.prophet_logits(seq, embeds, anchors)
         ce = next_token_loss(logits, labels)
+        if prefix is not None:
+            self.track_drafted(prefix, logits, labels)
+        distill = self.hparams.distill
+        if distill is None:
+            return ce, {"prophet_loss": ce}
         with torch.no_grad():
             teacher = self._teacher_logits(anchors, main_logits, batch)
         div = divergence(distill, logits, teacher)
@@ -219,7 +222,7 @@ class FrozenProphetModule(ProphetNetModule):
         with torch.no_grad():
             main_logits = self.net.model.logits(embeds)
             main_loss = next_token_loss(main_logits, seq[:, 1:])
-        _, parts = self._losses(seq, embeds, 0, main_logits, batch)
+        _, parts = self._losses(seq, embeds, 0, main_logits, batch, prefix)
         b = seq.shape[0]
         self.log(f"{prefix}/prophet_loss", parts.pop("prophet_loss"), prog_bar=True, sync_dist=True, batch_size=b)
         self.log_dict({f"{prefix}/{k}": v for k, v in parts.items()}, sync_dist=True, batch_size=b)
