@@ -1,17 +1,18 @@
-"""Cache a frozen main model's embeddings for prophet training (task=prophet_frozen, data=enwik8_embeddings).
+"""Cache a frozen model's last-layer hidden states for prophet training (see train/embeddings_cache.py).
 
-    python scripts/cache_embeddings.py --export DIR --data PATH --out CACHE_DIR [--seq-len 512]
-        [--windows N] [--dtype bfloat16|float16] [--top-k-logits K] [--shard-size 500MB] [--seed 0]
+    # a specdec export's main model on byte windows (task=prophet_frozen, data=enwik8_embeddings)
+    python scripts/cache_embeddings.py --export DIR --data PATH --out CACHE_DIR [--top-k-logits K]
+    # a Hugging Face target (task=hf_prophet, data=hf_embeddings): its own continuations of prompts ...
+    python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --temperatures 0 1 --out CACHE_DIR
+    # ... or token windows of text files
+    python scripts/cache_embeddings.py --hf-model DIR --text a.txt b.jsonl --out CACHE_DIR
+    common: [--seq-len N] [--windows N] [--dtype bfloat16|float16|int8] [--shard-size 500MB] [--seed 0] [--overwrite]
 
-Runs the export's main model once over N random training windows (seq_len + 1 bytes of the
-90% training split of PATH, seeded) and writes the tokens, the last-layer embeddings and
-optionally the top-K logits as a Hugging Face `datasets` Arrow dataset (see
-`train.embeddings_cache`), built next to CACHE_DIR and renamed into place. Then train with
-
-    python -m train experiment=enwik8_prophet_frozen main.export=DIR data=enwik8_embeddings data.cache=CACHE_DIR
-
-Size: about seq_len x dim x 2 bytes per window (bfloat16 or float16) plus 3 x K bytes per token for
-top-K logits, e.g. 512 MB per million tokens for dim 256.
+It prints the size the cache will take before it starts. Shards are written one by one into
+CACHE_DIR.partial and the finished cache is renamed to CACHE_DIR; a killed build keeps its
+finished shards, and running the same command again resumes it. Size per token: 2 x dim bytes
+(bfloat16, float16) or dim + 4 bytes (int8 with a per-token scale), plus the token id; e.g. for
+SmolLM2-135M (dim 576) 1,154 bytes (bfloat16) or 582 bytes (int8) per token.
 """
 
 from __future__ import annotations
@@ -24,18 +25,28 @@ from specdec_models.errors import SpecdecError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--export", required=True, help="export directory of the main model (decoder or model_with_prophet)")
-    parser.add_argument("--data", required=True, help="the training text (raw, .zip or .gz; split 90/5/5 as in training)")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--export", help="export directory of a specdec main model (decoder or model_with_prophet)")
+    model.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face causal LM directory")
+    model.add_argument("--gguf", metavar="FILE", help="a GGUF file of a Hugging Face causal LM")
+    parser.add_argument("--data", help="--export: the training text (raw, .zip or .gz; split 90/5/5 as in training)")
+    parser.add_argument("--text", nargs="+", metavar="FILE", help="HF: .txt/.json/.jsonl files cut into token windows")
+    parser.add_argument("--prompts", metavar="FILE", help="HF: prompts (.txt lines, or .jsonl with 'messages', "
+                                                         "'prompt' or 'text') the target continues itself")
+    parser.add_argument("--chat", action="store_true", help="HF: format prompts (or text) with the chat template")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
+                        help="--prompts: sampling temperatures, row i uses the (i mod count)-th; default 1")
     parser.add_argument("--out", required=True, help="the cache directory to write (must not exist, or --overwrite)")
-    parser.add_argument("--seq-len", type=int, default=512, help="window length (data.seq_len of the run); default 512")
-    parser.add_argument("--windows", type=int, default=1024, help="number of random training windows; default 1024")
-    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
-                        help="stored embedding type; default bfloat16")
-    parser.add_argument("--top-k-logits", type=int, default=0, help="also store the K largest logits per position")
-    parser.add_argument("--shard-size", default="500MB", help="largest Arrow shard (save_to_disk); default 500MB")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the window offsets; default 0")
-    parser.add_argument("--batch-size", type=int, default=8, help="windows per forward pass; default 8")
+    parser.add_argument("--seq-len", type=int, default=512, help="row length (data.seq_len of the run); default 512")
+    parser.add_argument("--windows", type=int, default=1024, help="number of rows; default 1024")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "int8"), default="bfloat16",
+                        help="stored hidden states (int8: absmax per token, with its scale); default bfloat16")
+    parser.add_argument("--top-k-logits", type=int, default=0, help="--export: also store the K largest logits")
+    parser.add_argument("--shard-size", default="500MB", help="largest Arrow shard; default 500MB")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rows (and of sampling); default 0")
+    parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (and per generate call)")
     parser.add_argument("--device", default=None, help="torch device; default cuda when available, else cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing cache at --out")
     args = parser.parse_args(argv)
 
@@ -43,20 +54,32 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from train.embeddings_cache import build_cache
+    from train.regenerate import build_hf_cache
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     bars = []                              # the bar opens with the first batch: bad input prints one line
 
     def progress(tokens: int) -> None:
         if not bars:
-            bars.append(tqdm(total=args.windows * args.seq_len, unit="tok", unit_scale=True, desc="caching embeddings"))
+            bars.append(tqdm(total=args.windows * args.seq_len, unit="tok", unit_scale=True, desc="caching"))
         bars[0].update(tokens)
 
+    common = {"seq_len": args.seq_len, "windows": args.windows, "dtype": args.dtype, "shard_size": args.shard_size,
+              "seed": args.seed, "batch_size": args.batch_size, "device": device, "overwrite": args.overwrite,
+              "progress": progress, "report": print}
     try:
-        meta = build_cache(args.export, args.data, args.out, seq_len=args.seq_len, windows=args.windows,
-                           dtype=args.dtype, top_k_logits=args.top_k_logits, shard_size=args.shard_size,
-                           seed=args.seed, batch_size=args.batch_size, device=device, overwrite=args.overwrite,
-                           progress=progress)
+        if args.export:
+            if args.data is None or args.text or args.prompts:
+                raise SpecdecError("--export reads --data PATH (not --text or --prompts)")
+            meta = build_cache(args.export, args.data, args.out, top_k_logits=args.top_k_logits, **common)
+        else:
+            if args.data is not None or args.top_k_logits:
+                raise SpecdecError("--data and --top-k-logits are for --export; a Hugging Face target reads "
+                                   "--text FILE ... or --prompts FILE")
+            meta = build_hf_cache(args.hf_model or args.gguf, args.out, text=args.text, prompts=args.prompts,
+                                  chat=args.chat, temperatures=args.temperatures, **common)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

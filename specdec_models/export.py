@@ -156,12 +156,14 @@ def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:
 
 
 def check_export_target(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
-                        tokenizer: str | dict[str, Any] | None = None, force: bool = False) -> dict[str, Any] | None:
-    """May `save_export(directory, model)` write there? Raises a one-line `SpecdecError` when
-    `directory` is a file, a non-empty folder that is not a specdec export (an embeddings cache, a
-    Hugging Face model), or an export of another model (kind, configs or tokenizer differ); `force`
-    allows the last two. Returns the config.json of the export it would replace, or None."""
-    return _check_target(Path(directory), _header(model, tokenizer), force)
+                        tokenizer: str | dict[str, Any] | None = None, target_path: str | os.PathLike | None = None,
+                        force: bool = False) -> dict[str, Any] | None:
+    """May `save_export(directory, model, tokenizer=..., target_path=...)` write there? Raises a
+    one-line `SpecdecError` when `directory` is a file, a non-empty folder that is not a specdec
+    export (an embeddings cache, a Hugging Face model), or an export of another model (kind,
+    configs, tokenizer or a head's target differ); `force` allows the last two. Returns the
+    config.json of the export it would replace, or None."""
+    return _check_target(Path(directory), _header(model, tokenizer, target_path), force)
 
 
 def _check_target(directory: Path, header: dict[str, Any], force: bool) -> dict[str, Any] | None:

@@ -127,16 +127,11 @@ def set_file_modes(root: Path) -> None:
         os.chmod(path, mode)
 
 
-@contextmanager
-def staged_dir(target: Path) -> Iterator[Path]:
-    """Build a directory that replaces `target` whole: yields an empty temp directory beside it;
-    when the block ends without error, its files get the umask's mode and it is renamed to
-    `target` (an old `target` is moved aside first, to `.tmp-<name>.old-...`, and removed after).
-    On error `target` is unchanged. If the process dies, the next `staged_dir(target)` removes its
-    temps, after moving an old `target` back should the crash have come between the two renames."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _restore_aside(target: Path) -> None:
+    """Undo a crash between the two renames of `replace_dir`: put the old `target` back, then
+    remove the temps of dead builds of `target`."""
     aside = target.with_name(f"{target.name}.old")
-    if not target.exists():                  # a crash between the two renames below: put the old one back
+    if not target.exists():
         for path in sorted(target.parent.iterdir()):
             match = _OURS.match(path.name)
             if match and match["name"] == aside.name and not _pid_alive(int(match["pid"])) and path.is_dir():
@@ -144,27 +139,47 @@ def staged_dir(target: Path) -> Iterator[Path]:
                 break
     remove_stale_temps(target.parent, target.name)
     remove_stale_temps(target.parent, aside.name)
+
+
+def replace_dir(src: Path, target: Path) -> None:
+    """Rename the finished directory `src` (in target's folder) to `target`, replacing an old
+    `target` whole: the old one is moved aside to `.tmp-<name>.old-...` first and removed after;
+    a crash between the two renames is undone by the next `staged_dir(target)` or `replace_dir`."""
+    _restore_aside(target)
+    set_file_modes(src)
+    old = None
+    if target.exists():
+        old = temp_path(target.with_name(f"{target.name}.old"))
+        target.rename(old)
+    try:
+        src.rename(target)
+    except OSError:
+        if old is not None:
+            old.rename(target)
+        raise
+    fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def staged_dir(target: Path) -> Iterator[Path]:
+    """Build a directory that replaces `target` whole: yields an empty temp directory beside it;
+    when the block ends without error, its files get the umask's mode and it is renamed to
+    `target` (`replace_dir`: an old `target` is moved aside first, to `.tmp-<name>.old-...`, and
+    removed after). On error `target` is unchanged. If the process dies, the next
+    `staged_dir(target)` removes its temps, after moving an old `target` back should the crash
+    have come between the two renames."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _restore_aside(target)
     tmp = temp_path(target)
     tmp.mkdir()
-    old = None
     try:
         yield tmp
-        set_file_modes(tmp)
-        if target.exists():
-            old = temp_path(aside)
-            target.rename(old)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if old is not None:
-                old.rename(target)
-                old = None
-            raise
-        fsync_dir(target.parent)
+        replace_dir(tmp, target)
     finally:
-        for path in (tmp, old):
-            if path is not None and path.exists():
-                shutil.rmtree(path, ignore_errors=True)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def one_line(error: BaseException) -> str:

@@ -187,13 +187,24 @@ class HFProphet(ProphetWindows):
     def device(self) -> torch.device:
         return self.to_prophet_start.weight.device
 
-    def target_hidden(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    def target_hidden(self, tokens: Tensor, logits: bool = True) -> tuple[Tensor, Tensor | None]:
         """The frozen target's last-layer hidden states (b, n, target_dim), after its final norm,
         and its logits (b, n, vocab) on tokens (b, n), causal from position 0, without gradient:
-        the inputs of `loss` and of a distillation toward the target."""
-        out = HFDecoder(self.target, vocab_size=self.vocab_size)(tokens, embeds=True)
+        the inputs of `loss` and of a distillation toward the target. logits=False skips the
+        target's head (its cost per position is that of several layers) and returns None."""
+        decoder = HFDecoder(self.target, vocab_size=self.vocab_size)
+        at = None if logits else torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+        out = decoder(tokens, embeds=True, logits_at=at)
         assert out.embeds is not None
-        return out.embeds, out.logits
+        return out.embeds, out.logits if logits else None
+
+    @torch.no_grad()
+    def target_logits(self, hidden: Tensor) -> Tensor:
+        """The target's logits (..., vocab) from its hidden states (..., target_dim): its head
+        applied to them (exactly its logits, as `target_hidden` returns post-norm states, for the
+        targets whose logits are their head's output: no soft-capping or scaling after it)."""
+        head = self.target.get_output_embeddings()
+        return head(hidden.to(head.weight))[..., : self.vocab_size].float()
 
     def loss(self, seq: Tensor, hidden: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
         """The prophet loss on token sequences seq (b, n + 1) over its anchors (all, or

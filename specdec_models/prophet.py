@@ -13,13 +13,15 @@ after a verify step the target's cache ends at the anchor t, x[t+1] is the token
 emitted, and the prophet drafts x[t+2], ... from it.
 
 `ProphetWindows` holds the layout and the batched window loss for every prophet; `ModelWithProphet`
-adds the main model. `drafted_hits` and `simulated_tokens_per_call` give the acceptance length
-other trainers report from teacher-forced windows alone (docs/DECODING.md, section 2): window
-output i = 1..gamma predicts the token decoding drafts at position i (output 0 predicts the token
-the target itself emits), so with a_i the top-1 accuracy there, a round would emit
-1 + sum_k prod_{i<=k} a_i tokens if acceptances at different positions were independent. The joint loss is the main model's next-token loss plus `prophet_loss_weight` times the
-prophet's loss averaged over every anchor of every sequence, computed as one batched forward
-over all windows (no Python loop), or over `windows_per_seq` random anchors per sequence.
+adds the main model. The joint loss is the main model's next-token loss plus `prophet_loss_weight`
+times the prophet's loss averaged over every anchor of every sequence, computed as one batched
+forward over all windows (no Python loop), or over `windows_per_seq` random anchors per sequence.
+
+`drafted_hits` and `simulated_tokens_per_call` give the acceptance length other trainers report
+from teacher-forced windows alone (docs/DECODING.md, section 2): window output i = 1..gamma
+predicts the token decoding drafts at position i (output 0 predicts the token the target emits
+itself), so with a_i the top-1 accuracy there, a round would emit 1 + sum_k prod_{i<=k} a_i
+tokens if acceptance at each position depended on nothing but the earlier ones' success.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ class ProphetWindows(nn.Module):
             return torch.arange(first, first + count, device=device).expand(batch, count)
         scores = torch.rand(batch, count, generator=generator, device=generator.device if generator else device)
         return scores.argsort(dim=-1)[:, :k].to(device) + first
+
+    def teacher_positions(self, anchors: Tensor) -> Tensor:
+        """Positions (b, W, L) whose main-model outputs predict what window output i = 0..L-1 of
+        the window at each anchor (b, W) does: anchor + i (what a distillation compares them with)."""
+        return anchors[..., None] + torch.arange(self.prophet_cfg.prophet_train_length, device=anchors.device)
 
     def prophet_loss(self, seq: Tensor, main_embeds: Tensor, anchors: Tensor) -> Tensor:
         """Prophet loss over the windows at `anchors` (b, W) of `seq` (b, n + 1), given the main

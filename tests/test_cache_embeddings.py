@@ -69,7 +69,7 @@ def test_cache_holds_the_online_embeddings_rounded_to_its_dtype(exports, tiny_co
 
     meta = build_cache(exports / "main", tiny_corpus, tmp_path / "cache", seq_len=SEQ, windows=20, dtype=dtype,
                        shard_size="32KB", seed=1, batch_size=8)
-    assert check_cache(tmp_path / "cache", export_sha256=export_hash(exports / "main"), seq_len=SEQ) == read_cache_meta(
+    assert check_cache(tmp_path / "cache", weights_sha256=export_hash(exports / "main"), seq_len=SEQ) == read_cache_meta(
         tmp_path / "cache")
     assert len([f for f in meta["files"] if f.endswith(".arrow")]) > 1                 # sharded
     dataset = open_cache(tmp_path / "cache")
@@ -102,7 +102,7 @@ def test_a_model_with_prophet_export_is_cached_by_its_main_model(exports, tiny_c
     from specdec_models import load_export
 
     meta = build_cache(exports / "pair", tiny_corpus, tmp_path / "cache", seq_len=SEQ, windows=8)
-    assert meta["dim"] == MAIN.dim and meta["export_sha256"] == export_hash(exports / "pair")
+    assert meta["dim"] == MAIN.dim and meta["model"]["weights_sha256"] == export_hash(exports / "pair")
     batch = cache_rows(open_cache(tmp_path / "cache"), np.arange(8), meta)
     embeds, _ = online(load_export(exports / "pair").model, batch["tokens"])
     assert torch.equal(batch["embeds"], embeds.to(torch.bfloat16))
@@ -112,13 +112,13 @@ def test_a_model_with_prophet_export_is_cached_by_its_main_model(exports, tiny_c
 
 def test_a_cache_from_another_main_model_or_seq_len_is_refused(exports, cache):
     path, _ = cache
-    with pytest.raises(SpecdecError, match="made by another main model"):
-        check_cache(path, export_sha256=export_hash(exports / "other"), seq_len=SEQ)
+    with pytest.raises(SpecdecError, match="made by another model than main.export"):
+        check_cache(path, weights_sha256=export_hash(exports / "other"), seq_len=SEQ, model="main.export")
     with pytest.raises(SpecdecError, match="holds windows of seq_len 64, data.seq_len is 32"):
-        check_cache(path, export_sha256=export_hash(exports / "main"), seq_len=32)
+        check_cache(path, weights_sha256=export_hash(exports / "main"), seq_len=32)
     module = EmbeddingsDataModule(cache=str(path), export=str(exports / "other"), path=str(REPO / "README.md"),
                                   allow_short=True, seq_len=SEQ)
-    with pytest.raises(SpecdecError, match="made by another main model"):
+    with pytest.raises(SpecdecError, match="made by another model than main.export"):
         module.cache_meta()
 
 
@@ -146,7 +146,7 @@ def test_a_truncated_or_incomplete_cache_is_refused(cache, tmp_path):
 
 def test_bad_settings_and_an_existing_target_are_refused_before_any_work(exports, tiny_corpus, cache, tmp_path):
     path, _ = cache
-    for kwargs, message in [(dict(dtype="fp8"), "dtype must be one of bfloat16, float16"),
+    for kwargs, message in [(dict(dtype="fp8"), "dtype must be one of bfloat16, float16, int8"),
                             (dict(seq_len=300), "exceeds the main model's max_seq_len"),
                             (dict(windows=0), "windows must be a positive integer"),
                             (dict(shard_size="lots"), "shard size must be"),

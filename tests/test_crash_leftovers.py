@@ -16,6 +16,7 @@ import torch
 import specdec_models.export as export_mod
 from conftest import REPO, forked
 from specdec_models import Decoder, ModelConfig, export_hash, load_export, save_export
+from specdec_models.errors import SpecdecError
 from specdec_models.files import staged_dir
 
 
@@ -131,17 +132,42 @@ def _umask() -> int:
 
 # ---------------------------------------------------------------- the embeddings cache
 
-def test_cache_build_killed_midway_leaves_nothing_the_next_build_keeps(tmp_path, tiny_decoder_export):
-    from train.embeddings_cache import build_cache, check_cache
+def test_cache_build_killed_midway_keeps_its_finished_shards_and_resumes_to_the_same_cache(tmp_path,
+                                                                                         tiny_decoder_export):
+    from train.embeddings_cache import build_cache, check_cache, open_cache
 
-    out = tmp_path / "cache"
-    args = dict(export=tiny_decoder_export, data=REPO / "README.md", out=out, seq_len=32, windows=8, batch_size=2)
-    child = forked(lambda: build_cache(**args, progress=lambda tokens: die()))
+    out, whole = tmp_path / "cache", tmp_path / "whole"
+    # 12 windows, 4 per shard (a row: 65 tokens + 32 x 32 x 2 embedding bytes + offset = 2,121 bytes)
+    args = dict(export=tiny_decoder_export, data=REPO / "README.md", seq_len=32, windows=12, batch_size=2,
+                shard_size=4 * 2121)
+    done = []
+
+    def kill_in_the_third_shard(tokens: int) -> None:
+        done.append(tokens)
+        if sum(done) > 9 * 32:                      # shards 0 and 1 are written, shard 2 half
+            die()
+
+    child = forked(lambda: build_cache(out=out, **args, progress=kill_in_the_third_shard))
     assert child.status == -signal.SIGKILL, child.output
-    assert not out.exists() and len(leftovers(tmp_path)) == 1       # the staging folder of the killed build
-    build_cache(**args)
+    partial = tmp_path / "cache.partial"
+    assert not out.exists() and sorted(p.name for p in (partial / "dataset").iterdir()
+                                       if not p.name.startswith(".tmp")) == ["data-00000.arrow", "data-00001.arrow"]
+    kept = {p.name: p.stat().st_mtime_ns for p in (partial / "dataset").glob("data-*.arrow")}
+    computed, lines = [], []
+    meta = build_cache(out=out, **args, progress=computed.append, report=lines.append)
+    assert sum(computed) == 4 * 32 and any("2 of 3 shard(s) already written" in line for line in lines)
+    assert {n: (out / "dataset" / n).stat().st_mtime_ns for n in kept} == kept       # not rewritten
+    assert not partial.exists() and leftovers(tmp_path) == [] and leftovers(out / "dataset") == []
     check_cache(out)
-    assert leftovers(tmp_path) == []
+    build_cache(out=whole, **args)                 # an uninterrupted build writes the same rows
+    resumed, uninterrupted = open_cache(out)[:], open_cache(whole)[:]
+    assert resumed.equals(uninterrupted) and meta["windows"] == 12
+    # a partial build of other settings is refused in one line, and overwritten on request
+    child = forked(lambda: build_cache(out=tmp_path / "c2", **args, progress=lambda tokens: die()))
+    with pytest.raises(SpecdecError, match="partial build with other settings \\(rows_per_shard, seq_len, windows"):
+        build_cache(out=tmp_path / "c2", **{**args, "seq_len": 16, "windows": 4})
+    build_cache(out=tmp_path / "c2", **{**args, "seq_len": 16, "windows": 4}, overwrite=True)
+    assert check_cache(tmp_path / "c2")["seq_len"] == 16 and not (tmp_path / "c2.partial").exists()
 
 
 def test_a_crash_between_the_two_renames_gets_the_old_directory_back(tmp_path):

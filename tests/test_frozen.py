@@ -334,7 +334,7 @@ def other_exports(tmp_path_factory):
     ("main", ["data=enwik8_embeddings"], "data.cache is not set"),
     ("main", ["data=enwik8_embeddings", "data.cache=/nonexistent/cache"], "does not exist"),
     ("main", ["data._target_=train.data.hf_text.HFTextDataModule"], "task=prophet_frozen trains on Enwik8DataModule"),
-    ("other", ["data=enwik8_embeddings", "data.cache=CACHE"], "made by another main model"),
+    ("other", ["data=enwik8_embeddings", "data.cache=CACHE"], "made by another model than main.export"),
     ("main", ["data=enwik8_embeddings", "data.cache=CACHE", "data.seq_len=32"], "holds windows of seq_len 64"),
     ("main", ["gamma=7"], "must be >= gamma + 1"),
     ("main", ["task.distill=ce"], "task.distill must be null or one of fkl, rkl, jsd, tvd"),

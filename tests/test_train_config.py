@@ -22,8 +22,8 @@ def test_experiments_exist():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(compose, experiment, tiny_decoder_export):
     task = compose([f"experiment={experiment}"]).task.name
-    if task == "hf_draft_distill":
-        pytest.skip("validated with tiny Hugging Face models in tests/test_hf_distill.py")
+    if task in ("hf_draft_distill", "hf_prophet"):
+        pytest.skip("validated with tiny Hugging Face models in test_hf_distill.py and test_hf_prophet_task.py")
     # experiments that start from a trained model are given one (an export of a tiny decoder)
     extra = {"draft_distill": [f"teacher.export={tiny_decoder_export}", "student=tiny"],
              "prophet_frozen": [f"main.export={tiny_decoder_export}"]}.get(task, [])
@@ -41,6 +41,8 @@ OPTION_NEEDS = {
     ("task", "prophet_frozen"): ["main.export=EXPORT"],
     ("task", "draft_distill"): ["teacher.export=EXPORT", "+student=tiny", "+objective=distill", "~model"],
     ("task", "hf_draft_distill"): None,                      # validated with tiny HF models in test_hf_distill.py
+    ("task", "hf_prophet"): None,                            # ... and in test_hf_prophet_task.py
+    ("data", "hf_embeddings"): None,                         # test_hf_prophet_task.py
     ("data", "enwik8_embeddings"): ["task=prophet_frozen", "main.export=EXPORT", "data.cache=CACHE"],
     ("data", "hf_text"): None,                               # test_hf_distill.py
     ("student", None): ["task=draft_distill", "teacher.export=EXPORT", "+objective=distill", "~model"],

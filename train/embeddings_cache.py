@@ -1,86 +1,134 @@
-"""The embeddings cache: a frozen main model's last-layer embeddings of training windows, on disk.
+"""The embeddings cache: a frozen model's last-layer hidden states of training rows, on disk.
 
-A prophet trained on a frozen main model (task=prophet_frozen) reads the main model's last-layer
-embeddings of each training window. They can be computed on the fly, or once, ahead of training,
-by `scripts/cache_embeddings.py` (`build_cache` below), which runs the main model over N random
-training windows and stores, per window,
+A prophet trained on a frozen model (task=prophet_frozen on a specdec export, task=hf_prophet on a
+Hugging Face target) reads that model's last-layer hidden states of each training row. They can be
+computed on the fly, or once, ahead of training, by `scripts/cache_embeddings.py`, which runs the
+model over N rows and stores, per row,
 
-    tokens        seq_len + 1 bytes (uint8)
-    embeds        (seq_len, dim) embeddings of tokens[:seq_len]: bfloat16 stored as its uint16
-                  bits, or float16; row-major, flattened
-    topk_values   (seq_len, K) the main model's K largest logits per position (float16), optional
-    topk_indices  (seq_len, K) their token ids (uint8 for a byte vocabulary, else int32)
-    offset        the window's offset in the training split (int64)
+    tokens        seq_len + 1 token ids (uint8 for bytes, uint16 up to 65,536 tokens, else int32)
+    embeds        (seq_len, dim) hidden states of tokens[:seq_len], row-major, flattened: bfloat16
+                  (stored as its uint16 bits), float16, or int8 with
+    scales        (seq_len,) float32, int8 only: per token, embeds = int8 x scale with scale = the
+                  absmax of the token's dim values / 127 (symmetric absmax quantisation per token)
+    topk_values   (seq_len, K) the model's K largest logits per position (float16), optional
+    topk_indices  (seq_len, K) their token ids
+    offset        where the row came from: a byte offset in the training split, a text window's
+                  index, a prompt's index (int64)
+    prompt_len    for rows that are a prompt and the model's continuation (`train.regenerate`):
+                  the prompt's length in tokens (int32)
 
-in a Hugging Face `datasets` Arrow dataset (`save_to_disk`, sharded; read memory-mapped by
-`load_from_disk`) under CACHE_DIR/dataset, next to CACHE_DIR/cache.json: the export's weights hash,
-the settings and each file's size. The cache is built in a temporary directory beside CACHE_DIR
-and renamed into place (`specdec_models.files.staged_dir`), so CACHE_DIR is either absent or
-complete, and the temp directory of a killed build is removed by the next build of CACHE_DIR.
+What the rows are is the source's (`RowSource`): random byte windows of a text for a specdec
+export (`build_cache`), token windows of text files or prompts continued by the target itself for
+a Hugging Face model (`train.regenerate.build_hf_cache`). The model is identified by the sha256 of
+its weights (the export's weights file; `hf_weights.weights_sha256` of a Hugging Face model): a
+cache is refused for any other model.
 
-`train.data.embeddings.EmbeddingsDataModule` trains from it (`data=enwik8_embeddings`).
+On disk, Hugging Face `datasets` Arrow files read memory-mapped:
+
+    CACHE_DIR/cache.json                  format, version, the model's identity, settings, file sizes
+    CACHE_DIR/dataset/data-00000.arrow    shards of consecutive rows
+
+A build writes into CACHE_DIR.partial: build.json first (the settings and the model's identity),
+then each shard under a temporary name, renamed when complete, cache.json last, and the directory
+is renamed to CACHE_DIR (`files.replace_dir`). So CACHE_DIR is absent or complete, and a killed
+build keeps its finished shards: the same command resumes it and computes only the missing ones.
+Rows are a pure function of the settings, so a resumed build writes what an uninterrupted one
+does. A partial build made with other settings is refused in one line (overwrite starts over).
+
+`train.data.embeddings.EmbeddingsDataModule` (`data=enwik8_embeddings`) and
+`train.data.hf_embeddings.HFEmbeddingsDataModule` (`data=hf_embeddings`) train from it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import read_json_object
-from specdec_models.files import staged_dir
+from specdec_models.files import remove_stale_temps, replace_dir, temp_path, write_file
 
 from .data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
 from .data.streams import window_batch
 
 CACHE_FORMAT = "specdec-embeddings-cache"
-CACHE_VERSION = 2          # 2: dtype names bfloat16 / float16 (1 said bf16 / fp16)
+CACHE_VERSION = 3          # 3: any vocabulary, int8 with per-token scales, the model's identity, resumable builds
 META_NAME = "cache.json"
+BUILD_NAME = "build.json"
 DATASET_DIR = "dataset"
-DTYPES = ("bfloat16", "float16")      # names as in specdec_models.config.DTYPES
-HOW_TO_BUILD = "build one with scripts/cache_embeddings.py --export MAIN_EXPORT --data DATA --out CACHE_DIR"
+DTYPES = ("bfloat16", "float16", "int8")      # names as in specdec_models.config.DTYPES, plus int8
+HOW_TO_BUILD = ("build one with scripts/cache_embeddings.py (--export MAIN_EXPORT --data DATA, or --hf-model DIR / "
+                "--gguf FILE) --out CACHE_DIR")
 
 
-# ---------------------------------------------------------------- embeddings <-> stored columns
+# ---------------------------------------------------------------- stored columns
 
-def pack_embeds(embeds: torch.Tensor, dtype: str) -> np.ndarray:
-    """(b, n, d) float embeddings -> (b, n * d) stored values: bfloat16 bits as uint16, or float16."""
+def token_type(vocab_size: int) -> str:
+    """The smallest Arrow integer type that holds every token id of a vocabulary."""
+    return "uint8" if vocab_size <= 256 else "uint16" if vocab_size <= 65536 else "int32"
+
+
+def pack_embeds(embeds: torch.Tensor, dtype: str) -> dict[str, np.ndarray]:
+    """(b, n, d) hidden states -> stored columns: {"embeds": (b, n * d)} as bfloat16 bits (uint16),
+    float16 or int8, and for int8 {"scales": (b, n)} float32."""
+    b = embeds.shape[0]
+    if dtype == "int8":
+        x = embeds.detach().float()
+        scale = x.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127    # (b, n, 1)
+        values = (x / scale).round().clamp(-127, 127).to(torch.int8)
+        return {"embeds": values.cpu().numpy().reshape(b, -1), "scales": scale[..., 0].cpu().numpy()}
     if dtype == "bfloat16":
         bits = embeds.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
     else:
         bits = embeds.detach().to(torch.float16).cpu().numpy()
-    return bits.reshape(bits.shape[0], -1)
+    return {"embeds": bits.reshape(b, -1)}
 
 
-def unpack_embeds(values: np.ndarray, dtype: str, seq_len: int) -> torch.Tensor:
-    """(b, n * d) stored values -> (b, n, d) bfloat16 or float16 tensor (the exact stored numbers)."""
+def unpack_embeds(values: np.ndarray, dtype: str, seq_len: int, scales: np.ndarray | None = None) -> torch.Tensor:
+    """Stored columns -> (b, n, d): bfloat16 or float16 exactly as stored; int8 dequantized to float32."""
     values = np.array(values, copy=True)                      # Arrow buffers are read-only
     if dtype == "bfloat16":
         tensor = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
     else:
         tensor = torch.from_numpy(values)
-    return tensor.view(values.shape[0], seq_len, -1)
+    tensor = tensor.view(values.shape[0], seq_len, -1)
+    if dtype == "int8":
+        check(scales is not None, "an int8 cache needs its scales column")
+        tensor = tensor.float() * torch.from_numpy(np.array(scales, dtype=np.float32)).view(values.shape[0], seq_len, 1)
+    return tensor
 
 
-def _features(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int):
+def row_bytes(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, columns: dict[str, str]) -> int:
+    """Bytes one row takes in the Arrow files (values only)."""
+    width = {"uint8": 1, "uint16": 2, "int32": 4, "int64": 8}
+    tokens = (seq_len + 1) * width[token_type(vocab_size)]
+    embeds = seq_len * dim * (1 if dtype == "int8" else 2) + (4 * seq_len if dtype == "int8" else 0)
+    topk = seq_len * top_k * (2 + (1 if vocab_size <= 256 else 4))          # float16 values, uint8 / int32 ids
+    return tokens + embeds + topk + sum(width[t] for t in columns.values())
+
+
+def _features(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, columns: dict[str, str]):
     from datasets import Features, List, Value
 
-    columns = {
-        "tokens": List(Value("uint8"), length=seq_len + 1),
-        "embeds": List(Value("uint16" if dtype == "bfloat16" else "float16"), length=seq_len * dim),
-        "offset": Value("int64"),
-    }
+    stored = {"bfloat16": "uint16", "float16": "float16", "int8": "int8"}[dtype]
+    features = {"tokens": List(Value(token_type(vocab_size)), length=seq_len + 1),
+                "embeds": List(Value(stored), length=seq_len * dim)}
+    if dtype == "int8":
+        features["scales"] = List(Value("float32"), length=seq_len)
     if top_k:
-        columns["topk_values"] = List(Value("float16"), length=seq_len * top_k)
-        columns["topk_indices"] = List(Value("uint8" if vocab_size <= 256 else "int32"), length=seq_len * top_k)
-    return Features(columns)
+        features["topk_values"] = List(Value("float16"), length=seq_len * top_k)
+        features["topk_indices"] = List(Value("uint8" if vocab_size <= 256 else "int32"), length=seq_len * top_k)
+    features.update({name: Value(kind) for name, kind in columns.items()})
+    return Features(features)
 
 
 def _fixed_lists(rows: np.ndarray):
@@ -90,88 +138,207 @@ def _fixed_lists(rows: np.ndarray):
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(rows).reshape(-1)), rows.shape[1])
 
 
+# ---------------------------------------------------------------- what is cached
+
+@dataclass(frozen=True)
+class CacheModel:
+    """The frozen model a cache is made by. identity: {"kind", "path", "weights_sha256"} (what
+    cache.json records and a run checks); hidden(tokens (b, n)) -> (b, n, dim); logits(hidden) ->
+    (b, n, vocab) or None when the cache offers no top-k logits for this kind of model."""
+
+    identity: dict[str, Any]
+    dim: int
+    vocab_size: int
+    max_seq_len: int
+    hidden: Callable[[torch.Tensor], torch.Tensor]
+    logits: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+class RowSource:
+    """The rows a cache holds: `rows(start, count)` -> (tokens (count, seq_len + 1) int64, extra
+    columns {name: (count,) array} of the types in `columns`), a pure function of the source's
+    settings (`describe()`, plain JSON) and `start`, so a resumed build recomputes the same rows."""
+
+    vocab_size: int
+    columns: ClassVar[dict[str, str]] = {"offset": "int64"}
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def rows(self, start: int, count: int) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+
+class ByteWindows(RowSource):
+    """Random windows of seq_len + 1 bytes of the 90% training split of a text (enwik8's split):
+    offsets drawn as `RandomWindows` does, seeded."""
+
+    vocab_size = 256
+
+    def __init__(self, data: Path, seq_len: int, windows: int, seed: int) -> None:
+        self.data, self.seed = Path(data).expanduser(), seed
+        check(self.data.is_file(), f"data {self.data} does not exist or is not a file")
+        tokens = read_bytes(self.data)[:ENWIK8_BYTES]
+        self.data_bytes = len(tokens)
+        self.train = tokens[:split_bounds(len(tokens))[0]]
+        check(len(self.train) > seq_len + 1, f"{data}: the training split ({len(self.train):,} bytes) is shorter than "
+                                             f"one window of seq_len + 1 = {seq_len + 1}")
+        self.seq_len = seq_len
+        self.offsets = np.random.default_rng(seed).integers(0, len(self.train) - seq_len, size=windows)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "byte_windows", "data": str(self.data.resolve()), "data_bytes": self.data_bytes,
+                "split": "train"}
+
+    def rows(self, start: int, count: int) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        part = self.offsets[start:start + count]
+        return window_batch(self.train, part, self.seq_len + 1), {"offset": part.astype(np.int64)}
+
+
 # ---------------------------------------------------------------- writing
 
-def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, seq_len: int = 512,
-                windows: int = 1024, dtype: str = "bfloat16", top_k_logits: int = 0, shard_size: str | int = "500MB",
-                seed: int = 0, batch_size: int = 8, device: str | torch.device = "cpu", overwrite: bool = False,
-                progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
-    """Run the export's main model over `windows` random training windows of `data` and write
-    the cache to `out` (see the module docstring). `progress(tokens)` is called after each batch.
-    Returns the cache's metadata (cache.json), with the seconds the whole write took."""
-    from specdec_models import ModelWithProphet
-    from specdec_models.export import load_export, read_main_config
+def _shard_name(k: int) -> str:
+    return f"{DATASET_DIR}/data-{k:05d}.arrow"
 
-    t0 = time.perf_counter()
-    out, data = Path(out), Path(data).expanduser()
-    for name, value in [("seq_len", seq_len), ("windows", windows), ("batch_size", batch_size)]:
-        check(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
-    check(dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    check(isinstance(top_k_logits, int) and top_k_logits >= 0, f"top-k-logits must be >= 0, got {top_k_logits!r}")
+
+def shard_size_bytes(shard_size: str | int) -> int:
+    """A shard size given as bytes or like 500MB / 1GB."""
     from datasets.utils.py_utils import convert_file_size_to_int
 
     try:
-        shard_size = convert_file_size_to_int(int(shard_size) if str(shard_size).isdigit() else shard_size)
+        size = convert_file_size_to_int(int(shard_size) if str(shard_size).isdigit() else shard_size)
     except (ValueError, AttributeError):
         raise SpecdecError(f"shard size must be bytes or like 500MB / 1GB, got {shard_size!r}") from None
-    check(shard_size > 0, f"shard size must be > 0, got {shard_size}")
+    check(size > 0, f"shard size must be > 0, got {size}")
+    return size
+
+
+def check_build(out: str | os.PathLike, *, seq_len: int, windows: int, dtype: str, top_k_logits: int,
+                batch_size: int, overwrite: bool) -> Path:
+    """The settings every build shares and its output folder, checked before any work (one line)."""
+    out = Path(out).expanduser()
+    for name, value in [("seq_len", seq_len), ("windows", windows), ("batch_size", batch_size)]:
+        check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+              f"{name} must be a positive integer, got {value!r}")
+    check(dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check(isinstance(top_k_logits, int) and top_k_logits >= 0, f"top-k-logits must be >= 0, got {top_k_logits!r}")
     if out.exists():
         check(overwrite, f"{out} already exists: pass --overwrite to replace it, or another --out")
         check(out.is_dir() and ((out / META_NAME).is_file() or not any(out.iterdir())),
               f"{out} is not an embeddings cache: --overwrite replaces only a cache, choose another --out")
-    check(data.is_file(), f"data {data} does not exist or is not a file")
+    return out
+
+
+def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int, windows: int, dtype: str,
+                top_k_logits: int, shard_size: str | int, seed: int, batch_size: int, overwrite: bool = False,
+                progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None
+                ) -> dict[str, Any]:
+    """Run `model` over `windows` rows of `source` and write the cache to `out` (see the module
+    docstring), resuming a killed build of the same settings. `report(line)` hears the size the
+    cache will take before any work, and what a resume keeps; `progress(tokens)` follows each batch.
+    Returns cache.json's contents, with the seconds this call took."""
+    t0 = time.perf_counter()
+    say = report or (lambda line: None)
+    check(model.logits is not None or not top_k_logits,
+          "top-k logits are cached for specdec exports only: a Hugging Face target's logits are its head applied "
+          "to the cached hidden states (task=hf_prophet computes them)")
+    check(seq_len <= model.max_seq_len, f"seq_len ({seq_len}) exceeds the model's {model.max_seq_len} positions")
+    check(top_k_logits <= model.vocab_size,
+          f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({model.vocab_size})")
+    per_row = row_bytes(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns)
+    per_shard = max(1, shard_size_bytes(shard_size) // per_row)
+    shards = -(-windows // per_shard)
+    settings = {"seq_len": seq_len, "windows": windows, "dim": model.dim, "dtype": dtype, "top_k_logits": top_k_logits,
+                "seed": seed, "batch_size": batch_size, "rows_per_shard": per_shard, "vocab_size": model.vocab_size}
+    build = {"format": CACHE_FORMAT, "format_version": CACHE_VERSION, "model": model.identity,
+             "source": source.describe(), **settings}
+    say(f"the cache will take about {per_row * windows / 1e6:,.1f} MB: {windows:,} rows x {per_row:,} bytes "
+        f"({per_row / seq_len:,.0f} bytes per token: {dtype} hidden states of dim {model.dim}), {shards} shard(s)")
+
+    partial = out.with_name(f"{out.name}.partial")
+    if partial.exists():
+        path = partial / BUILD_NAME
+        found = json.loads(path.read_text()) if path.is_file() else None     # None: killed before any shard
+        if found != build:
+            changed = sorted(k for k in build if found is not None and found.get(k) != build[k])
+            check(overwrite or found is None, f"{partial} holds a partial build with other settings "
+                                              f"({', '.join(changed)} differ): run the command that started it to "
+                                              f"resume, or pass --overwrite to start over")
+            shutil.rmtree(partial)
+    (partial / DATASET_DIR).mkdir(parents=True, exist_ok=True)
+    write_file(partial / BUILD_NAME, lambda f: f.write(json.dumps(build, indent=2, sort_keys=True).encode()))
+    remove_stale_temps(partial / DATASET_DIR)
+    kept = [k for k in range(shards) if (partial / _shard_name(k)).is_file()]
+    if kept:
+        say(f"resuming {partial}: {len(kept)} of {shards} shard(s) already written")
+
+    import pyarrow as pa
+    from datasets.arrow_writer import ArrowWriter
+
+    features = _features(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns)
+    for k in range(shards):
+        if k in kept:
+            continue
+        final = partial / _shard_name(k)
+        tmp = temp_path(final)
+        writer = ArrowWriter(features=features, path=str(tmp))
+        try:
+            first, last = k * per_shard, min((k + 1) * per_shard, windows)
+            with torch.inference_mode():
+                for start in range(first, last, batch_size):
+                    tokens, extra = source.rows(start, min(batch_size, last - start))       # (b, n + 1)
+                    hidden = model.hidden(tokens[:, :-1])                                   # (b, n, d)
+                    columns = {name: _fixed_lists(v) for name, v in pack_embeds(hidden, dtype).items()}
+                    columns["tokens"] = _fixed_lists(tokens.numpy().astype(token_type(model.vocab_size)))
+                    if top_k_logits:
+                        values, indices = model.logits(hidden).float().topk(top_k_logits, dim=-1)   # (b, n, k)
+                        columns["topk_values"] = _fixed_lists(values.half().cpu().numpy().reshape(len(tokens), -1))
+                        columns["topk_indices"] = _fixed_lists(indices.cpu().numpy().astype(
+                            np.uint8 if model.vocab_size <= 256 else np.int32).reshape(len(tokens), -1))
+                    for name, kind in source.columns.items():
+                        columns[name] = pa.array(extra[name].astype(kind))
+                    writer.write_table(pa.table({name: columns[name] for name in features}))
+                    if progress is not None:
+                        progress(len(tokens) * seq_len)
+            writer.finalize()
+            os.replace(tmp, final)                      # the shard is complete: a resume keeps it
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    files = {_shard_name(k): (partial / _shard_name(k)).stat().st_size for k in range(shards)}
+    meta = {**build, "tokens": windows * seq_len, "files": files, "bytes": sum(files.values())}
+    write_file(partial / META_NAME, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
+    replace_dir(partial, out)
+    meta["seconds"] = time.perf_counter() - t0
+    return meta
+
+
+def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, seq_len: int = 512,
+                windows: int = 1024, dtype: str = "bfloat16", top_k_logits: int = 0, shard_size: str | int = "500MB",
+                seed: int = 0, batch_size: int = 8, device: str | torch.device = "cpu", overwrite: bool = False,
+                progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None
+                ) -> dict[str, Any]:
+    """Cache the embeddings of a specdec export's main model on `windows` random byte windows of
+    the training split of `data` (see the module docstring and `write_cache`)."""
+    from specdec_models import ModelWithProphet
+    from specdec_models.export import load_export, read_main_config
+
+    out = check_build(out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=top_k_logits,
+                      batch_size=batch_size, overwrite=overwrite)
+    shard_size_bytes(shard_size)
+    check(Path(data).expanduser().is_file(), f"data {data} does not exist or is not a file")
     cfg, config = read_main_config(export)                # cheap checks first: the weights load last
     check(seq_len <= cfg.max_seq_len, f"seq_len ({seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
     check(top_k_logits <= cfg.vocab_size, f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({cfg.vocab_size})")
-    sha = config["weights_sha256"]
-    model = load_export(export, map_location=device)      # re-hashes the weights against config.json
-    main = model.model if isinstance(model, ModelWithProphet) else model
-    tokens_all = read_bytes(data)[:ENWIK8_BYTES]
-    train = tokens_all[:split_bounds(len(tokens_all))[0]]
-    check(len(train) > seq_len + 1, f"{data}: the training split ({len(train):,} bytes) is shorter than one window "
-                                    f"of seq_len + 1 = {seq_len + 1}")
-    # the same draw as RandomWindows: offsets in [0, len - seq_len), windows of seq_len + 1
-    offsets = np.random.default_rng(seed).integers(0, len(train) - seq_len, size=windows)
-
-    import pyarrow as pa
-    from datasets import Dataset
-    from datasets.arrow_writer import ArrowWriter
-
-    with staged_dir(out) as tmp:          # out is absent or complete; a killed build's temp goes next time
-        features = _features(seq_len, cfg.dim, dtype, top_k_logits, cfg.vocab_size)
-        staging = tmp / "staging.arrow"           # one file, then resharded by save_to_disk
-        writer = ArrowWriter(features=features, path=str(staging))
-        with torch.inference_mode():
-            for i in range(0, windows, batch_size):
-                part = offsets[i:i + batch_size]
-                tokens = window_batch(train, part, seq_len + 1)                  # (b, n + 1)
-                embeds = main.hidden(tokens[:, :-1].to(device))                  # (b, n, d)
-                columns = {"tokens": _fixed_lists(tokens.numpy().astype(np.uint8)),
-                           "embeds": _fixed_lists(pack_embeds(embeds, dtype)),
-                           "offset": pa.array(part.astype(np.int64))}
-                if top_k_logits:
-                    values, indices = main.logits(embeds).float().topk(top_k_logits, dim=-1)   # (b, n, k)
-                    index_type = np.uint8 if cfg.vocab_size <= 256 else np.int32
-                    columns["topk_values"] = _fixed_lists(values.half().cpu().numpy().reshape(len(part), -1))
-                    columns["topk_indices"] = _fixed_lists(indices.cpu().numpy().astype(index_type).reshape(len(part), -1))
-                writer.write_table(pa.table(columns))
-                if progress is not None:
-                    progress(len(part) * seq_len)
-        writer.finalize()
-        Dataset.from_file(str(staging)).save_to_disk(str(tmp / DATASET_DIR), max_shard_size=shard_size)
-        staging.unlink()
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted((tmp / DATASET_DIR).iterdir())}
-        meta = {
-            "format": CACHE_FORMAT, "format_version": CACHE_VERSION,
-            "export": str(Path(export).resolve()), "export_sha256": sha, "main": cfg.to_dict(),
-            "data": str(data.resolve()), "data_bytes": len(tokens_all), "split": "train",
-            "seq_len": seq_len, "windows": windows, "tokens": windows * seq_len, "dim": cfg.dim,
-            "dtype": dtype, "top_k_logits": top_k_logits, "seed": seed, "files": files,
-            "bytes": sum(files.values()),
-        }
-        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    meta["seconds"] = time.perf_counter() - t0
-    return meta
+    source = ByteWindows(Path(data), seq_len, windows, seed)
+    loaded = load_export(export, map_location=device)    # re-hashes the weights against config.json
+    main = loaded.model if isinstance(loaded, ModelWithProphet) else loaded
+    identity = {"kind": "export", "path": str(Path(export).resolve()), "weights_sha256": config["weights_sha256"]}
+    model = CacheModel(identity, cfg.dim, cfg.vocab_size, cfg.max_seq_len, lambda t: main.hidden(t.to(device)),
+                       main.logits)
+    return write_cache(model, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=top_k_logits,
+                       shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
+                       progress=progress, report=report)
 
 
 # ---------------------------------------------------------------- reading
@@ -190,23 +357,25 @@ def read_cache_meta(cache: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def check_cache(cache: str | os.PathLike, *, export_sha256: str | None = None, seq_len: int | None = None,
-                dim: int | None = None) -> dict[str, Any]:
-    """Refuse (SpecdecError, one line) a cache that is missing, truncated, made by another main
-    model or for another seq_len; return its metadata. Checks file sizes, not contents."""
+def check_cache(cache: str | os.PathLike, *, weights_sha256: str | None = None, seq_len: int | None = None,
+                dim: int | None = None, model: str = "the model") -> dict[str, Any]:
+    """Refuse (SpecdecError, one line) a cache that is missing, truncated, made by another model
+    than `model` (named so in the message, e.g. "main.export"), for another seq_len or width;
+    return its metadata. Checks file sizes, not contents."""
     cache = Path(cache).expanduser()
     meta = read_cache_meta(cache)
-    if export_sha256 is not None:
-        check(meta["export_sha256"] == export_sha256,
-              f"embeddings cache {cache} was made by another main model (weights sha256 "
-              f"{meta['export_sha256'][:16]}..., main.export has {export_sha256[:16]}...): rebuild it from main.export")
+    if weights_sha256 is not None:
+        found = meta["model"]["weights_sha256"]
+        check(found == weights_sha256,
+              f"embeddings cache {cache} was made by another model than {model} (weights sha256 {found[:16]}..., "
+              f"{model} has {weights_sha256[:16]}...): rebuild it from {model}")
     if seq_len is not None:
         check(meta["seq_len"] == seq_len,
               f"embeddings cache {cache} holds windows of seq_len {meta['seq_len']}, data.seq_len is {seq_len}: "
               f"set data.seq_len={meta['seq_len']} or rebuild the cache with --seq-len {seq_len}")
     if dim is not None:
-        check(meta["dim"] == dim, f"embeddings cache {cache} holds embeddings of dim {meta['dim']}, the main model's "
-                                  f"is {dim}: rebuild it from main.export")
+        check(meta["dim"] == dim, f"embeddings cache {cache} holds embeddings of dim {meta['dim']}, {model}'s "
+                                  f"is {dim}: rebuild it from {model}")
     for name, size in meta["files"].items():
         path = cache / name
         check(path.is_file(), f"embeddings cache {cache} is incomplete: {name} is missing; rebuild it")
@@ -216,23 +385,26 @@ def check_cache(cache: str | os.PathLike, *, export_sha256: str | None = None, s
 
 
 def open_cache(cache: str | os.PathLike, meta: dict[str, Any] | None = None):
-    """The cache's dataset, memory-mapped, in Arrow format (rows come back as pyarrow tables)."""
-    from datasets import load_from_disk
+    """The cache's rows, memory-mapped, in Arrow format (rows come back as pyarrow tables)."""
+    from datasets import Dataset, concatenate_datasets
 
     cache = Path(cache).expanduser()
     meta = meta or read_cache_meta(cache)
     try:
-        dataset = load_from_disk(str(cache / DATASET_DIR))
-    except Exception as error:  # Arrow or JSON errors from a damaged directory
-        raise SpecdecError(f"cannot read embeddings cache {cache} ({' '.join(str(error).split())}): rebuild it") from None
+        shards = [Dataset.from_file(str(cache / name)) for name in sorted(meta["files"])]
+        dataset = concatenate_datasets(shards) if len(shards) > 1 else shards[0]
+    except Exception as error:  # Arrow errors from a damaged file
+        raise SpecdecError(f"cannot read embeddings cache {cache} ({' '.join(str(error).split())}): "
+                           f"rebuild it") from None
     check(len(dataset) == meta["windows"], f"embeddings cache {cache} holds {len(dataset)} windows, "
                                            f"cache.json records {meta['windows']}: rebuild it")
     return dataset.with_format("arrow")
 
 
 def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = False) -> dict[str, torch.Tensor]:
-    """Rows `rows` of an opened cache as a training batch {"tokens", "embeds"} (and, with `top_k`,
-    "topk_values" (b, n, K) float16 and "topk_indices" (b, n, K) int64)."""
+    """Rows `rows` of an opened cache as a training batch {"tokens" (b, n + 1) int64, "embeds"
+    (b, n, d)} (+ "prompt_len" (b,) when the rows have prompts; with `top_k`, "topk_values"
+    (b, n, K) float16 and "topk_indices" (b, n, K) int64)."""
     table = dataset[rows.tolist()]
     n = meta["seq_len"]
 
@@ -240,8 +412,11 @@ def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = Fa
         values = table.column(name).combine_chunks().values.to_numpy(zero_copy_only=False)
         return values.reshape(len(rows), -1)
 
+    scales = column("scales") if meta["dtype"] == "int8" else None
     batch = {"tokens": torch.from_numpy(column("tokens").astype(np.int64)),
-             "embeds": unpack_embeds(column("embeds"), meta["dtype"], n)}
+             "embeds": unpack_embeds(column("embeds"), meta["dtype"], n, scales)}
+    if "prompt_len" in table.column_names:
+        batch["prompt_len"] = torch.from_numpy(table.column("prompt_len").to_numpy().astype(np.int64))
     if top_k:
         check(meta["top_k_logits"] > 0, "the embeddings cache holds no top-k logits: rebuild it with --top-k-logits K")
         batch["topk_values"] = torch.from_numpy(column("topk_values").copy()).view(len(rows), n, -1)

@@ -24,20 +24,21 @@ from .streams import StepBatches, stream_position
 
 
 class CachedWindows(StepBatches):
-    """Endless training batches from a cache. Sample g = (k * batch_size + j) * world + rank of
-    batch k is row perm_e[g mod N] with e = g // N and perm_e a permutation seeded by (seed, e):
-    each pass over the cache visits every window once, ranks see disjoint windows, and batch k
-    depends only on (seed, rank, k)."""
+    """Endless training batches from a cache's first `count` rows (default: all). Sample
+    g = (k * batch_size + j) * world + rank of batch k is row perm_e[g mod N] with e = g // N and
+    perm_e a permutation seeded by (seed, e): each pass over the rows visits every one once, ranks
+    see disjoint rows, and batch k depends only on (seed, rank, k)."""
 
     def __init__(self, cache: Path, meta: dict[str, Any], batch_size: int, seed: int, rank: int, world: int,
-                 start: int) -> None:
+                 start: int, count: int | None = None) -> None:
         self.cache, self.meta, self.batch_size = cache, meta, batch_size
         self.seed, self.rank, self.world, self.start = seed, rank, world, start
+        self.count = meta["windows"] if count is None else count
         self._perms: dict[int, np.ndarray] = {}
         self._dataset = None
 
     def rows(self, k: int) -> np.ndarray:
-        n = self.meta["windows"]
+        n = self.count
         g = (k * self.batch_size + np.arange(self.batch_size)) * self.world + self.rank
         rows = np.empty(self.batch_size, dtype=np.int64)
         for epoch in (int(e) for e in np.unique(g // n)):
@@ -71,7 +72,7 @@ class EmbeddingsDataModule(Enwik8DataModule):
             from specdec_models.export import export_hash
 
             sha = export_hash(self.export) if self.export else None
-            self._meta = check_cache(self.cache, export_sha256=sha, seq_len=self.seq_len)
+            self._meta = check_cache(self.cache, weights_sha256=sha, seq_len=self.seq_len, model="main.export")
         return self._meta
 
     def setup(self, stage: str | None = None) -> None:

@@ -11,8 +11,9 @@ tasks; `train.run` and `train.checkpoints` look them up by name and never specia
 seeded generators per step, the task name in every checkpoint, `speculative_models()` for the
 evaluation callback, the simulated acceptance of prophet tasks (`track_drafted`: teacher-forced
 top-1 accuracy per drafted position over a validation epoch and the tokens per call it implies,
-logged at the epoch's end beside the callback's real ones), and the export (`write_export`: a specdec export of `export_model()` unless a
-task writes another format; `check_export_dir`: may it replace what an export directory holds).
+logged at the epoch's end beside the callback's real ones), and the export (`write_export`: a
+specdec export of `export_model()` with `export_options()`, unless a task writes another format;
+`check_export_dir`: may it replace what an export directory holds).
 It takes plain values only, so `load_from_checkpoint` and `train.checkpoints` rebuild it without
 Hydra.
 
@@ -40,6 +41,7 @@ from specdec_models import Decoder, ModelWithProphet, save_export
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import check_export_target, describe_export
+from specdec_models.hf_prophet import HFProphet
 from specdec_models.prophet import drafted_hits, simulated_tokens_per_call
 
 from ..optim import OptimConfig, configure_adam
@@ -153,9 +155,14 @@ class TaskModule(L.LightningModule):
     def speculative_models(self) -> SpeculativeModels:
         raise NotImplementedError
 
-    def export_model(self) -> Decoder | ModelWithProphet:
+    def export_model(self) -> Decoder | ModelWithProphet | HFProphet:
         """The model a specdec export of this run holds."""
         raise NotImplementedError
+
+    def export_options(self) -> dict[str, Any]:
+        """`save_export`'s keyword arguments that identify what the model reads and needs: the
+        bytes tokenizer for specdec's own models (a Hugging Face head: its target's path)."""
+        return {"tokenizer": "bytes"}
 
     def export_metadata(self) -> dict[str, Any]:
         """Task-specific values the export records next to the run's metadata."""
@@ -165,13 +172,13 @@ class TaskModule(L.LightningModule):
         """Refuse (one-line SpecdecError) an export directory this module's export must not write
         into: a folder that is not an export, an export of another model (`force` allows both).
         Returns a line naming the export it would replace, or None."""
-        old = check_export_target(out_dir, self.export_model(), tokenizer="bytes", force=force)
+        old = check_export_target(out_dir, self.export_model(), force=force, **self.export_options())
         return None if old is None else describe_export(old)
 
     def write_export(self, out_dir: Path, metadata: dict[str, Any], force: bool = False) -> Path:
         """Write this module's export into out_dir (atomically); `metadata`: plain JSON values."""
-        return Path(save_export(out_dir, self.export_model().eval(), tokenizer="bytes", metadata=metadata,
-                                force=force))
+        return Path(save_export(out_dir, self.export_model().eval(), metadata=metadata, force=force,
+                                **self.export_options()))
 
     # -- shared steps ----------------------------------------------------------------------------
 

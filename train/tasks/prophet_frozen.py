@@ -91,8 +91,8 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
     sha = config["weights_sha256"]
     cached = issubclass(data_class(cfg), EmbeddingsDataModule)             # data=enwik8_embeddings
     if cached:
-        meta = check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), export_sha256=sha,
-                           seq_len=cfg.data.seq_len, dim=main.dim)
+        meta = check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), weights_sha256=sha,
+                           seq_len=cfg.data.seq_len, dim=main.dim, model="main.export")
         check(options.distill is None or meta["top_k_logits"] > 0,
               f"task.distill={options.distill} with data=enwik8_embeddings needs a cache with top-k logits: rebuild "
               f"{cfg.data.cache} with scripts/cache_embeddings.py --top-k-logits K")
@@ -171,8 +171,7 @@ class FrozenProphetModule(ProphetNetModule):
         """The main model's logits (b W, L, vocab) at the positions anchor + i that predict what
         prophet window position i does: from `main_logits` (b, n, vocab), or from the cached top-K
         (others -inf, so the softmax renormalises over the top K)."""
-        length = self.net.prophet_cfg.prophet_train_length
-        positions = anchors[..., None] + torch.arange(length, device=anchors.device)    # (b, W, L)
+        positions = self.net.teacher_positions(anchors)                                   # (b, W, L)
         rows = torch.arange(anchors.shape[0], device=anchors.device)[:, None, None]
         if main_logits is None:
             values = batch["topk_values"][rows, positions].float()                        # (b, W, L, K)

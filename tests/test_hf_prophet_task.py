@@ -1,0 +1,266 @@
+"""task=hf_prophet: a prophet head trained against a frozen Hugging Face target, and its hidden-state
+cache. Tiny random Llama (hidden 32) and GPT-NeoX (hidden 64: the head projects) targets over a
+word-level tokenizer, saved as model directories; end to end through run(cfg): training, the
+evaluation callback, the export, decoding with the exported head; resuming; cached (bfloat16,
+int8, text windows and the target's own continuations) against online hidden states; every bad
+input in one line before any work."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("datasets")
+
+from conftest import StopAt, _compose
+from test_decode_cli import assert_usage_error, cli
+from test_hf_data import build_tokenizer, write_corpus
+from test_hf_distill import save_model
+
+import train.run as train_run
+from specdec_models import load_export
+from specdec_models.decode import generate
+from specdec_models.errors import SpecdecError
+from specdec_models.export import read_export_config
+from specdec_models.hf_weights import load_causal_lm, weights_sha256
+from train.embeddings_cache import cache_rows, open_cache, read_cache_meta
+from train.regenerate import build_hf_cache, prompts_from_text
+from train.run import run
+
+pytestmark = pytest.mark.usefixtures("offline", "one_thread")
+
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf_prophet")
+    tok = build_tokenizer(d / "tok")
+    corpus = d / "corpus.txt"
+    write_corpus(corpus, docs=300)
+    prompts = d / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": line}]})
+                                 for line in write_corpus(d / "p.txt", docs=12, seed=1)) + "\n")
+    return {"tok": tok, "corpus": corpus, "prompts": prompts, "root": d,
+            "llama": save_model(d / "llama", tok, "llama", 1),
+            "neox": save_model(d / "neox", tok, "neox", 2, hidden=64),
+            "other": save_model(d / "other", tok, "llama", 3),                       # same sizes, other weights
+            "mismatch": save_model(d / "mismatch", build_tokenizer(d / "tok2", extra=("<sep>",)), "llama", 4)}
+
+
+def cfg(hf, out, *extra, target="llama"):
+    """experiment=hf_prophet at test sizes: text online (data=hf_text) unless `extra` picks data=hf_embeddings."""
+    text = [] if "data=hf_embeddings" in extra else [f"data.files=[{hf['corpus']}]",
+                                                      f"data.windows_dir={hf['root'] / 'windows'}"]
+    return _compose([
+        "experiment=hf_prophet", f"target.path={hf[target]}", *text, f"output_dir={out}", "trainer=cpu",
+        f"data.seq_len={SEQ}", "data.batch_size=4", "data.val_windows=4", "data.val_batch_size=4",
+        "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0",
+        "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+        "optim.lr=3e-3", "optim.warmup_steps=1", "head.dim_head=16", "callbacks.progress_bar=null",
+        "callbacks.speculative_eval.num_prompts=2", "callbacks.speculative_eval.prompt_len=8",
+        "callbacks.speculative_eval.max_new_tokens=8", *extra])
+
+
+@pytest.fixture(scope="module")
+def online(hf, tmp_path_factory):
+    """6 steps with hidden states online, validation (and the evaluation callback) at 3 and 6."""
+    return run(cfg(hf, tmp_path_factory.mktemp("online") / "run"))
+
+
+def target(hf, name="llama"):
+    return load_causal_lm(hf[name]).eval()
+
+
+# ---------------------------------------------------------------- end to end
+
+def test_online_run_trains_evaluates_exports_and_the_head_decodes(online, hf, capsys):
+    assert online["global_step"] == 6
+    out = online["output_dir"]
+    state = torch.load(online["last_ckpt"], weights_only=True)["state_dict"]
+    assert state and all(k.startswith("head.") for k in state)                      # the target stays out
+    assert not any("embed" in k or "lm_head" in k for k in state)
+    metrics = online["metrics"]
+    for key in ("train/loss", "val/prophet_loss", "val/simulated_tokens_per_call", "val/teacher_forced_accuracy/pos5",
+                "val/tokens_per_call/t0", "val/tokens_per_call/t1", "val/speedup/t0"):
+        assert math.isfinite(metrics[key]), key
+    rows = [json.loads(line) for line in (out / "speculative_samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 2                                  # 2 validations x 2 prompts x 2 temperatures
+    assert all(r["matches_base"] for r in rows if r["temperature"] == 0)   # greedy speculative = greedy plain
+    assert all(isinstance(r["continuation"], str) for r in rows)
+    # the export: the head alone, with its target's identity; it decodes exactly the target's greedy tokens
+    config = read_export_config(online["export_dir"])
+    model = target(hf)
+    assert config["kind"] == "hf_prophet" and config["target"]["weights_sha256"] == weights_sha256(model)
+    assert config["target"]["path"] == str(hf["llama"].resolve()) and config["metadata"]["global_step"] == 6
+    head = load_export(online["export_dir"], target=model)
+    prompts = [torch.tensor([4, 9, 12]), torch.tensor([7, 5, 20, 21, 6])]
+    plain, _ = generate(model, prompts, 12, temperature=0)
+    spec, stats = generate(model, prompts, 12, prophet=head, temperature=0)
+    assert [t.tolist() for t in spec] == [t.tolist() for t in plain] and stats.tokens_per_call >= 1
+    status, out, err = cli(capsys, "--hf-model", hf["llama"], "--prophet", online["export_dir"], "--prompt",
+                           "the quick fox", "--max-new-tokens", "8", "--temperature", "0", "--gamma", "3", "--json")
+    assert status == 0, err
+    assert json.loads(out)["stats"]["method"] == "prophet"
+
+
+def test_the_exported_head_refuses_another_target_in_one_line(online, hf, capsys):
+    with pytest.raises(SpecdecError, match="trained for another target") as error:
+        load_export(online["export_dir"], target=target(hf, "other"))
+    assert "\n" not in str(error.value)
+    assert_usage_error(capsys, "trained for another target", "--hf-model", hf["other"], "--prophet",
+                       online["export_dir"], "--prompt", "the")
+
+
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")
+def test_a_resumed_run_ends_with_the_uninterrupted_runs_head(online, hf, tmp_path, monkeypatch):
+    build = train_run.build_callbacks
+    monkeypatch.setattr(train_run, "build_callbacks", lambda c: build(c) + [StopAt(3)])
+    first = run(cfg(hf, tmp_path / "first"))
+    monkeypatch.setattr(train_run, "build_callbacks", build)
+    resumed = run(cfg(hf, tmp_path / "resumed", f"ckpt_path={first['last_ckpt']}"))
+    assert (first["global_step"], resumed["global_step"]) == (3, 6)
+    a = torch.load(resumed["last_ckpt"], weights_only=True)["state_dict"]
+    b = torch.load(online["last_ckpt"], weights_only=True)["state_dict"]
+    assert a.keys() == b.keys()
+    for name, tensor in b.items():
+        torch.testing.assert_close(a[name], tensor, msg=name)
+
+
+# ---------------------------------------------------------------- the hidden-state cache
+
+@pytest.fixture(scope="module")
+def caches(hf, tmp_path_factory):
+    """bfloat16 and int8 caches of the NeoX target on text windows, and one of its own continuations."""
+    d = tmp_path_factory.mktemp("caches")
+    common = dict(seq_len=SEQ, windows=24, shard_size="16KB", batch_size=4, seed=2)
+    lines = []
+    text = {dtype: build_hf_cache(hf["neox"], d / dtype, text=[str(hf["corpus"])], dtype=dtype, report=lines.append,
+                                  **common) for dtype in ("bfloat16", "int8")}
+    regenerated = build_hf_cache(hf["neox"], d / "regenerated", prompts=hf["prompts"], chat=True,
+                                 temperatures=[0.0, 1.0], **common)
+    return {"dir": d, "text": text, "regenerated": regenerated, "report": lines}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_cached_hidden_states_are_the_online_ones_at_the_caches_precision(hf, caches, dtype):
+    from train.tasks.hf_prophet import HFProphetModule, validate
+
+    path = caches["dir"] / dtype
+    meta = read_cache_meta(path)
+    assert meta["model"]["weights_sha256"] == weights_sha256(target(hf, "neox")) and meta["dtype"] == dtype
+    assert len(meta["files"]) > 1 and any("the cache will take about" in line for line in caches["report"])
+    batch = cache_rows(open_cache(path, meta), np.arange(6), meta)
+    module = HFProphetModule(**validate(cfg(hf, "/unused", "data=hf_embeddings", f"data.cache={path}", target="neox"),
+                                        _options()))
+    online_hidden = module.head.target_hidden(batch["tokens"][:, :-1], logits=False)[0]
+    scale = online_hidden.abs().amax(-1, keepdim=True)
+    error = ((batch["embeds"].float() - online_hidden).abs() / scale).max().item()
+    assert error <= (2 ** -8 if dtype == "bfloat16" else 0.5 / 127) + 1e-6              # one rounding step
+    with torch.no_grad():                       # the head's loss on cached and on online hidden states agree
+        cached_loss, _ = module._losses(batch["tokens"], batch["embeds"], 0)
+        online_loss, _ = module._losses(batch["tokens"], online_hidden, 0)
+    assert cached_loss.item() == pytest.approx(online_loss.item(), rel=2e-2)
+
+
+def _options(distill=None):
+    from train.tasks.prophet_frozen import FrozenProphetOptions
+
+    return FrozenProphetOptions(distill=distill)
+
+
+def test_a_regenerated_cache_holds_prompts_and_the_targets_own_continuations(hf, caches):
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+
+    path = caches["dir"] / "regenerated"
+    meta = read_cache_meta(path)
+    assert meta["source"]["kind"] == "regenerated" and meta["source"]["temperatures"] == [0.0, 1.0]
+    rows = cache_rows(open_cache(path, meta), np.arange(24), meta)
+    model = target(hf, "neox")
+    for i in (0, 2):                                              # even rows: temperature 0, the target's greedy tokens
+        n = int(rows["prompt_len"][i])
+        prompt = rows["tokens"][i, :n]
+        assert hf["tok"].decode(prompt.tolist()).startswith("<bos> user")              # the chat template
+        expected = model.generate(prompt[None], attention_mask=torch.ones(1, n, dtype=torch.long),
+                                  max_new_tokens=SEQ + 1 - n, do_sample=False, pad_token_id=0,
+                                  eos_token_id=[model.config.vocab_size])          # no EOS: every token, as the cache
+
+        assert rows["tokens"][i].tolist() == expected[0, : SEQ + 1].tolist()
+    data = HFEmbeddingsDataModule(cache=str(path), seq_len=SEQ, batch_size=4, val_windows=4)
+    data.setup("fit")
+    prompts = data.prompts(2, 8)
+    assert all(p.tolist() == rows["tokens"][i, : len(p)].tolist() for p, i in zip(prompts, (20, 23)))
+    assert "<bos> user" in data.decode_text(prompts[0])
+
+
+@pytest.mark.parametrize("distill", [None, "fkl"])
+def test_a_cached_run_trains_and_decodes_with_the_evaluation_callback(hf, caches, tmp_path, distill):
+    extra = [f"task.distill={distill}"] if distill else []
+    result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['dir'] / 'regenerated'}",
+                     *extra, target="neox"))
+    metrics = result["metrics"]
+    assert result["global_step"] == 6 and math.isfinite(metrics["val/simulated_tokens_per_call"])
+    assert ("val/distill_loss" in metrics) == (distill is not None)
+    rows = [json.loads(line) for line in (result["output_dir"] / "speculative_samples.jsonl").read_text().splitlines()]
+    assert all(r["matches_base"] for r in rows if r["temperature"] == 0)
+    assert all(r["prompt"].startswith("<bos> user") for r in rows)                   # the rows' own chat prompts
+    assert read_export_config(result["export_dir"])["metadata"]["embeddings"] == "cached"
+
+
+def test_prompts_from_text_are_seeded_instructions_around_snippets():
+    text = " ".join(f"word{i} alpha beta gamma delta" for i in range(400))
+    a, b = prompts_from_text(text, 5, seed=1), prompts_from_text(text, 5, seed=1)
+    assert a == b and len(a) == 5 and a != prompts_from_text(text, 5, seed=2)
+    assert all("\n\n" in p and len(p.split("\n\n", 1)[1].split()) >= 8 for p in a)
+
+
+# ---------------------------------------------------------------- bad input, one line, before any work
+
+@pytest.mark.parametrize("extra,message", [
+    (["target.path=/nonexistent/model.gguf"], "GGUF file /nonexistent/model.gguf does not exist"),
+    (["target.path=/nonexistent/dir"], "model directory /nonexistent/dir does not exist"),
+    (["data.tokenizer=MISMATCH"], "tokenizers differ in size"),
+    (["data=hf_embeddings", "data.cache=OTHER_CACHE"], "was made by another model than target.path"),
+    (["data=hf_embeddings", "data.cache=/nonexistent/cache"], "does not exist"),
+    (["head.prophet_train_length=5"], "must be >= gamma + 1 = 6"),
+    (["data.seq_len=4"], "must hold one window"),
+    (["task.distill=kl"], "task.distill must be null or one of"),
+])
+def test_bad_input_fails_in_one_line_before_any_work(hf, caches, tmp_path, extra, message):
+    # OTHER_CACHE: the NeoX target's cache, given with the Llama target
+    extra = [e.replace("MISMATCH", str(hf["mismatch"])).replace("OTHER_CACHE", str(caches["dir"] / "bfloat16"))
+             for e in extra]
+    out = tmp_path / "run"
+    with pytest.raises(SpecdecError) as error:
+        run(cfg(hf, out, *extra))
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not out.exists()
+
+
+def test_the_cache_builder_refuses_bad_input_in_one_line_before_any_work(hf, tmp_path, capsys):
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("cache_script", REPO / "scripts" / "cache_embeddings.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "c"
+    for argv, message in [(["--gguf", "/nonexistent/m.gguf", "--prompts", str(hf["prompts"])], "does not exist"),
+                          (["--hf-model", str(hf["llama"])], "give either text files or a prompts file"),
+                          (["--hf-model", str(hf["llama"]), "--prompts", "/nonexistent.jsonl"], "does not exist"),
+                          (["--hf-model", str(hf["llama"]), "--text", str(hf["corpus"]), "--top-k-logits", "4"],
+                           "--data and --top-k-logits are for --export")]:
+        assert script.main(argv + ["--out", str(out), "--seq-len", "16", "--windows", "4"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+        assert not out.exists() and not (tmp_path / "c.partial").exists()
+    assert script.main(["--hf-model", str(hf["llama"]), "--text", str(hf["corpus"]), "--out", str(out), "--seq-len",
+                        "16", "--windows", "4", "--dtype", "int8"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("will take about") < printed.index("cache: ")                  # the size comes first

@@ -1,0 +1,130 @@
+"""The DataModule of a prophet head trained from a Hugging Face target's hidden-state cache
+(`data=hf_embeddings`, task=hf_prophet).
+
+The cache (`train.embeddings_cache`, written by `scripts/cache_embeddings.py --hf-model DIR |
+--gguf FILE`) holds rows of token ids and the target's last-layer hidden states: token windows of
+text, or prompts continued by the target itself (`train.regenerate`). Its last `val_windows` rows
+are the fixed validation set (the same at every validation, so numbers compare across steps),
+the others the training rows: batch k of rank r is a pure function of (seed, r, k), so a resumed
+run continues the same stream (`train.data.embeddings.CachedWindows`). Batches are dicts
+{"tokens": (b, seq_len + 1) int64, "embeds": (b, seq_len, dim)} (bfloat16 or float16 as stored;
+an int8 cache dequantized to float32 with its per-token scales), plus "prompt_len" (b,) for
+regenerated rows.
+
+The evaluation callback's prompts: for regenerated rows, each of `count` evenly spaced validation
+rows' own prompt (its first prompt_len tokens, e.g. a chat prompt up to the assistant's turn), so
+the callback decodes what the target is asked at inference; for text windows, fixed windows of
+the validation tokens. Text is shown with the tokenizer of `tokenizer` (default: the target the
+cache was made by).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from specdec_models.errors import check, check_positive_int
+
+from ..embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
+from ..hf_models import load_tokenizer
+from .embeddings import CachedWindows
+from .streams import SpecdecDataModule, evenly_spaced_windows, stream_position
+
+
+class ValidationRows(Dataset):
+    """The cache's last `count` rows, in batches of `batch_size` (one item per batch)."""
+
+    def __init__(self, cache: Path, meta: dict[str, Any], count: int, batch_size: int) -> None:
+        self.cache, self.meta = cache, meta
+        first = meta["windows"] - count
+        self.batches = [np.arange(i, min(i + batch_size, meta["windows"])) for i in range(first, meta["windows"],
+                                                                                           batch_size)]
+        self._dataset = None
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if self._dataset is None:
+            self._dataset = open_cache(self.cache, self.meta)
+        return cache_rows(self._dataset, self.batches[i], self.meta)
+
+
+class HFEmbeddingsDataModule(SpecdecDataModule):
+    def __init__(self, cache: str | None = None, tokenizer: str | None = None, seq_len: int = 256,
+                 batch_size: int = 8, val_windows: int = 16, val_batch_size: int = 8, num_workers: int = 0,
+                 seed: int = 0) -> None:
+        """`cache`: the cache directory; `tokenizer`: a model directory or GGUF file whose
+        tokenizer shows tokens as text (None: the cache's target); `val_windows`: the cache's last
+        rows held out for validation."""
+        super().__init__()
+        check(bool(cache), f"data.cache is not set: give the hidden-state cache directory ({HOW_TO_BUILD})")
+        for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
+                            ("val_batch_size", val_batch_size)]:
+            check_positive_int(value, f"data.{name}")
+        check(isinstance(num_workers, int) and num_workers >= 0, f"data.num_workers must be >= 0, got {num_workers!r}")
+        self.cache = Path(cache).expanduser()
+        self.tokenizer_path = tokenizer
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.val_windows, self.val_batch_size = val_windows, val_batch_size
+        self.num_workers, self.seed = num_workers, seed
+        self._meta: dict[str, Any] | None = None
+        self._tokenizer = None
+        self._validation: dict[str, torch.Tensor] | None = None
+
+    def cache_meta(self) -> dict[str, Any]:
+        """The checked metadata of the cache (checked once); the run's task checks whose it is."""
+        if self._meta is None:
+            meta = check_cache(self.cache, seq_len=self.seq_len)
+            check(meta["model"]["kind"] == "hf", f"{self.cache} caches a specdec export's embeddings: train from it "
+                                                 f"with task=prophet_frozen data=enwik8_embeddings")
+            check(meta["windows"] > self.val_windows, f"data.val_windows ({self.val_windows}) must be fewer than the "
+                                                      f"{meta['windows']} rows of {self.cache} (some for training)")
+            self._meta = meta
+        return self._meta
+
+    @property
+    def train_rows(self) -> int:
+        return self.cache_meta()["windows"] - self.val_windows
+
+    def setup(self, stage: str | None = None) -> None:
+        open_cache(self.cache, self.cache_meta())        # a damaged dataset stops the run here
+
+    def train_dataloader(self) -> DataLoader:
+        rank, start = stream_position(self.trainer)
+        world = self.trainer.world_size if self.trainer is not None else 1
+        rows = CachedWindows(self.cache, self.cache_meta(), self.batch_size, self.seed, rank, world, start,
+                             count=self.train_rows)
+        return DataLoader(rows, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def val_dataloader(self) -> DataLoader:
+        rows = ValidationRows(self.cache, self.cache_meta(), self.val_windows, self.val_batch_size)
+        return DataLoader(rows, batch_size=None, shuffle=False)
+
+    def validation_batch(self) -> dict[str, torch.Tensor]:
+        """All validation rows as one batch (read once)."""
+        if self._validation is None:
+            meta = self.cache_meta()
+            rows = np.arange(self.train_rows, meta["windows"])
+            self._validation = cache_rows(open_cache(self.cache, meta), rows, meta)
+        return self._validation
+
+    def prompts(self, count: int, length: int) -> torch.Tensor | list[torch.Tensor]:
+        """`count` fixed prompts: validation rows' own prompts when the rows have them (1-D
+        tensors of their own lengths), else windows (count, length) of the validation tokens."""
+        rows = self.validation_batch()
+        if "prompt_len" in rows:
+            check(count <= len(rows["tokens"]), f"{count} prompts need as many validation rows; data.val_windows is "
+                                                f"{len(rows['tokens'])}")
+            pick = np.linspace(0, len(rows["tokens"]) - 1, count).round().astype(int)
+            return [rows["tokens"][i, : int(rows["prompt_len"][i])] for i in pick]
+        return evenly_spaced_windows(rows["tokens"].numpy().reshape(-1), count, length)
+
+    def decode_text(self, tokens: torch.Tensor) -> str:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_path or self.cache_meta()["model"]["path"])
+        return self._tokenizer.decode(tokens.tolist())

@@ -1,0 +1,227 @@
+"""Training rows for a prophet of a Hugging Face target, and their cache of hidden states.
+
+A head drafts well when it has learnt the target's own distribution, so its training text is best
+written by the target itself (as Medusa's and EAGLE's self-distillation data is): `Regenerated`
+reads prompts from a text or chat file (`read_prompts`), lets the target continue each one
+(`specdec_models.decode.generate`: batched, KV-cached, seeded per batch) and keeps each row as
+prompt + continuation, cut to seq_len + 1 tokens. `TextWindows` takes plain token windows of text
+files instead (tokenized as `data=hf_text` does). `build_hf_cache` runs the target over either and
+writes the embeddings cache of `train.embeddings_cache` (the one format and writer), tagged with
+the sha256 of the target's weights; `task=hf_prophet data=hf_embeddings` trains from it.
+
+The target is loaded from a local model directory or a GGUF file (`specdec_models.hf_weights`);
+every input is checked before the weights load, the weights before any row is made.
+`prompts_from_text` makes instruction prompts from snippets of any text (there is no chat dataset
+on an offline machine); `scripts/make_prompts.py` writes them as a chat file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specdec_models.decode import generate
+from specdec_models.errors import SpecdecError, check
+from specdec_models.hf import HFDecoder, _logits_width, _text_config
+from specdec_models.hf_weights import check_source, load_causal_lm, load_tokenizer, weights_sha256
+
+from .embeddings_cache import CacheModel, RowSource, check_build, shard_size_bytes, write_cache
+
+PROMPT_SUFFIXES = (".txt", ".jsonl", ".json")
+
+
+def read_prompts(path: str | os.PathLike, tokenizer: Any, chat: bool) -> list[Tensor]:
+    """Token ids (n,) of each prompt in a file: `.txt` (one prompt per non-empty line) or `.jsonl` /
+    `.json` (records with "messages" (a list of {"role", "content"}), or "prompt" or "text").
+    With `chat`, each prompt is the tokenizer's chat template with the assistant's turn opened;
+    without, its plain tokens."""
+    path = Path(path).expanduser()
+    check(path.is_file(), f"prompts file {path} does not exist")
+    check(path.suffix in PROMPT_SUFFIXES, f"prompts file {path}: use .txt, .jsonl or .json, got {path.suffix!r}")
+    if path.suffix == ".txt":
+        records: list[Any] = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        text = path.read_text(encoding="utf-8")
+        try:
+            lines = [line for line in text.splitlines() if line.strip()]
+            records = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in lines]
+        except ValueError as error:
+            raise SpecdecError(f"prompts file {path} is not valid JSON: {' '.join(str(error).split())}") from None
+    check(isinstance(records, list) and records, f"prompts file {path} holds no prompts")
+    check(not chat or getattr(tokenizer, "chat_template", None), "chat prompts need a tokenizer with a chat template")
+    prompts = []
+    for i, record in enumerate(records):
+        if isinstance(record, dict):
+            messages = record.get("messages")
+            content = record.get("prompt", record.get("text"))
+            check(messages or isinstance(content, str),
+                  f"prompts file {path}, record {i}: give 'messages', 'prompt' or 'text'")
+        else:
+            messages, content = None, record
+        if chat:
+            messages = messages or [{"role": "user", "content": content}]
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, Mapping) else ids         # transformers 5: a BatchEncoding
+        else:
+            check(messages is None, f"prompts file {path}, record {i} has chat messages: pass --chat")
+            ids = tokenizer(content)["input_ids"]
+        if len(ids):
+            prompts.append(torch.tensor(ids, dtype=torch.long).reshape(-1))
+    check(prompts, f"prompts file {path}: every prompt encodes to no tokens")
+    return prompts
+
+
+class Regenerated(RowSource):
+    """Prompts continued by the target: row i is prompt perm[i mod P] (perm a seeded permutation,
+    drawn anew for each pass over the prompts) followed by the target's tokens sampled at
+    temperatures[i mod len(temperatures)], cut to seq_len + 1 tokens. Prompts longer than
+    seq_len // 2 are left out. Each generate call is seeded by (seed, first row, temperature)."""
+
+    columns: ClassVar[dict[str, str]] = {"offset": "int64", "prompt_len": "int32"}
+
+    def __init__(self, target: Any, prompts: list[Tensor], vocab_size: int, seq_len: int, seed: int,
+                 temperatures: Sequence[float] = (1.0,), source: str = "") -> None:
+        check(len(temperatures) > 0 and all(float(t) >= 0 for t in temperatures),
+              f"temperatures must be numbers >= 0, got {list(temperatures)!r}")
+        self.keep = [i for i, p in enumerate(prompts) if p.numel() <= seq_len // 2]
+        check(self.keep, f"every prompt is longer than seq_len // 2 = {seq_len // 2} tokens: raise seq_len")
+        self.target, self.prompts, self.vocab_size = target, prompts, vocab_size
+        self.seq_len, self.seed, self.temperatures = seq_len, seed, [float(t) for t in temperatures]
+        self.source = source
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "regenerated", "prompts": self.source, "prompt_count": len(self.keep),
+                "temperatures": self.temperatures}
+
+    def prompt_index(self, i: int) -> int:
+        n = len(self.keep)
+        return self.keep[int(np.random.default_rng([self.seed, i // n]).permutation(n)[i % n])]
+
+    def rows(self, start: int, count: int) -> tuple[Tensor, dict[str, np.ndarray]]:
+        index = np.array([self.prompt_index(start + j) for j in range(count)])
+        tokens = torch.zeros(count, self.seq_len + 1, dtype=torch.long)
+        for k, temperature in enumerate(self.temperatures):
+            mine = [j for j in range(count) if (start + j) % len(self.temperatures) == k]
+            if not mine:
+                continue
+            prompts = [self.prompts[index[j]] for j in mine]
+            new = self.seq_len + 1 - min(p.numel() for p in prompts)
+            g = torch.Generator(device=self.target.device).manual_seed(self.seed * 1_000_003 + start * 17 + k)
+            out, _ = generate(self.target, prompts, new, temperature=temperature, generator=g,
+                              vocab_size=self.vocab_size)
+            for j, p, o in zip(mine, prompts, out):
+                tokens[j] = torch.cat([p, o.cpu()])[: self.seq_len + 1]
+        lengths = np.array([self.prompts[i].numel() for i in index])
+        return tokens, {"offset": index.astype(np.int64), "prompt_len": lengths.astype(np.int32)}
+
+
+class TextWindows(RowSource):
+    """Random token windows of seq_len + 1 tokens of text files, tokenized as `data=hf_text` does
+    (its windows file, kept under `windows_dir`), drawn with a seeded generator."""
+
+    def __init__(self, files: Sequence[str], tokenizer_path: Path, seq_len: int, windows: int, seed: int,
+                 windows_dir: str = "~/.cache/specdec/hf_text", chat: bool = False) -> None:
+        from .data.hf_text import HFTextDataModule
+
+        data = HFTextDataModule(files=[str(f) for f in files], tokenizer=str(tokenizer_path), seq_len=seq_len,
+                                val_windows=1, windows_dir=windows_dir, chat=chat, add_eos=not chat)
+        data.prepare_data()
+        self.windows = data.windows()
+        self.vocab_size = len(data.tokenizer)
+        self.files = [str(Path(f).expanduser().resolve()) for f in files]
+        self.index = np.random.default_rng(seed).integers(0, len(self.windows), size=windows)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "text_windows", "files": self.files, "available_windows": len(self.windows)}
+
+    def rows(self, start: int, count: int) -> tuple[Tensor, dict[str, np.ndarray]]:
+        part = self.index[start:start + count]
+        tokens = torch.from_numpy(self.windows[part.tolist()]["input_ids"].astype(np.int64))
+        return tokens, {"offset": part.astype(np.int64)}
+
+
+def target_identity(model: Any, path: Path) -> dict[str, Any]:
+    """What a cache (and a run) records of a Hugging Face target: its source and weights hash."""
+    return {"kind": "hf", "path": str(path.resolve()), "architecture": type(model).__name__,
+            "weights_sha256": weights_sha256(model)}
+
+
+def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: Sequence[str] | None = None,
+                   prompts: str | os.PathLike | None = None, chat: bool = False,
+                   temperatures: Sequence[float] = (1.0,), seq_len: int = 256, windows: int = 1024,
+                   dtype: str = "bfloat16", shard_size: str | int = "500MB", seed: int = 0, batch_size: int = 8,
+                   device: str | torch.device = "cpu", model_dtype: torch.dtype = torch.float32,
+                   overwrite: bool = False, progress: Callable[[int], Any] | None = None,
+                   report: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Cache a Hugging Face target's last-layer hidden states (after its final norm) of `windows`
+    rows: token windows of the `text` files, or the target's continuations of the `prompts` file
+    (see the module docstring); `write_cache` writes (and resumes) the cache."""
+    out = check_build(out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0, batch_size=batch_size,
+                      overwrite=overwrite)
+    shard_size_bytes(shard_size)
+    check((text is None) != (prompts is None), "give either text files or a prompts file")
+    path = check_source(target, "target")
+    tokenizer = load_tokenizer(path, "target")
+    prompt_ids = read_prompts(prompts, tokenizer, chat) if prompts is not None else None
+    model = load_causal_lm(path, dtype=model_dtype, what="target").to(device)
+    model.requires_grad_(False)
+    vocab = min(len(tokenizer), _logits_width(model))
+    dim = int(_text_config(model.config).hidden_size)
+    if prompt_ids is not None:
+        check(max(int(p.max()) for p in prompt_ids) < vocab, f"the prompts hold token ids >= the target's {vocab}")
+        source: RowSource = Regenerated(model, prompt_ids, vocab, seq_len, seed, temperatures,
+                                        str(Path(prompts).expanduser().resolve()))
+    else:
+        source = TextWindows(text, path, seq_len, windows, seed, chat=chat)
+    decoder = HFDecoder(model, vocab)
+
+    def hidden(tokens: Tensor) -> Tensor:
+        at = torch.zeros(tokens.shape[0], dtype=torch.long)          # the head at one position only
+        return decoder(tokens.to(device), embeds=True, logits_at=at).embeds
+
+    limit = decoder.cfg.max_seq_len
+    cached = CacheModel(target_identity(model, path), dim, vocab, limit, hidden)
+    return write_cache(cached, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0,
+                       shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
+                       progress=progress, report=report)
+
+
+# ---------------------------------------------------------------- prompts from any text
+
+TEMPLATES = (
+    "Explain the following text in simple words:\n\n{}",
+    "Summarize this in one or two sentences:\n\n{}",
+    "What is this text about?\n\n{}",
+    "Rewrite the following more clearly:\n\n{}",
+    "Write a short paragraph that continues this text:\n\n{}",
+    "List three key points from this text:\n\n{}",
+    "Give an example that illustrates this:\n\n{}",
+    "Write a question a student might ask about this text, then answer it:\n\n{}",
+)
+
+
+def prompts_from_text(text: str, count: int, seed: int = 0, words: tuple[int, int] = (8, 40)) -> list[str]:
+    """`count` instruction prompts: a template of `TEMPLATES` around a snippet of `text` (a random
+    stretch of 400 characters, markup removed, cut to whole words, kept when it has between
+    words[0] and words[1] words of letters). Seeded: the same text and seed give the same prompts."""
+    rng = np.random.default_rng(seed)
+    out: list[str] = []
+    tries = 0
+    while len(out) < count:
+        tries += 1
+        check(tries < 100 * count + 1000, f"the text gives too few snippets of {words[0]}+ words for {count} prompts")
+        start = int(rng.integers(0, max(1, len(text) - 400)))
+        snippet = re.sub(r"<[^>]*>|&[#\w]+;|\{|\}|\[syn:[^\]]*\]?", " ", text[start:start + 400])
+        kept = [w for w in snippet.split()[1:-1] if re.search(r"[A-Za-z]", w)]   # the cut words at both ends go
+        if not words[0] <= len(kept) <= words[1] * 2:
+            continue
+        out.append(TEMPLATES[int(rng.integers(len(TEMPLATES)))].format(" ".join(kept[: words[1]])))
+    return out

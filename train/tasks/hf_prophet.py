@@ -1,0 +1,242 @@
+"""task=hf_prophet: a prophet head trained against a frozen Hugging Face target.
+
+`python -m train experiment=hf_prophet target.path=DIR|FILE.gguf data.files=[...]` (hidden states
+online) or `... data=hf_embeddings data.cache=DIR` (from a cache). The head is
+`specdec_models.hf_prophet.HFProphet`: the prophet's window layout and loss (`ProphetWindows`,
+lucidrains' prophet idea) reading the target's last-layer hidden states after its final norm, and
+sharing (frozen) the target's token embedding and output head, as EAGLE does (Li et al. 2024), so
+its own weights are a few transformer blocks even for a 49k-token vocabulary.
+
+The hidden states come online (the target runs under no_grad at every step, `data=hf_text`) or
+from a cache (`data=hf_embeddings`, written by `scripts/cache_embeddings.py`; best from prompts
+the target continues itself, `train.regenerate`, so the head learns the target's own
+distribution). `task.distill` (fkl, rkl, jsd or tvd; DistillSpec, Zhou et al. 2023) trains toward
+the target's full next-token distribution instead of (distill_weight 1) or besides the data's
+tokens: window output i is compared with the target's logits at anchor + i, its head applied to
+the hidden state there (exact online; from a cache, at the cache's precision).
+
+The target is loaded from a local model directory or a GGUF file (`specdec_models.hf_weights`),
+frozen and held outside the module (`FrozenModel`): absent from the state_dict, checkpoints and
+the export. `validate` loads it once (`load_target`, shared with the module) to hash its weights:
+a cache or a checkpoint of another target is refused in one line before any work, and a
+checkpoint reloads the target and checks the hash. Every validation logs the window loss, the
+teacher-forced accuracy per drafted position and the simulated tokens per call
+(`TaskModule.track_drafted`); the evaluation callback decodes with the target and the head at
+temperatures 0 and 1. The export is the head alone with its target's identity (kind hf_prophet:
+`load_export(DIR, target=model)`, the decode CLI's `--prophet DIR`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from specdec_models.config import DTYPES, from_dict, torch_dtype
+from specdec_models.errors import check, check_positive_int
+from specdec_models.hf import HFDecoder, _logits_width, _text_config
+from specdec_models.hf_prophet import HFProphet, HFProphetConfig
+from specdec_models.hf_weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
+from specdec_models.losses import divergence, next_token_loss
+
+from ..data.hf_embeddings import HFEmbeddingsDataModule
+from ..data.hf_text import HFTextDataModule
+from ..embeddings_cache import HOW_TO_BUILD, check_cache
+from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
+from .prophet_frozen import FrozenProphetOptions
+
+HOW_TO_GIVE = "DIR or FILE.gguf (a local Hugging Face causal LM directory or a GGUF file)"
+
+
+@dataclass(frozen=True)
+class HFTarget:
+    """The `target:` node: the frozen Hugging Face model the head drafts for."""
+
+    path: str | None = None
+    dtype: str = "float32"            # the target only runs forward passes; the head trains in float32
+
+    def __post_init__(self) -> None:
+        torch_dtype(self.dtype, "target.dtype")
+
+
+@dataclass(frozen=True)
+class HeadSizes:
+    """The `head:` node: `HFProphetConfig.for_target`'s sizes (dim null: the target's width)."""
+
+    dim: int | None = None
+    depth: int = 1
+    heads: int | None = None
+    dim_head: int = 64
+    ff_mult: int = 4
+    prophet_train_length: int = 6
+    num_leading_start_tokens: int = 2
+    windows_per_seq: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "dim_head", "ff_mult", "prophet_train_length", "num_leading_start_tokens"):
+            check_positive_int(getattr(self, name), f"head.{name}")
+        for name in ("dim", "heads", "windows_per_seq"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), f"head.{name}")
+
+
+_LOADED: dict[tuple, tuple[Any, str]] = {}
+
+
+def load_target(path: str | Path, dtype: str) -> tuple[Any, str]:
+    """(the target in eval mode without gradient, the sha256 of its weights), loaded once per
+    process for its path, dtype and files (name, size, mtime): `validate` and the module share
+    one load (a real target takes tens of seconds)."""
+    source = check_source(path, "target.path")
+    files = [source] if source.is_file() else sorted(p for p in source.iterdir() if p.is_file())
+    key = (str(source.resolve()), dtype, tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if key not in _LOADED:
+        _LOADED.clear()                                  # one target at a time
+        model = load_causal_lm(source, dtype=DTYPES[dtype], what="target.path")
+        model.requires_grad_(False)
+        _LOADED[key] = (model, weights_sha256(model))
+    return _LOADED[key]
+
+
+def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
+    """Check the target, the head's sizes, the data's tokenizer or cache, and gamma; loads the
+    target (once, see `load_target`) to identify its weights."""
+    target = from_dict(HFTarget, to_plain(cfg.get("target")), "target")
+    path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
+    sizes = from_dict(HeadSizes, to_plain(cfg.get("head")), "head")
+    check(sizes.prophet_train_length >= cfg.gamma + 1,
+          f"head.prophet_train_length ({sizes.prophet_train_length}) must be >= gamma + 1 = {cfg.gamma + 1}: the head "
+          f"drafts gamma tokens after the one the target emits")
+    tokenizer = load_tokenizer(path, "target.path")
+    cached = issubclass(data_class(cfg), HFEmbeddingsDataModule)
+    data_tokenizer = OmegaConf.select(cfg, "data.tokenizer", throw_on_resolution_failure=False)
+    check(cached or data_tokenizer, "data.tokenizer is not set or does not resolve: set data.tokenizer=${target.path}")
+    if data_tokenizer and Path(str(data_tokenizer)).expanduser().resolve() != path.resolve():
+        check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
+                             f"data.tokenizer {data_tokenizer}")
+    model, sha = load_target(path, target.dtype)
+    vocab = min(len(tokenizer), _logits_width(model))
+    head = HFProphetConfig.for_target(model, dim=sizes.dim, depth=sizes.depth, heads=sizes.heads,
+                                      dim_head=sizes.dim_head, ff_mult=sizes.ff_mult,
+                                      prophet_train_length=sizes.prophet_train_length,
+                                      num_leading_start_tokens=sizes.num_leading_start_tokens,
+                                      windows_per_seq=sizes.windows_per_seq, vocab_size=vocab)
+    seq_len = cfg.data.seq_len
+    limit = HFDecoder(model).cfg.max_seq_len
+    check(seq_len <= limit, f"data.seq_len ({seq_len}) exceeds the target's {limit} positions")
+    check(seq_len >= head.prophet.window_len, f"data.seq_len ({seq_len}) must hold one window of "
+                                              f"num_leading_start_tokens + prophet_train_length - 1 = "
+                                              f"{head.prophet.window_len} positions")
+    if cached:
+        check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), weights_sha256=sha, seq_len=seq_len,
+                    dim=head.target_dim, model="target.path")
+    if options.distill is not None:
+        check(getattr(_text_config(model.config), "final_logit_softcapping", None) is None,
+              f"task.distill: {type(model).__name__} soft-caps its logits after the head, which the head of the "
+              f"hidden states does not reproduce: train without task.distill")
+    metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",
+                "distill": options.distill}
+    return dict(target_path=str(path.resolve()), target_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
+                distill=options.distill, distill_weight=float(options.distill_weight), metadata=metadata)
+
+
+class HFProphetModule(TaskModule):
+    task = "hf_prophet"
+
+    def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
+                 distill: str | None = None, distill_weight: float = 1.0, optim: dict[str, Any] | None = None,
+                 seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
+        """`target_path`, `target_sha256`: the target's source and the hash its weights must have
+        (loaded here: the head is built on its embedding and head); `head`: an HFProphetConfig
+        dict; the head trains in float32 whatever the target's `target_dtype`."""
+        super().__init__(optim, seed, metadata, compile)
+        self.save_hyperparameters()
+        self._target = FrozenModel(self._load_target)
+        self.head = HFProphet(HFProphetConfig.from_dict(head), self._target.get(torch.device("cpu"))).float()
+        if compile:
+            for block in self.head.prophet.layers:
+                block.compile()
+
+    def _load_target(self) -> Any:
+        path, expected = self.hparams.target_path, self.hparams.target_sha256
+        model, sha = load_target(path, self.hparams.target_dtype)
+        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
+                               f"target ({expected[:16]}...): restore it or start a new run")
+        return model
+
+    @property
+    def target(self) -> Any:
+        """The frozen target, on the module's device."""
+        return self._target.get(self.device)
+
+    def trainable(self) -> nn.Module:
+        return self.head
+
+    def window_generator(self, seq: torch.Tensor, micro: int) -> torch.Generator | None:
+        """Seeded generator of the head's window subset (None when it trains on every window)."""
+        return None if self.head.prophet_cfg.windows_per_seq is None else self.generator(micro, seq.device)
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _inputs(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens (b, n + 1), the target's hidden states (b, n, dim)): cached, or computed now."""
+        if isinstance(batch, dict):
+            return batch["tokens"], batch["embeds"]
+        self.target                                                    # on the module's device
+        return batch, self.head.target_hidden(batch[:, :-1], logits=False)[0]
+
+    def _losses(self, seq: torch.Tensor, hidden: torch.Tensor, micro: int, prefix: str | None = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill});
+        with a `prefix` the windows' drafted accuracy is tracked too."""
+        head = self.head
+        anchors = head.anchors(seq.shape[1] - 1, seq.shape[0], self.window_generator(seq, micro), seq.device)
+        logits, labels = head.prophet_logits(seq, hidden, anchors)                  # (b W, L, vocab)
+        ce = next_token_loss(logits, labels)
+        if prefix is not None:
+            self.track_drafted(prefix, logits, labels)
+        distill = self.hparams.distill
+        if distill is None:
+            return ce, {"prophet_loss": ce}
+        rows = torch.arange(seq.shape[0], device=seq.device)[:, None, None]
+        teacher = head.target_logits(hidden[rows, head.teacher_positions(anchors)]).flatten(0, 1)   # (b W, L, vocab)
+        div = divergence(distill, logits, teacher)
+        w = self.hparams.distill_weight
+        return (div if w == 1 else (1 - w) * ce + w * div), {"prophet_loss": ce, "distill_loss": div}
+
+    def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, parts = self._losses(*self._inputs(batch), self.micro_batch(batch_idx))
+        self.log_train(loss, parts)
+        return loss
+
+    def evaluate(self, batch: torch.Tensor | dict[str, torch.Tensor], prefix: str) -> None:
+        seq, hidden = self._inputs(batch)
+        _, parts = self._losses(seq, hidden, 0, prefix)
+        b = seq.shape[0]
+        self.log(f"{prefix}/prophet_loss", parts.pop("prophet_loss"), prog_bar=True, sync_dist=True, batch_size=b)
+        self.log_dict({f"{prefix}/{k}": v for k, v in parts.items()}, sync_dist=True, batch_size=b)
+
+    # -- decoding and export ---------------------------------------------------------------------
+
+    def speculative_models(self) -> SpeculativeModels:
+        """The target (on the head's vocabulary) drafted by the head."""
+        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
+
+    def export_model(self) -> HFProphet:
+        self.target                                                    # the head hashes its target's weights
+        return self.head
+
+    def export_options(self) -> dict[str, Any]:
+        return {"target_path": self.hparams.target_path}
+
+    def export_metadata(self) -> dict[str, Any]:
+        return {"target_path": self.hparams.target_path, "target_sha256": self.hparams.target_sha256,
+                "distill": self.hparams.distill}
+
+
+TASK = Task(name="hf_prophet", config=FrozenProphetOptions, module=HFProphetModule,
+            data=(HFTextDataModule, HFEmbeddingsDataModule), validate=validate)
