@@ -264,3 +264,23 @@ def test_the_cache_builder_refuses_bad_input_in_one_line_before_any_work(hf, tmp
                         "16", "--windows", "4", "--dtype", "int8"]) == 0
     printed = capsys.readouterr().out
     assert printed.index("will take about") < printed.index("cache: ")                  # the size comes first
+
+
+def test_an_interrupted_regenerated_cache_resumes_to_the_uninterrupted_rows(hf, caches, tmp_path):
+    out = tmp_path / "regenerated"
+    common = dict(seq_len=SEQ, windows=24, shard_size="16KB", batch_size=4, seed=2, prompts=hf["prompts"], chat=True,
+                  temperatures=[0.0, 1.0])
+    done = []
+
+    def interrupt(tokens):                 # stops the build after its first shard, as a kill would
+        done.append(tokens)
+        if sum(done) > 8 * SEQ:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_hf_cache(hf["neox"], out, progress=interrupt, **common)
+    assert not out.exists() and list((tmp_path / "regenerated.partial" / "dataset").glob("data-*.arrow"))
+    lines = []
+    build_hf_cache(hf["neox"], out, report=lines.append, **common)
+    assert any("already written" in line for line in lines)
+    assert open_cache(out)[:].equals(open_cache(caches["dir"] / "regenerated")[:])

@@ -219,7 +219,7 @@ def prompts_from_text(text: str, count: int, seed: int = 0, words: tuple[int, in
         tries += 1
         check(tries < 100 * count + 1000, f"the text gives too few snippets of {words[0]}+ words for {count} prompts")
         start = int(rng.integers(0, max(1, len(text) - 400)))
-        snippet = re.sub(r"<[^>]*>|&[#\w]+;|\{|\}|\[syn:[^\]]*\]?", " ", text[start:start + 400])
+        snippet = re.sub(r"<[^>]*>?|^[^<]*>|&[#\w]+;|\[[^\]]*\]?|^[^\[]*\]|[{}\\]", " ", text[start:start + 400])
         kept = [w for w in snippet.split()[1:-1] if re.search(r"[A-Za-z]", w)]   # the cut words at both ends go
         if not words[0] <= len(kept) <= words[1] * 2:
             continue

@@ -176,9 +176,15 @@ class HFProphetModule(TaskModule):
     def trainable(self) -> nn.Module:
         return self.head
 
-    def window_generator(self, seq: torch.Tensor, micro: int) -> torch.Generator | None:
-        """Seeded generator of the head's window subset (None when it trains on every window)."""
-        return None if self.head.prophet_cfg.windows_per_seq is None else self.generator(micro, seq.device)
+    def window_generator(self, seq: torch.Tensor, micro: int | None) -> torch.Generator | None:
+        """Seeded generator of the head's window subset (None when it trains on every window): per
+        step and micro-batch in training, the same at every validation (micro None), so
+        validations compare the same windows."""
+        if self.head.prophet_cfg.windows_per_seq is None:
+            return None
+        if micro is not None:
+            return self.generator(micro, seq.device)
+        return torch.Generator(device=seq.device).manual_seed(self.seed)
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -189,7 +195,7 @@ class HFProphetModule(TaskModule):
         self.target                                                    # on the module's device
         return batch, self.head.target_hidden(batch[:, :-1], logits=False)[0]
 
-    def _losses(self, seq: torch.Tensor, hidden: torch.Tensor, micro: int, prefix: str | None = None,
+    def _losses(self, seq: torch.Tensor, hidden: torch.Tensor, micro: int | None, prefix: str | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill});
         with a `prefix` the windows' drafted accuracy is tracked too."""
@@ -215,7 +221,7 @@ class HFProphetModule(TaskModule):
 
     def evaluate(self, batch: torch.Tensor | dict[str, torch.Tensor], prefix: str) -> None:
         seq, hidden = self._inputs(batch)
-        _, parts = self._losses(seq, hidden, 0, prefix)
+        _, parts = self._losses(seq, hidden, None, prefix)
         b = seq.shape[0]
         self.log(f"{prefix}/prophet_loss", parts.pop("prophet_loss"), prog_bar=True, sync_dist=True, batch_size=b)
         self.log_dict({f"{prefix}/{k}": v for k, v in parts.items()}, sync_dist=True, batch_size=b)

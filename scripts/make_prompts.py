@@ -1,0 +1,53 @@
+"""Write instruction prompts made from snippets of a text as a chat file (one JSON object per line).
+
+    python scripts/make_prompts.py --text ../shared/data/textmix100m.gz --count 2048 --out prompts.jsonl
+    python scripts/make_prompts.py --text ../shared/data/textmix100m.gz --split valid --count 64 --out eval.jsonl
+
+Each line is {"messages": [{"role": "user", "content": ...}]}: a template ("Explain the following
+text in simple words:", "Summarize this in one or two sentences:", ...) around a snippet of the
+text (`train.regenerate.prompts_from_text`), from its training or validation split (enwik8's
+90/5/5 byte split), so prompts made for training and for evaluation never share a snippet. The
+target continues them itself: scripts/cache_embeddings.py --prompts FILE --chat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdec_models.errors import SpecdecError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--text", required=True, help="a text file (raw, .zip or .gz)")
+    parser.add_argument("--split", choices=("train", "valid"), default="train", help="which split; default train")
+    parser.add_argument("--count", type=int, required=True, help="number of prompts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="the .jsonl file to write")
+    args = parser.parse_args(argv)
+
+    from specdec_models.files import write_file
+    from train.data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
+    from train.regenerate import prompts_from_text
+
+    try:
+        if not Path(args.text).expanduser().is_file():
+            raise SpecdecError(f"--text {args.text} does not exist")
+        data = read_bytes(Path(args.text).expanduser())[:ENWIK8_BYTES]
+        train_end, valid_end = split_bounds(len(data))[:2]
+        part = data[:train_end] if args.split == "train" else data[train_end:valid_end]
+        prompts = prompts_from_text(part.tobytes().decode("utf-8", errors="ignore"), args.count, args.seed)
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    lines = "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts)
+    write_file(Path(args.out), lambda f: f.write(lines.encode("utf-8")))
+    print(f"{len(prompts)} prompts from the {args.split} split of {args.text} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

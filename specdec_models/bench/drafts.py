@@ -1,0 +1,79 @@
+"""Drafters of one Hugging Face target side by side: tokens per target call and wall-clock speed-up.
+
+`compare_drafters(target, prompts, drafters)` decodes the same prompts plainly and with each
+drafter (`generate`'s keyword arguments: {"prophet": head} or {"draft": model}), at each
+temperature and batch size, interleaved round by round (base, A, B, ..., base, A, B, ...) in one
+process, so each speed-up is a ratio of runs that saw the same machine load: the median over
+rounds of (plain seconds / drafter seconds). Tokens per call, acceptance rate and alpha are
+exact counts over the same runs (every round, at temperature 1 with another seed). Every row
+emits exactly `max_new_tokens` tokens (no EOS), so the times compare.
+
+`first_layers` (`specdec_models.bench.hf`) makes the student a distilled draft starts from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..decode import generate
+from ..errors import check
+
+
+def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, Any], seed: int,
+            **settings: Any) -> tuple[float, dict[str, float]]:
+    """Decode `prompts` in batches of `batch`; (seconds, summed counts of the DecodeStats)."""
+    counts = dict(new_tokens=0.0, row_calls=0.0, drafted=0.0, accepted=0.0, alpha_sum=0.0, alpha_count=0.0)
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        generator = torch.Generator(device=target.device).manual_seed(seed + i)
+        _, stats = generate(target, prompts[i:i + batch], generator=generator, **kwargs, **settings)
+        for key in counts:
+            counts[key] += float(getattr(stats, key))
+    return time.perf_counter() - t0, counts
+
+
+def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *, gamma: int = 5,
+                     temperatures: tuple[float, ...] = (0.0, 1.0), batches: dict[int, int] | None = None,
+                     max_new_tokens: int = 64, rounds: int = 2, seed: int = 0,
+                     vocab_size: int | None = None) -> list[dict[str, Any]]:
+    """One row per (temperature, batch size, method): tokens_per_call, acceptance_rate, alpha,
+    seconds (median over rounds), tokens_per_second and speedup over plain decoding (median of the
+    per-round ratios). `batches`: batch size -> how many of `prompts` are decoded at that size
+    (default {1: 4, 8: all})."""
+    batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
+    check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
+          "rounds must be >= 1 and each batch size decode between 1 and len(prompts) prompts")
+    methods = {"plain": {}, **drafters}
+    settings = dict(max_new_tokens=max_new_tokens, gamma=gamma, vocab_size=vocab_size)
+    rows = []
+    for temperature in temperatures:
+        for batch, count in batches.items():
+            chosen = prompts[:count]
+            for kwargs in methods.values():        # warm-up: first calls at a shape pay one-time costs
+                _decode(target, chosen[:batch], batch, kwargs, seed, temperature=temperature,
+                        **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
+            seconds: dict[str, list[float]] = {name: [] for name in methods}
+            totals: dict[str, dict[str, float]] = {}
+            for r in range(rounds):
+                for name, kwargs in methods.items():
+                    s, counts = _decode(target, chosen, batch, kwargs, seed + 1000 * r, temperature=temperature,
+                                        **settings)
+                    seconds[name].append(s)
+                    totals[name] = {k: totals.get(name, {}).get(k, 0.0) + v for k, v in counts.items()}
+            for name in methods:
+                c = totals[name]
+                rows.append({
+                    "temperature": temperature, "batch": batch, "prompts": count, "method": name,
+                    "tokens_per_call": c["new_tokens"] / max(c["row_calls"], 1),
+                    "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
+                    "alpha": c["alpha_sum"] / c["alpha_count"] if c["alpha_count"] else None,
+                    "seconds": statistics.median(seconds[name]),
+                    "tokens_per_second": count * max_new_tokens / statistics.median(seconds[name]),
+                    "speedup": statistics.median(b / s for b, s in zip(seconds["plain"], seconds[name])),
+                })
+    return rows
