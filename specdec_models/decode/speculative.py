@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig, residual, sample, to_probs
+from .cost import DRAFT, PREFILL, TARGET, Clock, StepTimes, verify_key
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -43,15 +44,18 @@ if TYPE_CHECKING:
 
 @dataclass
 class DecodeStats:
-    """What one `generate` call did. See DECODING.md for the metric definitions.
+    """What one `generate` call (or several, merged) did. See docs/DECODING.md for the metric
+    definitions.
 
     target_calls counts batched target forward passes (the prefill included); tokens_per_call is
     emitted tokens / row-calls (each active row's share of those passes), so it includes the
-    bonus or correction token and equals 1 for plain decoding."""
+    bonus or correction token and equals 1 for plain decoding. per_position_acceptance[k] is the
+    fraction of row-rounds that drafted position k + 1 and accepted it (and all before it).
+    step_times holds the time of every model call when `generate(..., timing=True)`."""
 
     method: str
-    batch: int
-    gamma: int
+    batch: int | None
+    gamma: int | None
     new_tokens: int = 0
     target_calls: int = 0
     row_calls: int = 0
@@ -63,15 +67,50 @@ class DecodeStats:
     per_position_acceptance: list[float] = field(default_factory=list)
     wall_seconds: float = 0.0
     tokens_per_second: float = 0.0
+    step_times: StepTimes | None = None
+    # raw counters the rates above derive from (summed by `merge`)
     alpha_sum: float = 0.0
     alpha_count: int = 0
-    accepted_at: Tensor | int = 0
+    accepted_at: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+
+    _INTERNAL = ("alpha_sum", "alpha_count", "accepted_at", "drafted_at")
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items()}
-        for internal in ("alpha_sum", "alpha_count", "accepted_at"):
-            d.pop(internal)
+        d = {k: v for k, v in self.__dict__.items() if k not in self._INTERNAL}
+        d["step_times"] = None if self.step_times is None else self.step_times.to_dict()
         return d
+
+    def finish(self) -> DecodeStats:
+        """Derive the rates from the counters; returns self."""
+        self.tokens_per_call = self.new_tokens / max(self.row_calls, 1)
+        self.tokens_per_second = self.new_tokens / max(self.wall_seconds, 1e-9)
+        if self.method != "base":
+            self.acceptance_rate = self.accepted / max(self.drafted, 1)
+            self.alpha = self.alpha_sum / self.alpha_count if self.alpha_count else None
+            self.per_position_acceptance = [a / max(d, 1) for a, d in zip(self.accepted_at, self.drafted_at)]
+        return self
+
+    @classmethod
+    def merge(cls, items: Sequence[DecodeStats]) -> DecodeStats:
+        """One DecodeStats for several generate calls of one method: counts, times and wall time
+        add up and the rates are derived again (e.g. tokens_per_second = all tokens / all seconds).
+        batch and gamma stay when all calls agree, else they are None."""
+        check(len(items) > 0, "nothing to merge")
+        methods = {s.method for s in items}
+        check(len(methods) == 1, f"cannot merge stats of different methods: {sorted(methods)}")
+        same = lambda name: getattr(items[0], name) if len({getattr(s, name) for s in items}) == 1 else None  # noqa: E731
+        out = cls(method=items[0].method, batch=same("batch"), gamma=same("gamma"))
+        for name in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted", "wall_seconds",
+                     "alpha_sum", "alpha_count"):
+            setattr(out, name, sum(getattr(s, name) for s in items))
+        width = max(len(s.accepted_at) for s in items)
+        pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
+        out.accepted_at = [sum(col) for col in zip(*(pad(s.accepted_at) for s in items))] if width else []
+        out.drafted_at = [sum(col) for col in zip(*(pad(s.drafted_at) for s in items))] if width else []
+        if any(s.step_times is not None for s in items):
+            out.step_times = StepTimes.merge([s.step_times for s in items])
+        return out.finish()
 
 
 def _as_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -> list[Tensor]:
@@ -182,146 +221,165 @@ def generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     vocab_size: int | str | None = None,
+    timing: bool = False,
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
     Hugging Face causal LMs are wrapped in `HFDecoder`s; `vocab_size` (an integer, or "min" for
     the smaller head) slices their logits to the vocabulary target and draft share (see `hf.as_decoders`).
+    `timing=True` times every model call (perf_counter; synchronised on accelerators) into
+    `stats.step_times`, from which `cost.cost_ratios` gives c and v of this very run.
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
     target, draft = as_decoders(target, draft, vocab_size)
     method = _validate(target, draft, prophet, gamma, max_new_tokens, eos_id)
     sampling = SamplingConfig(temperature, top_k, top_p)
     rows_in = _as_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
-    device = target.device
-    stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma if method != "base" else 0)
+    stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma if method != "base" else 0,
+                        step_times=StepTimes() if timing else None)
     t0 = time.perf_counter()
-    rows = _Rows(rows_in, max_new_tokens, gamma, device)
-    if max_new_tokens == 0:
-        return rows.tokens(), stats
-
-    def pick(probs: Tensor) -> Tensor:
-        return probs.argmax(-1) if sampling.greedy else sample(probs, generator)
-
-    # Prefill: right-padded prompts; each row's padding lies past its own length, where no query
-    # of that row looks, and the cache is rolled back to the real lengths afterwards.
-    b, width = len(rows_in), int(rows.lens.max())
-    padded = rows.seq[:, :width]
-    cache = target.new_cache(b, rows.capacity, keep_embeds=method == "prophet")
-    logits = target(padded, cache=cache).logits
-    cache.rollback(rows.lens)
-    last = logits[rows.arange_b, rows.lens - 1]
-    _count_call(stats, rows)
-    rows.emit(pick(to_probs(last, sampling))[:, None], torch.ones_like(rows.lens), eos_id)
-
-    draft_cache = None
-    if method == "draft":
-        draft_cache = draft.new_cache(b, rows.capacity)
-        draft(padded, cache=draft_cache)
-        draft_cache.rollback(torch.minimum(draft_cache.lengths, rows.lens))
-    if method == "prophet":
-        # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
-        draft_cache = prophet.prophet.new_cache(b, prophet.num_start_tokens + gamma)
-        # the prophet needs S cached target positions per row: decode plainly until there are
-        while not bool(rows.done.all()) and int(cache.lengths.min()) < prophet.num_start_tokens:
-            _base_step(target, cache, rows, stats, pick, sampling, eos_id)
-
-    while not bool(rows.done.all()):
-        if method == "base":
-            _base_step(target, cache, rows, stats, pick, sampling, eos_id)
-            continue
-        q = _draft_round(draft, draft_cache, prophet, cache, rows, gamma, sampling, pick)
-        _verify(target, cache, rows, q, stats, sampling, pick, eos_id, generator)
-
-    stats.wall_seconds = time.perf_counter() - t0
-    _finish(stats, rows)
-    return rows.tokens(), stats
+    run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma, sampling, eos_id, generator, stats)
+    if max_new_tokens > 0:
+        run.prefill()
+        while not run.finished():
+            if method == "base":
+                run.base_step()
+            else:
+                run.verify(gamma, run.draft_round(gamma))
+        stats.wall_seconds = time.perf_counter() - t0
+    run.count_into(stats)
+    return run.rows.tokens(), stats.finish()
 
 
-def _count_call(stats: DecodeStats, rows: _Rows) -> None:
-    stats.target_calls += 1
-    stats.row_calls += int((~rows.done).sum())
+class _Decoding:
+    """The state of one generate call: models, caches, rows, counters and the clock."""
 
+    def __init__(self, target, draft, prophet, rows_in, max_new, gamma, sampling, eos_id, generator, stats) -> None:
+        self.target, self.draft, self.prophet = target, draft, prophet
+        self.sampling, self.eos_id, self.generator = sampling, eos_id, generator
+        self.method = stats.method
+        self.stats = stats
+        self.device = target.device
+        self.clock = Clock(stats.step_times, self.device)
+        self.rows = _Rows(rows_in, max_new, gamma, self.device)
+        self.cache = self.draft_cache = None
+        self.gamma_max = gamma
+        # counters kept as tensors on the device: read once at the end, no host sync per round
+        self.row_calls = torch.zeros((), dtype=torch.long, device=self.device)
+        self.alpha_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.alpha_count = torch.zeros((), dtype=torch.long, device=self.device)
+        self.accepted_at = torch.zeros(gamma, dtype=torch.long, device=self.device)
+        self.drafted_at = torch.zeros(gamma, dtype=torch.long, device=self.device)
 
-def _base_step(target, cache, rows, stats, pick, sampling, eos_id) -> None:
-    """One plain step: feed each row's pending token, sample the next one."""
-    before = cache.lengths.clone()
-    logits = target(rows.last(1), cache=cache).logits[:, -1]
-    cache.rollback(torch.where(rows.done, before, cache.lengths))
-    _count_call(stats, rows)
-    rows.emit(pick(to_probs(logits, sampling))[:, None], torch.ones_like(rows.lens), eos_id)
+    def finished(self) -> bool:
+        return bool(self.rows.done.all())
 
+    def pick(self, probs: Tensor) -> Tensor:
+        return probs.argmax(-1) if self.sampling.greedy else sample(probs, self.generator)
 
-def _draft_round(draft, draft_cache, prophet, cache, rows, gamma, sampling, pick) -> tuple[Tensor, Tensor]:
-    """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab)) where q is
-    exactly the distribution each draft token was sampled from. `draft_cache` is the draft's
-    cache, or the prophet's (emptied at each round: its start tokens change every round)."""
-    if draft is not None:
-        # Catch the draft up: it may lag one token (after a full acceptance it never saw d_gamma),
-        # so it always re-reads the last two tokens; re-writing a cached position is harmless.
-        draft_cache.rollback(rows.seq_len - 2)
-        logits = draft(rows.last(2), cache=draft_cache).logits[:, -1]
-        step = lambda tok: draft(tok, cache=draft_cache).logits[:, -1]  # noqa: E731
-    else:
-        start = prophet.start_tokens(cache.last_embeds(prophet.num_start_tokens))
-        draft_cache.rollback(torch.zeros_like(draft_cache.lengths))
-        logits = prophet.prophet(rows.last(1), start=start, cache=draft_cache).logits[:, -1]
-        step = lambda tok: prophet.prophet(tok, cache=draft_cache).logits[:, -1]  # noqa: E731
-    drafts, qs = [], []
-    for i in range(gamma):
-        q = to_probs(logits, sampling)
-        tok = pick(q)
-        drafts.append(tok)
-        qs.append(q)
-        if i + 1 < gamma:
-            logits = step(tok[:, None])
-    return torch.stack(drafts, 1), torch.stack(qs, 1)
+    def count_call(self) -> None:
+        self.stats.target_calls += 1
+        self.row_calls += (~self.rows.done).sum()
 
+    def count_into(self, stats: DecodeStats) -> None:
+        stats.new_tokens = int(self.rows.produced.sum())
+        stats.row_calls = int(self.row_calls)
+        if self.method != "base":
+            stats.alpha_sum, stats.alpha_count = float(self.alpha_sum), int(self.alpha_count)
+            stats.accepted_at, stats.drafted_at = self.accepted_at.tolist(), self.drafted_at.tolist()
+            stats.drafted, stats.accepted = sum(stats.drafted_at), sum(stats.accepted_at)
 
-def _verify(target, cache, rows, proposal, stats, sampling, pick, eos_id, generator) -> None:
-    """Score [pending, drafts] in one target call, accept a prefix per row, emit the accepted
-    drafts plus one correction or bonus token, and roll the cache back per row."""
-    drafts, q = proposal                                        # (b, g), (b, g, vocab)
-    b, g = drafts.shape
-    before = cache.lengths.clone()
-    active = ~rows.done
-    logits = target(torch.cat([rows.last(1), drafts], 1), cache=cache).logits
-    _count_call(stats, rows)
-    p = to_probs(logits, sampling)                              # (b, g + 1, vocab)
-    px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
-    qx = q.gather(-1, drafts[..., None])[..., 0]
-    if sampling.greedy:
-        accept = px > 0                                         # draft token == target argmax
-    else:
-        u = torch.rand(b, g, device=q.device, generator=generator)   # one uniform per position
-        accept = u * qx < px                                    # u < p/q without dividing
-    prefix = accept.int().cumprod(1)                            # (b, g): 1 while all so far accepted
-    k = prefix.sum(1)                                           # accepted drafts per row
-    kc = k.clamp(max=g - 1)
-    fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
-    final = torch.where((k < g)[:, None], fix, p[:, g])
-    block = torch.cat([drafts, drafts[:, :1]], 1)
-    block[rows.arange_b, k] = pick(final)
-    # alpha: sum_x min(p, q) at each position whose acceptance test ran (up to the first rejection)
-    overlap = torch.minimum(p[:, :g], q).sum(-1)                # (b, g)
-    tested = (torch.arange(g, device=k.device) <= k[:, None]) & active[:, None]
-    stats.alpha_sum += float((overlap * tested).sum())
-    stats.alpha_count += int(tested.sum())
-    stats.drafted += g * int(active.sum())
-    stats.accepted += int((k * active).sum())
-    stats.accepted_at += (prefix * active[:, None]).sum(0)
-    rows.emit(block, k + 1, eos_id)
-    # keep [pending, accepted drafts]; a row cut short by EOS or max_new_tokens keeps less
-    cache.rollback(torch.where(active, torch.minimum(before + 1 + k, rows.seq_len - 1), before))
+    def prefill(self) -> None:
+        """Right-padded prompts; each row's padding lies past its own length, where no query of
+        that row looks, and the cache is rolled back to the real lengths afterwards."""
+        rows, target = self.rows, self.target
+        b, width = rows.seq.shape[0], int(rows.lens.max())
+        padded = rows.seq[:, :width]
+        self.cache = target.new_cache(b, rows.capacity, keep_embeds=self.method == "prophet")
+        logits = self.clock(PREFILL, target, padded, cache=self.cache).logits
+        self.cache.rollback(rows.lens)
+        last = logits[rows.arange_b, rows.lens - 1]
+        self.count_call()
+        rows.emit(self.pick(to_probs(last, self.sampling))[:, None], torch.ones_like(rows.lens), self.eos_id)
+        if self.method == "draft":
+            self.draft_cache = self.draft.new_cache(b, rows.capacity)
+            self.clock(PREFILL, self.draft, padded, cache=self.draft_cache)
+            self.draft_cache.rollback(torch.minimum(self.draft_cache.lengths, rows.lens))
+        if self.method == "prophet":
+            # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
+            self.draft_cache = self.prophet.prophet.new_cache(b, self.prophet.num_start_tokens + self.gamma_max)
+            # the prophet needs S cached target positions per row: decode plainly until there are
+            while not self.finished() and int(self.cache.lengths.min()) < self.prophet.num_start_tokens:
+                self.base_step()
 
+    def base_step(self) -> None:
+        """One plain step: feed each row's pending token, sample the next one."""
+        rows, cache = self.rows, self.cache
+        before = cache.lengths.clone()
+        logits = self.clock(TARGET, self.target, rows.last(1), cache=cache).logits[:, -1]
+        cache.rollback(torch.where(rows.done, before, cache.lengths))
+        self.count_call()
+        rows.emit(self.pick(to_probs(logits, self.sampling))[:, None], torch.ones_like(rows.lens), self.eos_id)
 
-def _finish(stats: DecodeStats, rows: _Rows) -> None:
-    stats.new_tokens = int(rows.produced.sum())
-    stats.tokens_per_call = stats.new_tokens / max(stats.row_calls, 1)
-    stats.tokens_per_second = stats.new_tokens / max(stats.wall_seconds, 1e-9)
-    if stats.method != "base":
-        rounds = stats.drafted // max(stats.gamma, 1)
-        stats.acceptance_rate = stats.accepted / max(stats.drafted, 1)
-        stats.alpha = stats.alpha_sum / max(stats.alpha_count, 1) if stats.alpha_count else None
-        at = stats.accepted_at if isinstance(stats.accepted_at, Tensor) else torch.zeros(stats.gamma)
-        stats.per_position_acceptance = [float(x) / max(rounds, 1) for x in at.tolist()]
+    def draft_round(self, gamma: int) -> tuple[Tensor, Tensor]:
+        """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab)) where q is
+        exactly the distribution each draft token was sampled from. The draft keeps its cache
+        across rounds; the prophet's is emptied at each round (its start tokens change)."""
+        rows, draft_cache, clock = self.rows, self.draft_cache, self.clock
+        if self.draft is not None:
+            # Catch the draft up: it may lag one token (after a full acceptance it never saw
+            # d_gamma), so it always re-reads the last two tokens; re-writing a cached position is harmless.
+            draft_cache.rollback(rows.seq_len - 2)
+            model, first, start = self.draft, rows.last(2), None
+        else:
+            prophet = self.prophet
+            start = prophet.start_tokens(self.cache.last_embeds(prophet.num_start_tokens))
+            draft_cache.rollback(torch.zeros_like(draft_cache.lengths))
+            model, first = prophet.prophet, rows.last(1)
+        kw = {} if start is None else {"start": start}
+        logits = clock(DRAFT, model, first, cache=draft_cache, **kw).logits[:, -1]
+        drafts, qs = [], []
+        for i in range(gamma):
+            q = to_probs(logits, self.sampling)
+            tok = self.pick(q)
+            drafts.append(tok)
+            qs.append(q)
+            if i + 1 < gamma:
+                logits = clock(DRAFT, model, tok[:, None], cache=draft_cache).logits[:, -1]
+        return torch.stack(drafts, 1), torch.stack(qs, 1)
+
+    def verify(self, gamma: int, proposal: tuple[Tensor, Tensor]) -> None:
+        """Score [pending, drafts] in one target call, accept a prefix per row, emit the accepted
+        drafts plus one correction or bonus token, and roll the cache back per row."""
+        rows, cache, sampling = self.rows, self.cache, self.sampling
+        drafts, q = proposal                                        # (b, g), (b, g, vocab)
+        b, g = drafts.shape
+        before = cache.lengths.clone()
+        active = ~rows.done
+        logits = self.clock(verify_key(g), self.target, torch.cat([rows.last(1), drafts], 1), cache=cache).logits
+        self.count_call()
+        p = to_probs(logits, sampling)                              # (b, g + 1, vocab)
+        px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
+        qx = q.gather(-1, drafts[..., None])[..., 0]
+        if sampling.greedy:
+            accept = px > 0                                         # draft token == target argmax
+        else:
+            u = torch.rand(b, g, device=q.device, generator=self.generator)   # one uniform per position
+            accept = u * qx < px                                    # u < p/q without dividing
+        prefix = accept.int().cumprod(1)                            # (b, g): 1 while all so far accepted
+        k = prefix.sum(1)                                           # accepted drafts per row
+        kc = k.clamp(max=g - 1)
+        fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
+        final = torch.where((k < g)[:, None], fix, p[:, g])
+        block = torch.cat([drafts, drafts[:, :1]], 1)
+        block[rows.arange_b, k] = self.pick(final)
+        # alpha: sum_x min(p, q) at each position whose acceptance test ran (up to the first rejection)
+        overlap = torch.minimum(p[:, :g], q).sum(-1)                # (b, g)
+        tested = (torch.arange(g, device=k.device) <= k[:, None]) & active[:, None]
+        self.alpha_sum += (overlap * tested).sum()
+        self.alpha_count += tested.sum()
+        self.accepted_at[:g] += (prefix * active[:, None]).sum(0)
+        self.drafted_at[:g] += active.sum()
+        rows.emit(block, k + 1, self.eos_id)
+        # keep [pending, accepted drafts]; a row cut short by EOS or max_new_tokens keeps less
+        cache.rollback(torch.where(active, torch.minimum(before + 1 + k, rows.seq_len - 1), before))

@@ -1,0 +1,120 @@
+"""The cost model (`specdec_models.decode.cost`): expected tokens per call, step times recorded
+inside generate, cost ratios, the micro-benchmark, and `DecodeStats.merge`."""
+
+import copy
+
+import pytest
+import torch
+
+from specdec_models.decode import DecodeStats, generate
+from specdec_models.decode.cost import (
+    DRAFT, PREFILL, TARGET, StepTimes, cost_ratios, expected_tokens, expected_tokens_from_acceptance,
+    measure_costs, predicted_speedup, verify_key,
+)
+from test_decode import ragged_prompts, tiny, tiny_prophet
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    pass
+
+
+def test_closed_form_equals_the_per_position_sum_under_iid_acceptance():
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for gamma in (1, 4, 8):
+            ppa = [alpha ** k for k in range(1, gamma + 1)]      # i.i.d.: all of the first k accepted
+            assert expected_tokens(alpha, gamma) == pytest.approx(expected_tokens_from_acceptance(ppa, gamma))
+    # DECODING.md's example: alpha 0.8, gamma 8, c 0.05, v 1 -> about 3.1x
+    assert predicted_speedup(expected_tokens(0.8, 8), 8, 0.05, 1.0) == pytest.approx(3.09, abs=0.01)
+
+
+def test_expected_tokens_from_acceptance_refuses_too_few_positions():
+    with pytest.raises(ValueError, match="covers 2 positions"):
+        expected_tokens_from_acceptance([0.9, 0.8], 3)
+
+
+def test_timing_records_every_model_call_of_each_kind():
+    target, draft = tiny(sharpen=2.0), tiny(dim=16, depth=1, seed=3, sharpen=2.0)
+    prompts = ragged_prompts()
+    _, base = generate(target, prompts, 12, timing=True)
+    t = base.step_times
+    assert t.calls[PREFILL] == 1 and t.calls[TARGET] == 11 and base.target_calls == 12
+    assert all(s > 0 for s in t.seconds.values())
+    _, spec = generate(target, prompts, 30, draft=draft, gamma=3, timing=True)
+    t = spec.step_times
+    rounds = spec.target_calls - 1
+    assert t.calls[PREFILL] == 2                        # target and draft prefill
+    assert t.calls[verify_key(3)] == rounds and t.calls[DRAFT] == 3 * rounds
+    c, v = cost_ratios(t, base.step_times)
+    assert c > 0 and set(v) == {3} and v[3] > 0
+    _, untimed = generate(target, prompts, 5)
+    assert untimed.step_times is None
+
+
+def test_prophet_rounds_time_gamma_prophet_steps():
+    mp = tiny_prophet(sharpen=2.0)
+    _, stats = generate(mp.model, ragged_prompts(), 20, prophet=mp, gamma=4, timing=True)
+    rounds = stats.step_times.calls[verify_key(4)]
+    assert stats.step_times.calls[DRAFT] == 4 * rounds
+    # the prompt of length 1 needs one plain step before the prophet has its 2 start tokens
+    assert stats.step_times.calls[TARGET] == 1
+
+
+def test_measure_costs_times_target_verify_and_draft_steps():
+    mp = tiny_prophet()
+    times = measure_costs(mp.model, 2, 10, [1, 3], prophet=mp, steps=4, warmup=1)
+    assert times.calls == {TARGET: 4, verify_key(1): 4, verify_key(3): 4, DRAFT: 4}
+    c, v = cost_ratios(times)
+    assert c > 0 and set(v) == {1, 3}
+    times = measure_costs(mp.model, 1, 10, [2], draft=tiny(dim=16, depth=1), steps=2, warmup=0)
+    assert times.calls[DRAFT] == 2
+
+
+def test_merged_stats_add_the_counts_and_derive_the_rates_again():
+    target = tiny(sharpen=2.0)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(0)
+    parts = [generate(target, ragged_prompts(seed=s), n, draft=draft, gamma=gamma, generator=g, timing=True)[1]
+             for s, n, gamma in ((1, 20, 3), (2, 31, 3), (3, 9, 5))]
+    m = DecodeStats.merge(parts)
+    assert m.method == "draft" and m.batch == 5 and m.gamma is None          # gammas differ
+    for name in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted"):
+        assert getattr(m, name) == sum(getattr(s, name) for s in parts)
+    assert m.wall_seconds == pytest.approx(sum(s.wall_seconds for s in parts))
+    assert m.tokens_per_second == pytest.approx(m.new_tokens / m.wall_seconds)
+    assert m.acceptance_rate == pytest.approx(m.accepted / m.drafted)
+    assert m.alpha == pytest.approx(sum(s.alpha_sum for s in parts) / sum(s.alpha_count for s in parts))
+    # positions 4 and 5 were drafted by the gamma-5 call alone
+    assert len(m.per_position_acceptance) == 5
+    assert m.per_position_acceptance[4] == pytest.approx(parts[2].per_position_acceptance[4])
+    first = sum(s.accepted_at[0] for s in parts) / sum(s.drafted_at[0] for s in parts)
+    assert m.per_position_acceptance[0] == pytest.approx(first)
+    assert m.step_times.calls[DRAFT] == sum(s.step_times.calls[DRAFT] for s in parts)
+    assert m.step_times.calls[verify_key(3)] == parts[0].step_times.calls[verify_key(3)] + \
+        parts[1].step_times.calls[verify_key(3)]
+
+
+def test_merging_stats_of_one_call_changes_nothing_and_mixed_methods_are_refused():
+    target = tiny()
+    _, s = generate(target, ragged_prompts(), 7, draft=tiny(dim=16, depth=1), gamma=2)
+    assert DecodeStats.merge([s]).to_dict() == s.to_dict()
+    _, base = generate(target, ragged_prompts(), 7)
+    with pytest.raises(ValueError, match="different methods"):
+        DecodeStats.merge([s, base])
+
+
+def test_step_times_merge_and_round_trip():
+    a, b = StepTimes(), StepTimes()
+    a.add(TARGET, 1.0)
+    a.add(TARGET, 3.0)
+    b.add(TARGET, 2.0)
+    b.add(verify_key(4), 5.0)
+    m = StepTimes.merge([a, None, b])
+    assert m.mean(TARGET) == 2.0 and m.calls[verify_key(4)] == 1 and m.verify_gammas() == [4]
+    assert StepTimes.from_dict(m.to_dict()) == m
+    assert m.mean(DRAFT) is None
+    with pytest.raises(ValueError, match="no draft step"):
+        cost_ratios(m)
