@@ -8,8 +8,8 @@ import torch
 
 from specdec_models.decode import DecodeStats, generate
 from specdec_models.decode.cost import (
-    DRAFT, PREFILL, TARGET, StepTimes, cost_ratios, expected_tokens, expected_tokens_from_acceptance,
-    measure_costs, predicted_speedup, verify_key,
+    DRAFT, PREFILL, TARGET, SpeedProfile, StepTimes, choose_gamma, cost_ratios, expected_tokens,
+    expected_tokens_from_acceptance, measure_costs, predicted_speedup, verify_key,
 )
 from test_decode import ragged_prompts, tiny, tiny_prophet
 
@@ -44,7 +44,8 @@ def test_timing_records_every_model_call_of_each_kind():
     t = spec.step_times
     rounds = spec.target_calls - 1
     assert t.calls[PREFILL] == 2                        # target and draft prefill
-    assert t.calls[verify_key(3)] == rounds and t.calls[DRAFT] == 3 * rounds
+    calls = lambda key: t.calls.get(key, 0) + t.calls.get("tail/" + key, 0)  # noqa: E731  (rows end apart)
+    assert calls(verify_key(3)) == rounds and calls(DRAFT) == 3 * rounds
     c, v = cost_ratios(t, base.step_times)
     assert c > 0 and set(v) == {3} and v[3] > 0
     _, untimed = generate(target, prompts, 5)
@@ -118,3 +119,70 @@ def test_step_times_merge_and_round_trip():
     assert m.mean(DRAFT) is None
     with pytest.raises(ValueError, match="no draft step"):
         cost_ratios(m)
+
+
+# ---------------------------------------------------------------- choosing gamma
+
+def brute_force_best(ppa, c, v_full):
+    """argmax over gamma of (1 + sum ppa[:gamma]) / (gamma c + v(gamma)), written out by hand."""
+    best, best_s = None, -1.0
+    for gamma in range(1, len(v_full) + 1):
+        s = (1 + sum(ppa[:gamma])) / (gamma * c + v_full[gamma - 1])
+        if s > best_s + 1e-12:
+            best, best_s = gamma, s
+    return best, best_s
+
+
+def test_choose_gamma_is_the_brute_force_argmax():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        n = int(torch.randint(1, 11, (1,), generator=g))
+        # decreasing acceptance (a prophet's shape), sometimes i.i.d., sometimes flat
+        steps = torch.rand(n, generator=g)
+        ppa = torch.cumprod(steps if trial % 3 else torch.full((n,), float(steps[0])), 0).tolist()
+        c = float(torch.rand(1, generator=g)) * 0.6
+        v_full = (1 + torch.cumsum(torch.rand(n, generator=g) * 0.4, 0)).tolist()
+        gamma, speedup = choose_gamma(ppa, c, {i + 1: v for i, v in enumerate(v_full)})
+        assert (gamma, pytest.approx(speedup)) == brute_force_best(ppa, c, v_full)
+
+
+def test_v_between_measured_gammas_is_interpolated_from_one_target_step():
+    profile = SpeedProfile(0.1, {4: 2.0, 8: 3.0}, [0.9] * 8)
+    assert [profile.v(g) for g in (1, 2, 4, 6, 8)] == [1.25, 1.5, 2.0, 2.5, 3.0]
+    v_full = [profile.v(g) for g in range(1, 9)]
+    assert profile.best_gamma() == brute_force_best([0.9] * 8, 0.1, v_full)[0]
+    with pytest.raises(ValueError, match="up to gamma 8"):
+        profile.v(9)
+
+
+def test_best_gamma_stays_within_the_measurements_and_the_limit():
+    flat = SpeedProfile(0.01, {1: 1.0, 2: 1.0, 3: 1.0, 12: 1.0}, [1.0] * 6)      # more is always better
+    assert flat.gamma_max == 6 and flat.best_gamma() == 6 and flat.best_gamma(limit=4) == 4
+    useless = SpeedProfile(0.3, {8: 2.0}, [0.0] * 8)
+    assert useless.best_gamma() == 1 and useless.predicted(1) == pytest.approx(1 / (0.3 + 1.125))
+
+
+def test_speed_profile_round_trips_through_json_and_refuses_nonsense():
+    import json
+
+    profile = SpeedProfile(0.2, {3: 1.4, 6: 1.9}, [0.8, 0.6, 0.5, 0.3, 0.2, 0.1], batch=8)
+    assert SpeedProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+    for bad, match in (((-0.1, {1: 1.0}, [0.5]), "c must"), ((0.1, {}, [0.5]), "v_by_gamma"),
+                       ((0.1, {1: 1.0}, [1.5]), "per_position_acceptance"), ((0.1, {0: 1.0}, [0.5]), "v_by_gamma")):
+        with pytest.raises(ValueError, match=match):
+            SpeedProfile(*bad)
+
+
+def test_calls_after_finished_rows_are_dropped_are_timed_apart_as_the_tail():
+    # a row that meets its EOS early leaves the batch; the calls after that run on fewer rows, so
+    # they are kept out of c and v (which describe the full batch) but still timed
+    target = tiny(sharpen=4.0)
+    prompts = ragged_prompts()
+    plain = [t.tolist() for t in generate(target, prompts, 30, temperature=0)[0]]
+    eos = plain[1][3]
+    _, stats = generate(target, prompts, 30, draft=tiny(dim=16, depth=1, seed=3, sharpen=4.0), temperature=0,
+                        gamma=3, eos_id=eos, timing=True)
+    t = stats.step_times
+    assert t.calls["tail/verify/3"] > 0 and t.calls["tail/draft"] == 3 * t.calls["tail/verify/3"]
+    assert t.calls[verify_key(3)] + t.calls["tail/verify/3"] == stats.target_calls - 1
+    assert t.verify_gammas() == [3]

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import check
 
-TARGET, DRAFT, PREFILL = "target", "draft", "prefill"
+TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
 
 
 def verify_key(gamma: int) -> str:
@@ -62,7 +62,9 @@ def predicted_speedup(expected: float, gamma: int, c: float, v: float) -> float:
 class StepTimes:
     """Seconds spent in model calls and how many calls, by kind: "target" (a 1-token target step
     of plain decoding), "draft" (one draft or prophet step), "verify/<gamma>" (a target call
-    scoring gamma drafts), "prefill". Sums, so stats of several runs merge by adding."""
+    scoring gamma drafts), "prefill". Calls made after decoding dropped finished rows from the
+    batch carry a "tail/" prefix: c and v describe the full batch, so they leave those out (the
+    tail still counts in `total` and in the wall time). Sums, so several runs merge by adding."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
@@ -106,6 +108,7 @@ class Clock:
 
     def __init__(self, times: StepTimes | None, device: torch.device) -> None:
         self.times = times
+        self.prefix = ""                     # TAIL once decoding has dropped finished rows
         self._sync = torch.cuda.synchronize if device.type == "cuda" else None
 
     def __call__(self, key: str, fn: Callable, *args, **kwargs):
@@ -117,7 +120,7 @@ class Clock:
         out = fn(*args, **kwargs)
         if self._sync:
             self._sync()
-        self.times.add(key, time.perf_counter() - t0)
+        self.times.add(self.prefix + key, time.perf_counter() - t0)
         return out
 
 
@@ -219,9 +222,11 @@ class SpeedProfile:
         """The predicted speed-up over plain decoding at this gamma."""
         return predicted_speedup(self.expected_tokens(gamma), gamma, self.c, self.v(gamma))
 
-    def best_gamma(self) -> int:
-        """The gamma in 1..gamma_max with the largest predicted speed-up (the smaller on a tie)."""
-        return max(range(1, self.gamma_max + 1), key=lambda g: (self.predicted(g), -g))
+    def best_gamma(self, limit: int | None = None) -> int:
+        """The gamma in 1..gamma_max (and <= limit) with the largest predicted speed-up (the
+        smaller gamma on a tie)."""
+        top = self.gamma_max if limit is None else min(self.gamma_max, limit)
+        return max(range(1, top + 1), key=lambda g: (self.predicted(g), -g))
 
     @classmethod
     def from_times(cls, times: StepTimes, per_position_acceptance: Sequence[float], batch: int | None = None,

@@ -36,7 +36,7 @@ from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig, residual, sample, to_probs
-from .cost import DRAFT, PREFILL, TARGET, Clock, StepTimes, verify_key
+from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, StepTimes, verify_key
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -160,7 +160,8 @@ def _validate(target, draft, prophet, gamma, max_new_tokens, eos_id) -> str:
 
 
 class _Rows:
-    """Per-row token history, emitted tokens and stop state (all left-aligned buffers)."""
+    """Per-row token history, emitted tokens and stop state (all left-aligned buffers), for the
+    rows still decoding: `compact` drops finished rows, `orig` maps each row to its prompt."""
 
     def __init__(self, rows: list[Tensor], max_new: int, gamma: int, device: torch.device) -> None:
         b = len(rows)
@@ -176,6 +177,12 @@ class _Rows:
         self.max_new = max_new
         self.capacity = width
         self.arange_b = torch.arange(b, device=device)
+        self.orig = torch.arange(b, device=device)
+        self.result: list[Tensor | None] = [None] * b
+
+    @property
+    def batch(self) -> int:
+        return self.seq.shape[0]
 
     def last(self, count: int) -> Tensor:
         """The last `count` tokens of each row (batch, count)."""
@@ -203,8 +210,30 @@ class _Rows:
         self.done |= hit_eos | (self.produced >= self.max_new)
         return n
 
+    def _save(self, rows: list[int]) -> None:
+        for i, orig, produced in zip(rows, self.orig[rows].tolist(), self.produced[rows].tolist()):
+            self.result[orig] = self.out[i, :produced].clone()
+
+    def compact(self) -> tuple[Tensor, Tensor, int]:
+        """Drop the finished rows: keep their tokens aside and move the unfinished rows from the
+        end into their slots (only those rows are copied); return (dst, src, batch) so that the
+        caches do the same."""
+        done = self.done
+        batch = int((~done).sum())
+        self._save(done.nonzero()[:, 0].tolist())
+        dst = done[:batch].nonzero()[:, 0]
+        src = (~done[batch:]).nonzero()[:, 0] + batch
+        for name in ("lens", "seq", "seq_len", "out", "produced", "done", "orig"):
+            t = getattr(self, name)
+            t[dst] = t[src]
+            setattr(self, name, t[:batch])
+        self.arange_b = self.arange_b[:batch]
+        return dst, src, batch
+
     def tokens(self) -> list[Tensor]:
-        return [self.out[i, : int(self.produced[i])].clone() for i in range(self.out.shape[0])]
+        """The new tokens of every prompt row, in the prompts' order."""
+        self._save(list(range(self.batch)))
+        return list(self.result)
 
 
 @torch.inference_mode()
@@ -247,8 +276,9 @@ def generate(
             else:
                 run.verify(gamma, run.draft_round(gamma))
         stats.wall_seconds = time.perf_counter() - t0
-    run.count_into(stats)
-    return run.rows.tokens(), stats.finish()
+    tokens = run.rows.tokens()
+    run.count_into(stats, tokens)
+    return tokens, stats.finish()
 
 
 class _Decoding:
@@ -272,7 +302,23 @@ class _Decoding:
         self.drafted_at = torch.zeros(gamma, dtype=torch.long, device=self.device)
 
     def finished(self) -> bool:
-        return bool(self.rows.done.all())
+        """Whether every row is done; drops finished rows from the batch (one host read per round).
+
+        A finished row would otherwise ride along in every model call until the slowest row ends:
+        at batch 8 and 200 tokens that wasted 9% (draft) to 18% (prophet) of the row-calls here.
+        Compacting copies only the rows that move, so it runs as soon as 1/8 of the rows are done.
+        Caches without `compact_rows` (Hugging Face ones) keep their finished rows frozen instead."""
+        rows = self.rows
+        active = int((~rows.done).sum())
+        if active == 0:
+            return True
+        if self.can_compact and rows.batch - active >= max(1, rows.batch // 8):
+            dst, src, batch = rows.compact()
+            for cache in (self.cache, self.draft_cache):
+                if cache is not None:
+                    cache.compact_rows(dst, src, batch)
+            self.clock.prefix = TAIL
+        return False
 
     def pick(self, probs: Tensor) -> Tensor:
         return probs.argmax(-1) if self.sampling.greedy else sample(probs, self.generator)
@@ -281,8 +327,8 @@ class _Decoding:
         self.stats.target_calls += 1
         self.row_calls += (~self.rows.done).sum()
 
-    def count_into(self, stats: DecodeStats) -> None:
-        stats.new_tokens = int(self.rows.produced.sum())
+    def count_into(self, stats: DecodeStats, tokens: list[Tensor]) -> None:
+        stats.new_tokens = sum(t.numel() for t in tokens)
         stats.row_calls = int(self.row_calls)
         if self.method != "base":
             stats.alpha_sum, stats.alpha_count = float(self.alpha_sum), int(self.alpha_count)
@@ -296,6 +342,7 @@ class _Decoding:
         b, width = rows.seq.shape[0], int(rows.lens.max())
         padded = rows.seq[:, :width]
         self.cache = target.new_cache(b, rows.capacity, keep_embeds=self.method == "prophet")
+        self.can_compact = hasattr(self.cache, "compact_rows")
         logits = self.clock(PREFILL, target, padded, cache=self.cache).logits
         self.cache.rollback(rows.lens)
         last = logits[rows.arange_b, rows.lens - 1]
@@ -303,6 +350,7 @@ class _Decoding:
         rows.emit(self.pick(to_probs(last, self.sampling))[:, None], torch.ones_like(rows.lens), self.eos_id)
         if self.method == "draft":
             self.draft_cache = self.draft.new_cache(b, rows.capacity)
+            self.can_compact &= hasattr(self.draft_cache, "compact_rows")
             self.clock(PREFILL, self.draft, padded, cache=self.draft_cache)
             self.draft_cache.rollback(torch.minimum(self.draft_cache.lengths, rows.lens))
         if self.method == "prophet":
