@@ -186,3 +186,58 @@ def test_calls_after_finished_rows_are_dropped_are_timed_apart_as_the_tail():
     assert t.calls["tail/verify/3"] > 0 and t.calls["tail/draft"] == 3 * t.calls["tail/verify/3"]
     assert t.calls[verify_key(3)] + t.calls["tail/verify/3"] == stats.target_calls - 1
     assert t.verify_gammas() == [3]
+
+
+# ---------------------------------------------------------------- gamma="auto" in generate
+
+def never_agreeing_draft(target):
+    draft = copy.deepcopy(target)
+    with torch.no_grad():   # the draft always proposes target argmax + 1
+        draft.to_logits.weight.copy_(target.to_logits.weight.roll(1, dims=0))
+    return draft
+
+
+def test_auto_gamma_with_a_profile_decodes_at_its_best_gamma_and_stays_exact():
+    target = tiny(sharpen=4.0)
+    draft = tiny(dim=16, depth=1, seed=3, sharpen=4.0)
+    profile = SpeedProfile(0.05, {2: 1.2, 8: 1.9}, [0.9, 0.8, 0.7, 0.2, 0.1, 0.05, 0.0, 0.0])
+    best = profile.best_gamma()
+    got, stats = generate(target, ragged_prompts(), 30, draft=draft, temperature=0, gamma="auto",
+                          speed_profile=profile, timing=True)
+    assert stats.gamma == best == 3
+    assert stats.predicted_speedup == pytest.approx(profile.predicted(best))
+    assert stats.speed_profile == profile.to_dict() and stats.measured_speedup is None
+    assert set(stats.step_times.verify_gammas()) == {best}
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 30, temperature=0)[0]]
+
+
+def test_auto_gamma_calibrates_and_picks_gamma_1_for_a_draft_that_never_agrees():
+    # acceptance 0 at every position: E(gamma) = 1, so the cheapest round (gamma 1) wins
+    target = tiny(sharpen=4.0)
+    got, stats = generate(target, ragged_prompts(), 40, draft=never_agreeing_draft(target), temperature=0,
+                          gamma="auto", timing=True)
+    assert stats.gamma == 1
+    assert stats.speed_profile["per_position_acceptance"] == [0.0] * 8
+    assert set(stats.speed_profile["v_by_gamma"]) == {"4", "8"}            # the calibration's gammas
+    assert stats.step_times.calls["target"] == 2                            # its plain steps
+    assert stats.measured_speedup > 0 and stats.predicted_speedup > 0
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 40, temperature=0)[0]]
+
+
+def test_auto_gamma_for_a_prophet_stays_within_what_it_was_trained_for():
+    mp = tiny_prophet(sharpen=4.0)          # prophet_train_length 6: gamma <= 5
+    prompts = ragged_prompts()
+    got, stats = generate(mp.model, prompts, 40, prophet=mp, temperature=0, gamma="auto")
+    assert 1 <= stats.gamma <= 5 and len(stats.speed_profile["per_position_acceptance"]) == 5
+    assert stats.step_times is None          # calibration timed privately
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(mp.model, prompts, 40, temperature=0)[0]]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(gamma="fast"), "gamma must be an integer >= 1 or 'auto'"),
+    (dict(gamma=4, speed_profile=SpeedProfile(0.1, {2: 1.2}, [0.5, 0.4])), "pass gamma='auto'"),
+    (dict(gamma="auto", speed_profile={"c": 0.1}), "must be a cost.SpeedProfile"),
+])
+def test_bad_gamma_choice_gives_a_one_line_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(tiny(), ragged_prompts(), 4, draft=tiny(dim=16, depth=1), **kwargs)

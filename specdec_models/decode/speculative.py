@@ -25,138 +25,26 @@ stops at its own EOS (emitted, then cut) or after exactly `max_new_tokens` token
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from ..errors import check
+from ..errors import SpecdecError
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig, residual, sample, to_probs
-from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, StepTimes, verify_key
+from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
+from .inputs import AUTO, check_inputs, prompt_rows
+from .stats import DecodeStats
+
+AUTO_GAMMA_MAX = 8          # gamma="auto" chooses among 1..8 (fewer when a prophet was trained for fewer)
+CALIBRATION_STEPS = 2       # plain target steps timed as the unit of c and v
+CALIBRATION_ROUNDS = 8      # speculative rounds, alternating gamma_max and gamma_max // 2
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-@dataclass
-class DecodeStats:
-    """What one `generate` call (or several, merged) did. See docs/DECODING.md for the metric
-    definitions.
-
-    target_calls counts batched target forward passes (the prefill included); tokens_per_call is
-    emitted tokens / row-calls (each active row's share of those passes), so it includes the
-    bonus or correction token and equals 1 for plain decoding. per_position_acceptance[k] is the
-    fraction of row-rounds that drafted position k + 1 and accepted it (and all before it).
-    step_times holds the time of every model call when `generate(..., timing=True)`."""
-
-    method: str
-    batch: int | None
-    gamma: int | None
-    new_tokens: int = 0
-    target_calls: int = 0
-    row_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    acceptance_rate: float | None = None
-    tokens_per_call: float = 0.0
-    alpha: float | None = None
-    per_position_acceptance: list[float] = field(default_factory=list)
-    wall_seconds: float = 0.0
-    tokens_per_second: float = 0.0
-    step_times: StepTimes | None = None
-    # raw counters the rates above derive from (summed by `merge`)
-    alpha_sum: float = 0.0
-    alpha_count: int = 0
-    accepted_at: list[int] = field(default_factory=list)
-    drafted_at: list[int] = field(default_factory=list)
-
-    _INTERNAL = ("alpha_sum", "alpha_count", "accepted_at", "drafted_at")
-
-    def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k not in self._INTERNAL}
-        d["step_times"] = None if self.step_times is None else self.step_times.to_dict()
-        return d
-
-    def finish(self) -> DecodeStats:
-        """Derive the rates from the counters; returns self."""
-        self.tokens_per_call = self.new_tokens / max(self.row_calls, 1)
-        self.tokens_per_second = self.new_tokens / max(self.wall_seconds, 1e-9)
-        if self.method != "base":
-            self.acceptance_rate = self.accepted / max(self.drafted, 1)
-            self.alpha = self.alpha_sum / self.alpha_count if self.alpha_count else None
-            self.per_position_acceptance = [a / max(d, 1) for a, d in zip(self.accepted_at, self.drafted_at)]
-        return self
-
-    @classmethod
-    def merge(cls, items: Sequence[DecodeStats]) -> DecodeStats:
-        """One DecodeStats for several generate calls of one method: counts, times and wall time
-        add up and the rates are derived again (e.g. tokens_per_second = all tokens / all seconds).
-        batch and gamma stay when all calls agree, else they are None."""
-        check(len(items) > 0, "nothing to merge")
-        methods = {s.method for s in items}
-        check(len(methods) == 1, f"cannot merge stats of different methods: {sorted(methods)}")
-        same = lambda name: getattr(items[0], name) if len({getattr(s, name) for s in items}) == 1 else None  # noqa: E731
-        out = cls(method=items[0].method, batch=same("batch"), gamma=same("gamma"))
-        for name in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted", "wall_seconds",
-                     "alpha_sum", "alpha_count"):
-            setattr(out, name, sum(getattr(s, name) for s in items))
-        width = max(len(s.accepted_at) for s in items)
-        pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
-        out.accepted_at = [sum(col) for col in zip(*(pad(s.accepted_at) for s in items))] if width else []
-        out.drafted_at = [sum(col) for col in zip(*(pad(s.drafted_at) for s in items))] if width else []
-        if any(s.step_times is not None for s in items):
-            out.step_times = StepTimes.merge([s.step_times for s in items])
-        return out.finish()
-
-
-def _as_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -> list[Tensor]:
-    if isinstance(prompt, Tensor):
-        check(prompt.ndim == 2, f"prompt must be a (batch, len) tensor or a list of 1-D tensors, got shape {tuple(prompt.shape)}")
-        rows = list(prompt)
-    else:
-        check(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
-              "prompt must be a (batch, len) tensor or a non-empty list of 1-D tensors")
-        rows = list(prompt)
-    check(len(rows) > 0, "prompt has no rows")
-    for i, r in enumerate(rows):
-        check(isinstance(r, Tensor) and r.ndim == 1, f"prompt row {i} must be a 1-D tensor")
-        check(not r.is_floating_point() and not r.is_complex(), f"prompt row {i} must hold integer token ids")
-        check(r.numel() > 0, f"prompt row {i} is empty: give at least one token")
-        check(r.numel() <= max_seq_len,
-              f"prompt row {i} has {r.numel()} tokens, more than the model's max_seq_len {max_seq_len}")
-        lo, hi = int(r.min()), int(r.max())
-        check(lo >= 0 and hi < vocab_size,
-              f"prompt row {i} has token ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
-    return rows
-
-
-def _validate(target, draft, prophet, gamma, max_new_tokens, eos_id) -> str:
-    check(isinstance(target, (Decoder, HFDecoder)),
-          f"target must be a specdec_models Decoder or a Hugging Face causal LM, got {type(target).__name__}")
-    check(draft is None or prophet is None, "give either a draft or a prophet, not both")
-    check(isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1, f"gamma must be an integer >= 1, got {gamma!r}")
-    check(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0,
-          f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if eos_id is not None:
-        check(isinstance(eos_id, int) and 0 <= eos_id < target.vocab_size,
-              f"eos_id must be a token id in [0, {target.vocab_size}), got {eos_id!r}")
-    if draft is not None:
-        check(isinstance(draft, (Decoder, HFDecoder)),
-              f"draft must be a specdec_models Decoder or a Hugging Face causal LM, got {type(draft).__name__}")
-        check(draft.vocab_size == target.vocab_size,
-              f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
-        return "draft"
-    if prophet is not None:
-        check(isinstance(prophet, ModelWithProphet), f"prophet must be a ModelWithProphet, got {type(prophet).__name__}")
-        check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
-              "not a Hugging Face target")
-        check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
-        return "prophet"
-    return "base"
 
 
 class _Rows:
@@ -243,7 +131,7 @@ def generate(
     max_new_tokens: int,
     draft: Decoder | HFDecoder | PreTrainedModel | None = None,
     prophet: ModelWithProphet | None = None,
-    gamma: int = 5,
+    gamma: int | str = 5,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -251,6 +139,7 @@ def generate(
     generator: torch.Generator | None = None,
     vocab_size: int | str | None = None,
     timing: bool = False,
+    speed_profile: SpeedProfile | None = None,
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
@@ -258,18 +147,32 @@ def generate(
     the smaller head) slices their logits to the vocabulary target and draft share (see `hf.as_decoders`).
     `timing=True` times every model call (perf_counter; synchronised on accelerators) into
     `stats.step_times`, from which `cost.cost_ratios` gives c and v of this very run.
+
+    `gamma="auto"` picks the gamma in 1..8 (1..prophet_train_length - 1 for a prophet) with the
+    largest predicted speed-up E(gamma) / (gamma c + v(gamma)) (see `cost.SpeedProfile`): from
+    `speed_profile` when given (measured with `cost.measure_costs`, or stored in an export's
+    metadata), else by calibrating on the call itself: after the prefill it decodes 2 plain
+    steps (their time is the unit of c and v), then 8 speculative rounds alternating gamma 8 and
+    4, timing the draft steps and verify calls and counting the per-position acceptance (positions
+    5-8 from the gamma-8 rounds), interpolates v between the measured gammas, and decodes the rest
+    at the best gamma. Every calibration token is a real, lossless output token. `stats.gamma`
+    is the gamma chosen; `stats.predicted_speedup` and `stats.measured_speedup` compare.
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
     target, draft = as_decoders(target, draft, vocab_size)
-    method = _validate(target, draft, prophet, gamma, max_new_tokens, eos_id)
+    method = check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    rows_in = _as_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
-    stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma if method != "base" else 0,
+    rows_in = prompt_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
+    limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
+    gamma_max = (AUTO_GAMMA_MAX if limit is None else min(AUTO_GAMMA_MAX, limit)) if gamma == AUTO else gamma
+    stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma_max if method != "base" else 0,
                         step_times=StepTimes() if timing else None)
     t0 = time.perf_counter()
-    run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma, sampling, eos_id, generator, stats)
+    run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma_max, sampling, eos_id, generator, stats)
     if max_new_tokens > 0:
         run.prefill()
+        if method != "base" and gamma == AUTO:
+            stats.gamma = gamma = run.choose_gamma(speed_profile)
         while not run.finished():
             if method == "base":
                 run.base_step()
@@ -294,6 +197,7 @@ class _Decoding:
         self.rows = _Rows(rows_in, max_new, gamma, self.device)
         self.cache = self.draft_cache = None
         self.gamma_max = gamma
+        self.calibration_times: StepTimes | None = None
         # counters kept as tensors on the device: read once at the end, no host sync per round
         self.row_calls = torch.zeros((), dtype=torch.long, device=self.device)
         self.alpha_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -329,11 +233,50 @@ class _Decoding:
 
     def count_into(self, stats: DecodeStats, tokens: list[Tensor]) -> None:
         stats.new_tokens = sum(t.numel() for t in tokens)
+        step = None if self.calibration_times is None else self.calibration_times.mean(TARGET)
+        if step is not None and stats.wall_seconds > 0:
+            # tokens per second per row, over the rate of one token per target step
+            stats.measured_speedup = stats.new_tokens / stats.wall_seconds / len(tokens) * step
         stats.row_calls = int(self.row_calls)
         if self.method != "base":
             stats.alpha_sum, stats.alpha_count = float(self.alpha_sum), int(self.alpha_count)
             stats.accepted_at, stats.drafted_at = self.accepted_at.tolist(), self.drafted_at.tolist()
             stats.drafted, stats.accepted = sum(stats.drafted_at), sum(stats.accepted_at)
+
+    def choose_gamma(self, profile: SpeedProfile | None) -> int:
+        """The gamma for the rest of the call: the profile's best, calibrating when there is none."""
+        if profile is None:
+            profile = self.calibrate()
+        if profile is None:                      # the call ended (or lost its full batch) first
+            return min(5, self.gamma_max)
+        gamma = profile.best_gamma(limit=self.gamma_max)
+        self.stats.speed_profile = profile.to_dict()
+        self.stats.predicted_speedup = profile.predicted(gamma)
+        return gamma
+
+    def calibrate(self) -> SpeedProfile | None:
+        """Measure c, v and the per-position acceptance on this call's first tokens (see generate)."""
+        times = self.stats.step_times if self.stats.step_times is not None else StepTimes()
+        untimed, self.clock = self.clock, Clock(times, self.device)
+        self.clock.prefix = untimed.prefix
+        gammas = sorted({self.gamma_max, max(1, self.gamma_max // 2)}, reverse=True)
+        try:
+            for i in range(CALIBRATION_STEPS + CALIBRATION_ROUNDS):
+                if self.finished():
+                    return None
+                if i < CALIBRATION_STEPS:
+                    self.base_step()
+                else:
+                    g = gammas[i % len(gammas)]
+                    self.verify(g, self.draft_round(g))
+        finally:
+            untimed.prefix, self.clock = self.clock.prefix, untimed
+        self.calibration_times = times
+        accepted, drafted = self.accepted_at.tolist(), self.drafted_at.tolist()
+        try:
+            return SpeedProfile.from_times(times, [a / max(d, 1) for a, d in zip(accepted, drafted)], self.rows.batch)
+        except SpecdecError:                     # no full-batch call of some kind was timed
+            return None
 
     def prefill(self) -> None:
         """Right-padded prompts; each row's padding lies past its own length, where no query of
@@ -362,12 +305,20 @@ class _Decoding:
 
     def base_step(self) -> None:
         """One plain step: feed each row's pending token, sample the next one."""
-        rows, cache = self.rows, self.cache
-        before = cache.lengths.clone()
-        logits = self.clock(TARGET, self.target, rows.last(1), cache=cache).logits[:, -1]
-        cache.rollback(torch.where(rows.done, before, cache.lengths))
+        rows = self.rows
+        pending = rows.last(1)
+        logits = self._feed(self.target, self.cache, TARGET, pending)
+        if self.draft is not None:       # a draft must not fall behind: its catch-up reads 2 tokens
+            self._feed(self.draft, self.draft_cache, DRAFT, pending)
         self.count_call()
         rows.emit(self.pick(to_probs(logits, self.sampling))[:, None], torch.ones_like(rows.lens), self.eos_id)
+
+    def _feed(self, model, cache, key: str, tokens: Tensor) -> Tensor:
+        """Append tokens (b, 1) to the cache of the unfinished rows; the last logits (b, vocab)."""
+        before = cache.lengths.clone()
+        logits = self.clock(key, model, tokens, cache=cache).logits[:, -1]
+        cache.rollback(torch.where(self.rows.done, before, cache.lengths))
+        return logits
 
     def draft_round(self, gamma: int) -> tuple[Tensor, Tensor]:
         """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab)) where q is

@@ -1,0 +1,67 @@
+"""The checks `generate` runs on its arguments before any work: one-line `SpecdecError`s that say
+what to fix."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..errors import check
+from ..hf import HFDecoder
+from ..model import Decoder
+from ..prophet import ModelWithProphet
+from .cost import SpeedProfile
+
+AUTO = "auto"
+
+
+def prompt_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -> list[Tensor]:
+    """The prompt as a list of 1-D rows, checked: integer ids in the vocabulary, 1..max_seq_len tokens."""
+    if isinstance(prompt, Tensor):
+        check(prompt.ndim == 2, f"prompt must be a (batch, len) tensor or a list of 1-D tensors, got shape {tuple(prompt.shape)}")
+        rows = list(prompt)
+    else:
+        check(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
+              "prompt must be a (batch, len) tensor or a non-empty list of 1-D tensors")
+        rows = list(prompt)
+    check(len(rows) > 0, "prompt has no rows")
+    for i, r in enumerate(rows):
+        check(isinstance(r, Tensor) and r.ndim == 1, f"prompt row {i} must be a 1-D tensor")
+        check(not r.is_floating_point() and not r.is_complex(), f"prompt row {i} must hold integer token ids")
+        check(r.numel() > 0, f"prompt row {i} is empty: give at least one token")
+        check(r.numel() <= max_seq_len,
+              f"prompt row {i} has {r.numel()} tokens, more than the model's max_seq_len {max_seq_len}")
+        lo, hi = int(r.min()), int(r.max())
+        check(lo >= 0 and hi < vocab_size,
+              f"prompt row {i} has token ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
+    return rows
+
+
+def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile) -> str:
+    """Check generate's arguments before any work; return the method ("base", "draft" or "prophet")."""
+    check(isinstance(target, (Decoder, HFDecoder)),
+          f"target must be a specdec_models Decoder or a Hugging Face causal LM, got {type(target).__name__}")
+    check(draft is None or prophet is None, "give either a draft or a prophet, not both")
+    check(gamma == AUTO or (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1),
+          f"gamma must be an integer >= 1 or 'auto', got {gamma!r}")
+    if speed_profile is not None:
+        check(gamma == AUTO, f"a speed_profile chooses gamma: pass gamma='auto', not gamma={gamma!r}")
+        check(isinstance(speed_profile, SpeedProfile),
+              f"speed_profile must be a cost.SpeedProfile, got {type(speed_profile).__name__}")
+    check(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0,
+          f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if eos_id is not None:
+        check(isinstance(eos_id, int) and 0 <= eos_id < target.vocab_size,
+              f"eos_id must be a token id in [0, {target.vocab_size}), got {eos_id!r}")
+    if draft is not None:
+        check(isinstance(draft, (Decoder, HFDecoder)),
+              f"draft must be a specdec_models Decoder or a Hugging Face causal LM, got {type(draft).__name__}")
+        check(draft.vocab_size == target.vocab_size,
+              f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
+        return "draft"
+    if prophet is not None:
+        check(isinstance(prophet, ModelWithProphet), f"prophet must be a ModelWithProphet, got {type(prophet).__name__}")
+        check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
+              "not a Hugging Face target")
+        check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
+        return "prophet"
+    return "base"
