@@ -105,7 +105,9 @@ def _settings(bench: DecodeBench, models: Models) -> list[tuple[str, int | str |
     for method in ("draft", "prophet"):
         available = models.draft if method == "draft" else models.prophet
         if method in bench.methods and available is not None:
-            out += [(method, g) for g in bench.gammas]
+            # a prophet trained for L positions drafts at most L - 1 (generate refuses more)
+            top = models.prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
+            out += [(method, g) for g in bench.gammas if g == "auto" or top is None or g <= top]
     if "peer" in bench.methods and models.prophet is not None:
         out += [(v, g) for v in PEER_VARIANTS for g in bench.gammas if g != "auto"]
     return out
