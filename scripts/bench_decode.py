@@ -19,18 +19,10 @@ from pathlib import Path
 import torch
 
 from specdec_models.bench.decode import METHODS, DecodeBench, markdown, run, write_report
+from specdec_models.decode.inputs import parse_gamma
 from specdec_models.errors import SpecdecError
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def gamma_arg(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid gamma {text!r}: an integer >= 1 or 'auto'") from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["base", "draft", "prophet"],
                         help="base always runs; peer = lucidrains' prophet decoding, as published and with "
                              "its feed-forward blocks applied")
-    parser.add_argument("--gamma", type=gamma_arg, nargs="+", default=[5], help="one or more gammas, or auto")
+    parser.add_argument("--gamma", type=parse_gamma, nargs="+", default=[5], help="one or more gammas, or auto")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per setting (merged)")

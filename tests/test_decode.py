@@ -34,6 +34,26 @@ def tiny_prophet(vocab=V, seed=0, sharpen=1.0, prophet_sharpen=None):
     return m.eval()
 
 
+def perturbed(target, scale, seed=None):
+    """A copy of target with Gaussian noise on every weight: a draft that agrees part of the time."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return draft
+
+
+def toy_pair(method, vocab=6):
+    """(target, drafting kwargs) for the chi-square tests: position-dependent toy models over a
+    small vocabulary, with a draft (or prophet) that is neither perfect nor useless."""
+    if method == "draft":
+        return tiny(vocab=vocab, seed=11, sharpen=30.0), {"draft": tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)}
+    mp = tiny_prophet(vocab=vocab, seed=11, sharpen=30.0, prophet_sharpen=3.0)
+    return mp.model, {"prophet": mp}
+
+
 def ragged_prompts(seed=1, lengths=(3, 9, 1, 6, 2)):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, V, (n,), generator=g) for n in lengths]
@@ -115,7 +135,7 @@ def test_greedy_speculative_matches_greedy_base_in_ragged_batch(method):
     kw = {"draft": draft} if method == "draft" else {"prophet": mp}
     prompts = ragged_prompts()
     expected = base_greedy(target, prompts, 30)
-    for gamma in (1, 3, 6):
+    for gamma in (1, 3, 5):                       # the prophet drafts at most prophet_train_length - 1
         got, stats = generate(target, prompts, 30, temperature=0, gamma=gamma, **kw)
         assert [t.tolist() for t in got] == expected
         assert stats.target_calls <= 30 and stats.new_tokens == 5 * 30
@@ -198,12 +218,7 @@ def test_speculative_sampling_is_lossless_chi_square(method, setting):
     # fails this test at most once in 10^4 runs (and never here: the seeds are fixed), while
     # each bug in DECODING.md's list gives p < 1e-20 at this sample size.
     vocab, n_tokens, n = 6, 3, 6000
-    if method == "draft":
-        target = tiny(vocab=vocab, seed=11, sharpen=30.0)
-        kw = {"draft": tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)}
-    else:
-        mp = tiny_prophet(vocab=vocab, seed=11, sharpen=30.0, prophet_sharpen=3.0)
-        target, kw = mp.model, {"prophet": mp}
+    target, kw = toy_pair(method, vocab)
     prompt = torch.tensor([1, 4, 2])
     cfg = SamplingConfig(**setting)
     expected = exact_joint(target, prompt, n_tokens, cfg)
@@ -326,24 +341,42 @@ def test_first_position_acceptance_matches_alpha_from_fresh_forwards():
     (dict(draft=tiny(vocab=V + 1)), "vocabulary"),
     (dict(prophet=tiny_prophet()), "not built for this target"),
     (dict(eos_id=V), "eos_id"),
+    (dict(max_new_tokens=126), r"\(3 tokens\) \+ max_new_tokens 126 = 129 positions exceed the target's max_seq_len 128"),
+    (dict(draft=tiny(dim=16, depth=1, max_seq_len=64), max_new_tokens=62), "exceed the draft's max_seq_len 64"),
+    (dict(prophet=None, gamma=6), "gamma 6 exceeds what the prophet was trained for"),
 ])
 def test_bad_input_gives_a_one_line_error(kwargs, message):
     args = dict(prompt=torch.tensor([[1, 2, 3]]), max_new_tokens=4)
     args.update(kwargs)
+    target = tiny()
+    if "prophet" in args and args["prophet"] is None:     # a prophet trained for 6 positions: gamma <= 5
+        mp = tiny_prophet()
+        target, args["prophet"] = mp.model, mp
     with pytest.raises(SpecdecError, match=message) as err:
-        generate(tiny(), **args)
+        generate(target, **args)
     assert "\n" not in str(err.value)
+
+
+def test_decoding_may_fill_the_trained_context_exactly_and_no_further():
+    # one rule for both CLI complaints: nothing runs past what a model was trained for
+    target = tiny(max_seq_len=40)
+    prompts = ragged_prompts()                               # longest row: 9 tokens
+    got, _ = generate(target, prompts, 31, draft=tiny(dim=16, depth=1), gamma=6)
+    assert [len(t) for t in got] == [31] * 5
+    with pytest.raises(SpecdecError, match="ask for at most 31 new tokens or shorten the prompt"):
+        generate(target, prompts, 32)
+    mp = tiny_prophet()
+    generate(mp.model, prompts, 10, prophet=mp, gamma=5)
+    with pytest.raises(SpecdecError, match="use gamma <= 5 or auto"):
+        generate(mp.model, prompts, 10, prophet=mp, gamma=6)
 
 
 def test_rows_that_finish_early_in_a_long_batch_never_overflow_the_cache():
     # Rows accept different counts, so they reach max_new_tokens in different rounds, some in
-    # the middle of an accepted block; finished rows keep being fed (frozen) while others go on,
-    # and their caches must stay within capacity.
+    # the middle of an accepted block; finished rows leave the batch while others go on, and
+    # the caches must stay within capacity.
     target = tiny(sharpen=2.0)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    draft = perturbed(target, 0.05)
     g = torch.Generator().manual_seed(3)
     prompts = torch.randint(0, V, (8, 20), generator=g)
     got, stats = generate(target, prompts, 60, draft=draft, gamma=5, generator=g)

@@ -158,6 +158,8 @@ def test_text_output_prints_each_row_and_a_stats_summary(exports, capsys):
     (("--prompt", "x", "--method", "prophet"), "needs a model_with_prophet export"),
     (("--prompt", "x", "--gamma", "two"), "invalid gamma 'two'"),
     (("--prompt", "x", "--method", "medusa"), "invalid choice"),
+    (("--prompt", "x", "--repetition-penalty", 0), "repetition_penalty must be a number > 0"),
+    (("--prompt", "xy", "--max-new-tokens", 100000), f"exceed the target's max_seq_len {MAX_LEN}"),
 ])
 def test_bad_arguments_exit_2_with_one_line(exports, capsys, args, match):
     assert_usage_error(capsys, match, "--export", exports / "target", *args)
@@ -236,3 +238,20 @@ def test_gamma_auto_calibrates_or_uses_the_exports_speed_profile(exports, capsys
     assert stored["gamma"] == profile.best_gamma() == 2 and stored["speed_profile"] == profile.to_dict()
     base = cli_json(capsys, "--export", exports / "prophet", "--method", "base", *common[:-2])
     assert cli_json(capsys, "--export", tmp_path / "stored", *common)["continuations"] == base["continuations"]
+
+
+def test_repetition_penalty_through_the_cli_keeps_speculative_equal_to_base(exports, capsys):
+    common = ("--prompt", "aaaa", "--max-new-tokens", 16, "--temperature", 0, "--repetition-penalty", 1.6)
+    base = cli_json(capsys, "--export", exports / "prophet", "--method", "base", *common)
+    prophet = cli_json(capsys, "--export", exports / "prophet", "--method", "prophet", *common)
+    assert prophet["continuations"] == base["continuations"]
+    plain = cli_json(capsys, "--export", exports / "prophet", "--method", "base", *common[:-2])
+    assert plain["continuations"] != base["continuations"]
+
+
+def test_a_gamma_past_the_prophets_training_exits_2_with_the_limit(exports, capsys):
+    # the prophet export was trained with prophet_train_length 6: drafts 1..5
+    assert_usage_error(capsys, "gamma 10 exceeds what the prophet was trained for", "--export",
+                       exports / "prophet", "--prompt", "x", "--gamma", 10)
+    result = cli_json(capsys, "--export", exports / "prophet", "--prompt", "x", "--gamma", 5, "--max-new-tokens", 6)
+    assert result["stats"]["gamma"] == 5

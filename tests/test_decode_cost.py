@@ -11,7 +11,7 @@ from specdec_models.decode.cost import (
     DRAFT, PREFILL, TARGET, SpeedProfile, StepTimes, choose_gamma, cost_ratios, expected_tokens,
     expected_tokens_from_acceptance, measure_costs, predicted_speedup, verify_key,
 )
-from test_decode import ragged_prompts, tiny, tiny_prophet
+from test_decode import perturbed, ragged_prompts, tiny, tiny_prophet
 
 
 @pytest.fixture(autouse=True)
@@ -73,10 +73,7 @@ def test_measure_costs_times_target_verify_and_draft_steps():
 
 def test_merged_stats_add_the_counts_and_derive_the_rates_again():
     target = tiny(sharpen=2.0)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    draft = perturbed(target, 0.05)
     g = torch.Generator().manual_seed(0)
     parts = [generate(target, ragged_prompts(seed=s), n, draft=draft, gamma=gamma, generator=g, timing=True)[1]
              for s, n, gamma in ((1, 20, 3), (2, 31, 3), (3, 9, 5))]
@@ -218,8 +215,9 @@ def test_auto_gamma_calibrates_and_picks_gamma_1_for_a_draft_that_never_agrees()
                           gamma="auto", timing=True)
     assert stats.gamma == 1
     assert stats.speed_profile["per_position_acceptance"] == [0.0] * 8
-    assert set(stats.speed_profile["v_by_gamma"]) == {"4", "8"}            # the calibration's gammas
-    assert stats.step_times.calls["target"] == 2                            # its plain steps
+    assert set(stats.speed_profile["v_by_gamma"]) == {"1", "2", "4", "8"}  # the calibration's gammas
+    assert stats.step_times.calls["target"] == 3                            # its plain steps
+    assert stats.step_times.calls[verify_key(8)] == 3                       # three passes
     assert stats.measured_speedup > 0 and stats.predicted_speedup > 0
     assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 40, temperature=0)[0]]
 
@@ -241,3 +239,14 @@ def test_auto_gamma_for_a_prophet_stays_within_what_it_was_trained_for():
 def test_bad_gamma_choice_gives_a_one_line_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         generate(tiny(), ragged_prompts(), 4, draft=tiny(dim=16, depth=1), **kwargs)
+
+
+def test_calibration_covers_both_ends_and_the_middle_and_profiles_from_medians():
+    from specdec_models.decode.speculative import calibration_gammas
+
+    assert calibration_gammas(8) == [8, 1, 4, 2] * 3
+    assert calibration_gammas(5) == [5, 1, 2] * 3 and calibration_gammas(1) == [1] * 3
+    samples = {TARGET: [1.0, 1.1, 9.0], DRAFT: [0.2, 0.3, 5.0], verify_key(4): [2.0, 30.0, 2.2],
+               "tail/" + verify_key(2): [0.1]}
+    profile = SpeedProfile.from_samples(samples, [0.5] * 4, batch=2)
+    assert profile.c == pytest.approx(0.3 / 1.1) and profile.v_by_gamma == {4: pytest.approx(2.2 / 1.1)}

@@ -26,6 +26,7 @@ from ..export import load_export, read_export_config
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
 from . import SpeedProfile, generate
+from .inputs import parse_gamma
 
 METHODS = ("base", "draft", "prophet")
 
@@ -41,15 +42,6 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _gamma(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid gamma {text!r}: give an integer >= 1 or auto") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m specdec_models.decode",
                      description="Generate text from a specdec export with plain or speculative decoding.")
@@ -61,12 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "model_with_prophet export whose main model then drafts)")
     parser.add_argument("--method", choices=METHODS,
                         help="default: draft with --draft, prophet for a model_with_prophet export, else base")
-    parser.add_argument("--gamma", type=_gamma, default=5,
+    parser.add_argument("--gamma", type=parse_gamma, default=5,
                         help="tokens drafted per round (default 5), or auto: the gamma with the best predicted "
                              "speed-up, from the export's metadata speed_profile or measured on the first tokens")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--repetition-penalty", type=float, default=None,
+                        help="divide the logits (> 0; multiply those < 0) of ids already in the context (1 = none)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--batch", type=int, default=1, help="decode the prompt N times as one batch")
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling generator")
@@ -93,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Check the arguments, load the models, decode; return the JSON result."""
     # settings first, so a typo is reported before any model is loaded
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
     check(args.gamma == "auto" or args.gamma >= 1, f"--gamma must be >= 1 or auto, got {args.gamma}")
     check(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
@@ -127,7 +121,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = None if stored is None else SpeedProfile.from_dict(stored)
     tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
                              prophet=prophet, gamma=args.gamma, speed_profile=profile, temperature=sampling.temperature,
-                             top_k=sampling.top_k, top_p=sampling.top_p, eos_id=args.eos_id,
+                             top_k=sampling.top_k, top_p=sampling.top_p,
+                             repetition_penalty=sampling.repetition_penalty, eos_id=args.eos_id,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
     continuations = [byte_tokenizer.decode(t) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}

@@ -20,6 +20,7 @@ c, v(gamma) and the per-position acceptance of one batch size and answers `predi
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -103,16 +104,19 @@ class StepTimes:
 
 
 class Clock:
-    """Times model calls into a StepTimes (or does nothing when `times` is None). On an
-    accelerator it synchronises before reading the clock, so a call's time is its own."""
+    """Times model calls into a StepTimes and/or, call by call, into `samples` (key -> seconds);
+    does nothing when given neither. On an accelerator it synchronises before reading the clock,
+    so a call's time is its own."""
 
-    def __init__(self, times: StepTimes | None, device: torch.device) -> None:
+    def __init__(self, times: StepTimes | None, device: torch.device,
+                 samples: dict[str, list[float]] | None = None) -> None:
         self.times = times
+        self.samples = samples
         self.prefix = ""                     # TAIL once decoding has dropped finished rows
         self._sync = torch.cuda.synchronize if device.type == "cuda" else None
 
     def __call__(self, key: str, fn: Callable, *args, **kwargs):
-        if self.times is None:
+        if self.times is None and self.samples is None:
             return fn(*args, **kwargs)
         if self._sync:
             self._sync()
@@ -120,7 +124,11 @@ class Clock:
         out = fn(*args, **kwargs)
         if self._sync:
             self._sync()
-        self.times.add(self.prefix + key, time.perf_counter() - t0)
+        seconds, key = time.perf_counter() - t0, self.prefix + key
+        if self.times is not None:
+            self.times.add(key, seconds)
+        if self.samples is not None:
+            self.samples.setdefault(key, []).append(seconds)
         return out
 
 
@@ -227,6 +235,17 @@ class SpeedProfile:
         smaller gamma on a tie)."""
         top = self.gamma_max if limit is None else min(self.gamma_max, limit)
         return max(range(1, top + 1), key=lambda g: (self.predicted(g), -g))
+
+    @classmethod
+    def from_samples(cls, samples: dict[str, list[float]], per_position_acceptance: Sequence[float],
+                     batch: int | None = None) -> SpeedProfile:
+        """From call-by-call times (`Clock` samples): medians, so a burst of load on a few calls
+        does not move the choice. Keys as in StepTimes; the "tail/" ones are left out."""
+        check(bool(samples.get(TARGET)) and bool(samples.get(DRAFT)),
+              "the samples need 1-token target steps and draft steps")
+        step = statistics.median(samples[TARGET])
+        v = {int(k.split("/")[1]): statistics.median(x) / step for k, x in samples.items() if k.startswith("verify/")}
+        return cls(statistics.median(samples[DRAFT]) / step, v, tuple(per_position_acceptance), batch)
 
     @classmethod
     def from_times(cls, times: StepTimes, per_position_acceptance: Sequence[float], batch: int | None = None,

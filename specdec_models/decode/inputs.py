@@ -3,6 +3,8 @@ what to fix."""
 
 from __future__ import annotations
 
+import argparse
+
 from torch import Tensor
 
 from ..errors import check
@@ -12,6 +14,16 @@ from ..prophet import ModelWithProphet
 from .cost import SpeedProfile
 
 AUTO = "auto"
+
+
+def parse_gamma(text: str) -> int | str:
+    """A command line's gamma: an integer or "auto" (argparse `type=`; range checks come later)."""
+    if text == AUTO:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid gamma {text!r}: give an integer >= 1 or auto") from None
 
 
 def prompt_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -> list[Tensor]:
@@ -34,6 +46,21 @@ def prompt_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int
         check(lo >= 0 and hi < vocab_size,
               f"prompt row {i} has token ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
     return rows
+
+
+def check_context(rows: list[Tensor], max_new_tokens: int, models: dict[str, object]) -> None:
+    """Refuse decoding past a model's trained context: the longest prompt row plus max_new_tokens
+    must fit every model's max_seq_len (rotary positions past it were never trained, so the output
+    degrades without any error), as a prompt that long alone is refused."""
+    longest = max(r.numel() for r in rows)
+    for role, model in models.items():
+        if model is None:
+            continue
+        limit = model.cfg.max_seq_len
+        check(longest + max_new_tokens <= limit,
+              f"the longest prompt row ({longest} tokens) + max_new_tokens {max_new_tokens} = {longest + max_new_tokens} "
+              f"positions exceed the {role}'s max_seq_len {limit}, the context it was trained for (past it the "
+              f"output degrades silently): ask for at most {max(limit - longest, 0)} new tokens or shorten the prompt")
 
 
 def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile) -> str:
@@ -63,5 +90,10 @@ def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_pr
         check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
               "not a Hugging Face target")
         check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
+        top = prophet.prophet_cfg.prophet_train_length - 1
+        check(gamma == AUTO or gamma <= top,
+              f"gamma {gamma} exceeds what the prophet was trained for: prophet_train_length "
+              f"{top + 1} covers drafts 1..{top} (its first prediction is the token the target already "
+              f"emitted), drafts past that are untrained and accept almost nothing; use gamma <= {top} or auto")
         return "prophet"
     return "base"

@@ -24,6 +24,7 @@ stops at its own EOS (emitted, then cut) or after exactly `max_new_tokens` token
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import TYPE_CHECKING
 
@@ -36,12 +37,20 @@ from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig, residual, sample, to_probs
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
-from .inputs import AUTO, check_inputs, prompt_rows
+from .inputs import AUTO, check_context, check_inputs, prompt_rows
 from .stats import DecodeStats
 
 AUTO_GAMMA_MAX = 8          # gamma="auto" chooses among 1..8 (fewer when a prophet was trained for fewer)
-CALIBRATION_STEPS = 2       # plain target steps timed as the unit of c and v
-CALIBRATION_ROUNDS = 8      # speculative rounds, alternating gamma_max and gamma_max // 2
+CALIBRATION_STEPS = 3       # plain target steps timed as the unit of c and v
+
+
+def calibration_gammas(gamma_max: int) -> list[int]:
+    """The gammas of the calibration rounds, in order: three passes over gamma_max, 1,
+    gamma_max // 2 and 2, so v is measured at both ends and in the middle (on a CPU, v(1) is
+    far above 1: a 2-token call costs much more than a 1-token one) and acceptance is counted
+    up to gamma_max."""
+    cycle = list(dict.fromkeys(g for g in (gamma_max, 1, gamma_max // 2, 2) if 1 <= g <= gamma_max))
+    return cycle * 3
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -49,9 +58,13 @@ if TYPE_CHECKING:
 
 class _Rows:
     """Per-row token history, emitted tokens and stop state (all left-aligned buffers), for the
-    rows still decoding: `compact` drops finished rows, `orig` maps each row to its prompt."""
+    rows still decoding: `compact` drops finished rows, `orig` maps each row to its prompt.
+    With `vocab` (a repetition penalty), `seen` (b, vocab + 1) marks the ids in each row's context
+    (prompt and emitted tokens), updated as tokens are emitted; column `vocab` takes the writes
+    of padding and of slots past a row's emitted tokens."""
 
-    def __init__(self, rows: list[Tensor], max_new: int, gamma: int, device: torch.device) -> None:
+    def __init__(self, rows: list[Tensor], max_new: int, gamma: int, device: torch.device,
+                 vocab: int | None = None) -> None:
         b = len(rows)
         self.lens = torch.tensor([r.numel() for r in rows], device=device)
         width = int(self.lens.max()) + max_new + gamma + 2
@@ -67,6 +80,17 @@ class _Rows:
         self.arange_b = torch.arange(b, device=device)
         self.orig = torch.arange(b, device=device)
         self.result: list[Tensor | None] = [None] * b
+        self.vocab = vocab
+        self.seen = None
+        if vocab is not None:
+            prompt = self.seq[:, : int(self.lens.max())]
+            in_prompt = torch.arange(prompt.shape[1], device=device) < self.lens[:, None]
+            self.seen = torch.zeros(b, vocab + 1, dtype=torch.bool, device=device)
+            self.seen.scatter_(1, torch.where(in_prompt, prompt, vocab), True)
+
+    def context(self) -> Tensor | None:
+        """The ids in each row's context so far (b, vocab), for the repetition penalty."""
+        return None if self.seen is None else self.seen[:, : self.vocab]
 
     @property
     def batch(self) -> int:
@@ -93,6 +117,8 @@ class _Rows:
         # write all m slots; the ones past n are overwritten later or cut at the end
         self.out.scatter_(1, (self.produced[:, None] + j).clamp(max=self.out.shape[1] - 1), block)
         self.seq.scatter_(1, (self.seq_len[:, None] + j).clamp(max=self.capacity - 1), block)
+        if self.seen is not None:
+            self.seen.scatter_(1, torch.where(j < n[:, None], block, self.vocab), True)
         self.produced += n
         self.seq_len += n
         self.done |= hit_eos | (self.produced >= self.max_new)
@@ -111,7 +137,7 @@ class _Rows:
         self._save(done.nonzero()[:, 0].tolist())
         dst = done[:batch].nonzero()[:, 0]
         src = (~done[batch:]).nonzero()[:, 0] + batch
-        for name in ("lens", "seq", "seq_len", "out", "produced", "done", "orig"):
+        for name in ("lens", "seq", "seq_len", "out", "produced", "done", "orig") + (("seen",) if self.vocab else ()):
             t = getattr(self, name)
             t[dst] = t[src]
             setattr(self, name, t[:batch])
@@ -140,6 +166,7 @@ def generate(
     vocab_size: int | str | None = None,
     timing: bool = False,
     speed_profile: SpeedProfile | None = None,
+    repetition_penalty: float | None = None,
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
@@ -151,18 +178,24 @@ def generate(
     `gamma="auto"` picks the gamma in 1..8 (1..prophet_train_length - 1 for a prophet) with the
     largest predicted speed-up E(gamma) / (gamma c + v(gamma)) (see `cost.SpeedProfile`): from
     `speed_profile` when given (measured with `cost.measure_costs`, or stored in an export's
-    metadata), else by calibrating on the call itself: after the prefill it decodes 2 plain
-    steps (their time is the unit of c and v), then 8 speculative rounds alternating gamma 8 and
-    4, timing the draft steps and verify calls and counting the per-position acceptance (positions
-    5-8 from the gamma-8 rounds), interpolates v between the measured gammas, and decodes the rest
-    at the best gamma. Every calibration token is a real, lossless output token. `stats.gamma`
+    metadata), else by calibrating on the call itself: after the prefill it decodes 3 plain
+    steps (their median time is the unit of c and v), then 12 speculative rounds at gammas
+    8, 1, 4, 2, 8, 1, ... (`calibration_gammas`), timing every draft step and verify call and
+    counting the per-position acceptance (positions 5-8 from the gamma-8 rounds); c and v are
+    ratios of medians, v is interpolated between the measured gammas, and the rest is decoded at
+    the best gamma. Every calibration token is a real, lossless output token. `stats.gamma`
     is the gamma chosen; `stats.predicted_speedup` and `stats.measured_speedup` compare.
+
+    `repetition_penalty` (transformers' semantics, see `sampling.penalise`) stays lossless: every
+    position, drafted ones included, is processed with the context before it (draft position i
+    and the target's verify position that predicts it both see prompt + emitted + d_1..d_{i-1}).
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
     target, draft = as_decoders(target, draft, vocab_size)
     method = check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile)
-    sampling = SamplingConfig(temperature, top_k, top_p)
+    sampling = SamplingConfig(temperature, top_k, top_p, repetition_penalty)
     rows_in = prompt_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
+    check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
     gamma_max = (AUTO_GAMMA_MAX if limit is None else min(AUTO_GAMMA_MAX, limit)) if gamma == AUTO else gamma
     stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma_max if method != "base" else 0,
@@ -194,10 +227,10 @@ class _Decoding:
         self.stats = stats
         self.device = target.device
         self.clock = Clock(stats.step_times, self.device)
-        self.rows = _Rows(rows_in, max_new, gamma, self.device)
+        self.rows = _Rows(rows_in, max_new, gamma, self.device, target.vocab_size if sampling.penalised else None)
         self.cache = self.draft_cache = None
         self.gamma_max = gamma
-        self.calibration_times: StepTimes | None = None
+        self.calibration_samples: dict[str, list[float]] = {}
         # counters kept as tensors on the device: read once at the end, no host sync per round
         self.row_calls = torch.zeros((), dtype=torch.long, device=self.device)
         self.alpha_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -233,8 +266,9 @@ class _Decoding:
 
     def count_into(self, stats: DecodeStats, tokens: list[Tensor]) -> None:
         stats.new_tokens = sum(t.numel() for t in tokens)
-        step = None if self.calibration_times is None else self.calibration_times.mean(TARGET)
-        if step is not None and stats.wall_seconds > 0:
+        steps = self.calibration_samples.get(TARGET)
+        if steps and stats.wall_seconds > 0:
+            step = statistics.median(steps)
             # tokens per second per row, over the rate of one token per target step
             stats.measured_speedup = stats.new_tokens / stats.wall_seconds / len(tokens) * step
         stats.row_calls = int(self.row_calls)
@@ -256,25 +290,23 @@ class _Decoding:
 
     def calibrate(self) -> SpeedProfile | None:
         """Measure c, v and the per-position acceptance on this call's first tokens (see generate)."""
-        times = self.stats.step_times if self.stats.step_times is not None else StepTimes()
-        untimed, self.clock = self.clock, Clock(times, self.device)
-        self.clock.prefix = untimed.prefix
-        gammas = sorted({self.gamma_max, max(1, self.gamma_max // 2)}, reverse=True)
+        samples: dict[str, list[float]] = {}
+        plain, self.clock = self.clock, Clock(self.stats.step_times, self.device, samples)
+        self.clock.prefix = plain.prefix
         try:
-            for i in range(CALIBRATION_STEPS + CALIBRATION_ROUNDS):
+            for g in [None] * CALIBRATION_STEPS + calibration_gammas(self.gamma_max):
                 if self.finished():
                     return None
-                if i < CALIBRATION_STEPS:
+                if g is None:
                     self.base_step()
                 else:
-                    g = gammas[i % len(gammas)]
                     self.verify(g, self.draft_round(g))
         finally:
-            untimed.prefix, self.clock = self.clock.prefix, untimed
-        self.calibration_times = times
+            plain.prefix, self.clock = self.clock.prefix, plain
+        self.calibration_samples = samples
         accepted, drafted = self.accepted_at.tolist(), self.drafted_at.tolist()
         try:
-            return SpeedProfile.from_times(times, [a / max(d, 1) for a, d in zip(accepted, drafted)], self.rows.batch)
+            return SpeedProfile.from_samples(samples, [a / max(d, 1) for a, d in zip(accepted, drafted)], self.rows.batch)
         except SpecdecError:                     # no full-batch call of some kind was timed
             return None
 
@@ -290,7 +322,8 @@ class _Decoding:
         self.cache.rollback(rows.lens)
         last = logits[rows.arange_b, rows.lens - 1]
         self.count_call()
-        rows.emit(self.pick(to_probs(last, self.sampling))[:, None], torch.ones_like(rows.lens), self.eos_id)
+        probs = to_probs(last, self.sampling, rows.context())
+        rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
         if self.method == "draft":
             self.draft_cache = self.draft.new_cache(b, rows.capacity)
             self.can_compact &= hasattr(self.draft_cache, "compact_rows")
@@ -311,7 +344,8 @@ class _Decoding:
         if self.draft is not None:       # a draft must not fall behind: its catch-up reads 2 tokens
             self._feed(self.draft, self.draft_cache, DRAFT, pending)
         self.count_call()
-        rows.emit(self.pick(to_probs(logits, self.sampling))[:, None], torch.ones_like(rows.lens), self.eos_id)
+        probs = to_probs(logits, self.sampling, rows.context())
+        rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
 
     def _feed(self, model, cache, key: str, tokens: Tensor) -> Tensor:
         """Append tokens (b, 1) to the cache of the unfinished rows; the last logits (b, vocab)."""
@@ -320,10 +354,12 @@ class _Decoding:
         cache.rollback(torch.where(self.rows.done, before, cache.lengths))
         return logits
 
-    def draft_round(self, gamma: int) -> tuple[Tensor, Tensor]:
-        """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab)) where q is
-        exactly the distribution each draft token was sampled from. The draft keeps its cache
-        across rounds; the prophet's is emptied at each round (its start tokens change)."""
+    def draft_round(self, gamma: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab), contexts)
+        where q is exactly the distribution each draft token was sampled from, and contexts
+        (b, gamma + 1, vocab), with a repetition penalty, the ids before each of the round's
+        positions (context + d_1..d_i at position i), which the verify call uses alike. The draft
+        keeps its cache across rounds; the prophet's is emptied at each round (its start tokens change)."""
         rows, draft_cache, clock = self.rows, self.draft_cache, self.clock
         if self.draft is not None:
             # Catch the draft up: it may lag one token (after a full acceptance it never saw
@@ -338,26 +374,33 @@ class _Decoding:
         kw = {} if start is None else {"start": start}
         logits = clock(DRAFT, model, first, cache=draft_cache, **kw).logits[:, -1]
         drafts, qs = [], []
+        seen, contexts = rows.seen, []                            # seen: (b, vocab + 1) or None
         for i in range(gamma):
-            q = to_probs(logits, self.sampling)
+            context = None if seen is None else seen[:, : rows.vocab]
+            q = to_probs(logits, self.sampling, context)
             tok = self.pick(q)
             drafts.append(tok)
             qs.append(q)
+            if seen is not None:
+                contexts.append(context)
+                seen = seen.clone().scatter_(1, tok[:, None], True)
             if i + 1 < gamma:
                 logits = clock(DRAFT, model, tok[:, None], cache=draft_cache).logits[:, -1]
-        return torch.stack(drafts, 1), torch.stack(qs, 1)
+        if seen is not None:
+            contexts.append(seen[:, : rows.vocab])
+        return torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(contexts, 1) if contexts else None
 
-    def verify(self, gamma: int, proposal: tuple[Tensor, Tensor]) -> None:
+    def verify(self, gamma: int, proposal: tuple[Tensor, Tensor, Tensor | None]) -> None:
         """Score [pending, drafts] in one target call, accept a prefix per row, emit the accepted
         drafts plus one correction or bonus token, and roll the cache back per row."""
         rows, cache, sampling = self.rows, self.cache, self.sampling
-        drafts, q = proposal                                        # (b, g), (b, g, vocab)
+        drafts, q, contexts = proposal                              # (b, g), (b, g, vocab), (b, g + 1, vocab)
         b, g = drafts.shape
         before = cache.lengths.clone()
         active = ~rows.done
         logits = self.clock(verify_key(g), self.target, torch.cat([rows.last(1), drafts], 1), cache=cache).logits
         self.count_call()
-        p = to_probs(logits, sampling)                              # (b, g + 1, vocab)
+        p = to_probs(logits, sampling, contexts)                    # (b, g + 1, vocab)
         px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
         qx = q.gather(-1, drafts[..., None])[..., 0]
         if sampling.greedy:
