@@ -49,7 +49,8 @@ def toy_pair(method, vocab=6):
     """(target, drafting kwargs) for the chi-square tests: position-dependent toy models over a
     small vocabulary, with a draft (or prophet) that is neither perfect nor useless."""
     if method == "draft":
-        return tiny(vocab=vocab, seed=11, sharpen=30.0), {"draft": tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)}
+        draft = tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)
+        return tiny(vocab=vocab, seed=11, sharpen=30.0), {"draft": draft}
     mp = tiny_prophet(vocab=vocab, seed=11, sharpen=30.0, prophet_sharpen=3.0)
     return mp.model, {"prophet": mp}
 
@@ -341,7 +342,8 @@ def test_first_position_acceptance_matches_alpha_from_fresh_forwards():
     (dict(draft=tiny(vocab=V + 1)), "vocabulary"),
     (dict(prophet=tiny_prophet()), "not built for this target"),
     (dict(eos_id=V), "eos_id"),
-    (dict(max_new_tokens=126), r"\(3 tokens\) \+ max_new_tokens 126 = 129 positions exceed the target's max_seq_len 128"),
+    (dict(max_new_tokens=126), r"\(3 tokens\) \+ max_new_tokens 126 = 129 positions exceed the target's "
+                               "max_seq_len 128"),
     (dict(draft=tiny(dim=16, depth=1, max_seq_len=64), max_new_tokens=62), "exceed the draft's max_seq_len 64"),
     (dict(prophet=None, gamma=6), "gamma 6 exceeds what the prophet was trained for"),
 ])

@@ -123,7 +123,8 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
         from .peer import build_peer, copy_weights
 
         p = models.prophet
-        peers = {v: copy_weights(build_peer(p.main_cfg, p.prophet_cfg, v == "peer+ff"), p).eval() for v in PEER_VARIANTS}
+        peers = {v: copy_weights(build_peer(p.main_cfg, p.prophet_cfg, v == "peer+ff"), p).eval()
+                 for v in PEER_VARIANTS}
     prompt = torch.tensor([list(PROMPT)], device=models.target.device)
 
     def decode(method: str, gamma, batch: int, max_new: int, seed: int):
@@ -133,7 +134,8 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
 
             return peer_prophet_decode(peers[method], rows, max_new, gamma, bench.temperature, bench.top_k, seed)
         kw = {"draft": {"draft": models.draft}, "prophet": {"prophet": models.prophet}, "base": {}}[method]
-        return generate(models.target, rows, max_new, gamma=5 if gamma is None else gamma, temperature=bench.temperature,
+        return generate(models.target, rows, max_new, gamma=5 if gamma is None else gamma,
+                        temperature=bench.temperature,
                         top_k=bench.top_k, generator=torch.Generator().manual_seed(seed), timing=True, **kw)[1]
 
     results = []
@@ -146,7 +148,8 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
                 for method, gamma in settings:
                     out = decode(method, gamma, batch, bench.max_new_tokens, bench.seed + r)
                     runs[(method, gamma)].append(out)
-                    rate = out.tokens_per_second if isinstance(out, DecodeStats) else batch * bench.max_new_tokens / out[1]
+                    rate = (out.tokens_per_second if isinstance(out, DecodeStats)
+                            else batch * bench.max_new_tokens / out[1])
                     log(f"  batch {batch} repeat {r + 1}/{bench.repeats} {method} gamma {gamma}: {rate:.1f} tokens/s")
             results += _rows(batch, runs, bench)
     return {

@@ -38,7 +38,8 @@ def _peer_module():
     try:
         from speculative_decoding import speculative_decoding_with_prophet as peer
     except ImportError:
-        raise SpecdecError(f"the peer is not installed: pip install {PEER_PACKAGE} (lucidrains' speculative-decoding)") from None
+        raise SpecdecError(f"the peer is not installed: pip install {PEER_PACKAGE} "
+                           "(lucidrains' speculative-decoding)") from None
     return peer
 
 
@@ -120,7 +121,8 @@ def filter_thres(top_k: int | None, vocab_size: int) -> float:
 
 @torch.no_grad()
 def peer_prophet_decode(peer: nn.Module, prompt: Tensor, max_new_tokens: int, gamma: int,
-                        temperature: float = 1.0, top_k: int | None = None, seed: int = 0) -> tuple[Tensor, float, float]:
+                        temperature: float = 1.0, top_k: int | None = None,
+                        seed: int = 0) -> tuple[Tensor, float, float]:
     """Run the peer's prophet decoding: (new tokens (b, max_new_tokens), wall seconds, its mean
     accepted drafts per round). Its sampling uses the global torch RNG, seeded here."""
     decode = _peer_module().speculative_decoding_with_prophet_model

@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     profile = None
     if args.gamma == "auto" and method != "base":
         # a profile stored with the export (per-position acceptance from training, c and v)
-        stored = read_export_config(args.draft if method == "draft" else args.export).get("metadata", {}).get("speed_profile")
+        metadata = read_export_config(args.draft if method == "draft" else args.export).get("metadata", {})
+        stored = metadata.get("speed_profile")
         profile = None if stored is None else SpeedProfile.from_dict(stored)
     tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
                              prophet=prophet, gamma=args.gamma, speed_profile=profile, temperature=sampling.temperature,

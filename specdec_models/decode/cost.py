@@ -204,7 +204,8 @@ class SpeedProfile:
         object.__setattr__(self, "per_position_acceptance", tuple(float(a) for a in self.per_position_acceptance))
         check(isinstance(self.c, (int, float)) and math.isfinite(self.c) and self.c >= 0,
               f"c must be a finite number >= 0, got {self.c!r}")
-        check(len(self.v_by_gamma) > 0 and all(g >= 1 and math.isfinite(v) and v > 0 for g, v in self.v_by_gamma.items()),
+        check(len(self.v_by_gamma) > 0
+              and all(g >= 1 and math.isfinite(v) and v > 0 for g, v in self.v_by_gamma.items()),
               f"v_by_gamma must map gammas >= 1 to costs > 0, got {self.v_by_gamma!r}")
         check(len(self.per_position_acceptance) > 0 and all(0 <= a <= 1 for a in self.per_position_acceptance),
               f"per_position_acceptance must be fractions in [0, 1], got {list(self.per_position_acceptance)!r}")

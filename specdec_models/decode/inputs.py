@@ -29,7 +29,8 @@ def parse_gamma(text: str) -> int | str:
 def prompt_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -> list[Tensor]:
     """The prompt as a list of 1-D rows, checked: integer ids in the vocabulary, 1..max_seq_len tokens."""
     if isinstance(prompt, Tensor):
-        check(prompt.ndim == 2, f"prompt must be a (batch, len) tensor or a list of 1-D tensors, got shape {tuple(prompt.shape)}")
+        check(prompt.ndim == 2,
+              f"prompt must be a (batch, len) tensor or a list of 1-D tensors, got shape {tuple(prompt.shape)}")
         rows = list(prompt)
     else:
         check(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
@@ -58,7 +59,8 @@ def check_context(rows: list[Tensor], max_new_tokens: int, models: dict[str, obj
             continue
         limit = model.cfg.max_seq_len
         check(longest + max_new_tokens <= limit,
-              f"the longest prompt row ({longest} tokens) + max_new_tokens {max_new_tokens} = {longest + max_new_tokens} "
+              f"the longest prompt row ({longest} tokens) + max_new_tokens {max_new_tokens} = "
+              f"{longest + max_new_tokens} "
               f"positions exceed the {role}'s max_seq_len {limit}, the context it was trained for (past it the "
               f"output degrades silently): ask for at most {max(limit - longest, 0)} new tokens or shorten the prompt")
 
@@ -86,7 +88,8 @@ def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_pr
               f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         return "draft"
     if prophet is not None:
-        check(isinstance(prophet, ModelWithProphet), f"prophet must be a ModelWithProphet, got {type(prophet).__name__}")
+        check(isinstance(prophet, ModelWithProphet),
+              f"prophet must be a ModelWithProphet, got {type(prophet).__name__}")
         check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
               "not a Hugging Face target")
         check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")

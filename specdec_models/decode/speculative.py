@@ -19,7 +19,12 @@ exactly as the processed target's tokens; temperature 0 compares argmaxes exactl
 
 Rows of a batch accept different counts: each row keeps its own cache length (rollback is a
 per-row length), so no row ever attends to padding or to another row's rejected tokens. Each row
-stops at its own EOS (emitted, then cut) or after exactly `max_new_tokens` tokens.
+stops at its own EOS (emitted, then cut) or after exactly `max_new_tokens` tokens, and finished
+rows leave the batch, so they cost no model time while the others go on.
+
+Also here: `gamma="auto"` (the gamma with the best predicted speed-up, `cost.SpeedProfile`),
+the repetition penalty (the context of every drafted position includes the drafts before it),
+and `timing=True` (every model call timed into `stats.step_times`, for c and v).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from .stats import DecodeStats
 
 AUTO_GAMMA_MAX = 8          # gamma="auto" chooses among 1..8 (fewer when a prophet was trained for fewer)
 CALIBRATION_STEPS = 3       # plain target steps timed as the unit of c and v
+RECHOOSE_ROUNDS = 16        # after calibrating, choose again every 16 rounds from all the samples
 
 
 def calibration_gammas(gamma_max: int) -> list[int]:
@@ -183,7 +189,10 @@ def generate(
     8, 1, 4, 2, 8, 1, ... (`calibration_gammas`), timing every draft step and verify call and
     counting the per-position acceptance (positions 5-8 from the gamma-8 rounds); c and v are
     ratios of medians, v is interpolated between the measured gammas, and the rest is decoded at
-    the best gamma. Every calibration token is a real, lossless output token. `stats.gamma`
+    the best gamma, chosen again every 16 rounds from all samples so far (the calls at the chosen
+    gamma sharpen its v and the acceptance of its positions). Every calibration token is a real,
+    lossless output token. Calibrating times every model call, which on a GPU costs a
+    synchronisation per call; a given profile times nothing. `stats.gamma`
     is the gamma chosen; `stats.predicted_speedup` and `stats.measured_speedup` compare.
 
     `repetition_penalty` (transformers' semantics, see `sampling.penalise`) stays lossless: every
@@ -204,13 +213,18 @@ def generate(
     run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma_max, sampling, eos_id, generator, stats)
     if max_new_tokens > 0:
         run.prefill()
+        adapt = method != "base" and gamma == AUTO and speed_profile is None
         if method != "base" and gamma == AUTO:
             stats.gamma = gamma = run.choose_gamma(speed_profile)
+        rounds = 0
         while not run.finished():
             if method == "base":
                 run.base_step()
-            else:
-                run.verify(gamma, run.draft_round(gamma))
+                continue
+            run.verify(gamma, run.draft_round(gamma))
+            rounds += 1
+            if adapt and rounds % RECHOOSE_ROUNDS == 0:
+                stats.gamma = gamma = run.rechoose(gamma)
         stats.wall_seconds = time.perf_counter() - t0
     tokens = run.rows.tokens()
     run.count_into(stats, tokens)
@@ -283,6 +297,9 @@ class _Decoding:
             profile = self.calibrate()
         if profile is None:                      # the call ended (or lost its full batch) first
             return min(5, self.gamma_max)
+        return self._adopt(profile)
+
+    def _adopt(self, profile: SpeedProfile) -> int:
         gamma = profile.best_gamma(limit=self.gamma_max)
         self.stats.speed_profile = profile.to_dict()
         self.stats.predicted_speedup = profile.predicted(gamma)
@@ -301,14 +318,26 @@ class _Decoding:
                     self.base_step()
                 else:
                     self.verify(g, self.draft_round(g))
-        finally:
+        except BaseException:
             plain.prefix, self.clock = self.clock.prefix, plain
+            raise
+        # the sampling clock stays: the rounds that follow keep adding samples for `rechoose`
         self.calibration_samples = samples
+        return self._profile()
+
+    def _profile(self) -> SpeedProfile | None:
+        """The speed profile from the samples and acceptance counted so far."""
         accepted, drafted = self.accepted_at.tolist(), self.drafted_at.tolist()
         try:
-            return SpeedProfile.from_samples(samples, [a / max(d, 1) for a, d in zip(accepted, drafted)], self.rows.batch)
+            acceptance = [a / max(d, 1) for a, d in zip(accepted, drafted)]
+            return SpeedProfile.from_samples(self.calibration_samples, acceptance, self.rows.batch)
         except SpecdecError:                     # no full-batch call of some kind was timed
             return None
+
+    def rechoose(self, gamma: int) -> int:
+        """The best gamma given every sample so far (the current one when there is no profile)."""
+        profile = self._profile()
+        return gamma if profile is None else self._adopt(profile)
 
     def prefill(self) -> None:
         """Right-padded prompts; each row's padding lies past its own length, where no query of
