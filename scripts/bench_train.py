@@ -4,7 +4,7 @@ against the reference implementation's figures.
     python scripts/bench_train.py [--data PATH] [--precisions 32-true bf16-mixed]
     python scripts/bench_train.py --reference [--windows-per-seq 64 128]
 
-Default mode: `ProphetLitModule` driven by a Lightning Trainer built from the run's config
+Default mode: `ProphetModule` (task=prophet) driven by a Lightning Trainer built from the run's config
 (`model=mid trainer=cpu logger=csv`, composed from conf/ as `python -m train` does; extra Hydra
 overrides via `--override`), against a plain loop over a copy of the same `ModelWithProphet`
 (same initial weights, optimizer, schedule, gradient clipping, precision via
@@ -58,7 +58,7 @@ class PlainLoop:
 
     def __init__(self, net: ModelWithProphet, optim: dict | None, total_steps: int, clip: float | None,
                  precision: str = "32-true") -> None:
-        from train.module import OptimConfig   # the same optimizer settings as the pipeline
+        from train.optim import OptimConfig   # the same optimizer settings as the pipeline
 
         cfg = OptimConfig.from_dict(dict(optim or {}))
         self.net = net.train()
@@ -159,7 +159,7 @@ def bench_pipeline(args, workdir: Path) -> dict:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from train.module import ProphetLitModule
+    from train.tasks.prophet import ProphetModule
     from train.run import build_callbacks, build_loggers, validate
 
     path, data_desc = data_file(args.data, workdir)
@@ -186,7 +186,7 @@ def bench_pipeline(args, workdir: Path) -> dict:
         datamodule = instantiate(cfg.data)
         datamodule.prepare_data()
         datamodule.setup("fit")
-        module = ProphetLitModule(**kwargs)
+        module = ProphetModule(**kwargs)
         if prophet.windows_per_seq is not None:
             raise SystemExit("the plain loop draws no window subsets: benchmark windows_per_seq with --reference")
         twin = ModelWithProphet(main, prophet)
@@ -253,7 +253,7 @@ def time_eval(node, module, datamodule, val_interval: int, step_seconds: float) 
 # -- our train step vs the reference implementation's figures --------------------------------------
 
 def bench_reference(args, workdir: Path) -> dict:
-    from train.data import RandomWindows, read_bytes
+    from train.data.enwik8 import RandomWindows, read_bytes
 
     path, data_desc = data_file(args.data, workdir)
     data = read_bytes(path)[: 90_000_000]

@@ -1,16 +1,16 @@
-"""Cache a frozen main model's embeddings for prophet training (task=prophet_frozen, main.embeddings=cached).
+"""Cache a frozen main model's embeddings for prophet training (task=prophet_frozen, data=enwik8_embeddings).
 
     python scripts/cache_embeddings.py --export DIR --data PATH --out CACHE_DIR [--seq-len 512]
-        [--windows N] [--dtype bf16|fp16] [--top-k-logits K] [--shard-size 500MB] [--seed 0]
+        [--windows N] [--dtype bfloat16|float16] [--top-k-logits K] [--shard-size 500MB] [--seed 0]
 
 Runs the export's main model once over N random training windows (seq_len + 1 bytes of the
 90% training split of PATH, seeded) and writes the tokens, the last-layer embeddings and
 optionally the top-K logits as a Hugging Face `datasets` Arrow dataset (see
-`train.cached_data`), built next to CACHE_DIR and renamed into place. Then train with
+`train.embeddings_cache`), built next to CACHE_DIR and renamed into place. Then train with
 
-    python -m train experiment=enwik8_prophet_frozen main.export=DIR main.embeddings=cached main.cache=CACHE_DIR
+    python -m train experiment=enwik8_prophet_frozen main.export=DIR data=enwik8_embeddings data.cache=CACHE_DIR
 
-Size: about seq_len x dim x 2 bytes per window (bf16 or fp16) plus 3 x K bytes per token for
+Size: about seq_len x dim x 2 bytes per window (bfloat16 or float16) plus 3 x K bytes per token for
 top-K logits, e.g. 512 MB per million tokens for dim 256.
 """
 
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the cache directory to write (must not exist, or --overwrite)")
     parser.add_argument("--seq-len", type=int, default=512, help="window length (data.seq_len of the run); default 512")
     parser.add_argument("--windows", type=int, default=1024, help="number of random training windows; default 1024")
-    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="stored embedding type; default bf16")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                        help="stored embedding type; default bfloat16")
     parser.add_argument("--top-k-logits", type=int, default=0, help="also store the K largest logits per position")
     parser.add_argument("--shard-size", default="500MB", help="largest Arrow shard (save_to_disk); default 500MB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the window offsets; default 0")
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # after argument parsing: --help stays fast
     from tqdm import tqdm
 
-    from train.cached_data import build_cache
+    from train.embeddings_cache import build_cache
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     bars = []                              # the bar opens with the first batch: bad input prints one line

@@ -237,15 +237,14 @@ def render(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from specdec_models import ModelWithProphet, load_export
-    from train.data import Enwik8DataModule
+    from train.data.enwik8 import validation_prompts
 
     try:
         pair = load_export(args.target_export)
         if not isinstance(pair, ModelWithProphet):
             raise SpecdecError(f"{args.target_export} is a decoder export: the comparison needs a model_with_prophet "
                                "export (its prophet is candidate (c))")
-        data = Enwik8DataModule(path=args.data, allow_short=True, download=False)
-        prompts = data.prompts(args.prompts, args.prompt_bytes)
+        prompts = validation_prompts(args.data, args.prompts, args.prompt_bytes)
         args.out.mkdir(parents=True, exist_ok=True)
         entries: list[dict[str, Any]] = []
         n_target = weights(pair.model)

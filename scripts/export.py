@@ -1,8 +1,9 @@
-"""Export a training checkpoint for decoding: `python scripts/export.py CKPT OUT_DIR`.
+"""Export a training checkpoint for decoding: `python scripts/export.py CKPT OUT_DIR [--force]`.
 
 Writes the same export as the end of `python -m train` (safetensors + JSON config, no pickle),
-through `train.module.export_checkpoint`; `specdec_models.load_export(OUT_DIR)` and
-`python -m specdec_models.decode --export OUT_DIR` load it.
+through `train.checkpoints.export_checkpoint`; `specdec_models.load_export(OUT_DIR)` and
+`python -m specdec_models.decode --export OUT_DIR` load it. OUT_DIR must be new, empty or an
+export of the same model (which it replaces, and says so); `--force` writes into any folder.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from specdec_models.errors import SpecdecError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ckpt", help="a Lightning checkpoint of train.module.ProphetLitModule (e.g. .../last.ckpt)")
+    parser.add_argument("ckpt", help="a Lightning checkpoint of any task (e.g. outputs/<run>/checkpoints/last.ckpt)")
     parser.add_argument("out_dir", help="the export directory to write")
+    parser.add_argument("--force", action="store_true",
+                        help="write even into a folder that is not an export, or over an export of another model")
     args = parser.parse_args(argv)
-    from train.module import export_checkpoint   # imports lightning: after argument parsing
+    from train.checkpoints import export_checkpoint   # imports lightning: after argument parsing
 
     try:
-        path = export_checkpoint(args.ckpt, args.out_dir)
+        path = export_checkpoint(args.ckpt, args.out_dir, force=args.force)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

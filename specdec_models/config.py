@@ -12,7 +12,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .errors import SpecdecError, check, check_positive_int
+
+
+# the one dtype vocabulary of configs, CLIs and file metadata: torch's own names
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: Any, what: str, allowed: tuple[str, ...] = tuple(DTYPES)) -> torch.dtype:
+    """The torch dtype called `name` (one of `allowed`), or a one-line error naming the setting `what`."""
+    check(name in allowed, f"{what} must be one of {', '.join(allowed)}, got {name!r}")
+    return DTYPES[name]
 
 
 def from_dict(cls, data: Any, what: str):

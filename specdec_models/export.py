@@ -3,7 +3,7 @@
 An export is a directory holding
 
     config.json                      {"format": "specdec-export", "format_version": 1,
-                                      "kind": "decoder" | "model_with_prophet",
+                                      "kind": "decoder" | "model_with_prophet" | "hf_prophet",
                                       "main": ModelConfig dict, "prophet": ProphetConfig dict or null,
                                       "tokenizer": {"kind": "bytes"},
                                       "weights": "weights-<sha256[:16]>.safetensors",
@@ -14,10 +14,23 @@ A `model_with_prophet` export holds the state_dict of a `ModelWithProphet` (main
 the start projection); a `decoder` export a `Decoder`'s. Loading rebuilds the model from the JSON
 configs and copies the safetensors tensors in with `load_state_dict`, so nothing is unpickled.
 
-Writing is crash-safe: the weights go to a new file named after their hash (temp name, fsync,
-rename), then config.json is replaced in one `os.replace`, the single commit point. A crash at any
-moment leaves either the old export or the new one readable; weights files that no committed
-config references are deleted by the next successful save. One writer per directory at a time.
+An `hf_prophet` export holds a prophet head for a Hugging Face target (`hf_prophet.HFProphet`):
+its own trainable weights only ("main": null, "prophet": the HFProphetConfig dict, "tokenizer":
+{"kind": "hf_target"}, the target's own), and the identity of the target it was trained for:
+
+    "target": {"path": file or directory it was loaded from (or null), "architecture": class name,
+               "hidden_size": int, "vocab_size": int, "weights_sha256": hf_weights.weights_sha256}
+
+`load_export(DIR, target=model)` attaches the head to `model` (whose embedding and head it
+shares) and refuses, in one line, a target whose weights hash differently.
+
+Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
+(written in a temp directory of ours, fsync, rename), then config.json is replaced in one
+`os.replace`, the single commit point. A crash at any moment leaves either the old export or the
+new one readable; weights files no committed config references and the temps of crashed saves
+are deleted by the next successful save. Files get the umask's mode (exports are shared). A save
+writes into an existing directory only when it is empty or holds an export of the same model
+(`check_export_target`; `force=True` overrides). One writer per directory at a time.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +47,12 @@ from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig, ProphetConfig
 from .errors import SpecdecError, check
+from .hf import _logits_width, _text_config, is_hf_model
+from .hf_prophet import HFProphet, HFProphetConfig
+from .hf_weights import weights_sha256
+from .files import (TMP_PREFIX, check_writable_dir, file_mode, fsync_dir, os_error, remove_stale_temps, temp_path,
+                    write_file)
+from .files import one_line as _one_line
 from .model import Decoder
 from .prophet import ModelWithProphet
 
@@ -41,73 +60,92 @@ FORMAT = "specdec-export"
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
-_TMP_PREFIX = ".tmp-"     # in-progress files; a crashed save can leave them, the next one removes them
+HF_TARGET_TOKENIZER = {"kind": "hf_target"}   # an hf_prophet head uses its target's own tokenizer
+KINDS = ("decoder", "model_with_prophet", "hf_prophet")
+FORCE = "force=True, scripts/export.py --force"
 
 
 # ---------------------------------------------------------------- writing
 
-def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet, *,
-                tokenizer: str | dict[str, Any] = "bytes", metadata: dict[str, Any] | None = None) -> Path:
+def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
+                tokenizer: str | dict[str, Any] | None = None, metadata: dict[str, Any] | None = None,
+                target_path: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Write `model` as an export into `directory` (created if needed) and return its path.
 
-    Replaces a previous export in the same directory atomically. `metadata` must be plain JSON
-    values (run name, training step, ...)."""
+    Replaces a previous export of the same model (kind, configs, tokenizer) in the same directory
+    atomically; refuses (`SpecdecError`) a folder that is not an export and an export of another
+    model unless `force` (see `check_export_target`). `metadata` must be plain JSON values (run
+    name, training step, ...). tokenizer: "bytes" (the default) for a Decoder or a
+    ModelWithProphet; an HFProphet uses its target's. target_path: where an HFProphet's target
+    was loaded from (default: the target's `name_or_path`), recorded with its weights' hash."""
     directory = Path(directory)
-    if isinstance(model, ModelWithProphet):
-        kind, main, prophet = "model_with_prophet", model.main_cfg, model.prophet_cfg
-    elif isinstance(model, Decoder):
-        kind, main, prophet = "decoder", model.cfg, None
-    else:
-        raise SpecdecError(f"can only export a Decoder or a ModelWithProphet, got {type(model).__name__}")
-    tokenizer_dict = _tokenizer_dict(tokenizer)
+    header = _header(model, tokenizer, target_path)
     metadata = {} if metadata is None else metadata
     check(isinstance(metadata, dict), f"export metadata must be a dict, got {type(metadata).__name__}")
     try:
         json.dumps(metadata, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise SpecdecError(f"export metadata must hold plain JSON values: {_one_line(error)}") from None
-
-    check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
-    _refuse_foreign_config(directory / CONFIG_NAME)
-    directory.mkdir(parents=True, exist_ok=True)
+    _check_target(directory, header, force)
+    check_writable_dir(directory, "export directory")
 
     # Decoder stores some weights column-major; safetensors wants contiguous tensors. The layout
     # comes back on load, because load_state_dict copies into the freshly built model's strides.
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
-    temps: list[Path] = []
     try:
-        tmp_weights = directory / f"{_TMP_PREFIX}weights-{uuid.uuid4().hex}.safetensors"
-        temps.append(tmp_weights)
-        save_file(tensors, str(tmp_weights))
-        _fsync_file(tmp_weights)
-        digest = _sha256(tmp_weights)
-        weights_name = f"weights-{digest[:16]}.safetensors"
-        os.replace(tmp_weights, directory / weights_name)   # same bytes if it already exists
-        temps.remove(tmp_weights)
-        _fsync_dir(directory)
-
-        config = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "kind": kind,
-            "main": main.to_dict(),
-            "prophet": None if prophet is None else prophet.to_dict(),
-            "tokenizer": tokenizer_dict,
-            "weights": weights_name,
-            "weights_sha256": digest,
-            "metadata": metadata,
-        }
-        tmp_config = directory / f"{_TMP_PREFIX}config-{uuid.uuid4().hex}.json"
-        temps.append(tmp_config)
-        _write_json(tmp_config, config)
-        os.replace(tmp_config, directory / CONFIG_NAME)     # the commit point
-        temps.remove(tmp_config)
-        _fsync_dir(directory)
-    finally:
-        for path in temps:
-            path.unlink(missing_ok=True)
-    _remove_unreferenced(directory, keep=weights_name)
+        directory.mkdir(parents=True, exist_ok=True)
+        # safetensors writes through a temp file of its own (".tmpXXXXXX", mode 0600): it goes
+        # into a temp directory of ours, which a crashed save leaves for the next save to remove
+        staging = temp_path(directory / "weights")
+        staging.mkdir()
+        try:
+            written = staging / "weights.safetensors"
+            save_file(tensors, str(written))
+            with open(written, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(written, file_mode())
+            digest = _sha256(written)
+            weights_name = f"weights-{digest[:16]}.safetensors"
+            os.replace(written, directory / weights_name)   # same bytes if it already exists
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        fsync_dir(directory)
+        config = {**header, "weights": weights_name, "weights_sha256": digest, "metadata": metadata}
+        text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        write_file(directory / CONFIG_NAME, lambda f: f.write(text.encode("utf-8")))   # the commit point
+        _remove_unreferenced(directory, keep=weights_name)
+    except OSError as error:
+        raise os_error(error, f"cannot write the export to {directory}") from None
     return directory
+
+
+def _header(model: Decoder | ModelWithProphet | HFProphet, tokenizer: str | dict[str, Any] | None,
+            target_path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """What identifies an export's model: format, kind, configs, tokenizer and, for a head, its
+    target (config.json without the weights and metadata)."""
+    if isinstance(model, HFProphet):
+        check(tokenizer is None, "an hf_prophet export uses its target's tokenizer: pass no tokenizer")
+        fields = {"kind": "hf_prophet", "main": None, "prophet": model.config.to_dict(),
+                  "tokenizer": dict(HF_TARGET_TOKENIZER), "target": target_identity(model.target, target_path)}
+    elif isinstance(model, (ModelWithProphet, Decoder)):
+        check(target_path is None, "target_path is only for an HFProphet's export")
+        with_prophet = isinstance(model, ModelWithProphet)
+        fields = {"kind": "model_with_prophet" if with_prophet else "decoder",
+                  "main": (model.main_cfg if with_prophet else model.cfg).to_dict(),
+                  "prophet": model.prophet_cfg.to_dict() if with_prophet else None,
+                  "tokenizer": _tokenizer_dict("bytes" if tokenizer is None else tokenizer)}
+    else:
+        raise SpecdecError(f"can only export a Decoder or a ModelWithProphet (or an HFProphet), got {type(model).__name__}")
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, **fields}
+
+
+def target_identity(target: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """What an hf_prophet export records of its Hugging Face target (see the module docstring)."""
+    check(is_hf_model(target), f"the head's target must be a Hugging Face model, got {type(target).__name__}")
+    path = path if path is not None else (getattr(target, "name_or_path", None) or None)
+    return {"path": None if path is None else str(path), "architecture": type(target).__name__,
+            "hidden_size": int(_text_config(target.config).hidden_size), "vocab_size": _logits_width(target),
+            "weights_sha256": weights_sha256(target)}
 
 
 def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:
@@ -117,50 +155,49 @@ def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:
     return dict(spec)
 
 
-def _refuse_foreign_config(path: Path) -> None:
-    """Never overwrite a config.json that some other tool wrote (say a Hugging Face model's)."""
-    if not path.is_file():
-        return
+def check_export_target(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
+                        tokenizer: str | dict[str, Any] | None = None, force: bool = False) -> dict[str, Any] | None:
+    """May `save_export(directory, model)` write there? Raises a one-line `SpecdecError` when
+    `directory` is a file, a non-empty folder that is not a specdec export (an embeddings cache, a
+    Hugging Face model), or an export of another model (kind, configs or tokenizer differ); `force`
+    allows the last two. Returns the config.json of the export it would replace, or None."""
+    return _check_target(Path(directory), _header(model, tokenizer), force)
+
+
+def _check_target(directory: Path, header: dict[str, Any], force: bool) -> dict[str, Any] | None:
+    check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
+    if not directory.is_dir():
+        return None
+    path = directory / CONFIG_NAME
     try:
-        existing = json.loads(path.read_text(encoding="utf-8"))
+        existing = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     except (OSError, UnicodeDecodeError, ValueError):
-        return     # unreadable: not a usable export of anyone's, safe to replace
-    check(isinstance(existing, dict) and existing.get("format") == FORMAT,
-          f"{path} exists and is not a specdec export: choose an empty or new export directory")
+        existing = None
+    if not (isinstance(existing, dict) and existing.get("format") == FORMAT):
+        others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(TMP_PREFIX))
+        check(force or not others, f"{directory} is not a specdec export (it holds {_few(others, 3)}): choose an "
+                                   f"empty or new export directory, or write into it on purpose ({FORCE})")
+        return None
+    changed = sorted(key for key in header if existing.get(key) != header[key])
+    check(force or not changed, f"{directory} holds {describe_export(existing)}, another model (its "
+                                f"{', '.join(changed)} differ): choose another export directory, or replace it on "
+                                f"purpose ({FORCE})")
+    return existing
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the renames durable (POSIX); platforms that cannot open a directory skip it."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def describe_export(config: dict[str, Any]) -> str:
+    """One line naming an export from its config.json: kind, training step, weights hash."""
+    step = (config.get("metadata") or {}).get("global_step")
+    sha = str(config.get("weights_sha256") or "?")[:16]
+    return f"a {config.get('kind')} export" + (f" of step {step}" if step is not None else "") + f" (weights {sha})"
 
 
 def _remove_unreferenced(directory: Path, keep: str) -> None:
+    """Delete weights files no committed config references, and temps of crashed saves."""
     for path in directory.iterdir():
-        stale_weights = path.name.startswith("weights-") and path.name.endswith(".safetensors") and path.name != keep
-        if stale_weights or path.name.startswith(_TMP_PREFIX):
+        if path.name.startswith("weights-") and path.name.endswith(".safetensors") and path.name != keep:
             path.unlink(missing_ok=True)
+    remove_stale_temps(directory)
 
 
 def _sha256(path: Path) -> str:
@@ -197,14 +234,22 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
           f"{path} has format_version {version!r}, this specdec reads version {FORMAT_VERSION}: "
           f"re-export the model with this version (or use the specdec that wrote it)")
     kind = config.get("kind")
-    check(kind in ("decoder", "model_with_prophet"),
-          f"{path} has kind {kind!r}, expected 'decoder' or 'model_with_prophet': re-export the model")
+    check(kind in KINDS, f"{path} has kind {kind!r}, expected one of {', '.join(KINDS)}: re-export the model")
     check((config.get("prophet") is None) == (kind == "decoder"),
           f"{path}: a {kind} export must {'not ' if kind == 'decoder' else ''}have a prophet config: "
           f"re-export the model")
     tokenizer = config.get("tokenizer")
-    check(isinstance(tokenizer, dict) and tokenizer.get("kind") in TOKENIZERS,
-          f"{path} has tokenizer {tokenizer!r}; this specdec knows {', '.join(TOKENIZERS)}")
+    if kind == "hf_prophet":
+        check(tokenizer == HF_TARGET_TOKENIZER, f"{path} has tokenizer {tokenizer!r}; an hf_prophet export uses "
+                                                f"its target's ({HF_TARGET_TOKENIZER}): re-export the head")
+        target = config.get("target")
+        check(isinstance(target, dict) and isinstance(target.get("weights_sha256"), str)
+              and len(target["weights_sha256"]) == 64 and isinstance(target.get("path"), (str, type(None))),
+              f"{path}: an hf_prophet export needs 'target' with the target's 'path' and 'weights_sha256': "
+              f"re-export the head")
+    else:
+        check(isinstance(tokenizer, dict) and tokenizer.get("kind") in TOKENIZERS,
+              f"{path} has tokenizer {tokenizer!r}; this specdec knows {', '.join(TOKENIZERS)}")
     weights = config.get("weights")
     check(isinstance(weights, str) and weights and Path(weights).name == weights and weights not in (".", ".."),
           f"{path}: 'weights' must be a file name inside the export directory, got {weights!r}")
@@ -213,6 +258,20 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
           f"{path}: 'weights_sha256' is missing or malformed: re-export the model")
     check(isinstance(config.get("metadata", {}), dict), f"{path}: 'metadata' must be a JSON object")
     return config
+
+
+def read_main_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
+    """(the ModelConfig of a specdec decoder export's model, or of a model_with_prophet export's
+    main model; the whole config.json): what a frozen teacher or main model is built from. An
+    hf_prophet export (a head without a model of its own) is refused in one line."""
+    config = read_export_config(directory)
+    check(config["kind"] != "hf_prophet",
+          f"{directory} is an hf_prophet export (a prophet head for a Hugging Face target), not a specdec model: "
+          f"give a decoder or model_with_prophet export")
+    try:
+        return ModelConfig.from_dict(config["main"]), config
+    except (SpecdecError, TypeError) as error:
+        raise SpecdecError(f"{directory}: bad main model config ({_one_line(error)}): re-export the model") from None
 
 
 def export_hash(directory: str | os.PathLike, *, verify: bool = False) -> str:
@@ -226,19 +285,26 @@ def export_hash(directory: str | os.PathLike, *, verify: bool = False) -> str:
     return config["weights_sha256"]
 
 
-def load_export(directory: str | os.PathLike, *,
-                map_location: str | torch.device = "cpu") -> Decoder | ModelWithProphet:
+def load_export(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
+                target: Any = None) -> Decoder | ModelWithProphet | HFProphet:
     """Rebuild the model of an export (in eval mode, on `map_location`): a `Decoder` or a
-    `ModelWithProphet`, by the export's kind. Uses no pickle: JSON configs and safetensors only."""
+    `ModelWithProphet`, by the export's kind. Uses no pickle: JSON configs and safetensors only.
+
+    An hf_prophet export needs `target`, the Hugging Face model it was trained for (checked by the
+    hash of its weights); the head lives on the target's device and shares its embedding and head."""
     directory = Path(directory)
     config = read_export_config(directory)
     path = directory / CONFIG_NAME
-    try:
-        main = ModelConfig.from_dict(config.get("main"))
-        prophet = None if config["prophet"] is None else ProphetConfig.from_dict(config["prophet"])
-        model = Decoder(main) if prophet is None else ModelWithProphet(main, prophet)
-    except (SpecdecError, TypeError) as error:
-        raise SpecdecError(f"{path}: bad model config ({_one_line(error)}): re-export the model") from None
+    if config["kind"] == "hf_prophet":
+        model = _hf_prophet(directory, config, target)
+    else:
+        check(target is None, f"{directory} holds a {config['kind']} export: target= is only for an hf_prophet export")
+        try:
+            main = ModelConfig.from_dict(config.get("main"))
+            prophet = None if config["prophet"] is None else ProphetConfig.from_dict(config["prophet"])
+            model = Decoder(main) if prophet is None else ModelWithProphet(main, prophet)
+        except (SpecdecError, TypeError) as error:
+            raise SpecdecError(f"{path}: bad model config ({_one_line(error)}): re-export the model") from None
 
     weights = _check_weights_file(directory, config)
     try:
@@ -252,15 +318,35 @@ def load_export(directory: str | os.PathLike, *,
           f"{weights} does not match the {config['kind']} config in {path}: "
           f"missing tensors {_few(missing)}, unexpected tensors {_few(unexpected)}; re-export the model")
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(dtypes) == 1:
-        model.to(dtypes.pop())    # keep the precision the model was exported in
+    if len(dtypes) == 1 and not isinstance(model, HFProphet):
+        model.to(dtypes.pop())    # keep the precision the model was exported in (a head takes its target's)
     try:
         # copies into the existing parameters, so Decoder's column-major layout survives
         model.load_state_dict(tensors, strict=True)
     except RuntimeError as error:
         raise SpecdecError(f"{weights} does not match the config in {path} ({_one_line(error)}): "
                            f"re-export the model") from None
-    return model.to(map_location).eval()
+    return (model if isinstance(model, HFProphet) else model.to(map_location)).eval()
+
+
+def _hf_prophet(directory: Path, config: dict[str, Any], target: Any) -> HFProphet:
+    """An HFProphet for `target`, weights still to load; refuses a target other than the recorded one."""
+    recorded = config["target"]
+    trained_for = f"{recorded.get('architecture', 'a model')} from {recorded.get('path') or 'an unrecorded path'}"
+    check(target is not None, f"{directory} holds a prophet head for a Hugging Face target ({trained_for}): "
+                              f"load it with load_export(DIR, target=<that model>)")
+    check(is_hf_model(target), f"the target of the head in {directory} must be a Hugging Face causal LM, "
+                               f"got {type(target).__name__}")
+    found = weights_sha256(target)
+    check(found == recorded["weights_sha256"],
+          f"the prophet head in {directory} was trained for another target ({trained_for}, weights sha256 "
+          f"{recorded['weights_sha256'][:16]}...); the given {type(target).__name__}'s weights hash to {found[:16]}...: "
+          f"load the target it was trained for")
+    try:
+        return HFProphet(HFProphetConfig.from_dict(config["prophet"]), target)
+    except (SpecdecError, TypeError) as error:
+        raise SpecdecError(f"{directory / CONFIG_NAME}: bad hf_prophet config ({_one_line(error)}): "
+                           f"re-export the head") from None
 
 
 def _check_weights_file(directory: Path, config: dict[str, Any]) -> Path:
@@ -281,5 +367,3 @@ def _few(names: list[str], limit: int = 4) -> str:
     return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__

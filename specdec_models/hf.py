@@ -16,6 +16,18 @@ Hugging Face's causal mask works in slot order, which is each row's logical orde
 exactly its own row's earlier tokens. A rollback marks slots invalid; slots no row uses at the end
 are cut off, and once the cache holds more than `slack` slots beyond the longest row, each row's
 valid slots are gathered to the front (compaction): the cache never grows without bound.
+`compact_rows` drops finished rows from the batch, as `KVCache.compact_rows` does.
+
+Hidden states for a prophet head (`hf_prophet`): with `new_cache(..., keep_embeds=True)` the cache
+also keeps each slot's last-layer hidden state (transformers' `hidden_states[-1]`, after the final
+norm), cut and compacted with the keys and values, and `last_embeds(count)` returns each row's
+last `count` logical positions, as `KVCache.last_embeds` does for a `Decoder`.
+
+Cost. A 49k-token head costs as much per position as several transformer layers of a small
+model (SmolLM2-135M: 28M of its 134M weights), so `logits_at` computes it at one position per row
+only (transformers' `logits_to_keep`): the prefill needs each row's last position, a draft's
+catch-up call its last one. With no hole in the cache, the 2-D mask lets transformers skip
+building a 4-D mask (SDPA's own causal path), as its `generate()` does.
 
 Vocabularies. Drafts and targets of one family often differ only by padding of the logits head
 (Pythia: a 50304- or 50432-row head over a 50277-token tokenizer). `vocab_size` slices the logits
@@ -27,6 +39,7 @@ transformers is imported lazily: `specdec_models` imports without it.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -65,7 +78,8 @@ class HFSizes:
 
 
 class HFOutput(NamedTuple):
-    logits: Tensor        # (b, n, vocab_size), sliced to the shared vocabulary
+    logits: Tensor               # (b, n, vocab_size), sliced to the shared vocabulary; (b, 1, vocab_size) with logits_at
+    embeds: Tensor | None = None  # (b, n, hidden): last-layer hidden states (after the final norm), when asked for
 
 
 def _map_kv(kv: Any, fn) -> None:
@@ -81,9 +95,13 @@ def _map_kv(kv: Any, fn) -> None:
 
 
 class HFKVCache:
-    """A Hugging Face DynamicCache with one logical length per row (see the module docstring)."""
+    """A Hugging Face DynamicCache with one logical length per row (see the module docstring).
 
-    def __init__(self, batch: int, capacity: int, device: torch.device, slack: int) -> None:
+    keep_embeds: also keep each slot's last-layer hidden state (`embeds`, (b, slots, hidden)), cut
+    and compacted with the keys and values, so `last_embeds(count)` returns each row's last `count`
+    logical positions: what a prophet reads (as `KVCache.embeds` does for a `Decoder`)."""
+
+    def __init__(self, batch: int, capacity: int, device: torch.device, slack: int, keep_embeds: bool = False) -> None:
         from transformers import DynamicCache
 
         self.kv = DynamicCache()
@@ -91,6 +109,8 @@ class HFKVCache:
         self.slack = slack
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)    # (b, slots)
+        self.keep_embeds = keep_embeds
+        self.embeds: Tensor | None = None                                     # (b, slots, hidden)
 
     @property
     def batch(self) -> int:
@@ -101,8 +121,10 @@ class HFKVCache:
         """Positions the Hugging Face cache holds per row (valid or not)."""
         return self.valid.shape[1]
 
-    def forward(self, model: Any, tokens: Tensor, window: int | None) -> Tensor:
-        """Append tokens (b, n) to every row and return the model's logits (b, n, head rows)."""
+    def forward(self, model: Any, tokens: Tensor, window: int | None, *, keep: Tensor | None = None,
+                embeds: bool = False) -> Any:
+        """Append tokens (b, n) to every row; return the model's output (logits (b, n, head rows),
+        or at the positions `keep` (k,) of every row; hidden_states when embeds or keep_embeds)."""
         b, n = tokens.shape
         check(b == self.batch, f"cache holds {self.batch} rows, got {b}")
         check(int(self.lengths.max()) + n <= self.capacity,
@@ -113,13 +135,32 @@ class HFKVCache:
                   f"{self.slots + n}, which this adapter does not support")
         valid = torch.cat([self.valid, torch.ones(b, n, dtype=torch.bool, device=self.valid.device)], 1)
         pos = self.lengths[:, None] + torch.arange(n, device=self.lengths.device)         # (b, n)
-        out = model(input_ids=tokens, attention_mask=valid.long(), position_ids=pos,
-                    past_key_values=self.kv, use_cache=True)
+        # a bool mask is what transformers converts any 2-D mask to; with no hole it builds none
+        # at all (SDPA's own causal path) for one new token or an empty cache
+        extra = {} if keep is None else {"logits_to_keep": keep}
+        if embeds or self.keep_embeds:
+            extra["output_hidden_states"] = True
+        out = model(input_ids=tokens, attention_mask=valid, position_ids=pos,
+                    past_key_values=self.kv, use_cache=True, **extra)
         check(out.past_key_values is self.kv,
               f"{type(model).__name__} did not use the DynamicCache it was given: its cache cannot be rolled back per row")
+        if self.keep_embeds:
+            h = out.hidden_states[-1]                                                    # (b, n, hidden)
+            self.embeds = h if self.embeds is None else torch.cat([self.embeds, h], 1)
         self.valid = valid
         self.lengths = self.lengths + n
-        return out.logits
+        return out
+
+    def last_embeds(self, count: int) -> Tensor:
+        """The hidden states of each row's last `count` logical positions: (batch, count, hidden)."""
+        check(self.keep_embeds, "this cache does not keep embeddings (new_cache(..., keep_embeds=True))")
+        check(int(self.lengths.min()) >= count,
+              f"every row needs at least {count} cached positions, shortest has {int(self.lengths.min())}")
+        want = self.lengths[:, None] - count + torch.arange(count, device=self.lengths.device)   # (b, count)
+        # logical position p of a row lives in its (p + 1)-th valid slot
+        slot = torch.searchsorted(self.valid.cumsum(1), want + 1)
+        assert self.embeds is not None
+        return self.embeds.gather(1, slot[..., None].expand(-1, -1, self.embeds.shape[-1]))
 
     def rollback(self, lengths: Tensor) -> None:
         """Forget everything past `lengths` (batch,) in each row; lengths may only shrink."""
@@ -139,6 +180,21 @@ class HFKVCache:
         elif used < slots:
             _map_kv(self.kv, lambda t: t[:, :, :used])
             self.valid = self.valid[:, :used]
+            if self.embeds is not None:
+                self.embeds = self.embeds[:, :used]
+
+    def compact_rows(self, dst: Tensor, src: Tensor, batch: int) -> None:
+        """Copy rows `src` into rows `dst`, then keep the first `batch` rows: how decoding drops
+        finished rows from a batch (the protocol of `KVCache.compact_rows`)."""
+        def move(t: Tensor) -> Tensor:                                  # batch is dim 0 of every tensor here
+            if dst.numel():
+                t[dst.to(t.device)] = t[src.to(t.device)]
+            return t[:batch]
+
+        _map_kv(self.kv, move)
+        self.valid, self.lengths = move(self.valid), move(self.lengths)
+        if self.embeds is not None:
+            self.embeds = move(self.embeds)
 
     def _compact(self, longest: int) -> None:
         """Gather each row's valid slots to the front, in order; keep `longest` slots."""
@@ -149,6 +205,8 @@ class HFKVCache:
             return t.gather(2, order.to(t.device)[:, None, :, None].expand(b, h, longest, d))
 
         _map_kv(self.kv, gather)
+        if self.embeds is not None:
+            self.embeds = self.embeds.gather(1, order[..., None].expand(-1, -1, self.embeds.shape[-1]))
         self.valid = torch.arange(longest, device=self.valid.device) < self.lengths[:, None]
 
 
@@ -182,6 +240,8 @@ class HFDecoder:
                         if isinstance(getattr(config, k, None), int)), 1 << 30)
         self.model = model
         self.slack = slack
+        # transformers' `logits_to_keep` (most causal LMs since 4.45): compute the head where needed only
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cfg = HFSizes(vocab_size=vocab_size, max_seq_len=max_len)
 
     @property
@@ -192,42 +252,36 @@ class HFDecoder:
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    # nn.Module look-alikes, so code written for a `Decoder` (train.callbacks.SpeculativeEval:
-    # `to_logits.weight.device`, `modules()`, `eval()`) takes an HFDecoder unchanged
-
-    @property
-    def to_logits(self) -> torch.nn.Module:
-        """The wrapped model's language-model head."""
-        return self.model.get_output_embeddings()
-
-    def modules(self):
-        return self.model.modules()
-
-    def parameters(self):
-        return self.model.parameters()
-
-    def eval(self) -> HFDecoder:
-        self.model.eval()
-        return self
-
-    def train(self, mode: bool = True) -> HFDecoder:
-        self.model.train(mode)
-        return self
-
     def new_cache(self, batch: int, capacity: int, *, keep_embeds: bool = False) -> HFKVCache:
-        check(not keep_embeds, "a Hugging Face model's cache keeps no embeddings for a prophet")
-        return HFKVCache(batch, capacity, self.device, self.slack)
+        """A per-row cache; keep_embeds also keeps the last-layer hidden states (for a prophet)."""
+        return HFKVCache(batch, capacity, self.device, self.slack, keep_embeds=keep_embeds)
 
     @torch.no_grad()
-    def __call__(self, tokens: Tensor, *, cache: HFKVCache | None = None) -> HFOutput:
+    def __call__(self, tokens: Tensor, *, cache: HFKVCache | None = None, logits_at: Tensor | None = None,
+                 embeds: bool = False) -> HFOutput:
         """Logits (b, n, vocab_size) of tokens (b, n): appended to each row of `cache`, or a fresh
-        causal sequence from position 0 without one."""
+        causal sequence from position 0 without one.
+
+        logits_at (b,): compute the logits of one position per row only, (b, 1, vocab_size): the
+        head of a 49k-token vocabulary costs as much as several layers per position. embeds: also
+        return the last-layer hidden states (b, n, hidden), after the final norm (transformers'
+        `hidden_states[-1]`, the head's input)."""
         tokens = tokens.to(self.device)
+        keep = inverse = None
+        if logits_at is not None and self._keeps_logits:
+            # transformers keeps the same positions in every row: the distinct ones, then pick per row
+            keep, inverse = torch.unique(logits_at.to(self.device), return_inverse=True)
         if cache is None:
-            logits = self.model(input_ids=tokens, use_cache=False).logits
+            extra = {} if keep is None else {"logits_to_keep": keep}
+            out = self.model(input_ids=tokens, use_cache=False, output_hidden_states=embeds, **extra)
         else:
-            logits = cache.forward(self.model, tokens, self.window)
-        return HFOutput(logits[..., : self.vocab_size].to(tokens.device))
+            out = cache.forward(self.model, tokens, self.window, keep=keep, embeds=embeds)
+        logits = out.logits
+        if logits_at is not None:
+            rows = torch.arange(tokens.shape[0], device=logits.device)
+            logits = logits[rows, inverse.to(logits.device) if keep is not None else logits_at.to(logits.device)][:, None]
+        hidden = out.hidden_states[-1].to(tokens.device) if embeds else None
+        return HFOutput(logits[..., : self.vocab_size].to(tokens.device), hidden)
 
 
 def as_decoders(target: Any, draft: Any, vocab_size: int | str | None) -> tuple[Any, Any]:

@@ -12,7 +12,8 @@ outputs from the last start token on predict x[t+1 .. t+L]. Decoding uses exactl
 after a verify step the target's cache ends at the anchor t, x[t+1] is the token the target just
 emitted, and the prophet drafts x[t+2], ... from it.
 
-The joint loss is the main model's next-token loss plus `prophet_loss_weight` times the
+`ProphetWindows` holds the layout and the batched window loss for every prophet; `ModelWithProphet`
+adds the main model. The joint loss is the main model's next-token loss plus `prophet_loss_weight` times the
 prophet's loss averaged over every anchor of every sequence, computed as one batched forward
 over all windows (no Python loop), or over `windows_per_seq` random anchors per sequence.
 """
@@ -36,23 +37,17 @@ class ProphetLoss(NamedTuple):
     prophet_loss: Tensor
 
 
-class ModelWithProphet(nn.Module):
-    def __init__(self, main: ModelConfig, prophet: ProphetConfig) -> None:
-        super().__init__()
-        check(main.vocab_size == prophet.model.vocab_size,
-              f"prophet vocabulary ({prophet.model.vocab_size}) differs from the main model's ({main.vocab_size})")
-        self.main_cfg = main
-        self.prophet_cfg = prophet
-        self.model = Decoder(main)
-        self.prophet = Decoder(prophet.model)
-        self.to_prophet_start = (nn.Identity() if main.dim == prophet.model.dim
-                                 else nn.Linear(main.dim, prophet.model.dim, bias=False))
-        if isinstance(self.to_prophet_start, nn.Linear):
-            nn.init.normal_(self.to_prophet_start.weight, std=main.dim ** -0.5)
+class ProphetWindows(nn.Module):
+    """The prophet's window layout and loss, shared by every prophet (`ModelWithProphet` here, the
+    prophet head of a Hugging Face target in `hf_prophet`).
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
+    A subclass sets `prophet_cfg` (a ProphetConfig), `prophet` (a `Decoder`: its `token_emb`,
+    `layers`, `rotary` and `logits` are what the windows run through) and `to_prophet_start` (the
+    projection of the main model's last-layer embeddings to the prophet's width)."""
+
+    prophet_cfg: ProphetConfig
+    prophet: Decoder
+    to_prophet_start: nn.Module
 
     @property
     def num_start_tokens(self) -> int:
@@ -124,6 +119,27 @@ class ModelWithProphet(nn.Module):
         start = self.start_tokens(main_embeds)[rows, anchors[..., None] + torch.arange(1 - S, 1, device=seq.device)]
         labels = seq[rows, anchors[..., None] + torch.arange(1, L + 1, device=seq.device)]
         return start.flatten(0, 1), labels[..., :-1].flatten(0, 1), labels.flatten(0, 1)
+
+
+class ModelWithProphet(ProphetWindows):
+    """A main `Decoder` and its prophet, trained jointly (`forward` gives the joint loss)."""
+
+    def __init__(self, main: ModelConfig, prophet: ProphetConfig) -> None:
+        super().__init__()
+        check(main.vocab_size == prophet.model.vocab_size,
+              f"prophet vocabulary ({prophet.model.vocab_size}) differs from the main model's ({main.vocab_size})")
+        self.main_cfg = main
+        self.prophet_cfg = prophet
+        self.model = Decoder(main)
+        self.prophet = Decoder(prophet.model)
+        self.to_prophet_start = (nn.Identity() if main.dim == prophet.model.dim
+                                 else nn.Linear(main.dim, prophet.model.dim, bias=False))
+        if isinstance(self.to_prophet_start, nn.Linear):
+            nn.init.normal_(self.to_prophet_start.weight, std=main.dim ** -0.5)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
 
     def forward(self, seq: Tensor, generator: torch.Generator | None = None) -> ProphetLoss:
         """Joint loss on token sequences `seq` (b, n + 1): inputs seq[:, :-1], labels seq[:, 1:]."""

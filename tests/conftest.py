@@ -94,3 +94,96 @@ def tiny_decoder_export(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     model = Decoder(ModelConfig(vocab_size=256, dim=32, depth=2, heads=2, dim_head=16, max_seq_len=1024))
     return Path(save_export(tmp_path_factory.mktemp("tiny_decoder") / "export", model))
+
+
+class Forked:
+    """A child process forked from the test process (no second import of torch and lightning):
+    `forked(fn)` runs fn() in it and waits. Its stdout and stderr go to `output`; `status` is its
+    exit code, or -N when signal N ended it. `kill_after` (seconds) sends SIGKILL then, a crash at
+    whatever moment that is; `user` drops root privileges to that uid first (a real permission
+    check); `cwd` runs it there."""
+
+    def __init__(self, status: int, output: str) -> None:
+        self.status, self.output = status, output
+
+
+def forked(fn, *, kill_after: float | None = None, user: int | None = None, cwd: Path | None = None,
+           timeout: float = 600) -> Forked:
+    import os
+    import signal
+    import sys
+    import tempfile
+    import time
+    import traceback
+
+    with tempfile.TemporaryFile() as log:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:                                   # the child: never returns into pytest
+            code = 70
+            try:
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+                sys.stdout = open(1, "w", closefd=False, buffering=1)
+                sys.stderr = open(2, "w", closefd=False, buffering=1)
+                import torch
+
+                torch.set_num_threads(1)
+                if cwd is not None:
+                    os.chdir(cwd)
+                if user is not None:
+                    os.setgroups([])
+                    os.setgid(user)
+                    os.setuid(user)
+                result = fn()
+                code = result if isinstance(result, int) else 0
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 71
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        deadline = time.monotonic() + timeout
+        killed_at = None if kill_after is None else time.monotonic() + kill_after
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            now = time.monotonic()
+            if killed_at is not None and now >= killed_at:
+                os.kill(pid, signal.SIGKILL)
+                killed_at = None
+            if now > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise TimeoutError(f"forked child ran past {timeout} s")
+            time.sleep(0.01)
+        log.seek(0)
+        output = log.read().decode("utf-8", errors="replace")
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return Forked(code, output)
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder every user may read (files the forked child reads as `nobody` go here), holding
+    `readonly/`, a folder that child cannot write in. (The tests run as root here, who may
+    write anywhere: the child drops to `nobody` for a real permission check.)"""
+    import os
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="specdec-shared-"))
+    os.chmod(base, 0o755)
+    (base / "readonly").mkdir(mode=0o555)
+    os.chmod(base / "readonly", 0o555)
+    yield base
+    os.chmod(base / "readonly", 0o755)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+NOBODY = 65534 if __import__("os").geteuid() == 0 else None     # uid the child drops to, when root

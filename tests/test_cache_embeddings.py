@@ -1,5 +1,5 @@
-"""The embeddings cache (scripts/cache_embeddings.py, train.cached_data): it holds exactly the
-online path's embeddings in bf16 or fp16 (and top-k logits), is written atomically, is refused
+"""The embeddings cache (scripts/cache_embeddings.py, train.embeddings_cache): it holds exactly the
+online path's embeddings in bfloat16 or float16 (and top-k logits), is written atomically, is refused
 when made by another main model, truncated or for another seq_len, and feeds reproducible
 training batches."""
 
@@ -17,16 +17,10 @@ from conftest import REPO
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, save_export
 from specdec_models.errors import SpecdecError
 from specdec_models.export import export_hash
-from train.cached_data import (
-    CachedDataModule,
-    CachedWindows,
-    build_cache,
-    cache_rows,
-    check_cache,
-    open_cache,
-    read_cache_meta,
-)
-from train.data import split_bounds, window_batch
+from train.data.embeddings import CachedWindows, EmbeddingsDataModule
+from train.data.enwik8 import split_bounds
+from train.data.streams import window_batch
+from train.embeddings_cache import build_cache, cache_rows, check_cache, open_cache, read_cache_meta
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -48,8 +42,8 @@ def exports(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cache(exports, tiny_corpus, tmp_path_factory):
-    """40 windows, bf16, top-4 logits, several shards."""
-    path = tmp_path_factory.mktemp("cache") / "bf16"
+    """40 windows, bfloat16, top-4 logits, several shards."""
+    path = tmp_path_factory.mktemp("cache") / "bfloat16"
     meta = build_cache(exports / "main", tiny_corpus, path, seq_len=SEQ, windows=40, top_k_logits=4,
                        shard_size="64KB", seed=3, batch_size=8)
     return path, meta
@@ -69,7 +63,7 @@ def online(model: Decoder, tokens: torch.Tensor, batch_size: int = 8) -> tuple[t
 
 # ---------------------------------------------------------------- the round trip
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_cache_holds_the_online_embeddings_rounded_to_its_dtype(exports, tiny_corpus, tmp_path, dtype):
     from specdec_models import load_export
 
@@ -85,7 +79,7 @@ def test_cache_holds_the_online_embeddings_rounded_to_its_dtype(exports, tiny_co
     assert torch.equal(batch["tokens"], tokens)
     assert np.array_equal(dataset[:]["offset"].to_numpy(), offsets)
     embeds, _ = online(load_export(exports / "main"), tokens)
-    expected = embeds.to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+    expected = embeds.to(torch.bfloat16 if dtype == "bfloat16" else torch.float16)
     assert batch["embeds"].dtype == expected.dtype and batch["embeds"].shape == (20, SEQ, MAIN.dim)
     assert torch.equal(batch["embeds"], expected)
 
@@ -122,8 +116,8 @@ def test_a_cache_from_another_main_model_or_seq_len_is_refused(exports, cache):
         check_cache(path, export_sha256=export_hash(exports / "other"), seq_len=SEQ)
     with pytest.raises(SpecdecError, match="holds windows of seq_len 64, data.seq_len is 32"):
         check_cache(path, export_sha256=export_hash(exports / "main"), seq_len=32)
-    module = CachedDataModule(embeddings="cached", cache=str(path), export=str(exports / "other"),
-                              path=str(REPO / "README.md"), allow_short=True, seq_len=SEQ)
+    module = EmbeddingsDataModule(cache=str(path), export=str(exports / "other"), path=str(REPO / "README.md"),
+                                  allow_short=True, seq_len=SEQ)
     with pytest.raises(SpecdecError, match="made by another main model"):
         module.cache_meta()
 
@@ -152,7 +146,7 @@ def test_a_truncated_or_incomplete_cache_is_refused(cache, tmp_path):
 
 def test_bad_settings_and_an_existing_target_are_refused_before_any_work(exports, tiny_corpus, cache, tmp_path):
     path, _ = cache
-    for kwargs, message in [(dict(dtype="fp8"), "dtype must be one of bf16, fp16"),
+    for kwargs, message in [(dict(dtype="fp8"), "dtype must be one of bfloat16, float16"),
                             (dict(seq_len=300), "exceeds the main model's max_seq_len"),
                             (dict(windows=0), "windows must be a positive integer"),
                             (dict(shard_size="lots"), "shard size must be"),
@@ -173,11 +167,11 @@ def test_script_writes_a_cache_atomically_and_reports_its_size(exports, tiny_cor
     spec.loader.exec_module(script)
     out = tmp_path / "caches" / "c"
     argv = ["--export", str(exports / "main"), "--data", str(tiny_corpus), "--out", str(out), "--seq-len", "32",
-            "--windows", "10", "--dtype", "fp16", "--top-k-logits", "2", "--shard-size", "20000", "--seed", "4"]
+            "--windows", "10", "--dtype", "float16", "--top-k-logits", "2", "--shard-size", "20000", "--seed", "4"]
     assert script.main(argv) == 0
     assert "MB per million tokens" in capsys.readouterr().out
     meta = json.loads((out / "cache.json").read_text())
-    assert (meta["windows"], meta["seq_len"], meta["dtype"], meta["top_k_logits"], meta["seed"]) == (10, 32, "fp16", 2, 4)
+    assert (meta["windows"], meta["seq_len"], meta["dtype"], meta["top_k_logits"], meta["seed"]) == (10, 32, "float16", 2, 4)
     assert [p.name for p in out.parent.iterdir()] == ["c"]
     assert script.main(argv) == 2 and "already exists" in capsys.readouterr().err
     assert script.main(argv + ["--overwrite", "--windows", "12"]) == 0
@@ -203,11 +197,11 @@ def test_cached_batches_depend_only_on_seed_rank_and_index_and_cover_every_windo
 
 
 def test_cached_datamodule_keeps_enwik8_validation_and_prompts(exports, cache, tiny_corpus):
-    from train.data import Enwik8DataModule
+    from train.data.enwik8 import Enwik8DataModule
 
     path, _ = cache
     common = dict(path=str(tiny_corpus), allow_short=True, seq_len=SEQ, batch_size=4, val_windows=4)
-    cached = CachedDataModule(embeddings="cached", cache=str(path), export=str(exports / "main"), **common)
+    cached = EmbeddingsDataModule(cache=str(path), export=str(exports / "main"), **common)
     plain = Enwik8DataModule(**common)
     cached.setup("fit")
     batch = next(iter(cached.train_dataloader()))
@@ -215,5 +209,3 @@ def test_cached_datamodule_keeps_enwik8_validation_and_prompts(exports, cache, t
     assert batch["embeds"].dtype == torch.bfloat16 and batch["topk_indices"].shape == (4, SEQ, 4)
     assert torch.equal(next(iter(cached.val_dataloader())), next(iter(plain.val_dataloader())))
     assert torch.equal(cached.prompts(2, 16), plain.prompts(2, 16))
-    online_module = CachedDataModule(embeddings="online", **common)
-    assert torch.equal(next(iter(online_module.train_dataloader())), next(iter(plain.train_dataloader())))

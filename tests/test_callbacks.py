@@ -1,5 +1,5 @@
 """SpeculativeEval: a short fit with a tiny ModelWithProphet and stub Lightning modules built here
-(no dependency on train.module / train.data), checking what the callback logs and writes."""
+(no dependency on the tasks or the DataModules), checking what the callback logs and writes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from torch.utils.data import DataLoader
 from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError
 from train.callbacks import SAMPLES_FILE, SpeculativeEval, temperature_tag
+from train.data.streams import SpecdecDataModule
+from train.tasks import SpeculativeModels
 
 GAMMA = 3
 TEXT = b"the quick brown fox jumps over the lazy dog. a prophet drafts, the main model verifies. " * 20
@@ -46,6 +48,9 @@ class StubModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         return self.net(batch).loss
 
+    def speculative_models(self) -> SpeculativeModels:
+        return SpeculativeModels(target=self.net.model, prophet=self.net)
+
     def validation_step(self, batch, batch_idx):
         self.log("val/main_loss", self.net(batch).main_loss)
 
@@ -53,7 +58,7 @@ class StubModule(L.LightningModule):
         return torch.optim.AdamW(self.net.parameters(), lr=1e-3)
 
 
-class StubData(L.LightningDataModule):
+class StubData(SpecdecDataModule):
     def __init__(self) -> None:
         super().__init__()
         self.data = torch.tensor(list(TEXT))
@@ -70,6 +75,9 @@ class StubData(L.LightningDataModule):
 
     def prompts(self, count: int, length: int) -> torch.Tensor:
         return self.windows(count, length)
+
+    def decode_text(self, tokens: torch.Tensor) -> str:
+        return bytes(tokens.tolist()).decode("utf-8", errors="replace")
 
 
 def fit(tmp_path, callback: SpeculativeEval, precision: str = "32-true", **trainer_kwargs):
@@ -130,7 +138,7 @@ def test_eval_runs_in_fp32_under_bf16_mixed_and_logs_to_wandb_table(tmp_path, mo
     original = SpeculativeEval._evaluate_at
 
     def spy(self, models, prompts, temperature, device):
-        seen.append((torch.is_autocast_enabled("cpu"), models["target"].training or models["prophet"].training,
+        seen.append((torch.is_autocast_enabled("cpu"), models.target.training or models.prophet.training,
                      torch.is_inference_mode_enabled(), torch.get_num_threads()))
         return original(self, models, prompts, temperature, device)
 
@@ -142,7 +150,12 @@ def test_eval_runs_in_fp32_under_bf16_mixed_and_logs_to_wandb_table(tmp_path, mo
                         logger=WandbLogger(save_dir=str(tmp_path), mode="disabled"), enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
                         precision="bf16-mixed", default_root_dir=tmp_path, callbacks=[callback], log_every_n_steps=1)
-    trainer.fit(StubModule(), datamodule=StubData())
+    try:
+        trainer.fit(StubModule(), datamodule=StubData())
+    finally:
+        import wandb
+
+        wandb.finish()            # no W&B run left behind for later tests (WandbLogger would reuse it)
     # no autocast, eval mode, inference mode, one thread while decoding (and two again after)
     assert seen == [(False, False, True, 1)] and torch.get_num_threads() == 2
     assert len(tables) == 1

@@ -217,7 +217,7 @@ def test_speculative_sampling_is_lossless_chi_square(method, setting):
     # decoders), 3 emitted tokens (216 joint outcomes), 6,000 samples, gamma 2 so every row goes
     # through rejections, corrections and bonus tokens. Threshold p < 1e-4: a correct sampler
     # fails this test at most once in 10^4 runs (and never here: the seeds are fixed), while
-    # each bug in DECODING.md's list gives p < 1e-20 at this sample size.
+    # each mistake in docs/DECODING.md's table gives p < 1e-20 at this sample size.
     vocab, n_tokens, n = 6, 3, 6000
     target, kw = toy_pair(method, vocab)
     prompt = torch.tensor([1, 4, 2])

@@ -106,10 +106,10 @@ def distill_cfg(tiny_corpus, teacher_export):
 
 
 def build_module(cfg):
-    from train.distill import DistillLitModule
+    from train.tasks.draft_distill import DraftDistillModule
     from train.run import validate
 
-    module = DistillLitModule(**validate(cfg))
+    module = DraftDistillModule(**validate(cfg))
     module.setup("fit")
     return module
 
@@ -202,10 +202,10 @@ def test_a_student_as_large_as_the_teacher_warns(distill_cfg, tmp_path):
 
 
 def test_a_changed_teacher_is_refused_on_resume(distill_cfg, tmp_path, teacher_export):
-    from train.distill import DistillLitModule
+    from train.tasks.draft_distill import DraftDistillModule
     from train.run import validate
 
     kwargs = validate(distill_cfg(tmp_path))
-    module = DistillLitModule(**{**kwargs, "teacher_hash": "0" * 64})
+    module = DraftDistillModule(**{**kwargs, "teacher_hash": "0" * 64})
     with pytest.raises(SpecdecError, match="has changed since this run started"):
         module.setup("fit")

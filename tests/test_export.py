@@ -141,8 +141,7 @@ def test_crash_while_replacing_an_export_leaves_the_old_one_loadable(tmp_path, m
     save_export(tmp_path, old)
     old_hash = export_hash(tmp_path)
     _crash_on(monkeypatch, crash_at)
-    with pytest.raises(OSError, match="simulated crash"):
-        save_export(tmp_path, new)
+    expect_error("cannot write the export.*simulated crash", save_export, tmp_path, new)
     monkeypatch.undo()
     loaded = load_export(tmp_path)
     assert export_hash(tmp_path, verify=True) == old_hash
@@ -160,12 +159,11 @@ def test_crash_while_writing_the_config_json_leaves_the_old_export_loadable(tmp_
     old = tiny_with_prophet(seed=0)
     save_export(tmp_path, old)
 
-    def broken_dump(*args, **kwargs):
-        raise OSError("disk full")
+    def broken_write(*args, **kwargs):
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export_mod.json, "dump", broken_dump)
-    with pytest.raises(OSError, match="disk full"):
-        save_export(tmp_path, tiny_with_prophet(seed=1))
+    monkeypatch.setattr(export_mod, "write_file", broken_write)
+    expect_error("cannot write the export.*No space left", save_export, tmp_path, tiny_with_prophet(seed=1))
     monkeypatch.undo()
     assert_same_weights_and_layout(old, load_export(tmp_path))
 
@@ -173,6 +171,8 @@ def test_crash_while_writing_the_config_json_leaves_the_old_export_loadable(tmp_
 def test_leftovers_of_a_killed_save_are_removed_by_the_next_save(tmp_path):
     save_export(tmp_path, tiny_decoder(seed=0))
     (tmp_path / ".tmp-weights-dead.safetensors").write_bytes(b"half")
+    (tmp_path / ".tmpAb12Cd").write_bytes(b"safetensors' own temp file")
+    (tmp_path / ".tmp-weights-999999999-0123abcd").mkdir()      # a temp dir of a process that is gone
     (tmp_path / "weights-0123456789abcdef.safetensors").write_bytes(b"orphan")
     (tmp_path / "notes.txt").write_text("the user's own file stays")
     save_export(tmp_path, tiny_decoder(seed=1))
@@ -182,8 +182,69 @@ def test_leftovers_of_a_killed_save_are_removed_by_the_next_save(tmp_path):
 
 def test_save_refuses_to_overwrite_a_foreign_config_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    expect_error("not a specdec export", save_export, tmp_path, tiny_decoder())
+    expect_error("not a specdec export.*--force", save_export, tmp_path, tiny_decoder())
     assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "gpt2"}
+
+
+# ---------------------------------------------------------------- overwriting, file modes, permissions
+
+def test_save_refuses_a_folder_that_is_not_an_export_unless_forced(tmp_path):
+    cache = tmp_path / "cache"                       # an embeddings cache, say
+    (cache / "dataset").mkdir(parents=True)
+    (cache / "cache.json").write_text("{}")
+    message = expect_error("not a specdec export .it holds cache.json, dataset.*--force", save_export, cache,
+                           tiny_decoder())
+    assert str(cache) in message
+    assert sorted(p.name for p in cache.iterdir()) == ["cache.json", "dataset"]
+    save_export(cache, tiny_decoder(), force=True)
+    assert_same_weights_and_layout(tiny_decoder(), load_export(cache))
+    assert (cache / "cache.json").is_file()          # force writes into the folder, it does not empty it
+
+
+@pytest.mark.parametrize("other", ["kind", "size"])
+def test_save_refuses_to_replace_an_export_of_another_model_unless_forced(tmp_path, other):
+    save_export(tmp_path, tiny_with_prophet(), metadata={"global_step": 500})
+    before = export_hash(tmp_path)
+    new = tiny_decoder() if other == "kind" else tiny_with_prophet(prophet_dim=32)
+    changed = "kind, prophet" if other == "kind" else "prophet"
+    message = expect_error(f"holds a model_with_prophet export of step 500 .weights {before[:16]}., another model "
+                           f".its {changed} differ.*--force", save_export, tmp_path, new)
+    assert "choose another export directory" in message
+    assert export_hash(tmp_path, verify=True) == before
+    assert export_mod.check_export_target(tmp_path, new, force=True)["weights_sha256"] == before
+    save_export(tmp_path, new, force=True)
+    assert_same_weights_and_layout(new, load_export(tmp_path))
+
+
+def test_the_same_model_with_new_weights_replaces_the_export_and_says_which(tmp_path):
+    save_export(tmp_path, tiny_decoder(seed=0), metadata={"global_step": 10})
+    old = export_mod.check_export_target(tmp_path, tiny_decoder(seed=1))
+    assert export_mod.describe_export(old) == f"a decoder export of step 10 (weights {old['weights_sha256'][:16]})"
+    save_export(tmp_path, tiny_decoder(seed=1))
+    assert_same_weights_and_layout(tiny_decoder(seed=1), load_export(tmp_path))
+    assert export_mod.check_export_target(tmp_path / "new", tiny_decoder()) is None
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_export_files_get_the_umask_mode(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        save_export(tmp_path, tiny_decoder())
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes     # safetensors alone would give the weights 0600
+
+
+def test_save_into_a_read_only_folder_is_one_line(shared_dir):
+    from conftest import NOBODY, forked
+
+    target = shared_dir / "readonly" / "export"
+    child = forked(lambda: save_export(target, tiny_decoder()), user=NOBODY)
+    assert child.status == 71 and "SpecdecError" in child.output, child.output
+    line = child.output.strip().splitlines()[-1]
+    assert line.startswith("specdec_models.errors.SpecdecError: export directory") and "is not writable" in line
+    assert not target.exists()
 
 
 def test_save_rejects_bad_arguments(tmp_path):

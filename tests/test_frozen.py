@@ -18,10 +18,10 @@ import train.run as train_run
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, load_export, save_export
 from specdec_models.errors import SpecdecError
 from specdec_models.export import export_hash, read_export_config
-from train.cached_data import build_cache
-from train.frozen import FrozenMainLitModule, validate_task
-from train.module import export_checkpoint
+from train.checkpoints import export_checkpoint
+from train.embeddings_cache import build_cache
 from train.run import run, validate
+from train.tasks.prophet_frozen import FrozenProphetModule
 
 pytestmark = [pytest.mark.usefixtures("offline", "one_thread"),
               # Lightning's notice about modules in eval mode at fit start: the frozen main model, on purpose
@@ -121,7 +121,7 @@ def test_the_prophet_learns_and_only_it_is_optimized(online):
 
 def test_optimizer_holds_only_the_prophet_and_its_projection(main_export):
     prophet = ProphetConfig(model=ModelConfig(dim=16, depth=1, heads=1, dim_head=16, max_seq_len=64))
-    module = FrozenMainLitModule(main=MAIN.to_dict(), prophet=prophet.to_dict(), export=str(main_export),
+    module = FrozenProphetModule(main=MAIN.to_dict(), prophet=prophet.to_dict(), export=str(main_export),
                                  export_sha256=export_hash(main_export))
     trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     module.trainer = trainer
@@ -133,7 +133,7 @@ def test_optimizer_holds_only_the_prophet_and_its_projection(main_export):
 
 
 def test_main_stays_in_eval_mode_when_lightning_switches_to_train(main_export):
-    module = FrozenMainLitModule(main=MAIN.to_dict(), prophet=ProphetConfig(model=MAIN).to_dict(),
+    module = FrozenProphetModule(main=MAIN.to_dict(), prophet=ProphetConfig(model=MAIN).to_dict(),
                                  export=str(main_export), export_sha256=export_hash(main_export))
     module.train()
     assert not any(m.training for m in module.net.model.modules())
@@ -183,8 +183,8 @@ def test_export_checkpoint_and_the_export_script_rebuild_this_task(online, tmp_p
 
 def test_cached_run_trains_and_validates_like_the_online_run(online, cache, compose, tiny_corpus, main_export,
                                                               tmp_path):
-    result = run(frozen_cfg(compose, tiny_corpus, tmp_path / "run", main_export, "main.embeddings=cached",
-                            f"main.cache={cache}", "trainer.max_steps=20", "trainer.val_check_interval=10"))
+    result = run(frozen_cfg(compose, tiny_corpus, tmp_path / "run", main_export, "data=enwik8_embeddings",
+                            f"data.cache={cache}", "trainer.max_steps=20", "trainer.val_check_interval=10"))
     assert result["global_step"] == 20
     metrics = result["metrics"]
     assert math.isfinite(metrics["val/prophet_loss"]) and metrics["val/prophet_loss"] < math.log(256)
@@ -198,8 +198,8 @@ def test_cached_run_trains_and_validates_like_the_online_run(online, cache, comp
 def test_a_resumed_cached_run_continues_the_same_stream(compose, tiny_corpus, main_export, cache, tmp_path,
                                                         monkeypatch):
     def cfg(out, *extra):
-        return frozen_cfg(compose, tiny_corpus, tmp_path / out, main_export, "main.embeddings=cached",
-                          f"main.cache={cache}", "trainer.max_steps=8", "trainer.val_check_interval=4",
+        return frozen_cfg(compose, tiny_corpus, tmp_path / out, main_export, "data=enwik8_embeddings",
+                          f"data.cache={cache}", "trainer.max_steps=8", "trainer.val_check_interval=4",
                           "callbacks.speculative_eval=null", *extra)
 
     whole = run(cfg("whole"))
@@ -217,9 +217,9 @@ def test_a_resumed_cached_run_continues_the_same_stream(compose, tiny_corpus, ma
 
 # ---------------------------------------------------------------- distillation toward the main model
 
-def frozen_module(export, **kwargs) -> FrozenMainLitModule:
+def frozen_module(export, **kwargs) -> FrozenProphetModule:
     prophet = ProphetConfig(model=ModelConfig(dim=32, depth=1, heads=2, dim_head=16, max_seq_len=64))
-    module = FrozenMainLitModule(main=MAIN.to_dict(), prophet=prophet.to_dict(), export=str(export),
+    module = FrozenProphetModule(main=MAIN.to_dict(), prophet=prophet.to_dict(), export=str(export),
                                  export_sha256=export_hash(export), **kwargs)
     module.setup("fit")
     return module
@@ -248,9 +248,9 @@ def test_teacher_position_i_predicts_the_token_prophet_position_i_predicts(main_
 def test_cached_top_k_teacher_is_the_main_distribution_renormalised_over_its_top_k(main_export, cache):
     import numpy as np
 
-    from train.cached_data import cache_rows, open_cache, read_cache_meta
+    from train.embeddings_cache import cache_rows, open_cache, read_cache_meta
 
-    module = frozen_module(main_export, distill="fkl", embeddings="cached")
+    module = frozen_module(main_export, distill="fkl")
     meta = read_cache_meta(cache)
     batch = cache_rows(open_cache(cache), np.array([0, 7]), meta, top_k=True)
     seq = batch["tokens"]
@@ -263,10 +263,11 @@ def test_cached_top_k_teacher_is_the_main_distribution_renormalised_over_its_top
     torch.testing.assert_close(cached, expected, atol=2e-3, rtol=0)             # fp16 logits in the cache
 
 
-@pytest.mark.parametrize("embeddings", ["online", "cached"])
-def test_distilled_runs_train_and_log_the_divergence(compose, tiny_corpus, main_export, cache, tmp_path, embeddings):
-    result = run(frozen_cfg(compose, tiny_corpus, tmp_path / "run", main_export, f"main.embeddings={embeddings}",
-                            f"main.cache={cache}", "main.distill=fkl", "main.distill_weight=0.5",
+@pytest.mark.parametrize("data", ["enwik8", "enwik8_embeddings"])       # embeddings online, cached
+def test_distilled_runs_train_and_log_the_divergence(compose, tiny_corpus, main_export, cache, tmp_path, data):
+    cached = [f"data.cache={cache}"] if data == "enwik8_embeddings" else []
+    result = run(frozen_cfg(compose, tiny_corpus, tmp_path / "run", main_export, f"data={data}", *cached,
+                            "task.distill=fkl", "task.distill_weight=0.5",
                             "trainer.max_steps=4", "trainer.val_check_interval=2", "callbacks.speculative_eval=null"))
     metrics = result["metrics"]
     for key in ("train/loss", "train/prophet_loss", "train/distill_loss", "val/prophet_loss", "val/distill_loss"):
@@ -298,7 +299,7 @@ def test_a_changed_export_is_refused_when_the_module_loads_it(main_export, tmp_p
 
     export = tmp_path / "main"
     shutil.copytree(main_export, export)
-    module = FrozenMainLitModule(main=MAIN.to_dict(), prophet=ProphetConfig(model=MAIN).to_dict(),
+    module = FrozenProphetModule(main=MAIN.to_dict(), prophet=ProphetConfig(model=MAIN).to_dict(),
                                  export=str(export), export_sha256=export_hash(export))
     module.setup("fit")
     torch.manual_seed(5)
@@ -325,23 +326,21 @@ def other_exports(tmp_path_factory):
     ("not_export", [], "is not a specdec export"),
     ("vocab128", [], "vocab_size 256"),
     ("short", [], "exceeds the max_seq_len of main.export"),
-    ("main", ["main.embeddings=remote"], "main.embeddings must be one of online, cached"),
-    ("main", ["main.embeddings=cached"], "needs main.cache=CACHE_DIR"),
-    ("main", ["main.embeddings=cached", "main.cache=/nonexistent/cache"], "does not exist"),
-    ("main", ["main.embeddings=cached", "main.cache=CACHE", "data._target_=train.data.Enwik8DataModule"],
-     "needs data._target_=train.cached_data.CachedDataModule"),
-    ("other", ["main.embeddings=cached", "main.cache=CACHE"], "made by another main model"),
-    ("main", ["main.embeddings=cached", "main.cache=CACHE", "data.seq_len=32"], "holds windows of seq_len 64"),
+    ("main", ["data=enwik8_embeddings"], "data.cache is not set"),
+    ("main", ["data=enwik8_embeddings", "data.cache=/nonexistent/cache"], "does not exist"),
+    ("main", ["data._target_=train.data.hf_text.HFTextDataModule"], "task=prophet_frozen trains on Enwik8DataModule"),
+    ("other", ["data=enwik8_embeddings", "data.cache=CACHE"], "made by another main model"),
+    ("main", ["data=enwik8_embeddings", "data.cache=CACHE", "data.seq_len=32"], "holds windows of seq_len 64"),
     ("main", ["gamma=7"], "must be >= gamma + 1"),
-    ("main", ["main.distill=ce"], "main.distill must be null or one of fkl, rkl, jsd, tvd"),
-    ("main", ["main.distill=fkl", "main.distill_weight=0"], "main.distill_weight must be in (0, 1]"),
-    ("main", ["main.embeddings=cached", "main.cache=PLAIN", "main.distill=fkl"], "needs a cache with top-k logits"),
+    ("main", ["task.distill=ce"], "task.distill must be null or one of fkl, rkl, jsd, tvd"),
+    ("main", ["task.distill=fkl", "task.distill_weight=0"], "task.distill_weight must be in (0, 1]"),
+    ("main", ["data=enwik8_embeddings", "data.cache=PLAIN", "task.distill=fkl"], "needs a cache with top-k logits"),
 ])
 def test_bad_input_fails_in_one_line_before_any_work(compose, tiny_corpus, main_export, other_exports, cache,
                                                      tmp_path, export, extra, message):
     path = {None: main_export, "main": main_export}.get(export, other_exports / str(export))
     extra = [e.replace("CACHE", str(cache)) if e.endswith("=CACHE") else e for e in extra]
-    if "main.cache=PLAIN" in extra:                                               # a cache without top-k logits
+    if "data.cache=PLAIN" in extra:                                               # a cache without top-k logits
         build_cache(main_export, tiny_corpus, tmp_path / "plain", seq_len=64, windows=2)
         extra = [e.replace("PLAIN", str(tmp_path / "plain")) for e in extra]
     out = tmp_path / "run"
@@ -355,7 +354,6 @@ def test_bad_input_fails_in_one_line_before_any_work(compose, tiny_corpus, main_
 def test_the_experiment_file_validates_with_an_export(compose, main_export):
     cfg = compose(["experiment=enwik8_prophet_frozen", f"main.export={main_export}"])
     kwargs = validate(cfg)
-    assert kwargs == validate_task(cfg)
     assert kwargs["main"] == MAIN.to_dict() and kwargs["prophet"]["model"]["dim"] == 256     # model=small's prophet
-    assert kwargs["embeddings"] == "online" and cfg.task == "prophet_frozen"
+    assert kwargs["metadata"]["embeddings"] == "online" and cfg.task.name == "prophet_frozen"
     assert cfg.callbacks.checkpoint.monitor == "val/prophet_loss"

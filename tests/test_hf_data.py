@@ -1,4 +1,4 @@
-"""train.hf_data: text through a Hugging Face tokenizer, cached as memory-mapped Arrow windows.
+"""train.data.hf_text: text through a Hugging Face tokenizer, cached as memory-mapped Arrow windows.
 A tiny word-level tokenizer built locally (no hub), saved with save_pretrained as a model
 directory would hold it."""
 
@@ -56,10 +56,10 @@ def setup(tmp_path):
 
 
 def datamodule(tok_dir, files, cache, **kw):
-    from train.hf_data import HFTextDataModule
+    from train.data.hf_text import HFTextDataModule
 
     args = dict(files=[str(files)] if not isinstance(files, list) else files, tokenizer=str(tok_dir), seq_len=15,
-                batch_size=4, val_windows=3, val_batch_size=2, cache_dir=str(cache))
+                batch_size=4, val_windows=3, val_batch_size=2, windows_dir=str(cache))
     dm = HFTextDataModule(**{**args, **kw})
     dm.prepare_data()
     dm.setup("fit")
@@ -90,7 +90,7 @@ def test_windows_are_the_tokenized_documents_cut_into_seq_len_plus_one(setup, tm
     first = [next(loader) for _ in range(3)]
     train_rows = {tuple(r) for r in windows[:-3].tolist()}
     assert all(b.shape == (4, 16) and {tuple(r) for r in b.tolist()} <= train_rows for b in first)
-    from train.hf_data import RandomRows
+    from train.data.hf_text import RandomRows
 
     again = RandomRows(dm.windows(), dm.train_rows, 4, 0, 0, start=2)
     assert torch.equal(next(iter(again)), first[2])          # a resumed stream continues where it stopped
@@ -102,7 +102,7 @@ def test_windows_are_the_tokenized_documents_cut_into_seq_len_plus_one(setup, tm
 
 
 def test_the_cache_is_reused_and_keyed_by_settings_tokenizer_and_files(setup, tmp_path, monkeypatch):
-    from train import hf_data
+    from train.data import hf_text as hf_data
 
     tok, tok_dir, corpus, lines = setup
     calls = []
@@ -113,15 +113,15 @@ def test_the_cache_is_reused_and_keyed_by_settings_tokenizer_and_files(setup, tm
     assert first.built and len(calls) == 1
     second = datamodule(tok_dir, corpus, cache)
     assert not second.built and len(calls) == 1                 # not tokenized again
-    assert second.cache_path == first.cache_path
+    assert second.windows_path == first.windows_path
     assert second.windows()[:]["input_ids"].tolist() == first.windows()[:]["input_ids"].tolist()
-    assert not list(first.cache_path.parent.glob(".tmp-*"))
+    assert not list(first.windows_path.parent.glob(".tmp-*"))
     # another window length, another tokenizer, a changed file: a new cache entry each
-    assert datamodule(tok_dir, corpus, cache, seq_len=7).cache_path != first.cache_path
+    assert datamodule(tok_dir, corpus, cache, seq_len=7).windows_path != first.windows_path
     other = build_tokenizer(tmp_path / "tok2", extra=("<sep>",))
-    assert datamodule(tmp_path / "tok2", corpus, cache).cache_path != first.cache_path
+    assert datamodule(tmp_path / "tok2", corpus, cache).windows_path != first.windows_path
     corpus.write_text(corpus.read_text() + "one two three\n")
-    assert datamodule(tok_dir, corpus, cache).cache_path != first.cache_path
+    assert datamodule(tok_dir, corpus, cache).windows_path != first.windows_path
     assert len(calls) == 4 and len(other) == len(tok) + 1
 
 

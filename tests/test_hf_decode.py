@@ -1,6 +1,6 @@
 """Hugging Face causal LMs as target and draft of `generate`: the adapter's per-row cache against
 uncached forwards, greedy exactness against `model.generate`, batch invariance, losslessness
-(chi-square), vocabularies and bad input. Tiny random GPT-NeoX and Llama models, saved and loaded
+(chi-square, with an HF draft and with a prophet head), vocabularies and bad input. Tiny random GPT-NeoX and Llama models, saved and loaded
 back with `from_pretrained` as a user would."""
 
 import copy
@@ -17,6 +17,7 @@ from test_decode import chi_square_p_value
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
 from specdec_models.decode import generate
 from specdec_models.hf import HFDecoder
+from specdec_models.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.sampling import SamplingConfig, to_probs
 
 V = 96
@@ -212,17 +213,29 @@ def test_every_row_emits_exactly_max_new_tokens_and_stops_at_eos(models):
 # ---------------------------------------------------------------- losslessness
 
 @pytest.fixture(scope="module")
-def toy_pair(tmp_path_factory):
-    """An 8-token GPT-NeoX target and Llama draft whose distributions depend on position and prefix."""
+def toy(tmp_path_factory):
+    """An 8-token GPT-NeoX target whose distributions depend on position and prefix, a Llama draft,
+    and a random prophet head (narrower than the target: both projections), each accepted part of
+    the time."""
     d = tmp_path_factory.mktemp("toy")
-    return build(d / "t", "neox", 11, 6.0, vocab=8), build(d / "d", "llama", 12, 8.0, vocab=8)
+    target = build(d / "t", "neox", 11, 6.0, vocab=8)
+    draft = build(d / "d", "llama", 12, 8.0, vocab=8)
+    torch.manual_seed(12)
+    head = HFProphet(HFProphetConfig.for_target(target, dim=16, dim_head=8, depth=2, prophet_train_length=6),
+                     target).eval()
+    with torch.no_grad():
+        head.prophet.to_logits.proj.weight.mul_(8.0)
+    return {"target": target, "draft": draft, "prophet": head}
 
 
-def toy_samples(toy_pair, n, **kw):
-    target, draft = toy_pair
+def toy_samples(toy, drafter, n, **kw):
+    """(observed counts, exact probabilities, stats) of the 512 joint outcomes of the 3 tokens the
+    toy target emits after a fixed prompt, n samples with gamma 2 drafted by toy[drafter]; the
+    exact joint by enumeration under the same sampling settings."""
+    target = toy["target"]
     prompt = torch.tensor([1, 4, 2])
     g = torch.Generator().manual_seed(1234)
-    tokens, stats = generate(target, prompt.expand(n, -1), 3, draft=draft, gamma=2, generator=g, **kw)
+    tokens, stats = generate(target, prompt.expand(n, -1), 3, gamma=2, generator=g, **{drafter: toy[drafter]}, **kw)
     index = (torch.stack(tokens) * torch.tensor([64, 8, 1])).sum(1)
     with torch.no_grad():                                # exact joint of 3 tokens by enumeration
         seqs = torch.cartesian_prod(*[torch.arange(8)] * 3)                        # (512, 3)
@@ -232,22 +245,27 @@ def toy_samples(toy_pair, n, **kw):
     return torch.bincount(index, minlength=512).float(), exact, stats
 
 
+@pytest.mark.parametrize("drafter", ["draft", "prophet"])
 @pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
-def test_speculative_sampling_with_hf_models_is_lossless_chi_square(toy_pair, setting):
+def test_speculative_sampling_with_hf_models_is_lossless_chi_square(toy, drafter, setting):
     # 8 tokens, 3 emitted (512 joint outcomes), 6,000 samples, gamma 2 so rows go through
-    # rejections, corrections and bonus tokens with ragged per-row HF cache rollbacks. Threshold
-    # p < 1e-4: a correct sampler fails at most once in 10^4 runs (never here: the seeds are
-    # fixed); the correction drawn from p instead of the residual gives p < 1e-20 (next test).
+    # rejections, corrections and bonus tokens with ragged per-row HF cache rollbacks. The prophet
+    # head drafts from the first round on (the prompt holds its S = 2 positions), from the hidden
+    # states the target's cache keeps. Threshold p < 1e-4: a correct sampler fails at most once
+    # in 10^4 runs (never here: the seeds are fixed); the correction drawn from p instead of the
+    # residual gives p < 1e-20 (next test).
     n = 6000
-    observed, exact, stats = toy_samples(toy_pair, n, **setting)
+    observed, exact, stats = toy_samples(toy, drafter, n, **setting)
+    assert stats.method == drafter and stats.drafted > 0
     assert 0.05 < stats.acceptance_rate < 0.95, "the toy draft must be neither perfect nor useless"
     assert chi_square_p_value(observed, exact, n) > 1e-4
 
 
-def test_hf_chi_square_catches_a_correction_drawn_from_p(toy_pair, monkeypatch):
+@pytest.mark.parametrize("drafter", ["draft", "prophet"])
+def test_hf_chi_square_catches_a_correction_drawn_from_p(toy, drafter, monkeypatch):
     import specdec_models.decode.speculative as spec
     monkeypatch.setattr(spec, "residual", lambda p, q: p)
-    observed, exact, _ = toy_samples(toy_pair, 6000, temperature=1.0)
+    observed, exact, _ = toy_samples(toy, drafter, 6000, temperature=1.0)
     assert chi_square_p_value(observed, exact, 6000) < 1e-20
 
 

@@ -67,7 +67,7 @@ def hf_cfg(pair, tmp_path):
     def make(*extra, student="student", teacher="teacher"):
         return _compose([
             f"experiment={TASK}", f"teacher.path={pair[teacher]}", f"student.path={pair[student]}",
-            f"data.files=[{pair['corpus']}]", f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}",
+            f"data.files=[{pair['corpus']}]", f"data.windows_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}",
             "trainer=cpu", "teacher.dtype=float32", "data.seq_len=32", "data.batch_size=4", "data.val_windows=4",
             "data.val_batch_size=4", "trainer.max_steps=4", "trainer.val_check_interval=2",
             "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
@@ -78,10 +78,10 @@ def hf_cfg(pair, tmp_path):
 
 
 def build_module(cfg):
-    from train.hf_distill import HFDistillLitModule
+    from train.tasks.hf_draft_distill import HFDraftDistillModule
     from train.run import validate
 
-    module = HFDistillLitModule(**validate(cfg))
+    module = HFDraftDistillModule(**validate(cfg))
     module.setup("fit")
     return module
 
@@ -145,7 +145,7 @@ def test_gradients_never_reach_the_teacher_and_it_is_absent_from_the_state(hf_cf
 def test_a_changed_teacher_is_refused_when_a_run_resumes(hf_cfg, pair, tmp_path):
     import shutil
 
-    from train.hf_distill import HFDistillLitModule
+    from train.tasks.hf_draft_distill import HFDraftDistillModule
     from train.run import validate
 
     teacher = tmp_path / "teacher"
@@ -154,7 +154,7 @@ def test_a_changed_teacher_is_refused_when_a_run_resumes(hf_cfg, pair, tmp_path)
     config = json.loads((teacher / "config.json").read_text())
     (teacher / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
     with pytest.raises(SpecdecError, match="has changed since this run started"):
-        HFDistillLitModule(**kwargs).setup("fit")
+        HFDraftDistillModule(**kwargs).setup("fit")
 
 
 def test_a_padded_student_head_is_sliced_to_the_shared_vocabulary(hf_cfg, pair):
@@ -168,10 +168,10 @@ def test_a_padded_student_head_is_sliced_to_the_shared_vocabulary(hf_cfg, pair):
     assert logits.shape[-1] == teacher.shape[-1] == V and torch.isfinite(loss)
     models = module.speculative_models()
     prompts = seq[:, :5]
-    alone, _ = generate(models["target"], prompts, 10, temperature=0)
-    spec, _ = generate(models["target"], prompts, 10, draft=models["draft"], temperature=0, gamma=3)
+    alone, _ = generate(models.target, prompts, 10, temperature=0)
+    spec, _ = generate(models.target, prompts, 10, draft=models.draft, temperature=0, gamma=3)
     assert [t.tolist() for t in spec] == [t.tolist() for t in alone]
-    assert models["target"].to_logits.weight.device == torch.device("cpu")   # what SpeculativeEval reads
+    assert models.target.device == torch.device("cpu")                       # what SpeculativeEval reads
 
 
 def test_a_tied_student_exports_in_export_dtype_with_its_heads_tied(hf_cfg, tmp_path):
@@ -192,7 +192,7 @@ def test_a_tied_student_exports_in_export_dtype_with_its_heads_tied(hf_cfg, tmp_
 
 
 @pytest.mark.parametrize("student, message", [
-    ("other_vocab", "tokenizer has .* tokens, the teacher's"),
+    ("other_vocab", r"tokenizers differ in size: \d+ tokens \(teacher .*\), \d+ \(student"),
     ("other_special", "special tokens differ \\(eos_token"),
 ])
 def test_a_student_with_another_tokenizer_stops_the_run_before_training(hf_cfg, student, message, tmp_path):
@@ -233,7 +233,7 @@ def test_every_hf_experiment_composes_and_validates(compose, pair, experiment):
     from train.run import validate
 
     cfg = compose([f"experiment={experiment}"])
-    assert cfg.task == TASK and cfg.teacher.path is None and cfg.student.path is None
+    assert cfg.task.name == TASK and cfg.teacher.path is None and cfg.student.path is None
     assert cfg.data.chat == (experiment == "hf_smollm2")
     with pytest.raises(SpecdecError, match="needs teacher.path"):
         validate(cfg)

@@ -7,7 +7,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from conftest import CONF
+from conftest import CONF, REPO
 from specdec_models import ModelConfig, ProphetConfig
 from specdec_models.errors import SpecdecError
 from train.run import run, validate
@@ -21,7 +21,7 @@ def test_experiments_exist():
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(compose, experiment, tiny_decoder_export):
-    task = compose([f"experiment={experiment}"]).task
+    task = compose([f"experiment={experiment}"]).task.name
     if task == "hf_draft_distill":
         pytest.skip("validated with tiny Hugging Face models in tests/test_hf_distill.py")
     # experiments that start from a trained model are given one (an export of a tiny decoder)
@@ -36,16 +36,46 @@ def test_every_experiment_composes_and_validates(compose, experiment, tiny_decod
     assert first[0] == "# @package _global_" and first[1].startswith("# Run: python -m train experiment=")
 
 
-@pytest.mark.parametrize("group,options", [
-    ("model", ["tiny", "small", "mid", "base"]),
-    ("trainer", ["default", "cpu", "gpu", "ddp", "fsdp"]),
-    ("logger", ["csv", "wandb", "none"]),
-    ("optim", ["adam", "adamw"]),
-])
-def test_every_group_option_composes(compose, group, options):
-    for option in options:
-        cfg = compose(["experiment=tiny", f"{group}={option}"])
-        validate(cfg)
+# what each group option needs to compose and validate: the task it belongs to and its inputs
+OPTION_NEEDS = {
+    ("task", "prophet_frozen"): ["main.export=EXPORT"],
+    ("task", "draft_distill"): ["teacher.export=EXPORT", "+student=tiny", "+objective=distill", "~model"],
+    ("task", "hf_draft_distill"): None,                      # validated with tiny HF models in test_hf_distill.py
+    ("data", "enwik8_embeddings"): ["task=prophet_frozen", "main.export=EXPORT", "data.cache=CACHE"],
+    ("data", "hf_text"): None,                               # test_hf_distill.py
+    ("student", None): ["task=draft_distill", "teacher.export=EXPORT", "+objective=distill", "~model"],
+    ("objective", None): ["task=draft_distill", "teacher.export=EXPORT", "+student=tiny", "~model"],
+}
+GROUP_OPTIONS = sorted((group.name, option.stem) for group in CONF.iterdir() if group.is_dir()
+                       and group.name != "experiment" for option in group.glob("*.yaml"))
+
+
+def test_the_groups_are_found():
+    groups = {g for g, _ in GROUP_OPTIONS}
+    assert {"task", "model", "data", "objective", "student", "trainer", "logger", "optim", "callbacks"} <= groups
+
+
+@pytest.mark.filterwarnings("ignore:the student .* is not smaller")  # tiny teacher, real student sizes
+@pytest.mark.parametrize("group,option", GROUP_OPTIONS)
+def test_every_group_option_composes_and_validates(compose, group, option, tiny_decoder_export, tmp_path):
+    """Every option of every group directory (globbed: a new file is tested without editing this)
+    composes on top of experiment=tiny and passes validation."""
+    needs = OPTION_NEEDS.get((group, option), OPTION_NEEDS.get((group, None), []))
+    prefix = "+" if group in ("student", "objective") else ""
+    if needs is None:
+        cfg = compose(["experiment=tiny", f"{group}={option}"])       # composes; validated elsewhere
+        assert cfg[group] is not None
+        return
+    extra = [n.replace("EXPORT", str(tiny_decoder_export)) for n in needs]
+    if any("CACHE" in n for n in extra):
+        from train.embeddings_cache import build_cache
+
+        cache = tmp_path / "cache"
+        build_cache(tiny_decoder_export, REPO / "README.md", cache, seq_len=64, windows=2)
+        extra = [n.replace("CACHE", str(cache)) for n in extra]
+    cfg = compose(["experiment=tiny", *extra, f"{prefix}{group}={option}"])
+    kwargs = validate(cfg)
+    assert kwargs["metadata"]["task"] == cfg.task.name
 
 
 def test_enwik8_prophet_is_the_seed_recipe(compose):

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-import train.data as data_mod
+import train.data.enwik8 as data_mod
 from conftest import TEXTMIX
 from specdec_models.errors import SpecdecError
-from train.data import ENWIK8_BYTES, Enwik8DataModule, RandomWindows
+from train.data.enwik8 import ENWIK8_BYTES, Enwik8DataModule, RandomWindows
 
 TEXTMIX_SHA256 = "8755d6886d7f6518fda0eb56bb07a504b177906e7873ffbbd34ffc1f2aae1509"   # its README
 
@@ -82,10 +82,10 @@ def test_download_fills_the_cache_once(tmp_path, raw, monkeypatch):
 
     monkeypatch.setattr(data_mod.urllib.request, "urlopen", fake_urlopen)
     cache = tmp_path / "cache"
-    dm = Enwik8DataModule(cache_dir=str(cache), allow_short=True, seq_len=32)
+    dm = Enwik8DataModule(download_dir=str(cache), allow_short=True, seq_len=32)
     dm.prepare_data()
     assert calls == [data_mod.ENWIK8_URL] and (cache / "enwik8.zip").is_file()
-    Enwik8DataModule(cache_dir=str(cache), allow_short=True, seq_len=32, download=False).load()
+    Enwik8DataModule(download_dir=str(cache), allow_short=True, seq_len=32, download=False).load()
     assert len(calls) == 1
     assert not list(cache.glob("*.part"))
 
@@ -96,11 +96,11 @@ def test_no_network_and_no_path_says_how_to_provide_the_file(tmp_path, monkeypat
 
     monkeypatch.setattr(data_mod.urllib.request, "urlopen", no_network)
     with pytest.raises(SpecdecError, match=r"could not download .*data\.path=") as error:
-        Enwik8DataModule(cache_dir=str(tmp_path / "cache")).prepare_data()
+        Enwik8DataModule(download_dir=str(tmp_path / "cache")).prepare_data()
     assert "\n" not in str(error.value)
     assert not list((tmp_path / "cache").glob("*"))
     with pytest.raises(SpecdecError, match=r"data\.download=false; .*data\.path="):
-        Enwik8DataModule(cache_dir=str(tmp_path / "cache"), download=False).prepare_data()
+        Enwik8DataModule(download_dir=str(tmp_path / "cache"), download=False).prepare_data()
 
 
 def test_a_short_file_is_an_error_unless_allowed(raw):

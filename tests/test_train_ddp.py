@@ -17,7 +17,7 @@ def test_two_cpu_processes_train_checkpoint_and_export(tiny_corpus, tmp_path):
     command = [sys.executable, "-m", "train", "experiment=tiny", "trainer=ddp", "trainer.devices=2",
                "trainer.accelerator=cpu", f"data.path={tiny_corpus}", "data.allow_short=true",
                "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
-               f"hydra.run.dir={out}"]
+               f"output_dir={out}"]
     if importlib.util.find_spec("train.callbacks") is None:
         command.append("callbacks.speculative_eval=null")
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, StopAt, TEXTMIX
-from train.module import ProphetLitModule
+from train.tasks.prophet import ProphetModule
 import train.run as train_run
 from train.run import run
 
@@ -50,7 +50,7 @@ def test_export_loads_and_matches_the_trained_module(trained):
     from specdec_models.export import load_export
 
     exported = load_export(trained["export_dir"])
-    module = ProphetLitModule.load_from_checkpoint(trained["last_ckpt"], map_location="cpu").eval()
+    module = ProphetModule.load_from_checkpoint(trained["last_ckpt"], map_location="cpu").eval()
     tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = module.net.model(tokens)

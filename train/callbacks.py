@@ -40,11 +40,15 @@ from typing import Any, Sequence
 
 import lightning as L
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from specdec_models import ModelWithProphet
+from specdec_models import ModelWithProphet, byte_tokenizer
 from specdec_models.decode import generate
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.hf import HFDecoder
+
+from .data.streams import SpecdecDataModule
+from .tasks.base import SpeculativeModels
 
 SAMPLES_FILE = "speculative_samples.jsonl"
 TABLE_KEY = "val/samples"
@@ -55,9 +59,10 @@ def temperature_tag(temperature: float) -> str:
     return f"t{float(temperature):g}"
 
 
-def bytes_text(tokens: Tensor) -> str:
-    """Byte tokens (n,) as text: UTF-8 with undecodable bytes replaced."""
-    return bytes(int(t) for t in tokens.tolist()).decode("utf-8", errors="replace")
+def torch_modules(models: SpeculativeModels) -> list[nn.Module]:
+    """The nn.Modules behind the models to decode with (a Hugging Face model behind its HFDecoder)."""
+    found = [models.target, models.draft, models.prophet]
+    return [m.model if isinstance(m, HFDecoder) else m for m in found if m is not None]
 
 
 class SpeculativeEval(L.Callback):
@@ -72,8 +77,7 @@ class SpeculativeEval(L.Callback):
         super().__init__()
         for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),
                             ("max_new_tokens", max_new_tokens), ("gamma", gamma)]:
-            check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                  f"speculative_eval.{name} must be a positive integer, got {value!r}")
+            check_positive_int(value, f"speculative_eval.{name}")
         temperatures = [float(t) for t in temperatures]
         check(len(temperatures) > 0 and all(t >= 0 and math.isfinite(t) for t in temperatures),
               f"speculative_eval.temperatures must be a non-empty list of numbers >= 0, got {temperatures!r}")
@@ -87,37 +91,35 @@ class SpeculativeEval(L.Callback):
         self.num_threads = num_threads
         self._prompts: Tensor | None = None
         self.last_metrics: dict[str, float] = {}
-        self.text = bytes_text                  # tokens -> text of the samples; the DataModule's decode_text if any
+        self.text = byte_tokenizer.decode       # tokens -> text of the samples; the DataModule's decode_text if any
 
     # -- the evaluation itself (no trainer needed: scripts/bench_train.py times it alone) --------
 
-    def check_model(self, models: ModelWithProphet | dict[str, torch.nn.Module]) -> dict[str, torch.nn.Module]:
-        """The {"target", "prophet" or "draft"} dict to decode with, checked."""
+    def check_model(self, models: ModelWithProphet | SpeculativeModels) -> SpeculativeModels:
+        """The models to decode with, checked: a ModelWithProphet is its main model drafted by
+        its prophet."""
         if isinstance(models, ModelWithProphet):
-            models = {"target": models.model, "prophet": models}
-        check(isinstance(models, dict) and "target" in models and len(set(models) & {"prophet", "draft"}) == 1,
-              f"SpeculativeEval needs a ModelWithProphet or a dict with a target and a prophet or a draft, got "
-              f"{models if isinstance(models, dict) else type(models).__name__}")
-        prophet = models.get("prophet")
-        if prophet is not None:
+            models = SpeculativeModels(target=models.model, prophet=models)
+        check(isinstance(models, SpeculativeModels),
+              f"SpeculativeEval needs a ModelWithProphet or SpeculativeModels, got {type(models).__name__}")
+        if models.prophet is not None:
             needed = self.gamma + 1
-            check(prophet.prophet_cfg.prophet_train_length >= needed,
+            check(models.prophet.prophet_cfg.prophet_train_length >= needed,
                   f"speculative_eval.gamma ({self.gamma}) needs prophet_train_length >= gamma + 1 = {needed}, "
-                  f"got {prophet.prophet_cfg.prophet_train_length}")
+                  f"got {models.prophet.prophet_cfg.prophet_train_length}")
         return models
 
     @torch.inference_mode()
-    def evaluate(self, models: ModelWithProphet | dict[str, torch.nn.Module],
+    def evaluate(self, models: ModelWithProphet | SpeculativeModels,
                  prompts: Tensor) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Decode `prompts` (K, prompt_len) at each temperature, speculatively and plainly; return
         (metrics named as in the module docstring, one sample record per prompt and temperature).
-        `models`: a ModelWithProphet, or {"target": Decoder, "prophet" or "draft": ...}. Runs in
-        eval mode and fp32 (autocast off) and restores the modules' training flags."""
+        Runs in eval mode and fp32 (autocast off) and restores the modules' training flags."""
         models = self.check_model(models)
-        device = models["target"].to_logits.weight.device
+        device = models.target.device
         prompts = prompts.to(device)
-        modes = {m: m.training for model in models.values() for m in model.modules()}
-        for model in models.values():
+        modes = {m: m.training for model in torch_modules(models) for m in model.modules()}
+        for model in torch_modules(models):
             model.eval()
         threads = torch.get_num_threads()
         if self.num_threads is not None and device.type == "cpu":
@@ -143,11 +145,10 @@ class SpeculativeEval(L.Callback):
         # the same stream at every evaluation, a different one per temperature
         return torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + int(round(temperature * 1000)))
 
-    def _evaluate_at(self, models: dict[str, torch.nn.Module], prompts: Tensor, temperature: float,
+    def _evaluate_at(self, models: SpeculativeModels, prompts: Tensor, temperature: float,
                      device: torch.device) -> tuple[dict[str, float], list[dict[str, Any]]]:
         tag = temperature_tag(temperature)
-        target = models["target"]
-        drafter = {k: v for k, v in models.items() if k != "target"}          # prophet=... or draft=...
+        target, drafter = models.target, models.drafter()
         decode = dict(max_new_tokens=self.max_new_tokens, gamma=self.gamma, temperature=temperature)
         # warm-up (a few tokens, same batch): first calls at a shape pay one-time costs that would
         # skew the timing
@@ -192,25 +193,19 @@ class SpeculativeEval(L.Callback):
     def prompts(self, trainer: L.Trainer) -> Tensor:
         """The K fixed validation prompts (fetched once from the DataModule)."""
         if self._prompts is None:
-            datamodule = getattr(trainer, "datamodule", None)
-            if datamodule is None or not hasattr(datamodule, "prompts"):
-                raise SpecdecError("SpeculativeEval needs a DataModule with prompts(count, length) "
-                                   "(pass it as trainer.fit(module, datamodule=...))")
+            datamodule = trainer.datamodule
+            if not isinstance(datamodule, SpecdecDataModule):
+                raise SpecdecError("SpeculativeEval needs a SpecdecDataModule (train.data.streams) to draw prompts "
+                                   "from: pass it as trainer.fit(module, datamodule=...)")
             self._prompts = datamodule.prompts(self.num_prompts, self.prompt_len).long().cpu()
-            self.text = getattr(datamodule, "decode_text", bytes_text)
+            self.text = datamodule.decode_text
         return self._prompts
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
         if trainer.is_global_zero:
-            if hasattr(pl_module, "speculative_models"):
-                models = pl_module.speculative_models()
-            else:
-                models = getattr(pl_module, "net", None)
-                check(models is not None, "SpeculativeEval needs a LightningModule with speculative_models() or a "
-                                          "`net` (ModelWithProphet) attribute")
-            metrics, samples = self.evaluate(models, self.prompts(trainer))
+            metrics, samples = self.evaluate(pl_module.speculative_models(), self.prompts(trainer))
             self.last_metrics = metrics
             for name, value in metrics.items():
                 pl_module.log(name, value, rank_zero_only=True)

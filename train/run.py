@@ -1,15 +1,21 @@
 """run(cfg): the training job, wired explicitly so tests call the same function users do.
 
-Order: check the whole config (one-line `SpecdecError`s, before anything is created), pick the
-output directory, seed, load the data (so a missing or bad file stops the run before a model is
-built), build the module, loggers, callbacks and trainer, fit, save `checkpoints/last.ckpt`,
-and export it with `train.module.export_checkpoint`.
+Order: check the whole config (one-line `SpecdecError`s: the run-level keys here, the task's own
+through its `Task.validate`), pick the output directory (checked writable, not yet created),
+read the checkpoint to resume from, seed, load the data (a missing or bad file stops here), build
+the task's module (checked against that checkpoint and against what `<output>/export` holds),
+the callbacks, the loggers (continuing the checkpoint's CSV file and W&B run, `train.loggers`)
+and the trainer (atomic checkpoint writes, `train.checkpoints`). Only then is the output
+directory created, with config.yaml and train.log, so a run that fails any check leaves nothing
+behind. Then fit, save `checkpoints/last.ckpt`, and export it with
+`train.checkpoints.export_checkpoint`. Nothing here knows one task from another.
 """
 
 from __future__ import annotations
 
-import importlib
+import logging
 import os
+import sys
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -17,50 +23,56 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.errors import InstantiationException
+from hydra.types import RunMode
+from hydra.utils import get_class, instantiate
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from specdec_models.errors import check
+from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.files import check_writable_dir, one_line, os_error, write_file
 
-from .module import export_checkpoint
+from .checkpoints import AtomicCheckpointIO, check_resumable, export_checkpoint, read_checkpoint
+from .loggers import STATE_KEY, LoggerState, resume_kwargs
+from .optim import OptimConfig
+from .progress import quiet_tips, run_log
+from .tasks import Task, get_task
+from .tasks.base import data_class, to_plain
 
+log = logging.getLogger("train.run")
 
 # Lightning 2.6 with torch 2.13 warns about torch's pytree LeafSpec on every fit: harmless noise.
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+# ... and about modules in eval mode at the start of a fit: the frozen models some tasks hold, on purpose.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
-def _positive_int(value: Any, name: str) -> None:
-    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-          f"{name} must be a positive integer, got {value!r}")
+def metadata_of(cfg: DictConfig) -> dict[str, Any]:
+    """What a run keeps in its checkpoint and export: run name, task, gamma, seq_len, tags."""
+    return {"name": cfg.name, "task": cfg.task.name, "gamma": cfg.gamma, "seq_len": cfg.data.seq_len,
+            "tags": list(cfg.tags)}
 
 
-# task name -> module holding `validate_task(cfg) -> dict` (the LightningModule's keyword
-# arguments, checked) and `LitModule` (the class they build)
-TASKS = {"prophet": "train.module", "prophet_frozen": "train.frozen", "draft_distill": "train.distill",
-         "hf_draft_distill": "train.hf_distill"}
-
-
-def task_module(name: Any):
-    check(name in TASKS, f"task must be one of {', '.join(TASKS)}, got {name!r}")
-    return importlib.import_module(TASKS[name])
-
-
-def validate(cfg: DictConfig) -> dict[str, Any]:
-    """Check the values a run depends on; raise SpecdecError with a one-line message. Returns
-    the keyword arguments of the task's LightningModule."""
-    task = task_module(cfg.get("task", "prophet"))
-    _positive_int(cfg.gamma, "gamma")
+def validate_run(cfg: DictConfig) -> Task:
+    """Check the run-level keys every task shares; return the run's task."""
+    check(isinstance(cfg.get("task"), DictConfig), "task must be a config node: choose one with task=NAME")
+    task = get_task(cfg.task.get("name"))
+    check_positive_int(cfg.gamma, "gamma")
     check(isinstance(cfg.seed, int), f"seed must be an integer, got {cfg.seed!r}")
     check(isinstance(cfg.compile, bool), f"compile must be true or false, got {cfg.compile!r}")
-
     data = cfg.data
-    _positive_int(data.seq_len, "data.seq_len")
+    cls = data_class(cfg)
+    check(issubclass(cls, task.data), f"task={task.name} trains on {' or '.join(c.__name__ for c in task.data)} "
+                                      f"batches, data._target_ is {cls.__name__}: choose a data config for this task")
+    check_positive_int(data.seq_len, "data.seq_len")
     if data.get("path"):
         check(Path(data.path).expanduser().is_file(), f"data.path {data.path} does not exist or is not a file")
-
     trainer = cfg.trainer
-    _positive_int(trainer.max_steps, "trainer.max_steps")
-    _positive_int(trainer.accumulate_grad_batches, "trainer.accumulate_grad_batches")
+    check_positive_int(trainer.max_steps, "trainer.max_steps")
+    check_positive_int(trainer.accumulate_grad_batches, "trainer.accumulate_grad_batches")
     interval = trainer.val_check_interval
     check(isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1,
           f"trainer.val_check_interval must be a whole number of batches (training never ends an epoch), "
@@ -72,19 +84,52 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
           f"trainer.gradient_clip_val must be > 0 or null, got {trainer.get('gradient_clip_val')!r}")
     if cfg.ckpt_path is not None:
         check(Path(cfg.ckpt_path).is_file(), f"ckpt_path {cfg.ckpt_path} does not exist")
-    return task.validate_task(cfg)
+    OptimConfig.from_dict(to_plain(cfg.optim))
+    return task
+
+
+def validate(cfg: DictConfig) -> dict[str, Any]:
+    """Check the values a run depends on; raise SpecdecError with a one-line message. Returns
+    the keyword arguments of the task's LightningModule."""
+    task = validate_run(cfg)
+    kwargs = task.validate(cfg, task.typed_config(cfg))
+    metadata = {**metadata_of(cfg), **kwargs.pop("metadata", {})}
+    return {**kwargs, "optim": to_plain(cfg.optim), "seed": cfg.seed, "metadata": metadata, "compile": cfg.compile}
 
 
 def output_dir(cfg: DictConfig) -> Path:
     """cfg.output_dir; else, when resuming from <run>/checkpoints/*.ckpt, that run's directory (a
-    resumed run continues the same run); else Hydra's run directory; else outputs/<date>/<time>."""
+    resumed run continues the same run); else, in a Hydra multirun, the job's directory; else a
+    new outputs/<date>/<time>. Creates nothing."""
     if cfg.output_dir:
         return Path(cfg.output_dir)
     if cfg.ckpt_path and Path(cfg.ckpt_path).parent.name == "checkpoints":
         return Path(cfg.ckpt_path).parent.parent
-    if HydraConfig.initialized():
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return Path(HydraConfig.get().runtime.output_dir)
-    return Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    base = Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    out, n = base, 0
+    while out.exists():                  # two runs started in the same second get two directories
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
+    """instantiate(node), with a config mistake (bad arguments or values, an unknown _target_) as a
+    one-line SpecdecError naming `key` instead of Hydra's wrapped traceback."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        while not isinstance(cause, SpecdecError) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, SpecdecError):
+            raise SpecdecError(str(cause)) from None
+        if not isinstance(cause, (TypeError, ValueError, ImportError, AttributeError, InstantiationException,
+                                  MisconfigurationException)):
+            raise                        # not a config mistake: keep the traceback
+        raise SpecdecError(f"{key} is not valid: {one_line(cause)}") from None
 
 
 def _wandb_logged_in() -> bool:
@@ -95,68 +140,97 @@ def _wandb_logged_in() -> bool:
         return False
 
 
-def build_loggers(cfg: DictConfig, out: Path) -> list:
+def build_loggers(cfg: DictConfig, out: Path, resume: dict[str, Any] | None = None) -> list:
+    """The loggers of cfg.logger; `resume`: what the checkpoint of a resumed run recorded about
+    them (`train.loggers`): they continue the same CSV file and W&B run."""
     loggers = []
     for key, node in (cfg.get("logger") or {}).items():
         if node is None:
             continue
-        kwargs: dict[str, Any] = {}
-        if node._target_.endswith("WandbLogger"):
-            kwargs["name"] = node.get("name") or f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        cls = get_class(node._target_)
+        kwargs: dict[str, Any] = resume_kwargs(cls, resume)
+        if issubclass(cls, WandbLogger):
+            kwargs["name"] = kwargs.get("name") or node.get("name") or f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
             # WANDB_MODE (online / offline / disabled) wins; else online only with credentials
             if "WANDB_MODE" not in os.environ and not _wandb_logged_in():
                 kwargs["mode"] = "offline"
                 print(f"W&B: not logged in, logging offline; upload later with `wandb sync {out}/wandb/offline-run-*`")
-        loggers.append(instantiate(node, **kwargs))
+        loggers.append(build(node, f"logger.{key}", **kwargs))
     return loggers
 
 
 def build_callbacks(cfg: DictConfig) -> list:
-    from lightning.pytorch.callbacks import ProgressBar
-
-    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
+    """The callbacks of cfg.callbacks, and `LoggerState` (resumable logs) on every run."""
+    callbacks = [build(node, f"callbacks.{key}") for key, node in (cfg.get("callbacks") or {}).items()
+                 if node is not None]
     if not cfg.trainer.get("enable_progress_bar", True):   # the Trainer refuses a bar it was told not to show
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    return callbacks
+    return callbacks + [LoggerState()]
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train, checkpoint and export. Returns output_dir, export_dir, last_ckpt, best_ckpt,
-    global_step and metrics (the final logged values)."""
+    global_step and metrics (the final logged values).
+
+    Everything that can be checked is checked before anything is created (one-line
+    `SpecdecError`s): the config, the output folder, the checkpoint to resume from (readable, of
+    this task, fitting the configured model), the data, the callbacks, loggers and trainer."""
+    quiet_tips()
     kwargs = validate(cfg)
-    if cfg.task == "prophet_frozen":     # Lightning's notice about modules in eval mode: the frozen main model
-        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+    task = get_task(cfg.task.name)
+    chosen = not cfg.output_dir
     out = output_dir(cfg).resolve()
+    check_writable_dir(out, "output directory")
     cfg.output_dir = str(out)                       # resolves ${output_dir} in trainer, loggers, callbacks
-    print(f"output directory: {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml", resolve=True)
+    try:
+        config_text = OmegaConf.to_yaml(cfg, resolve=True)
+    except OmegaConfBaseException as error:
+        raise SpecdecError(f"the config does not resolve: {one_line(error)}") from None
+    ckpt = read_checkpoint(cfg.ckpt_path) if cfg.ckpt_path else None
     L.seed_everything(cfg.seed, workers=True)
 
-    datamodule = instantiate(cfg.data)
+    datamodule = build(cfg.data, "data")
     datamodule.prepare_data()                       # a missing or bad file stops here
     datamodule.setup("fit")
 
-    module = task_module(cfg.get("task", "prophet")).LitModule(**kwargs)
-    loggers = build_loggers(cfg, out)
+    module = task.module(**kwargs)
+    resume = None
+    if ckpt is not None:
+        check_resumable(module, ckpt, cfg.ckpt_path)
+        resume = ckpt.get(STATE_KEY, {})
+        del ckpt                                    # Lightning reads it again in fit
+    module.check_export_dir(out / "export")
     callbacks = build_callbacks(cfg)
-    trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    for logger in loggers:
-        logger.log_hyperparams(resolved)
+    loggers = build_loggers(cfg, out, resume)
+    trainer: L.Trainer = build(cfg.trainer, "trainer", logger=loggers or False, callbacks=callbacks,
+                               plugins=[AtomicCheckpointIO()])
+    print(f"output directory: {out}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_file(out / "config.yaml", lambda f: f.write(config_text.encode("utf-8")))
+    except OSError as error:
+        raise os_error(error, f"cannot write the output directory {out}") from None
 
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if chosen and HydraConfig.initialized():
+        # Lightning's DDP launcher starts the other ranks with this command line: same directory
+        sys.argv.append(f'output_dir="{out}"')
 
-    # ModelCheckpoint writes last.ckpt after each validation; this one holds the final step.
-    last = out / "checkpoints" / "last.ckpt"
-    trainer.save_checkpoint(last, weights_only=False)
-    export_dir = None
-    if trainer.is_global_zero:
-        export_dir = export_checkpoint(last, out / "export")
-        print(f"export: {export_dir}")
-        if any(type(logger).__name__ == "WandbLogger" for logger in loggers):
-            import wandb
-            wandb.finish()
+    with run_log(out):
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        for logger in loggers:
+            logger.log_hyperparams(resolved)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+
+        # ModelCheckpoint writes last.ckpt after each validation; this one holds the final step.
+        last = out / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(last, weights_only=False)
+        export_dir = None
+        if trainer.is_global_zero:
+            export_dir = export_checkpoint(last, out / "export", report=log.info)
+            log.info(f"export: {export_dir}")
+            if any(isinstance(logger, WandbLogger) for logger in loggers):
+                import wandb
+                wandb.finish()
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     return {
         "output_dir": out,
@@ -166,4 +240,3 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "global_step": trainer.global_step,
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
     }
-

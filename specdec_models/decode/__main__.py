@@ -2,13 +2,21 @@
 
 Loads an export (see `specdec_models.export`), encodes the prompt with the export's tokenizer
 (kind "bytes": the UTF-8 bytes, token id = byte value), runs `generate` with the chosen method
-and prints each row's continuation and the decoding stats (DECODING.md defines them), or one JSON
+and prints each row's continuation and the decoding stats (docs/DECODING.md defines them), or one JSON
 object with `--json`. Methods: `base` (one target call per token), `draft` (a second export
 drafts, `--draft DIR`), `prophet` (a model_with_prophet export drafts with its own prophet).
 Every bad input is one line `error: ...` on stderr and exit status 2.
 
+A Hugging Face target instead: `--hf-model DIR` (a local `save_pretrained` directory) or
+`--gguf FILE`, its tokenizer from the same place, the prompt encoded by it (`--chat`: as one user
+turn of its chat template), rows stopping at its EOS token unless `--ignore-eos`; `--draft` is
+then a Hugging Face draft (a directory or a GGUF file, sharing the tokenizer) and `--prophet DIR`
+an `hf_prophet` export trained for this target (alone, it names its target by the path it records).
+
     python -m specdec_models.decode --export outputs/run/export --prompt "The quick brown fox" \
         --gamma 5 --temperature 0.8 --top-p 0.95 --max-new-tokens 200 --batch 4 --json
+    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --prophet HEAD_DIR \
+        --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch
 from .. import byte_tokenizer
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config
+from ..hf import HFDecoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
 from . import SpeedProfile, generate
@@ -44,15 +53,23 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m specdec_models.decode",
-                     description="Generate text from a specdec export with plain or speculative decoding.")
-    parser.add_argument("--export", required=True, metavar="DIR",
+                     description="Generate text from a specdec export or a Hugging Face model with plain or "
+                                 "speculative decoding.")
+    parser.add_argument("--export", metavar="DIR",
                         help="the target's export directory (a decoder or a model_with_prophet)")
-    parser.add_argument("--prompt", required=True, help="prompt text, encoded as UTF-8 bytes")
+    parser.add_argument("--hf-model", metavar="DIR", help="a Hugging Face target: a local save_pretrained directory")
+    parser.add_argument("--gguf", metavar="FILE", help="a Hugging Face target from a GGUF file")
+    parser.add_argument("--prompt", required=True,
+                        help="prompt text: UTF-8 bytes for an export, the target's tokenizer for a Hugging Face model")
+    parser.add_argument("--chat", action="store_true", help="Hugging Face target: wrap the prompt in its chat template")
     parser.add_argument("--draft", metavar="DIR",
-                        help="export of the draft model for --method draft (a decoder export, or a "
-                             "model_with_prophet export whose main model then drafts)")
+                        help="the draft for --method draft: an export (a decoder, or a model_with_prophet whose "
+                             "main model drafts), or with a Hugging Face target a model directory or GGUF file")
+    parser.add_argument("--prophet", metavar="DIR", help="Hugging Face target: an hf_prophet export (a head trained "
+                                                         "for it) drafts")
     parser.add_argument("--method", choices=METHODS,
-                        help="default: draft with --draft, prophet for a model_with_prophet export, else base")
+                        help="default: draft with --draft, prophet with --prophet or a model_with_prophet export, "
+                             "else base")
     parser.add_argument("--gamma", type=parse_gamma, default=5,
                         help="tokens drafted per round (default 5), or auto: the gamma with the best predicted "
                              "speed-up, from the export's metadata speed_profile or measured on the first tokens")
@@ -64,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--batch", type=int, default=1, help="decode the prompt N times as one batch")
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling generator")
-    parser.add_argument("--eos-id", type=int, default=None, help="stop a row after this token")
+    parser.add_argument("--eos-id", type=int, default=None,
+                        help="stop a row after this token (Hugging Face target: default its tokenizer's EOS)")
+    parser.add_argument("--ignore-eos", action="store_true", help="Hugging Face target: do not stop at EOS")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
 
@@ -93,6 +112,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
     check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
     check(len(args.prompt) > 0, "--prompt is empty: give at least one character")
+    given = [flag for flag, value in (("--export", args.export), ("--hf-model", args.hf_model), ("--gguf", args.gguf))
+             if value is not None]
+    check(len(given) <= 1, f"give one target, not {' and '.join(given)}")
+    if args.hf_model or args.gguf or (args.prophet and not args.export):
+        return run_hf(args, sampling)
+    check(args.export is not None, "give the target: --export DIR (a specdec export), --hf-model DIR or --gguf FILE")
+    for flag, value in (("--prophet", args.prophet), ("--chat", args.chat), ("--ignore-eos", args.ignore_eos)):
+        check(not value, f"{flag} is for a Hugging Face target (--hf-model DIR or --gguf FILE), not --export")
 
     exported = load_export(args.export)
     target = exported.model if isinstance(exported, ModelWithProphet) else exported
@@ -127,6 +154,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
     continuations = [byte_tokenizer.decode(t) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
+
+
+def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]:
+    """The Hugging Face target's run: load and check the models (`hf_models.load_hf_run`), decode."""
+    from .hf_models import encode_prompt, load_hf_run
+
+    method = args.method or ("draft" if args.draft else "prophet" if args.prophet else "base")
+    check(method != "draft" or args.draft is not None, "--method draft needs --draft (a Hugging Face model directory "
+                                                       "or GGUF file sharing the target's tokenizer)")
+    check(method != "prophet" or args.prophet is not None,
+          "--method prophet with a Hugging Face target needs --prophet DIR (an hf_prophet export)")
+    for flag, value, used_by in (("--draft", args.draft, "draft"), ("--prophet", args.prophet, "prophet")):
+        check(value is None or method == used_by, f"{flag} is only used by --method {used_by}, not --method {method}")
+    check(not (args.ignore_eos and args.eos_id is not None), "give --eos-id or --ignore-eos, not both")
+    _quiet_transformers()
+    hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet)
+    max_len = HFDecoder(hf.target).cfg.max_seq_len
+    prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len)
+    eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id
+    check(eos is None or 0 <= eos < hf.vocab_size, f"--eos-id must be a token id in [0, {hf.vocab_size}), got {eos}")
+    tokens, stats = generate(hf.target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=hf.draft,
+                             prophet=hf.prophet, gamma=args.gamma, temperature=sampling.temperature,
+                             top_k=sampling.top_k, top_p=sampling.top_p,
+                             repetition_penalty=sampling.repetition_penalty, eos_id=eos, vocab_size=hf.vocab_size,
+                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
+    continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
+    return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
+
+
+def _quiet_transformers() -> None:
+    """No progress bars or warnings from transformers on stderr: the CLI prints one result."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
 
 
 def _printable(text: str) -> str:

@@ -10,7 +10,7 @@ from torch import Tensor
 from ..errors import check
 from ..hf import HFDecoder
 from ..model import Decoder
-from ..prophet import ModelWithProphet
+from ..prophet import ModelWithProphet, ProphetWindows
 from .cost import SpeedProfile
 
 AUTO = "auto"
@@ -88,11 +88,19 @@ def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_pr
               f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         return "draft"
     if prophet is not None:
-        check(isinstance(prophet, ModelWithProphet),
-              f"prophet must be a ModelWithProphet, got {type(prophet).__name__}")
-        check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
-              "not a Hugging Face target")
-        check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
+        check(isinstance(prophet, ProphetWindows),
+              f"prophet must be a ModelWithProphet or an HFProphet, got {type(prophet).__name__}")
+        if isinstance(prophet, ModelWithProphet):
+            check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
+                  "not a Hugging Face target (a Hugging Face target drafts with an HFProphet head)")
+            check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
+        else:      # an HFProphet: drafts from the hidden states of the Hugging Face model it shares weights with
+            check(isinstance(target, HFDecoder) and target.model is getattr(prophet, "target", None),
+                  "this prophet head was built for another target: pass the Hugging Face model it was loaded "
+                  "with (head.target) as the target")
+            check(prophet.vocab_size == target.vocab_size,
+                  f"the prophet head's vocabulary ({prophet.vocab_size}) differs from the target's "
+                  f"({target.vocab_size}): pass vocab_size={prophet.vocab_size}")
         top = prophet.prophet_cfg.prophet_train_length - 1
         check(gamma == AUTO or gamma <= top,
               f"gamma {gamma} exceeds what the prophet was trained for: prophet_train_length "

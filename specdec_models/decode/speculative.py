@@ -5,7 +5,8 @@
 - draft: a smaller `Decoder` proposes gamma tokens, the target verifies them in one call
   (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023, Algorithm 2);
 - prophet: a `ModelWithProphet` whose prophet drafts from the target's cached last-layer
-  embeddings, verified the same way.
+  embeddings, verified the same way; for a Hugging Face target, an `hf_prophet.HFProphet` head
+  drafting from the hidden states the target's cache keeps.
 Target and draft may also be Hugging Face causal LMs (wrapped in `hf.HFDecoder`, with per-row
 rollback of their caches; `vocab_size` slices padded heads to the shared vocabulary).
 
@@ -39,7 +40,7 @@ from torch import Tensor
 from ..errors import SpecdecError
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
-from ..prophet import ModelWithProphet
+from ..prophet import ModelWithProphet, ProphetWindows
 from ..sampling import SamplingConfig, residual, sample, to_probs
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
@@ -162,7 +163,7 @@ def generate(
     prompt: Tensor | list[Tensor],
     max_new_tokens: int,
     draft: Decoder | HFDecoder | PreTrainedModel | None = None,
-    prophet: ModelWithProphet | None = None,
+    prophet: ProphetWindows | None = None,
     gamma: int | str = 5,
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -257,13 +258,12 @@ class _Decoding:
 
         A finished row would otherwise ride along in every model call until the slowest row ends:
         at batch 8 and 200 tokens that wasted 9% (draft) to 18% (prophet) of the row-calls here.
-        Compacting copies only the rows that move, so it runs as soon as 1/8 of the rows are done.
-        Caches without `compact_rows` (Hugging Face ones) keep their finished rows frozen instead."""
+        Compacting copies only the rows that move, so it runs as soon as 1/8 of the rows are done."""
         rows = self.rows
         active = int((~rows.done).sum())
         if active == 0:
             return True
-        if self.can_compact and rows.batch - active >= max(1, rows.batch // 8):
+        if rows.batch - active >= max(1, rows.batch // 8):
             dst, src, batch = rows.compact()
             for cache in (self.cache, self.draft_cache):
                 if cache is not None:
@@ -346,17 +346,14 @@ class _Decoding:
         b, width = rows.seq.shape[0], int(rows.lens.max())
         padded = rows.seq[:, :width]
         self.cache = target.new_cache(b, rows.capacity, keep_embeds=self.method == "prophet")
-        self.can_compact = hasattr(self.cache, "compact_rows")
-        logits = self.clock(PREFILL, target, padded, cache=self.cache).logits
+        last = self._logits_at(PREFILL, target, padded, self.cache, rows.lens - 1)
         self.cache.rollback(rows.lens)
-        last = logits[rows.arange_b, rows.lens - 1]
         self.count_call()
         probs = to_probs(last, self.sampling, rows.context())
         rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
         if self.method == "draft":
             self.draft_cache = self.draft.new_cache(b, rows.capacity)
-            self.can_compact &= hasattr(self.draft_cache, "compact_rows")
-            self.clock(PREFILL, self.draft, padded, cache=self.draft_cache)
+            self._logits_at(PREFILL, self.draft, padded, self.draft_cache, rows.lens - 1)
             self.draft_cache.rollback(torch.minimum(self.draft_cache.lengths, rows.lens))
         if self.method == "prophet":
             # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
@@ -364,6 +361,13 @@ class _Decoding:
             # the prophet needs S cached target positions per row: decode plainly until there are
             while not self.finished() and int(self.cache.lengths.min()) < self.prophet.num_start_tokens:
                 self.base_step()
+
+    def _logits_at(self, key: str, model, tokens: Tensor, cache, at: Tensor) -> Tensor:
+        """Logits (b, vocab) of position at[i] of each row of tokens (b, n), fed to `cache`; a
+        Hugging Face model computes its (large) head at those positions only."""
+        if isinstance(model, HFDecoder):
+            return self.clock(key, model, tokens, cache=cache, logits_at=at).logits[:, 0]
+        return self.clock(key, model, tokens, cache=cache).logits[self.rows.arange_b, at]
 
     def base_step(self) -> None:
         """One plain step: feed each row's pending token, sample the next one."""
@@ -391,10 +395,12 @@ class _Decoding:
         keeps its cache across rounds; the prophet's is emptied at each round (its start tokens change)."""
         rows, draft_cache, clock = self.rows, self.draft_cache, self.clock
         if self.draft is not None:
-            # Catch the draft up: it may lag one token (after a full acceptance it never saw
-            # d_gamma), so it always re-reads the last two tokens; re-writing a cached position is harmless.
-            draft_cache.rollback(rows.seq_len - 2)
-            model, first, start = self.draft, rows.last(2), None
+            # Catch the draft up: it lags one token after a full acceptance (it never saw d_gamma),
+            # so when a row does it re-reads the last two tokens (re-writing a cached position is
+            # harmless), else the pending one only.
+            n = 2 if bool((draft_cache.lengths < rows.seq_len - 1).any()) else 1
+            draft_cache.rollback(rows.seq_len - n)
+            model, first, start = self.draft, rows.last(n), None
         else:
             prophet = self.prophet
             start = prophet.start_tokens(self.cache.last_embeds(prophet.num_start_tokens))

@@ -2,7 +2,7 @@
 
 enwik8 is the first 10^8 bytes of an English Wikipedia XML dump (Hutter prize; Mahoney's
 "Large Text Compression Benchmark"). The file comes from `path` (a raw `enwik8`, an
-`enwik8.zip` or any `.gz`), or is downloaded once into `cache_dir`.
+`enwik8.zip` or any `.gz`), or is downloaded once into `download_dir`.
 
 Training draws random windows of seq_len + 1 bytes. Batch k of process `rank` is a pure
 function of (seed, rank, k), and a resumed run starts at k = global_step * accumulate_grad_batches,
@@ -18,15 +18,18 @@ import os
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models import byte_tokenizer
+from specdec_models.errors import SpecdecError, check, check_positive_int
+
+from .streams import SpecdecDataModule, StepBatches, evenly_spaced_windows, stream_position, window_batch
 
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_BYTES = 10**8
@@ -71,7 +74,7 @@ def read_bytes(path: Path) -> np.ndarray:
         return np.memmap(path, dtype=np.uint8, mode="r")
     except SpecdecError:
         raise
-    except (OSError, EOFError, zipfile.BadZipFile, gzip.BadGzipFile) as error:
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile, gzip.BadGzipFile) as error:   # zlib: corrupt .gz data
         raise SpecdecError(f"cannot read {path}: {error}") from None
 
 
@@ -80,38 +83,6 @@ def split_bounds(total: int) -> tuple[int, int, int]:
     train = round(total * SPLIT[0])
     valid = train + round(total * SPLIT[1])
     return train, valid, total
-
-
-def window_batch(data: np.ndarray, offsets: np.ndarray, length: int) -> torch.Tensor:
-    """Windows data[o : o + length] for each offset -> LongTensor (len(offsets), length)."""
-    index = offsets[:, None] + np.arange(length)              # (b, length)
-    return torch.from_numpy(data[index].astype(np.int64))
-
-
-def stream_position(trainer: L.Trainer | None) -> tuple[int, int]:
-    """(rank, first batch index) of this process's training stream: on resume, batch
-    k = global_step * accumulate_grad_batches is the first one not yet trained on."""
-    if trainer is None:
-        return 0, 0
-    return trainer.global_rank, trainer.global_step * trainer.accumulate_grad_batches
-
-
-class StepBatches(IterableDataset):
-    """Endless batches from `batch(k)`, a pure function of the batch index k, from k = `start` on.
-    Worker i of W yields k = start + i, start + i + W, ..., which the DataLoader interleaves back
-    into order."""
-
-    start: int
-
-    def batch(self, k: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    def __iter__(self):
-        info = get_worker_info()
-        k, step = (self.start, 1) if info is None else (self.start + info.id, info.num_workers)
-        while True:
-            yield self.batch(k)
-            k += step
 
 
 class RandomWindows(StepBatches):
@@ -142,20 +113,19 @@ class FixedWindows(Dataset):
         return window_batch(self.data, self.offsets[i:i + 1], self.length)[0]
 
 
-class Enwik8DataModule(L.LightningDataModule):
-    def __init__(self, path: str | None = None, cache_dir: str = "~/.cache/specdec", download: bool = True,
+class Enwik8DataModule(SpecdecDataModule):
+    def __init__(self, path: str | None = None, download_dir: str = "~/.cache/specdec", download: bool = True,
                  sha256: str | None = None, allow_short: bool = False, seq_len: int = 512, batch_size: int = 4,
                  val_windows: int = 64, val_batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
         for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
                             ("val_batch_size", val_batch_size)]:
-            check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                  f"data.{name} must be a positive integer, got {value!r}")
+            check_positive_int(value, f"data.{name}")
         check(isinstance(num_workers, int) and num_workers >= 0, f"data.num_workers must be >= 0, got {num_workers!r}")
         check(sha256 is None or (isinstance(sha256, str) and len(sha256) == 64),
               f"data.sha256 must be 64 hex digits or null, got {sha256!r}")
         self.path = Path(path).expanduser() if path else None
-        self.cache_dir = Path(cache_dir).expanduser()
+        self.download_dir = Path(download_dir).expanduser()
         self.download, self.sha256, self.allow_short = download, sha256, allow_short
         self.seq_len, self.batch_size, self.val_windows = seq_len, batch_size, val_windows
         self.val_batch_size, self.num_workers, self.seed = val_batch_size, num_workers, seed
@@ -168,10 +138,10 @@ class Enwik8DataModule(L.LightningDataModule):
         if self.path is not None:
             check(self.path.is_file(), f"data.path {self.path} does not exist or is not a file")
             return self.path
-        cached = self.cache_dir / "enwik8.zip"
+        cached = self.download_dir / "enwik8.zip"
         if cached.is_file():
             return cached
-        check(self.download, f"enwik8 is not in {self.cache_dir} and data.download=false; {HOW_TO_PROVIDE}")
+        check(self.download, f"enwik8 is not in {self.download_dir} and data.download=false; {HOW_TO_PROVIDE}")
         return download(ENWIK8_URL, cached)
 
     def prepare_data(self) -> None:
@@ -226,8 +196,15 @@ class Enwik8DataModule(L.LightningDataModule):
 
     def prompts(self, count: int, length: int) -> torch.Tensor:
         """`count` fixed prompts (count, length) from the validation split, for decoding evaluations."""
-        valid = self.load()["valid"]
-        check(1 <= length <= len(valid), f"prompt length {length} does not fit the validation split")
-        # centred in `count` equal slices, so they differ from the validation windows' offsets
-        offsets = ((np.arange(count) + 0.5) * (len(valid) - length) / count).astype(np.int64)
-        return window_batch(valid, offsets, length)
+        return evenly_spaced_windows(self.load()["valid"], count, length)
+
+    def decode_text(self, tokens: torch.Tensor) -> str:
+        return byte_tokenizer.decode(tokens)
+
+
+def validation_prompts(path: str | Path, count: int, length: int) -> torch.Tensor:
+    """The evaluation callback's `count` fixed prompts of `length` bytes from the validation split
+    of an enwik8-shaped file (scripts use them without a DataModule)."""
+    data = read_bytes(Path(path).expanduser())[:ENWIK8_BYTES]
+    train, valid, _ = split_bounds(len(data))
+    return evenly_spaced_windows(data[train:valid], count, length)

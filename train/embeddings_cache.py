@@ -1,4 +1,4 @@
-"""The embeddings cache of a frozen main model, and the DataModule that trains a prophet from it.
+"""The embeddings cache: a frozen main model's last-layer embeddings of training windows, on disk.
 
 A prophet trained on a frozen main model (task=prophet_frozen) reads the main model's last-layer
 embeddings of each training window. They can be computed on the fly, or once, ahead of training,
@@ -6,59 +6,53 @@ by `scripts/cache_embeddings.py` (`build_cache` below), which runs the main mode
 training windows and stores, per window,
 
     tokens        seq_len + 1 bytes (uint8)
-    embeds        (seq_len, dim) embeddings of tokens[:seq_len]: bf16 stored as its uint16 bits,
-                  or fp16; row-major, flattened
-    topk_values   (seq_len, K) the main model's K largest logits per position (fp16), optional
+    embeds        (seq_len, dim) embeddings of tokens[:seq_len]: bfloat16 stored as its uint16
+                  bits, or float16; row-major, flattened
+    topk_values   (seq_len, K) the main model's K largest logits per position (float16), optional
     topk_indices  (seq_len, K) their token ids (uint8 for a byte vocabulary, else int32)
     offset        the window's offset in the training split (int64)
 
 in a Hugging Face `datasets` Arrow dataset (`save_to_disk`, sharded; read memory-mapped by
 `load_from_disk`) under CACHE_DIR/dataset, next to CACHE_DIR/cache.json: the export's weights hash,
 the settings and each file's size. The cache is built in a temporary directory beside CACHE_DIR
-and renamed into place, so CACHE_DIR is either absent or complete.
+and renamed into place (`specdec_models.files.staged_dir`), so CACHE_DIR is either absent or
+complete, and the temp directory of a killed build is removed by the next build of CACHE_DIR.
 
-`CachedDataModule` is the enwik8 DataModule (validation, test windows and prompts unchanged, so
-validation numbers compare with online runs) whose training batches, with embeddings="cached",
-are dicts {"tokens": (b, seq_len + 1) int64, "embeds": (b, seq_len, dim) bf16 or fp16, and when
-cached "topk_values" (b, seq_len, K) fp16, "topk_indices" (b, seq_len, K) int64} drawn from the
-cache; batch k of process `rank` is a pure function of (seed, rank, k), as for enwik8, so a
-resumed run continues the same stream. With embeddings="online" it is the enwik8 DataModule.
+`train.data.embeddings.EmbeddingsDataModule` trains from it (`data=enwik8_embeddings`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import read_json_object
+from specdec_models.files import staged_dir
 
-from .data import ENWIK8_BYTES, Enwik8DataModule, read_bytes, split_bounds, stream_position, window_batch
+from .data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
+from .data.streams import window_batch
 
 CACHE_FORMAT = "specdec-embeddings-cache"
-CACHE_VERSION = 1
+CACHE_VERSION = 2          # 2: dtype names bfloat16 / float16 (1 said bf16 / fp16)
 META_NAME = "cache.json"
 DATASET_DIR = "dataset"
-DTYPES = ("bf16", "fp16")
-EMBEDDINGS = ("online", "cached")     # where task=prophet_frozen gets the main model's embeddings
+DTYPES = ("bfloat16", "float16")      # names as in specdec_models.config.DTYPES
 HOW_TO_BUILD = "build one with scripts/cache_embeddings.py --export MAIN_EXPORT --data DATA --out CACHE_DIR"
 
 
 # ---------------------------------------------------------------- embeddings <-> stored columns
 
 def pack_embeds(embeds: torch.Tensor, dtype: str) -> np.ndarray:
-    """(b, n, d) float embeddings -> (b, n * d) stored values: bf16 bits as uint16, or fp16."""
-    if dtype == "bf16":
+    """(b, n, d) float embeddings -> (b, n * d) stored values: bfloat16 bits as uint16, or float16."""
+    if dtype == "bfloat16":
         bits = embeds.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
     else:
         bits = embeds.detach().to(torch.float16).cpu().numpy()
@@ -66,9 +60,9 @@ def pack_embeds(embeds: torch.Tensor, dtype: str) -> np.ndarray:
 
 
 def unpack_embeds(values: np.ndarray, dtype: str, seq_len: int) -> torch.Tensor:
-    """(b, n * d) stored values -> (b, n, d) bf16 or fp16 tensor (the exact stored numbers)."""
+    """(b, n * d) stored values -> (b, n, d) bfloat16 or float16 tensor (the exact stored numbers)."""
     values = np.array(values, copy=True)                      # Arrow buffers are read-only
-    if dtype == "bf16":
+    if dtype == "bfloat16":
         tensor = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
     else:
         tensor = torch.from_numpy(values)
@@ -80,7 +74,7 @@ def _features(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int):
 
     columns = {
         "tokens": List(Value("uint8"), length=seq_len + 1),
-        "embeds": List(Value("uint16" if dtype == "bf16" else "float16"), length=seq_len * dim),
+        "embeds": List(Value("uint16" if dtype == "bfloat16" else "float16"), length=seq_len * dim),
         "offset": Value("int64"),
     }
     if top_k:
@@ -99,14 +93,14 @@ def _fixed_lists(rows: np.ndarray):
 # ---------------------------------------------------------------- writing
 
 def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, seq_len: int = 512,
-                windows: int = 1024, dtype: str = "bf16", top_k_logits: int = 0, shard_size: str | int = "500MB",
+                windows: int = 1024, dtype: str = "bfloat16", top_k_logits: int = 0, shard_size: str | int = "500MB",
                 seed: int = 0, batch_size: int = 8, device: str | torch.device = "cpu", overwrite: bool = False,
                 progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Run the export's main model over `windows` random training windows of `data` and write
     the cache to `out` (see the module docstring). `progress(tokens)` is called after each batch.
     Returns the cache's metadata (cache.json), with the seconds the whole write took."""
-    from specdec_models import ModelConfig, ModelWithProphet
-    from specdec_models.export import load_export, read_export_config
+    from specdec_models import ModelWithProphet
+    from specdec_models.export import load_export, read_main_config
 
     t0 = time.perf_counter()
     out, data = Path(out), Path(data).expanduser()
@@ -121,10 +115,12 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
     except (ValueError, AttributeError):
         raise SpecdecError(f"shard size must be bytes or like 500MB / 1GB, got {shard_size!r}") from None
     check(shard_size > 0, f"shard size must be > 0, got {shard_size}")
-    check(overwrite or not out.exists(), f"{out} already exists: pass --overwrite to replace it, or another --out")
+    if out.exists():
+        check(overwrite, f"{out} already exists: pass --overwrite to replace it, or another --out")
+        check(out.is_dir() and ((out / META_NAME).is_file() or not any(out.iterdir())),
+              f"{out} is not an embeddings cache: --overwrite replaces only a cache, choose another --out")
     check(data.is_file(), f"data {data} does not exist or is not a file")
-    config = read_export_config(export)                   # cheap checks first: the weights load last
-    cfg = ModelConfig.from_dict(config["main"])
+    cfg, config = read_main_config(export)                # cheap checks first: the weights load last
     check(seq_len <= cfg.max_seq_len, f"seq_len ({seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
     check(top_k_logits <= cfg.vocab_size, f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({cfg.vocab_size})")
     sha = config["weights_sha256"]
@@ -141,10 +137,7 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
     from datasets import Dataset
     from datasets.arrow_writer import ArrowWriter
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staged_dir(out) as tmp:          # out is absent or complete; a killed build's temp goes next time
         features = _features(seq_len, cfg.dim, dtype, top_k_logits, cfg.vocab_size)
         staging = tmp / "staging.arrow"           # one file, then resharded by save_to_disk
         writer = ArrowWriter(features=features, path=str(staging))
@@ -177,16 +170,6 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
             "bytes": sum(files.values()),
         }
         (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if out.exists():                          # --overwrite: the old cache goes only once the new one is whole
-            old = out.parent / f".old-{out.name}-{uuid.uuid4().hex[:8]}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     meta["seconds"] = time.perf_counter() - t0
     return meta
 
@@ -249,7 +232,7 @@ def open_cache(cache: str | os.PathLike, meta: dict[str, Any] | None = None):
 
 def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = False) -> dict[str, torch.Tensor]:
     """Rows `rows` of an opened cache as a training batch {"tokens", "embeds"} (and, with `top_k`,
-    "topk_values" (b, n, K) fp16 and "topk_indices" (b, n, K) int64)."""
+    "topk_values" (b, n, K) float16 and "topk_indices" (b, n, K) int64)."""
     table = dataset[rows.tolist()]
     n = meta["seq_len"]
 
@@ -264,75 +247,3 @@ def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = Fa
         batch["topk_values"] = torch.from_numpy(column("topk_values").copy()).view(len(rows), n, -1)
         batch["topk_indices"] = torch.from_numpy(column("topk_indices").astype(np.int64)).view(len(rows), n, -1)
     return batch
-
-
-class CachedWindows(IterableDataset):
-    """Endless training batches from a cache. Sample g = (k * batch_size + j) * world + rank of
-    batch k is row perm_e[g mod N] with e = g // N and perm_e a permutation seeded by (seed, e):
-    each pass over the cache visits every window once, ranks see disjoint windows, and batch k
-    depends only on (seed, rank, k)."""
-
-    def __init__(self, cache: Path, meta: dict[str, Any], batch_size: int, seed: int, rank: int, world: int,
-                 start: int) -> None:
-        self.cache, self.meta, self.batch_size = cache, meta, batch_size
-        self.seed, self.rank, self.world, self.start = seed, rank, world, start
-        self._perms: dict[int, np.ndarray] = {}
-
-    def rows(self, k: int) -> np.ndarray:
-        n = self.meta["windows"]
-        g = (k * self.batch_size + np.arange(self.batch_size)) * self.world + self.rank
-        rows = np.empty(self.batch_size, dtype=np.int64)
-        for epoch in (int(e) for e in np.unique(g // n)):
-            if epoch not in self._perms:              # keep one pass's permutation at a time
-                self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(n)}
-            here = g // n == epoch
-            rows[here] = self._perms[epoch][g[here] % n]
-        return rows
-
-    def __iter__(self):
-        dataset = open_cache(self.cache, self.meta)      # opened per worker: memory maps do not pickle
-        info = get_worker_info()
-        k, step = (self.start, 1) if info is None else (self.start + info.id, info.num_workers)
-        while True:
-            yield cache_rows(dataset, self.rows(k), self.meta, top_k=self.meta["top_k_logits"] > 0)
-            k += step
-
-
-class CachedDataModule(Enwik8DataModule):
-    def __init__(self, embeddings: str = "online", cache: str | None = None, export: str | None = None,
-                 **kwargs: Any) -> None:
-        """enwik8 (all of Enwik8DataModule's arguments), and with embeddings="cached" training
-        batches from the embeddings cache `cache`, which must come from the main model in the
-        export `export` (checked by weights hash when given) and have data.seq_len windows. The
-        batches carry the cache's top-k logits too when it has them."""
-        super().__init__(**kwargs)
-        check(embeddings in EMBEDDINGS, f"main.embeddings must be one of {', '.join(EMBEDDINGS)}, got {embeddings!r}")
-        check(embeddings == "online" or bool(cache),
-              f"main.embeddings=cached needs main.cache=CACHE_DIR ({HOW_TO_BUILD})")
-        self.embeddings = embeddings
-        self.cache = Path(cache).expanduser() if cache else None
-        self.export = export
-        self._meta: dict[str, Any] | None = None
-
-    def cache_meta(self) -> dict[str, Any]:
-        """The checked metadata of the cache (checked once)."""
-        if self._meta is None:
-            from specdec_models.export import export_hash
-
-            sha = export_hash(self.export) if self.export else None
-            self._meta = check_cache(self.cache, export_sha256=sha, seq_len=self.seq_len)
-        return self._meta
-
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
-        if self.embeddings == "cached" and stage in (None, "fit"):
-            open_cache(self.cache, self.cache_meta())    # a damaged dataset stops the run here
-
-    def train_dataloader(self) -> DataLoader:
-        if self.embeddings == "online":
-            return super().train_dataloader()
-        rank, start = stream_position(self.trainer)
-        world = self.trainer.world_size if self.trainer is not None else 1
-        windows = CachedWindows(self.cache, self.cache_meta(), self.batch_size, self.seed, rank, world, start)
-        return DataLoader(windows, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)

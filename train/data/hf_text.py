@@ -9,11 +9,11 @@ tokenized (plain text with the tokenizer's own special tokens, e.g. Llama's BOS)
 EOS, concatenated in order and cut into windows of seq_len + 1 tokens (the last partial window
 is dropped).
 
-The windows are computed once and cached as one Arrow file, memory-mapped on every later use:
-`<cache_dir>/<key>/windows.arrow`, where the key hashes the tokenizer (its vocabulary, merges,
+The windows are computed once and kept as one Arrow file, memory-mapped on every later use:
+`<windows_dir>/<key>/windows.arrow`, where the key hashes the tokenizer (its vocabulary, merges,
 special tokens and chat template), the data files (path, size, modification time) and every
 setting that changes the tokens. The file is written under a temporary name and renamed, so a
-crashed build leaves no half cache. The last `val_windows` windows are the fixed validation set;
+crashed build leaves no half file. The last `val_windows` windows are the fixed validation set;
 training draws random windows from the rest, batch k of rank r a pure function of (seed, r, k),
 so a resumed run continues the same stream (as `train.data.Enwik8DataModule` does).
 """
@@ -28,55 +28,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import SpecdecError, check, check_positive_int
 
-from .data import StepBatches, stream_position
+from ..hf_models import load_tokenizer, tokenizer_fingerprint
+from .streams import SpecdecDataModule, StepBatches, evenly_spaced_windows, stream_position
 
 CACHE_VERSION = 1
 WINDOWS_FILE = "windows.arrow"
 TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json"}
-
-
-def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer saved in a model directory (nothing is downloaded)."""
-    from transformers import AutoTokenizer
-
-    path = Path(path).expanduser()
-    check(path.is_dir(), f"tokenizer directory {path} does not exist")
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as error:
-        raise SpecdecError(f"cannot load a tokenizer from {path}: {str(error).splitlines()[0]}") from None
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """sha256 of what decides a tokenizer's ids: its full definition (vocabulary, merges,
-    normalizer, ...), special tokens and chat template."""
-    h = hashlib.sha256(type(tokenizer).__name__.encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        h.update(backend.to_str().encode())
-    else:
-        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    h.update(json.dumps(special_tokens(tokenizer), sort_keys=True).encode())
-    h.update(str(getattr(tokenizer, "chat_template", None)).encode())
-    return h.hexdigest()
-
-
-def special_tokens(tokenizer: Any) -> dict[str, Any]:
-    """The special tokens a tokenizer declares, with their ids: {"eos_token": ["</s>", 2], ...}."""
-    out: dict[str, Any] = {}
-    for name in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"):
-        token = getattr(tokenizer, name, None)
-        if token is not None:
-            out[name] = [str(token), tokenizer.convert_tokens_to_ids(str(token))]
-    out["additional"] = sorted(str(t) for t in tokenizer.all_special_tokens)
-    return out
 
 
 def _files_of(files: str | Sequence[str] | None) -> list[Path]:
@@ -105,7 +68,7 @@ def _files_fingerprint(paths: list[Path]) -> list[list[Any]]:
     return out
 
 
-def read_documents(paths: list[Path], cache_dir: Path, sample_by: str):
+def read_documents(paths: list[Path], work_dir: Path, sample_by: str):
     """The raw documents as a `datasets.Dataset` (one split)."""
     import datasets
 
@@ -122,7 +85,7 @@ def read_documents(paths: list[Path], cache_dir: Path, sample_by: str):
     kwargs = {"sample_by": sample_by} if builder == "text" else {}
     try:
         return datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train",
-                                     cache_dir=str(cache_dir / "datasets"), **kwargs)
+                                     cache_dir=str(work_dir / "datasets"), **kwargs)
     except Exception as error:  # parse errors of the builders: name the files, one line
         raise SpecdecError(f"cannot read {', '.join(map(str, paths))}: {str(error).splitlines()[0]}") from None
 
@@ -208,11 +171,11 @@ class Rows(Dataset):
         return torch.from_numpy(self.array[i].astype(np.int64))
 
 
-class HFTextDataModule(L.LightningDataModule):
+class HFTextDataModule(SpecdecDataModule):
     def __init__(self, files: str | Sequence[str] | None = None, tokenizer: str | None = None, seq_len: int = 512,
                  batch_size: int = 4, val_windows: int = 64, val_batch_size: int = 8, text_field: str = "text",
                  chat: bool = False, messages_field: str = "messages", add_eos: bool = True,
-                 sample_by: str = "line", cache_dir: str = "~/.cache/specdec/hf_text", num_proc: int | None = None,
+                 sample_by: str = "line", windows_dir: str = "~/.cache/specdec/hf_text", num_proc: int | None = None,
                  num_workers: int = 0, seed: int = 0) -> None:
         """`files`: local .txt / .json / .jsonl files or one save_to_disk directory; `tokenizer`:
         the model directory whose tokenizer to use (the teacher's); `sample_by`: line, paragraph or
@@ -220,8 +183,7 @@ class HFTextDataModule(L.LightningDataModule):
         super().__init__()
         for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
                             ("val_batch_size", val_batch_size)]:
-            check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                  f"data.{name} must be a positive integer, got {value!r}")
+            check_positive_int(value, f"data.{name}")
         check(isinstance(chat, bool) and isinstance(add_eos, bool), "data.chat and data.add_eos must be true or false")
         check(sample_by in ("line", "paragraph", "document"),
               f"data.sample_by must be line, paragraph or document, got {sample_by!r}")
@@ -230,12 +192,12 @@ class HFTextDataModule(L.LightningDataModule):
         self.files, self.tokenizer_path = files, Path(tokenizer).expanduser()
         self.seq_len, self.batch_size, self.val_windows, self.val_batch_size = seq_len, batch_size, val_windows, val_batch_size
         self.text_field, self.chat, self.messages_field, self.add_eos = text_field, chat, messages_field, add_eos
-        self.sample_by, self.cache_dir, self.num_proc = sample_by, Path(cache_dir).expanduser(), num_proc
+        self.sample_by, self.windows_dir, self.num_proc = sample_by, Path(windows_dir).expanduser(), num_proc
         self.num_workers, self.seed = num_workers, seed
         self._tokenizer = None
         self._windows = None
-        self.cache_path: Path | None = None
-        self.built = False                   # whether this instance tokenized (False: the cache was reused)
+        self.windows_path: Path | None = None
+        self.built = False                   # whether this instance tokenized (False: the windows were reused)
 
     @property
     def tokenizer(self):
@@ -243,7 +205,7 @@ class HFTextDataModule(L.LightningDataModule):
             self._tokenizer = load_tokenizer(self.tokenizer_path)
         return self._tokenizer
 
-    def cache_key(self) -> str:
+    def windows_key(self) -> str:
         settings = {"version": CACHE_VERSION, "length": self.seq_len + 1, "text_field": self.text_field,
                     "chat": self.chat, "messages_field": self.messages_field if self.chat else None,
                     "add_eos": self.add_eos, "sample_by": self.sample_by}
@@ -252,13 +214,13 @@ class HFTextDataModule(L.LightningDataModule):
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
     def prepare_data(self) -> None:
-        """Tokenize and write the windows unless the cache already holds them."""
+        """Tokenize and write the windows unless windows_dir already holds them."""
         paths = _files_of(self.files)
-        directory = self.cache_dir / self.cache_key()
+        directory = self.windows_dir / self.windows_key()
         path = directory / WINDOWS_FILE
         if not path.is_file():
             directory.mkdir(parents=True, exist_ok=True)
-            documents = read_documents(paths, self.cache_dir, self.sample_by)
+            documents = read_documents(paths, self.windows_dir, self.sample_by)
             tokens = tokenize_documents(documents, self.tokenizer, text_field=self.text_field, chat=self.chat,
                                         messages_field=self.messages_field, add_eos=self.add_eos,
                                         num_proc=self.num_proc)
@@ -267,16 +229,16 @@ class HFTextDataModule(L.LightningDataModule):
                     "tokenizer": str(self.tokenizer_path.resolve())}
             (directory / "info.json").write_text(json.dumps(info, indent=1))
             self.built = True
-        self.cache_path = path
+        self.windows_path = path
 
     def windows(self):
         """All windows, memory-mapped: a numpy-formatted `datasets.Dataset` with `input_ids`."""
         if self._windows is None:
             import datasets
 
-            if self.cache_path is None:
+            if self.windows_path is None:
                 self.prepare_data()
-            windows = datasets.Dataset.from_file(str(self.cache_path)).with_format("numpy")
+            windows = datasets.Dataset.from_file(str(self.windows_path)).with_format("numpy")
             check(len(windows) > self.val_windows,
                   f"data.files give {len(windows)} windows of {self.seq_len + 1} tokens; they must give more than "
                   f"data.val_windows = {self.val_windows} (some for training)")
@@ -304,10 +266,7 @@ class HFTextDataModule(L.LightningDataModule):
 
     def prompts(self, count: int, length: int) -> torch.Tensor:
         """`count` fixed prompts (count, length) from the validation windows, for decoding evaluations."""
-        flat = self.validation_windows().reshape(-1)
-        check(1 <= length <= len(flat), f"prompt length {length} does not fit the {len(flat)} validation tokens")
-        offsets = ((np.arange(count) + 0.5) * (len(flat) - length) / count).astype(np.int64)
-        return torch.from_numpy(flat[offsets[:, None] + np.arange(length)].astype(np.int64))
+        return evenly_spaced_windows(self.validation_windows().reshape(-1), count, length)
 
     def decode_text(self, tokens: torch.Tensor) -> str:
         """Token ids (n,) as text (samples of the evaluation callback)."""

