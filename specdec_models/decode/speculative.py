@@ -40,7 +40,7 @@ from torch import Tensor
 from ..errors import SpecdecError
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
-from ..prophet import ModelWithProphet, ProphetWindows
+from ..prophet import ProphetWindows
 from ..sampling import SamplingConfig, residual, sample, to_probs
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
