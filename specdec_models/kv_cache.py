@@ -80,6 +80,19 @@ class KVCache:
         b, _, d = self.embeds.shape
         return self.embeds.gather(1, pos[:, :, None].expand(b, count, d))
 
+    def compact_rows(self, dst: Tensor, src: Tensor, batch: int) -> None:
+        """Copy rows `src` into rows `dst`, then keep the first `batch` rows (views, no copy): how
+        decoding drops finished rows from a batch while copying only the rows that move."""
+        if dst.numel():
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+            self.lengths[dst] = self.lengths[src]
+            if self.embeds is not None:
+                self.embeds[dst] = self.embeds[src]
+        self.k, self.v, self.lengths = self.k[:, :batch], self.v[:, :batch], self.lengths[:batch]
+        if self.embeds is not None:
+            self.embeds = self.embeds[:batch]
+
     def rollback(self, lengths: Tensor) -> None:
         """Forget everything past `lengths` (batch,) in each row; lengths may only shrink."""
         check(bool((lengths <= self.lengths).all()) and bool((lengths >= 0).all()),

@@ -3,9 +3,15 @@
 The draft, the target and plain decoding all call `process_logits` and `to_probs` with the same
 settings, so speculative decoding reproduces exactly the processed target distribution (a
 frequent bug in public implementations is processing one side only). Order, as in Hugging Face
-transformers: temperature, then top-k, then top-p. Temperature 0 is greedy: a one-hot on the
-argmax (first index on ties, `torch.argmax`'s rule, used everywhere), never a division by a
-small number.
+transformers: repetition penalty, then temperature, then top-k, then top-p. Temperature 0 is
+greedy: a one-hot on the argmax of the penalised logits (first index on ties, `torch.argmax`'s
+rule, used everywhere), never a division by a small number.
+
+The repetition penalty (Keskar et al. 2019, CTRL; transformers' `repetition_penalty`) depends on
+the context: for every token id present in the row's context so far, logit / penalty if the
+logit is >= 0, else logit * penalty. Callers pass `seen`, a boolean mask (..., vocab) of the ids
+in the context of each position, so a draft position and the target's verify position that
+predict the same token see the same prefix (drafted tokens included) and the same processing.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    repetition_penalty: float | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -34,15 +41,36 @@ class SamplingConfig:
         if self.top_p is not None:
             check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
                   f"top_p must be in (0, 1], got {self.top_p!r}")
+        r = self.repetition_penalty
+        if r is not None:
+            check(isinstance(r, (int, float)) and not isinstance(r, bool) and 0 < r < float("inf"),
+                  f"repetition_penalty must be a number > 0 (1 is none), got {r!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalised(self) -> bool:
+        """Whether the processing depends on the context (a repetition penalty other than 1)."""
+        return self.repetition_penalty is not None and self.repetition_penalty != 1
 
-def process_logits(logits: Tensor, cfg: SamplingConfig) -> Tensor:
-    """fp32 logits (..., vocab) after temperature, top-k and top-p; filtered entries are -inf."""
+
+def penalise(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None) -> Tensor:
+    """fp32 logits (..., vocab) after the repetition penalty for the ids marked in `seen`
+    (bool, broadcastable to logits); unchanged without a penalty."""
     logits = logits.float()
+    if not cfg.penalised:
+        return logits
+    check(seen is not None, "a repetition penalty needs the context's tokens (seen) at every position")
+    r = cfg.repetition_penalty
+    return torch.where(seen, torch.where(logits < 0, logits * r, logits / r), logits)
+
+
+def process_logits(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None = None) -> Tensor:
+    """fp32 logits (..., vocab) after the repetition penalty (see `penalise`), temperature, top-k
+    and top-p; filtered entries are -inf."""
+    logits = penalise(logits, cfg, seen)
     if cfg.temperature not in (0, 1):
         logits = logits / cfg.temperature
     if cfg.top_k is not None and cfg.top_k < logits.shape[-1]:
@@ -58,18 +86,29 @@ def process_logits(logits: Tensor, cfg: SamplingConfig) -> Tensor:
     return logits
 
 
-def to_probs(logits: Tensor, cfg: SamplingConfig) -> Tensor:
-    """The processed distribution (..., vocab) in fp32; a one-hot on the argmax when greedy."""
+def to_probs(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None = None) -> Tensor:
+    """The processed distribution (..., vocab) in fp32; a one-hot on the (penalised) argmax when
+    greedy (top-k and top-p never drop the argmax). `seen`: see `penalise`."""
     if cfg.greedy:
         probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        return probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    return process_logits(logits, cfg).softmax(dim=-1)
+        return probs.scatter_(-1, penalise(logits, cfg, seen).argmax(dim=-1, keepdim=True), 1.0)
+    return process_logits(logits, cfg, seen).softmax(dim=-1)
 
 
 def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """One token per row of probs (..., vocab) -> (...)."""
+    """One token per row of probs (..., vocab) -> (...), by inverse transform sampling: the first
+    token whose cumulative probability exceeds u * total, u uniform in [0, 1). A zero-probability
+    token spans an empty interval, so it is never drawn. One uniform per row, where
+    `torch.multinomial` draws an exponential per vocabulary entry (measured here: 3x slower at
+    batch 1 x 256, 9x at 8 x 256, 28x at 8 x 50,000). The cumulative sum is float64 (float32 on
+    MPS, which lacks it), so the intervals keep the probabilities of rare tokens."""
     flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    dtype = torch.float32 if flat.device.type == "mps" else torch.float64
+    cdf = flat.to(dtype).cumsum(-1)                                          # (rows, vocab)
+    u = torch.rand(flat.shape[0], 1, dtype=dtype, device=flat.device, generator=generator)
+    # u < 1 keeps u * total below the last cumulative value; the clamp only guards rounding
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=flat.shape[-1] - 1)
+    return index.reshape(probs.shape[:-1])
 
 
 def residual(p: Tensor, q: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from scipy.stats import chi2
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
 from specdec_models.decode import generate
-from specdec_models.sampling import SamplingConfig, residual, to_probs
+from specdec_models.sampling import SamplingConfig, residual, sample, to_probs
 
 V = 48
 
@@ -32,6 +32,27 @@ def tiny_prophet(vocab=V, seed=0, sharpen=1.0, prophet_sharpen=None):
         m.model.to_logits.weight.mul_(sharpen)
         m.prophet.to_logits.weight.mul_(sharpen if prophet_sharpen is None else prophet_sharpen)
     return m.eval()
+
+
+def perturbed(target, scale, seed=None):
+    """A copy of target with Gaussian noise on every weight: a draft that agrees part of the time."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return draft
+
+
+def toy_pair(method, vocab=6):
+    """(target, drafting kwargs) for the chi-square tests: position-dependent toy models over a
+    small vocabulary, with a draft (or prophet) that is neither perfect nor useless."""
+    if method == "draft":
+        draft = tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)
+        return tiny(vocab=vocab, seed=11, sharpen=30.0), {"draft": draft}
+    mp = tiny_prophet(vocab=vocab, seed=11, sharpen=30.0, prophet_sharpen=3.0)
+    return mp.model, {"prophet": mp}
 
 
 def ragged_prompts(seed=1, lengths=(3, 9, 1, 6, 2)):
@@ -63,6 +84,23 @@ def test_cache_per_row_rollback_then_append_matches_full_forward():
     for i in range(3):
         torch.testing.assert_close(out[i], full[i, keep[i]:keep[i] + 4], rtol=1e-5, atol=1e-5)
     assert cache.lengths.tolist() == (keep + 4).tolist()
+
+
+def test_compacted_cache_keeps_the_moved_rows_exactly():
+    # decoding drops finished rows: rows 3 and 4 move into the slots of finished rows 0 and 2
+    m = tiny()
+    x = torch.randint(0, V, (5, 20))
+    cache = m.new_cache(5, 32, keep_embeds=True)
+    m(x[:, :10], cache=cache)
+    cache.rollback(torch.tensor([10, 7, 9, 8, 6]))
+    cache.compact_rows(torch.tensor([0, 2]), torch.tensor([3, 4]), 3)
+    assert cache.batch == 3 and cache.lengths.tolist() == [8, 7, 6]
+    kept = [3, 1, 4]
+    out = m(torch.stack([x[i, n:n + 2] for i, n in zip(kept, (8, 7, 6))]), cache=cache).logits
+    for row, (i, n) in enumerate(zip(kept, (8, 7, 6))):
+        torch.testing.assert_close(out[row], m(x[i:i + 1, :n + 2]).logits[0, n:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.last_embeds(1)[:, 0], torch.stack([m(x[i:i + 1, :n + 2]).embeds[0, -1]
+                               for i, n in zip(kept, (8, 7, 6))]), rtol=1e-5, atol=1e-5)
 
 
 def test_cached_embeddings_are_the_last_layer_embeddings():
@@ -98,10 +136,10 @@ def test_greedy_speculative_matches_greedy_base_in_ragged_batch(method):
     kw = {"draft": draft} if method == "draft" else {"prophet": mp}
     prompts = ragged_prompts()
     expected = base_greedy(target, prompts, 30)
-    for gamma in (1, 3, 6):
+    for gamma in (1, 3, 5):                       # the prophet drafts at most prophet_train_length - 1
         got, stats = generate(target, prompts, 30, temperature=0, gamma=gamma, **kw)
         assert [t.tolist() for t in got] == expected
-        assert stats.target_calls <= 30
+        assert stats.target_calls <= 30 and stats.new_tokens == 5 * 30
     # each row alone gives the same tokens as in the batch
     for prompt, exp in zip(prompts, expected):
         alone, _ = generate(target, [prompt], 30, temperature=0, gamma=4, **kw)
@@ -181,12 +219,7 @@ def test_speculative_sampling_is_lossless_chi_square(method, setting):
     # fails this test at most once in 10^4 runs (and never here: the seeds are fixed), while
     # each mistake in docs/DECODING.md's table gives p < 1e-20 at this sample size.
     vocab, n_tokens, n = 6, 3, 6000
-    if method == "draft":
-        target = tiny(vocab=vocab, seed=11, sharpen=30.0)
-        kw = {"draft": tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)}
-    else:
-        mp = tiny_prophet(vocab=vocab, seed=11, sharpen=30.0, prophet_sharpen=3.0)
-        target, kw = mp.model, {"prophet": mp}
+    target, kw = toy_pair(method, vocab)
     prompt = torch.tensor([1, 4, 2])
     cfg = SamplingConfig(**setting)
     expected = exact_joint(target, prompt, n_tokens, cfg)
@@ -213,6 +246,18 @@ def test_chi_square_test_catches_a_correction_drawn_from_p(monkeypatch):
     index = (torch.stack(tokens) * torch.tensor([36, 6, 1])).sum(1)
     observed = torch.bincount(index, minlength=216).float()
     assert chi_square_p_value(observed, exact_joint(target, prompt, 3, cfg), n) < 1e-20
+
+
+def test_sample_draws_from_each_row_and_never_a_zero_probability_token():
+    # 40,000 draws per row, chi-square threshold p < 1e-4: a correct sampler fails once in 10^4 runs
+    # (never here: the seed is fixed); zero-probability tokens (first, middle, last) are never drawn
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0], [0.05, 0.0, 0.9, 0.0, 0.05, 0.0]])
+    n = 40000
+    draws = sample(probs.repeat(n, 1), torch.Generator().manual_seed(0)).view(n, 2)
+    for row in range(2):
+        observed = torch.bincount(draws[:, row], minlength=6).float()
+        assert chi_square_p_value(observed, probs[row], n) > 1e-4
+    assert sample(torch.tensor([[0.0, 0.0, 1.0]])).tolist() == [2]
 
 
 def test_residual_is_finite_and_normalised_in_edge_cases():
@@ -247,8 +292,9 @@ def test_eos_inside_an_accepted_block_stops_the_row_right_after_it():
     eos = plain[1][7]                     # a token row 1 emits at position 8
     expected = [row[: row.index(eos) + 1] if eos in row else row for row in plain]
     draft = copy.deepcopy(target)         # proposes the EOS inside a fully accepted block
-    got, _ = generate(target, prompts, 30, draft=draft, temperature=0, gamma=6, eos_id=eos)
+    got, stats = generate(target, prompts, 30, draft=draft, temperature=0, gamma=6, eos_id=eos)
     assert [t.tolist() for t in got] == expected
+    assert stats.new_tokens == sum(map(len, expected)) < 5 * 30
     assert len(got[1]) <= 8 and got[1][-1] == eos
 
 
@@ -296,24 +342,43 @@ def test_first_position_acceptance_matches_alpha_from_fresh_forwards():
     (dict(draft=tiny(vocab=V + 1)), "vocabulary"),
     (dict(prophet=tiny_prophet()), "not built for this target"),
     (dict(eos_id=V), "eos_id"),
+    (dict(max_new_tokens=126), r"\(3 tokens\) \+ max_new_tokens 126 = 129 positions exceed the target's "
+                               "max_seq_len 128"),
+    (dict(draft=tiny(dim=16, depth=1, max_seq_len=64), max_new_tokens=62), "exceed the draft's max_seq_len 64"),
+    (dict(prophet=None, gamma=6), "gamma 6 exceeds what the prophet was trained for"),
 ])
 def test_bad_input_gives_a_one_line_error(kwargs, message):
     args = dict(prompt=torch.tensor([[1, 2, 3]]), max_new_tokens=4)
     args.update(kwargs)
+    target = tiny()
+    if "prophet" in args and args["prophet"] is None:     # a prophet trained for 6 positions: gamma <= 5
+        mp = tiny_prophet()
+        target, args["prophet"] = mp.model, mp
     with pytest.raises(SpecdecError, match=message) as err:
-        generate(tiny(), **args)
+        generate(target, **args)
     assert "\n" not in str(err.value)
+
+
+def test_decoding_may_fill_the_trained_context_exactly_and_no_further():
+    # one rule for both CLI complaints: nothing runs past what a model was trained for
+    target = tiny(max_seq_len=40)
+    prompts = ragged_prompts()                               # longest row: 9 tokens
+    got, _ = generate(target, prompts, 31, draft=tiny(dim=16, depth=1), gamma=6)
+    assert [len(t) for t in got] == [31] * 5
+    with pytest.raises(SpecdecError, match="ask for at most 31 new tokens or shorten the prompt"):
+        generate(target, prompts, 32)
+    mp = tiny_prophet()
+    generate(mp.model, prompts, 10, prophet=mp, gamma=5)
+    with pytest.raises(SpecdecError, match="use gamma <= 5 or auto"):
+        generate(mp.model, prompts, 10, prophet=mp, gamma=6)
 
 
 def test_rows_that_finish_early_in_a_long_batch_never_overflow_the_cache():
     # Rows accept different counts, so they reach max_new_tokens in different rounds, some in
-    # the middle of an accepted block; finished rows keep being fed (frozen) while others go on,
-    # and their caches must stay within capacity.
+    # the middle of an accepted block; finished rows leave the batch while others go on, and
+    # the caches must stay within capacity.
     target = tiny(sharpen=2.0)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    draft = perturbed(target, 0.05)
     g = torch.Generator().manual_seed(3)
     prompts = torch.randint(0, V, (8, 20), generator=g)
     got, stats = generate(target, prompts, 60, draft=draft, gamma=5, generator=g)

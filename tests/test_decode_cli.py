@@ -146,7 +146,7 @@ def test_text_output_prints_each_row_and_a_stats_summary(exports, capsys):
 @pytest.mark.parametrize("args, match", [
     (("--prompt", ""), "--prompt is empty"),
     (("--prompt", "x" * (MAX_LEN + 1)), f"max_seq_len {MAX_LEN}"),
-    (("--prompt", "x", "--gamma", 0), "--gamma must be >= 1"),
+    (("--prompt", "x", "--gamma", 0), "--gamma must be >= 1 or auto"),
     (("--prompt", "x", "--temperature", -0.5), "temperature must be >= 0"),
     (("--prompt", "x", "--top-p", 0), "top_p must be in (0, 1]"),
     (("--prompt", "x", "--top-p", 1.5), "top_p must be in (0, 1]"),
@@ -156,8 +156,10 @@ def test_text_output_prints_each_row_and_a_stats_summary(exports, capsys):
     (("--prompt", "x", "--eos-id", 256), "eos_id must be a token id in [0, 256)"),
     (("--prompt", "x", "--method", "draft"), "--method draft needs --draft"),
     (("--prompt", "x", "--method", "prophet"), "needs a model_with_prophet export"),
-    (("--prompt", "x", "--gamma", "two"), "invalid int value"),
+    (("--prompt", "x", "--gamma", "two"), "invalid gamma 'two'"),
     (("--prompt", "x", "--method", "medusa"), "invalid choice"),
+    (("--prompt", "x", "--repetition-penalty", 0), "repetition_penalty must be a number > 0"),
+    (("--prompt", "xy", "--max-new-tokens", 100000), f"exceed the target's max_seq_len {MAX_LEN}"),
 ])
 def test_bad_arguments_exit_2_with_one_line(exports, capsys, args, match):
     assert_usage_error(capsys, match, "--export", exports / "target", *args)
@@ -219,3 +221,37 @@ def test_command_line_run_with_a_missing_export_prints_one_error_line_and_exits_
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: export directory") and "does not exist" in lines[0]
+
+
+def test_gamma_auto_calibrates_or_uses_the_exports_speed_profile(exports, capsys, tmp_path):
+    common = ("--prompt", "The fox", "--max-new-tokens", 20, "--temperature", 0, "--gamma", "auto")
+    calibrated = cli_json(capsys, "--export", exports / "prophet", *common)["stats"]
+    assert 1 <= calibrated["gamma"] <= 5 and calibrated["measured_speedup"] > 0
+    assert len(calibrated["speed_profile"]["per_position_acceptance"]) == 5     # prophet_train_length 6
+    # an export that stores a profile (as training may) decodes at the profile's best gamma
+    from specdec_models import load_export
+    from specdec_models.decode import SpeedProfile
+
+    profile = SpeedProfile(0.1, {1: 1.1, 5: 1.6}, [0.9, 0.8, 0.1, 0.1, 0.0])
+    save_export(tmp_path / "stored", load_export(exports / "prophet"), metadata={"speed_profile": profile.to_dict()})
+    stored = cli_json(capsys, "--export", tmp_path / "stored", *common)["stats"]
+    assert stored["gamma"] == profile.best_gamma() == 2 and stored["speed_profile"] == profile.to_dict()
+    base = cli_json(capsys, "--export", exports / "prophet", "--method", "base", *common[:-2])
+    assert cli_json(capsys, "--export", tmp_path / "stored", *common)["continuations"] == base["continuations"]
+
+
+def test_repetition_penalty_through_the_cli_keeps_speculative_equal_to_base(exports, capsys):
+    common = ("--prompt", "aaaa", "--max-new-tokens", 16, "--temperature", 0, "--repetition-penalty", 1.6)
+    base = cli_json(capsys, "--export", exports / "prophet", "--method", "base", *common)
+    prophet = cli_json(capsys, "--export", exports / "prophet", "--method", "prophet", *common)
+    assert prophet["continuations"] == base["continuations"]
+    plain = cli_json(capsys, "--export", exports / "prophet", "--method", "base", *common[:-2])
+    assert plain["continuations"] != base["continuations"]
+
+
+def test_a_gamma_past_the_prophets_training_exits_2_with_the_limit(exports, capsys):
+    # the prophet export was trained with prophet_train_length 6: drafts 1..5
+    assert_usage_error(capsys, "gamma 10 exceeds what the prophet was trained for", "--export",
+                       exports / "prophet", "--prompt", "x", "--gamma", 10)
+    result = cli_json(capsys, "--export", exports / "prophet", "--prompt", "x", "--gamma", 5, "--max-new-tokens", 6)
+    assert result["stats"]["gamma"] == 5

@@ -1,6 +1,9 @@
-"""Decoding: plain, draft-model speculative and prophet speculative (`generate`), and the CLI
-(`python -m specdec_models.decode`, in `__main__.py`)."""
+"""Decoding: plain, draft-model speculative and prophet speculative (`generate`), its stats, the
+cost model and the choice of gamma (`cost`), and the CLI (`python -m specdec_models.decode`, in
+`__main__.py`)."""
 
-from .speculative import DecodeStats, generate
+from .cost import SpeedProfile, choose_gamma
+from .speculative import generate
+from .stats import DecodeStats
 
-__all__ = ["DecodeStats", "generate"]
+__all__ = ["DecodeStats", "SpeedProfile", "choose_gamma", "generate"]

@@ -30,11 +30,12 @@ import torch
 
 from .. import byte_tokenizer
 from ..errors import SpecdecError, check
-from ..export import load_export
+from ..export import load_export, read_export_config
 from ..hf import HFDecoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
-from . import generate
+from . import SpeedProfile, generate
+from .inputs import parse_gamma
 
 METHODS = ("base", "draft", "prophet")
 
@@ -69,10 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", choices=METHODS,
                         help="default: draft with --draft, prophet with --prophet or a model_with_prophet export, "
                              "else base")
-    parser.add_argument("--gamma", type=int, default=5, help="tokens drafted per round (default 5)")
+    parser.add_argument("--gamma", type=parse_gamma, default=5,
+                        help="tokens drafted per round (default 5), or auto: the gamma with the best predicted "
+                             "speed-up, from the export's metadata speed_profile or measured on the first tokens")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--repetition-penalty", type=float, default=None,
+                        help="divide the logits (> 0; multiply those < 0) of ids already in the context (1 = none)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--batch", type=int, default=1, help="decode the prompt N times as one batch")
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling generator")
@@ -101,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Check the arguments, load the models, decode; return the JSON result."""
     # settings first, so a typo is reported before any model is loaded
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    check(args.gamma >= 1, f"--gamma must be >= 1, got {args.gamma}")
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
+    check(args.gamma == "auto" or args.gamma >= 1, f"--gamma must be >= 1 or auto, got {args.gamma}")
     check(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
     check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
@@ -136,9 +141,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         prophet = exported
 
     prompt = byte_tokenizer.encode(args.prompt, target.vocab_size, target.cfg.max_seq_len)[None]
+    profile = None
+    if args.gamma == "auto" and method != "base":
+        # a profile stored with the export (per-position acceptance from training, c and v)
+        metadata = read_export_config(args.draft if method == "draft" else args.export).get("metadata", {})
+        stored = metadata.get("speed_profile")
+        profile = None if stored is None else SpeedProfile.from_dict(stored)
     tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
-                             prophet=prophet, gamma=args.gamma, temperature=sampling.temperature,
-                             top_k=sampling.top_k, top_p=sampling.top_p, eos_id=args.eos_id,
+                             prophet=prophet, gamma=args.gamma, speed_profile=profile, temperature=sampling.temperature,
+                             top_k=sampling.top_k, top_p=sampling.top_p,
+                             repetition_penalty=sampling.repetition_penalty, eos_id=args.eos_id,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
     continuations = [byte_tokenizer.decode(t) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
@@ -164,7 +176,8 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
     check(eos is None or 0 <= eos < hf.vocab_size, f"--eos-id must be a token id in [0, {hf.vocab_size}), got {eos}")
     tokens, stats = generate(hf.target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=hf.draft,
                              prophet=hf.prophet, gamma=args.gamma, temperature=sampling.temperature,
-                             top_k=sampling.top_k, top_p=sampling.top_p, eos_id=eos, vocab_size=hf.vocab_size,
+                             top_k=sampling.top_k, top_p=sampling.top_p,
+                             repetition_penalty=sampling.repetition_penalty, eos_id=eos, vocab_size=hf.vocab_size,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}

@@ -20,120 +20,58 @@ exactly as the processed target's tokens; temperature 0 compares argmaxes exactl
 
 Rows of a batch accept different counts: each row keeps its own cache length (rollback is a
 per-row length), so no row ever attends to padding or to another row's rejected tokens. Each row
-stops at its own EOS (emitted, then cut) or after exactly `max_new_tokens` tokens.
+stops at its own EOS (emitted, then cut) or after exactly `max_new_tokens` tokens, and finished
+rows leave the batch, so they cost no model time while the others go on.
+
+Also here: `gamma="auto"` (the gamma with the best predicted speed-up, `cost.SpeedProfile`),
+the repetition penalty (the context of every drafted position includes the drafts before it),
+and `timing=True` (every model call timed into `stats.step_times`, for c and v).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from ..errors import check
+from ..errors import SpecdecError
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
-from ..prophet import ModelWithProphet, ProphetWindows
+from ..prophet import ProphetWindows
 from ..sampling import SamplingConfig, residual, sample, to_probs
+from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
+from .inputs import AUTO, check_context, check_inputs, prompt_rows
+from .stats import DecodeStats
+
+AUTO_GAMMA_MAX = 8          # gamma="auto" chooses among 1..8 (fewer when a prophet was trained for fewer)
+CALIBRATION_STEPS = 3       # plain target steps timed as the unit of c and v
+RECHOOSE_ROUNDS = 16        # after calibrating, choose again every 16 rounds from all the samples
+
+
+def calibration_gammas(gamma_max: int) -> list[int]:
+    """The gammas of the calibration rounds, in order: three passes over gamma_max, 1,
+    gamma_max // 2 and 2, so v is measured at both ends and in the middle (on a CPU, v(1) is
+    far above 1: a 2-token call costs much more than a 1-token one) and acceptance is counted
+    up to gamma_max."""
+    cycle = list(dict.fromkeys(g for g in (gamma_max, 1, gamma_max // 2, 2) if 1 <= g <= gamma_max))
+    return cycle * 3
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-@dataclass
-class DecodeStats:
-    """What one `generate` call did. See docs/DECODING.md for the metric definitions.
-
-    target_calls counts batched target forward passes (the prefill included); tokens_per_call is
-    emitted tokens / row-calls (each active row's share of those passes), so it includes the
-    bonus or correction token and equals 1 for plain decoding."""
-
-    method: str
-    batch: int
-    gamma: int
-    new_tokens: int = 0
-    target_calls: int = 0
-    row_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    acceptance_rate: float | None = None
-    tokens_per_call: float = 0.0
-    alpha: float | None = None
-    per_position_acceptance: list[float] = field(default_factory=list)
-    wall_seconds: float = 0.0
-    tokens_per_second: float = 0.0
-    alpha_sum: float = 0.0
-    alpha_count: int = 0
-    accepted_at: Tensor | int = 0
-
-    def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items()}
-        for internal in ("alpha_sum", "alpha_count", "accepted_at"):
-            d.pop(internal)
-        return d
-
-
-def _as_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -> list[Tensor]:
-    if isinstance(prompt, Tensor):
-        check(prompt.ndim == 2, f"prompt must be a (batch, len) tensor or a list of 1-D tensors, got shape {tuple(prompt.shape)}")
-        rows = list(prompt)
-    else:
-        check(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
-              "prompt must be a (batch, len) tensor or a non-empty list of 1-D tensors")
-        rows = list(prompt)
-    check(len(rows) > 0, "prompt has no rows")
-    for i, r in enumerate(rows):
-        check(isinstance(r, Tensor) and r.ndim == 1, f"prompt row {i} must be a 1-D tensor")
-        check(not r.is_floating_point() and not r.is_complex(), f"prompt row {i} must hold integer token ids")
-        check(r.numel() > 0, f"prompt row {i} is empty: give at least one token")
-        check(r.numel() <= max_seq_len,
-              f"prompt row {i} has {r.numel()} tokens, more than the model's max_seq_len {max_seq_len}")
-        lo, hi = int(r.min()), int(r.max())
-        check(lo >= 0 and hi < vocab_size,
-              f"prompt row {i} has token ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
-    return rows
-
-
-def _validate(target, draft, prophet, gamma, max_new_tokens, eos_id) -> str:
-    check(isinstance(target, (Decoder, HFDecoder)),
-          f"target must be a specdec_models Decoder or a Hugging Face causal LM, got {type(target).__name__}")
-    check(draft is None or prophet is None, "give either a draft or a prophet, not both")
-    check(isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1, f"gamma must be an integer >= 1, got {gamma!r}")
-    check(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 0,
-          f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if eos_id is not None:
-        check(isinstance(eos_id, int) and 0 <= eos_id < target.vocab_size,
-              f"eos_id must be a token id in [0, {target.vocab_size}), got {eos_id!r}")
-    if draft is not None:
-        check(isinstance(draft, (Decoder, HFDecoder)),
-              f"draft must be a specdec_models Decoder or a Hugging Face causal LM, got {type(draft).__name__}")
-        check(draft.vocab_size == target.vocab_size,
-              f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
-        return "draft"
-    if prophet is not None:
-        check(isinstance(prophet, ProphetWindows),
-              f"prophet must be a ModelWithProphet or an HFProphet, got {type(prophet).__name__}")
-        if isinstance(prophet, ModelWithProphet):
-            check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
-                  "not a Hugging Face target (a Hugging Face target drafts with an HFProphet head)")
-            check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
-        else:      # an HFProphet: drafts from the hidden states of the Hugging Face model it shares weights with
-            check(isinstance(target, HFDecoder) and target.model is getattr(prophet, "target", None),
-                  "this prophet head was built for another target: pass the Hugging Face model it was loaded "
-                  "with (head.target) as the target")
-            check(prophet.vocab_size == target.vocab_size,
-                  f"the prophet head's vocabulary ({prophet.vocab_size}) differs from the target's "
-                  f"({target.vocab_size}): pass vocab_size={prophet.vocab_size}")
-        return "prophet"
-    return "base"
-
-
 class _Rows:
-    """Per-row token history, emitted tokens and stop state (all left-aligned buffers)."""
+    """Per-row token history, emitted tokens and stop state (all left-aligned buffers), for the
+    rows still decoding: `compact` drops finished rows, `orig` maps each row to its prompt.
+    With `vocab` (a repetition penalty), `seen` (b, vocab + 1) marks the ids in each row's context
+    (prompt and emitted tokens), updated as tokens are emitted; column `vocab` takes the writes
+    of padding and of slots past a row's emitted tokens."""
 
-    def __init__(self, rows: list[Tensor], max_new: int, gamma: int, device: torch.device) -> None:
+    def __init__(self, rows: list[Tensor], max_new: int, gamma: int, device: torch.device,
+                 vocab: int | None = None) -> None:
         b = len(rows)
         self.lens = torch.tensor([r.numel() for r in rows], device=device)
         width = int(self.lens.max()) + max_new + gamma + 2
@@ -147,6 +85,23 @@ class _Rows:
         self.max_new = max_new
         self.capacity = width
         self.arange_b = torch.arange(b, device=device)
+        self.orig = torch.arange(b, device=device)
+        self.result: list[Tensor | None] = [None] * b
+        self.vocab = vocab
+        self.seen = None
+        if vocab is not None:
+            prompt = self.seq[:, : int(self.lens.max())]
+            in_prompt = torch.arange(prompt.shape[1], device=device) < self.lens[:, None]
+            self.seen = torch.zeros(b, vocab + 1, dtype=torch.bool, device=device)
+            self.seen.scatter_(1, torch.where(in_prompt, prompt, vocab), True)
+
+    def context(self) -> Tensor | None:
+        """The ids in each row's context so far (b, vocab), for the repetition penalty."""
+        return None if self.seen is None else self.seen[:, : self.vocab]
+
+    @property
+    def batch(self) -> int:
+        return self.seq.shape[0]
 
     def last(self, count: int) -> Tensor:
         """The last `count` tokens of each row (batch, count)."""
@@ -169,13 +124,37 @@ class _Rows:
         # write all m slots; the ones past n are overwritten later or cut at the end
         self.out.scatter_(1, (self.produced[:, None] + j).clamp(max=self.out.shape[1] - 1), block)
         self.seq.scatter_(1, (self.seq_len[:, None] + j).clamp(max=self.capacity - 1), block)
+        if self.seen is not None:
+            self.seen.scatter_(1, torch.where(j < n[:, None], block, self.vocab), True)
         self.produced += n
         self.seq_len += n
         self.done |= hit_eos | (self.produced >= self.max_new)
         return n
 
+    def _save(self, rows: list[int]) -> None:
+        for i, orig, produced in zip(rows, self.orig[rows].tolist(), self.produced[rows].tolist()):
+            self.result[orig] = self.out[i, :produced].clone()
+
+    def compact(self) -> tuple[Tensor, Tensor, int]:
+        """Drop the finished rows: keep their tokens aside and move the unfinished rows from the
+        end into their slots (only those rows are copied); return (dst, src, batch) so that the
+        caches do the same."""
+        done = self.done
+        batch = int((~done).sum())
+        self._save(done.nonzero()[:, 0].tolist())
+        dst = done[:batch].nonzero()[:, 0]
+        src = (~done[batch:]).nonzero()[:, 0] + batch
+        for name in ("lens", "seq", "seq_len", "out", "produced", "done", "orig") + (("seen",) if self.vocab else ()):
+            t = getattr(self, name)
+            t[dst] = t[src]
+            setattr(self, name, t[:batch])
+        self.arange_b = self.arange_b[:batch]
+        return dst, src, batch
+
     def tokens(self) -> list[Tensor]:
-        return [self.out[i, : int(self.produced[i])].clone() for i in range(self.out.shape[0])]
+        """The new tokens of every prompt row, in the prompts' order."""
+        self._save(list(range(self.batch)))
+        return list(self.result)
 
 
 @torch.inference_mode()
@@ -185,162 +164,299 @@ def generate(
     max_new_tokens: int,
     draft: Decoder | HFDecoder | PreTrainedModel | None = None,
     prophet: ProphetWindows | None = None,
-    gamma: int = 5,
+    gamma: int | str = 5,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     vocab_size: int | str | None = None,
+    timing: bool = False,
+    speed_profile: SpeedProfile | None = None,
+    repetition_penalty: float | None = None,
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
     Hugging Face causal LMs are wrapped in `HFDecoder`s; `vocab_size` (an integer, or "min" for
     the smaller head) slices their logits to the vocabulary target and draft share (see `hf.as_decoders`).
+    `timing=True` times every model call (perf_counter; synchronised on accelerators) into
+    `stats.step_times`, from which `cost.cost_ratios` gives c and v of this very run.
+
+    `gamma="auto"` picks the gamma in 1..8 (1..prophet_train_length - 1 for a prophet) with the
+    largest predicted speed-up E(gamma) / (gamma c + v(gamma)) (see `cost.SpeedProfile`): from
+    `speed_profile` when given (measured with `cost.measure_costs`, or stored in an export's
+    metadata), else by calibrating on the call itself: after the prefill it decodes 3 plain
+    steps (their median time is the unit of c and v), then 12 speculative rounds at gammas
+    8, 1, 4, 2, 8, 1, ... (`calibration_gammas`), timing every draft step and verify call and
+    counting the per-position acceptance (positions 5-8 from the gamma-8 rounds); c and v are
+    ratios of medians, v is interpolated between the measured gammas, and the rest is decoded at
+    the best gamma, chosen again every 16 rounds from all samples so far (the calls at the chosen
+    gamma sharpen its v and the acceptance of its positions). Every calibration token is a real,
+    lossless output token. Calibrating times every model call, which on a GPU costs a
+    synchronisation per call; a given profile times nothing. `stats.gamma`
+    is the gamma chosen; `stats.predicted_speedup` and `stats.measured_speedup` compare.
+
+    `repetition_penalty` (transformers' semantics, see `sampling.penalise`) stays lossless: every
+    position, drafted ones included, is processed with the context before it (draft position i
+    and the target's verify position that predicts it both see prompt + emitted + d_1..d_{i-1}).
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
     target, draft = as_decoders(target, draft, vocab_size)
-    method = _validate(target, draft, prophet, gamma, max_new_tokens, eos_id)
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    rows_in = _as_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
-    device = target.device
-    stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma if method != "base" else 0)
+    method = check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile)
+    sampling = SamplingConfig(temperature, top_k, top_p, repetition_penalty)
+    rows_in = prompt_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
+    check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
+    limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
+    gamma_max = (AUTO_GAMMA_MAX if limit is None else min(AUTO_GAMMA_MAX, limit)) if gamma == AUTO else gamma
+    stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma_max if method != "base" else 0,
+                        step_times=StepTimes() if timing else None)
     t0 = time.perf_counter()
-    rows = _Rows(rows_in, max_new_tokens, gamma, device)
-    if max_new_tokens == 0:
-        return rows.tokens(), stats
-
-    def pick(probs: Tensor) -> Tensor:
-        return probs.argmax(-1) if sampling.greedy else sample(probs, generator)
-
-    # Prefill: right-padded prompts; each row's padding lies past its own length, where no query
-    # of that row looks, and the cache is rolled back to the real lengths afterwards.
-    b, width = len(rows_in), int(rows.lens.max())
-    padded = rows.seq[:, :width]
-    cache = target.new_cache(b, rows.capacity, keep_embeds=method == "prophet")
-    last = _logits_at(target, padded, cache, rows.lens - 1)
-    cache.rollback(rows.lens)
-    _count_call(stats, rows)
-    rows.emit(pick(to_probs(last, sampling))[:, None], torch.ones_like(rows.lens), eos_id)
-
-    draft_cache = None
-    if method == "draft":
-        draft_cache = draft.new_cache(b, rows.capacity)
-        _logits_at(draft, padded, draft_cache, rows.lens - 1)
-        draft_cache.rollback(torch.minimum(draft_cache.lengths, rows.lens))
-    if method == "prophet":
-        # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
-        draft_cache = prophet.prophet.new_cache(b, prophet.num_start_tokens + gamma)
-        # the prophet needs S cached target positions per row: decode plainly until there are
-        while not bool(rows.done.all()) and int(cache.lengths.min()) < prophet.num_start_tokens:
-            _base_step(target, cache, rows, stats, pick, sampling, eos_id)
-
-    while not bool(rows.done.all()):
-        if method == "base":
-            _base_step(target, cache, rows, stats, pick, sampling, eos_id)
-            continue
-        q = _draft_round(draft, draft_cache, prophet, cache, rows, gamma, sampling, pick)
-        _verify(target, cache, rows, q, stats, sampling, pick, eos_id, generator)
-
-    stats.wall_seconds = time.perf_counter() - t0
-    _finish(stats, rows)
-    return rows.tokens(), stats
+    run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma_max, sampling, eos_id, generator, stats)
+    if max_new_tokens > 0:
+        run.prefill()
+        adapt = method != "base" and gamma == AUTO and speed_profile is None
+        if method != "base" and gamma == AUTO:
+            stats.gamma = gamma = run.choose_gamma(speed_profile)
+        rounds = 0
+        while not run.finished():
+            if method == "base":
+                run.base_step()
+                continue
+            run.verify(gamma, run.draft_round(gamma))
+            rounds += 1
+            if adapt and rounds % RECHOOSE_ROUNDS == 0:
+                stats.gamma = gamma = run.rechoose(gamma)
+        stats.wall_seconds = time.perf_counter() - t0
+    tokens = run.rows.tokens()
+    run.count_into(stats, tokens)
+    return tokens, stats.finish()
 
 
-def _logits_at(model, tokens: Tensor, cache, at: Tensor) -> Tensor:
-    """Logits (b, vocab) of position at[i] of each row of tokens (b, n), fed to `cache`; a Hugging
-    Face model computes its head at those positions only."""
-    if isinstance(model, HFDecoder):
-        return model(tokens, cache=cache, logits_at=at).logits[:, 0]
-    return model(tokens, cache=cache).logits[torch.arange(tokens.shape[0], device=at.device), at]
+class _Decoding:
+    """The state of one generate call: models, caches, rows, counters and the clock."""
 
+    def __init__(self, target, draft, prophet, rows_in, max_new, gamma, sampling, eos_id, generator, stats) -> None:
+        self.target, self.draft, self.prophet = target, draft, prophet
+        self.sampling, self.eos_id, self.generator = sampling, eos_id, generator
+        self.method = stats.method
+        self.stats = stats
+        self.device = target.device
+        self.clock = Clock(stats.step_times, self.device)
+        self.rows = _Rows(rows_in, max_new, gamma, self.device, target.vocab_size if sampling.penalised else None)
+        self.cache = self.draft_cache = None
+        self.gamma_max = gamma
+        self.calibration_samples: dict[str, list[float]] = {}
+        # counters kept as tensors on the device: read once at the end, no host sync per round
+        self.row_calls = torch.zeros((), dtype=torch.long, device=self.device)
+        self.alpha_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.alpha_count = torch.zeros((), dtype=torch.long, device=self.device)
+        self.accepted_at = torch.zeros(gamma, dtype=torch.long, device=self.device)
+        self.drafted_at = torch.zeros(gamma, dtype=torch.long, device=self.device)
 
-def _count_call(stats: DecodeStats, rows: _Rows) -> None:
-    stats.target_calls += 1
-    stats.row_calls += int((~rows.done).sum())
+    def finished(self) -> bool:
+        """Whether every row is done; drops finished rows from the batch (one host read per round).
 
+        A finished row would otherwise ride along in every model call until the slowest row ends:
+        at batch 8 and 200 tokens that wasted 9% (draft) to 18% (prophet) of the row-calls here.
+        Compacting copies only the rows that move, so it runs as soon as 1/8 of the rows are done."""
+        rows = self.rows
+        active = int((~rows.done).sum())
+        if active == 0:
+            return True
+        if rows.batch - active >= max(1, rows.batch // 8):
+            dst, src, batch = rows.compact()
+            for cache in (self.cache, self.draft_cache):
+                if cache is not None:
+                    cache.compact_rows(dst, src, batch)
+            self.clock.prefix = TAIL
+        return False
 
-def _base_step(target, cache, rows, stats, pick, sampling, eos_id) -> None:
-    """One plain step: feed each row's pending token, sample the next one."""
-    before = cache.lengths.clone()
-    logits = target(rows.last(1), cache=cache).logits[:, -1]
-    cache.rollback(torch.where(rows.done, before, cache.lengths))
-    _count_call(stats, rows)
-    rows.emit(pick(to_probs(logits, sampling))[:, None], torch.ones_like(rows.lens), eos_id)
+    def pick(self, probs: Tensor) -> Tensor:
+        return probs.argmax(-1) if self.sampling.greedy else sample(probs, self.generator)
 
+    def count_call(self) -> None:
+        self.stats.target_calls += 1
+        self.row_calls += (~self.rows.done).sum()
 
-def _draft_round(draft, draft_cache, prophet, cache, rows, gamma, sampling, pick) -> tuple[Tensor, Tensor]:
-    """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab)) where q is
-    exactly the distribution each draft token was sampled from. `draft_cache` is the draft's
-    cache, or the prophet's (emptied at each round: its start tokens change every round)."""
-    if draft is not None:
-        # Catch the draft up: it lags one token after a full acceptance (it never saw d_gamma), so
-        # when a row does it re-reads the last two tokens (re-writing a cached position is harmless),
-        # else the pending one only.
-        n = 2 if bool((draft_cache.lengths < rows.seq_len - 1).any()) else 1
-        draft_cache.rollback(rows.seq_len - n)
-        logits = _logits_at(draft, rows.last(n), draft_cache, torch.full_like(rows.seq_len, n - 1))
-        step = lambda tok: draft(tok, cache=draft_cache).logits[:, -1]  # noqa: E731
-    else:
-        start = prophet.start_tokens(cache.last_embeds(prophet.num_start_tokens))
-        draft_cache.rollback(torch.zeros_like(draft_cache.lengths))
-        logits = prophet.prophet(rows.last(1), start=start, cache=draft_cache).logits[:, -1]
-        step = lambda tok: prophet.prophet(tok, cache=draft_cache).logits[:, -1]  # noqa: E731
-    drafts, qs = [], []
-    for i in range(gamma):
-        q = to_probs(logits, sampling)
-        tok = pick(q)
-        drafts.append(tok)
-        qs.append(q)
-        if i + 1 < gamma:
-            logits = step(tok[:, None])
-    return torch.stack(drafts, 1), torch.stack(qs, 1)
+    def count_into(self, stats: DecodeStats, tokens: list[Tensor]) -> None:
+        stats.new_tokens = sum(t.numel() for t in tokens)
+        steps = self.calibration_samples.get(TARGET)
+        if steps and stats.wall_seconds > 0:
+            step = statistics.median(steps)
+            # tokens per second per row, over the rate of one token per target step
+            stats.measured_speedup = stats.new_tokens / stats.wall_seconds / len(tokens) * step
+        stats.row_calls = int(self.row_calls)
+        if self.method != "base":
+            stats.alpha_sum, stats.alpha_count = float(self.alpha_sum), int(self.alpha_count)
+            stats.accepted_at, stats.drafted_at = self.accepted_at.tolist(), self.drafted_at.tolist()
+            stats.drafted, stats.accepted = sum(stats.drafted_at), sum(stats.accepted_at)
 
+    def choose_gamma(self, profile: SpeedProfile | None) -> int:
+        """The gamma for the rest of the call: the profile's best, calibrating when there is none."""
+        if profile is None:
+            profile = self.calibrate()
+        if profile is None:                      # the call ended (or lost its full batch) first
+            return min(5, self.gamma_max)
+        return self._adopt(profile)
 
-def _verify(target, cache, rows, proposal, stats, sampling, pick, eos_id, generator) -> None:
-    """Score [pending, drafts] in one target call, accept a prefix per row, emit the accepted
-    drafts plus one correction or bonus token, and roll the cache back per row."""
-    drafts, q = proposal                                        # (b, g), (b, g, vocab)
-    b, g = drafts.shape
-    before = cache.lengths.clone()
-    active = ~rows.done
-    logits = target(torch.cat([rows.last(1), drafts], 1), cache=cache).logits
-    _count_call(stats, rows)
-    p = to_probs(logits, sampling)                              # (b, g + 1, vocab)
-    px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
-    qx = q.gather(-1, drafts[..., None])[..., 0]
-    if sampling.greedy:
-        accept = px > 0                                         # draft token == target argmax
-    else:
-        u = torch.rand(b, g, device=q.device, generator=generator)   # one uniform per position
-        accept = u * qx < px                                    # u < p/q without dividing
-    prefix = accept.int().cumprod(1)                            # (b, g): 1 while all so far accepted
-    k = prefix.sum(1)                                           # accepted drafts per row
-    kc = k.clamp(max=g - 1)
-    fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
-    final = torch.where((k < g)[:, None], fix, p[:, g])
-    block = torch.cat([drafts, drafts[:, :1]], 1)
-    block[rows.arange_b, k] = pick(final)
-    # alpha: sum_x min(p, q) at each position whose acceptance test ran (up to the first rejection)
-    overlap = torch.minimum(p[:, :g], q).sum(-1)                # (b, g)
-    tested = (torch.arange(g, device=k.device) <= k[:, None]) & active[:, None]
-    stats.alpha_sum += float((overlap * tested).sum())
-    stats.alpha_count += int(tested.sum())
-    stats.drafted += g * int(active.sum())
-    stats.accepted += int((k * active).sum())
-    stats.accepted_at += (prefix * active[:, None]).sum(0)
-    rows.emit(block, k + 1, eos_id)
-    # keep [pending, accepted drafts]; a row cut short by EOS or max_new_tokens keeps less
-    cache.rollback(torch.where(active, torch.minimum(before + 1 + k, rows.seq_len - 1), before))
+    def _adopt(self, profile: SpeedProfile) -> int:
+        gamma = profile.best_gamma(limit=self.gamma_max)
+        self.stats.speed_profile = profile.to_dict()
+        self.stats.predicted_speedup = profile.predicted(gamma)
+        return gamma
 
+    def calibrate(self) -> SpeedProfile | None:
+        """Measure c, v and the per-position acceptance on this call's first tokens (see generate)."""
+        samples: dict[str, list[float]] = {}
+        plain, self.clock = self.clock, Clock(self.stats.step_times, self.device, samples)
+        self.clock.prefix = plain.prefix
+        try:
+            for g in [None] * CALIBRATION_STEPS + calibration_gammas(self.gamma_max):
+                if self.finished():
+                    return None
+                if g is None:
+                    self.base_step()
+                else:
+                    self.verify(g, self.draft_round(g))
+        except BaseException:
+            plain.prefix, self.clock = self.clock.prefix, plain
+            raise
+        # the sampling clock stays: the rounds that follow keep adding samples for `rechoose`
+        self.calibration_samples = samples
+        return self._profile()
 
-def _finish(stats: DecodeStats, rows: _Rows) -> None:
-    stats.new_tokens = int(rows.produced.sum())
-    stats.tokens_per_call = stats.new_tokens / max(stats.row_calls, 1)
-    stats.tokens_per_second = stats.new_tokens / max(stats.wall_seconds, 1e-9)
-    if stats.method != "base":
-        rounds = stats.drafted // max(stats.gamma, 1)
-        stats.acceptance_rate = stats.accepted / max(stats.drafted, 1)
-        stats.alpha = stats.alpha_sum / max(stats.alpha_count, 1) if stats.alpha_count else None
-        at = stats.accepted_at if isinstance(stats.accepted_at, Tensor) else torch.zeros(stats.gamma)
-        stats.per_position_acceptance = [float(x) / max(rounds, 1) for x in at.tolist()]
+    def _profile(self) -> SpeedProfile | None:
+        """The speed profile from the samples and acceptance counted so far."""
+        accepted, drafted = self.accepted_at.tolist(), self.drafted_at.tolist()
+        try:
+            acceptance = [a / max(d, 1) for a, d in zip(accepted, drafted)]
+            return SpeedProfile.from_samples(self.calibration_samples, acceptance, self.rows.batch)
+        except SpecdecError:                     # no full-batch call of some kind was timed
+            return None
+
+    def rechoose(self, gamma: int) -> int:
+        """The best gamma given every sample so far (the current one when there is no profile)."""
+        profile = self._profile()
+        return gamma if profile is None else self._adopt(profile)
+
+    def prefill(self) -> None:
+        """Right-padded prompts; each row's padding lies past its own length, where no query of
+        that row looks, and the cache is rolled back to the real lengths afterwards."""
+        rows, target = self.rows, self.target
+        b, width = rows.seq.shape[0], int(rows.lens.max())
+        padded = rows.seq[:, :width]
+        self.cache = target.new_cache(b, rows.capacity, keep_embeds=self.method == "prophet")
+        last = self._logits_at(PREFILL, target, padded, self.cache, rows.lens - 1)
+        self.cache.rollback(rows.lens)
+        self.count_call()
+        probs = to_probs(last, self.sampling, rows.context())
+        rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
+        if self.method == "draft":
+            self.draft_cache = self.draft.new_cache(b, rows.capacity)
+            self._logits_at(PREFILL, self.draft, padded, self.draft_cache, rows.lens - 1)
+            self.draft_cache.rollback(torch.minimum(self.draft_cache.lengths, rows.lens))
+        if self.method == "prophet":
+            # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
+            self.draft_cache = self.prophet.prophet.new_cache(b, self.prophet.num_start_tokens + self.gamma_max)
+            # the prophet needs S cached target positions per row: decode plainly until there are
+            while not self.finished() and int(self.cache.lengths.min()) < self.prophet.num_start_tokens:
+                self.base_step()
+
+    def _logits_at(self, key: str, model, tokens: Tensor, cache, at: Tensor) -> Tensor:
+        """Logits (b, vocab) of position at[i] of each row of tokens (b, n), fed to `cache`; a
+        Hugging Face model computes its (large) head at those positions only."""
+        if isinstance(model, HFDecoder):
+            return self.clock(key, model, tokens, cache=cache, logits_at=at).logits[:, 0]
+        return self.clock(key, model, tokens, cache=cache).logits[self.rows.arange_b, at]
+
+    def base_step(self) -> None:
+        """One plain step: feed each row's pending token, sample the next one."""
+        rows = self.rows
+        pending = rows.last(1)
+        logits = self._feed(self.target, self.cache, TARGET, pending)
+        if self.draft is not None:       # a draft must not fall behind: its catch-up reads 2 tokens
+            self._feed(self.draft, self.draft_cache, DRAFT, pending)
+        self.count_call()
+        probs = to_probs(logits, self.sampling, rows.context())
+        rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
+
+    def _feed(self, model, cache, key: str, tokens: Tensor) -> Tensor:
+        """Append tokens (b, 1) to the cache of the unfinished rows; the last logits (b, vocab)."""
+        before = cache.lengths.clone()
+        logits = self.clock(key, model, tokens, cache=cache).logits[:, -1]
+        cache.rollback(torch.where(self.rows.done, before, cache.lengths))
+        return logits
+
+    def draft_round(self, gamma: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Propose gamma tokens per row; return (drafts (b, gamma), q (b, gamma, vocab), contexts)
+        where q is exactly the distribution each draft token was sampled from, and contexts
+        (b, gamma + 1, vocab), with a repetition penalty, the ids before each of the round's
+        positions (context + d_1..d_i at position i), which the verify call uses alike. The draft
+        keeps its cache across rounds; the prophet's is emptied at each round (its start tokens change)."""
+        rows, draft_cache, clock = self.rows, self.draft_cache, self.clock
+        if self.draft is not None:
+            # Catch the draft up: it lags one token after a full acceptance (it never saw d_gamma),
+            # so when a row does it re-reads the last two tokens (re-writing a cached position is
+            # harmless), else the pending one only.
+            n = 2 if bool((draft_cache.lengths < rows.seq_len - 1).any()) else 1
+            draft_cache.rollback(rows.seq_len - n)
+            model, first, start = self.draft, rows.last(n), None
+        else:
+            prophet = self.prophet
+            start = prophet.start_tokens(self.cache.last_embeds(prophet.num_start_tokens))
+            draft_cache.rollback(torch.zeros_like(draft_cache.lengths))
+            model, first = prophet.prophet, rows.last(1)
+        kw = {} if start is None else {"start": start}
+        logits = clock(DRAFT, model, first, cache=draft_cache, **kw).logits[:, -1]
+        drafts, qs = [], []
+        seen, contexts = rows.seen, []                            # seen: (b, vocab + 1) or None
+        for i in range(gamma):
+            context = None if seen is None else seen[:, : rows.vocab]
+            q = to_probs(logits, self.sampling, context)
+            tok = self.pick(q)
+            drafts.append(tok)
+            qs.append(q)
+            if seen is not None:
+                contexts.append(context)
+                seen = seen.clone().scatter_(1, tok[:, None], True)
+            if i + 1 < gamma:
+                logits = clock(DRAFT, model, tok[:, None], cache=draft_cache).logits[:, -1]
+        if seen is not None:
+            contexts.append(seen[:, : rows.vocab])
+        return torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(contexts, 1) if contexts else None
+
+    def verify(self, gamma: int, proposal: tuple[Tensor, Tensor, Tensor | None]) -> None:
+        """Score [pending, drafts] in one target call, accept a prefix per row, emit the accepted
+        drafts plus one correction or bonus token, and roll the cache back per row."""
+        rows, cache, sampling = self.rows, self.cache, self.sampling
+        drafts, q, contexts = proposal                              # (b, g), (b, g, vocab), (b, g + 1, vocab)
+        b, g = drafts.shape
+        before = cache.lengths.clone()
+        active = ~rows.done
+        logits = self.clock(verify_key(g), self.target, torch.cat([rows.last(1), drafts], 1), cache=cache).logits
+        self.count_call()
+        p = to_probs(logits, sampling, contexts)                    # (b, g + 1, vocab)
+        px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
+        qx = q.gather(-1, drafts[..., None])[..., 0]
+        if sampling.greedy:
+            accept = px > 0                                         # draft token == target argmax
+        else:
+            u = torch.rand(b, g, device=q.device, generator=self.generator)   # one uniform per position
+            accept = u * qx < px                                    # u < p/q without dividing
+        prefix = accept.int().cumprod(1)                            # (b, g): 1 while all so far accepted
+        k = prefix.sum(1)                                           # accepted drafts per row
+        kc = k.clamp(max=g - 1)
+        fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
+        final = torch.where((k < g)[:, None], fix, p[:, g])
+        block = torch.cat([drafts, drafts[:, :1]], 1)
+        block[rows.arange_b, k] = self.pick(final)
+        # alpha: sum_x min(p, q) at each position whose acceptance test ran (up to the first rejection)
+        overlap = torch.minimum(p[:, :g], q).sum(-1)                # (b, g)
+        tested = (torch.arange(g, device=k.device) <= k[:, None]) & active[:, None]
+        self.alpha_sum += (overlap * tested).sum()
+        self.alpha_count += tested.sum()
+        self.accepted_at[:g] += (prefix * active[:, None]).sum(0)
+        self.drafted_at[:g] += active.sum()
+        rows.emit(block, k + 1, self.eos_id)
+        # keep [pending, accepted drafts]; a row cut short by EOS or max_new_tokens keeps less
+        cache.rollback(torch.where(active, torch.minimum(before + 1 + k, rows.seq_len - 1), before))
