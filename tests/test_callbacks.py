@@ -15,6 +15,8 @@ from torch.utils.data import DataLoader
 
 from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError
+from specdec_models.decode import SpeedProfile
+from specdec_models.decode.cost import stored_profile
 from train.callbacks import SAMPLES_FILE, SpeculativeEval, temperature_tag
 from train.data.streams import SpecdecDataModule
 from train.tasks import SpeculativeModels
@@ -127,6 +129,53 @@ def test_eval_callback_logs_acceptance_metrics_and_writes_samples_after_validati
     assert all(r["matches_base"] for r in lines if r["temperature"] == 0.0)
 
 
+def test_eval_callback_chooses_gamma_per_temperature_and_batch_and_checkpoints_the_profiles(tmp_path):
+    callback = SpeculativeEval(num_prompts=2, prompt_len=12, max_new_tokens=10, gamma=GAMMA, temperatures=[0.0, 1.0])
+    trainer, module = fit(tmp_path, callback)
+    metrics = logged_metrics(tmp_path)
+    # one profile per temperature and batch size (1 and num_prompts), each the prediction it logged
+    assert sorted((p["temperature"], p["batch"]) for p in callback.speed_profiles) == [(0.0, 1), (0.0, 2),
+                                                                                         (1.0, 1), (1.0, 2)]
+    for stored in callback.speed_profiles:
+        profile, tag, b = SpeedProfile.from_dict(stored), temperature_tag(stored["temperature"]), stored["batch"]
+        assert list(profile.per_position_acceptance) == [metrics[f"val/per_position_acceptance/pos{i}/{tag}"]
+                                                         for i in range(1, GAMMA + 1)]
+        assert sorted(profile.v_by_gamma) == list(range(1, GAMMA + 1)) and profile.c > 0
+        best = profile.best_gamma()
+        assert metrics[f"val/best_gamma/b{b}/{tag}"] == best
+        assert metrics[f"val/best_predicted_speedup/b{b}/{tag}"] == pytest.approx(profile.predicted(best))
+        assert all(profile.predicted(best) >= profile.predicted(g) for g in range(1, GAMMA + 1))
+    for tag in ("t0", "t1"):
+        assert math.isfinite(metrics[f"val/predicted_speedup/{tag}"]) and metrics[f"val/predicted_speedup/{tag}"] > 0
+    # the profiles travel in the checkpoint (callback state), where export_checkpoint finds them
+    from train.checkpoints import measured_speed
+
+    path = tmp_path / "state.ckpt"
+    trainer.save_checkpoint(path)
+    restored = SpeculativeEval()
+    ckpt = torch.load(path, weights_only=False)
+    restored.load_state_dict(ckpt["callbacks"][callback.state_key])
+    assert restored.speed_profiles == callback.speed_profiles
+    assert measured_speed(ckpt) == {"speed_profiles": callback.speed_profiles}
+    assert measured_speed({"callbacks": {}}) == {}
+
+
+def test_stored_profile_picks_the_nearest_temperature_then_batch():
+    def stored(temperature, batch, c):
+        return {"temperature": temperature, **SpeedProfile(c, {1: 1.2}, [0.5], batch).to_dict()}
+
+    metadata = {"speed_profiles": [stored(0.0, 1, 0.1), stored(0.0, 8, 0.2), stored(1.0, 1, 0.3), stored(1.0, 8, 0.4)]}
+    assert stored_profile(metadata, 0.0, 1).c == 0.1
+    assert stored_profile(metadata, 0.2, 6).c == 0.2
+    assert stored_profile(metadata, 0.7, 2).c == 0.3
+    assert stored_profile(metadata, 2.0, 64).c == 0.4
+    single = SpeedProfile(0.5, {2: 1.5}, [0.9, 0.8])
+    assert stored_profile({"speed_profile": single.to_dict()}, 1.0, 1) == single
+    assert stored_profile({}, 1.0, 1) is None
+    with pytest.raises(SpecdecError, match="each with its temperature"):
+        stored_profile({"speed_profiles": [single.to_dict()]}, 1.0, 1)
+
+
 def test_eval_runs_in_fp32_under_bf16_mixed_and_logs_to_wandb_table(tmp_path, monkeypatch):
     from lightning.pytorch.loggers import WandbLogger
 
@@ -137,10 +186,10 @@ def test_eval_runs_in_fp32_under_bf16_mixed_and_logs_to_wandb_table(tmp_path, mo
     seen = []
     original = SpeculativeEval._evaluate_at
 
-    def spy(self, models, prompts, temperature, device):
+    def spy(self, models, prompts, temperature, *args):
         seen.append((torch.is_autocast_enabled("cpu"), models.target.training or models.prophet.training,
                      torch.is_inference_mode_enabled(), torch.get_num_threads()))
-        return original(self, models, prompts, temperature, device)
+        return original(self, models, prompts, temperature, *args)
 
     monkeypatch.setattr(SpeculativeEval, "_evaluate_at", spy)
     torch.set_num_threads(2)

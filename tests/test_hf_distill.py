@@ -113,6 +113,14 @@ def test_distillation_end_to_end_and_the_export_is_a_transformers_assistant(hf_c
     meta = json.loads((export / "specdec_distill.json").read_text())
     assert meta["global_step"] == 4 and meta["objective"]["divergence"] == "jsd"
     student = transformers.AutoModelForCausalLM.from_pretrained(export, local_files_only=True).eval()
+    # the gamma the last evaluation found best (batch 1, the config's temperature) is the
+    # assistant's num_assistant_tokens, kept constant
+    from specdec_models.decode.cost import stored_profile
+
+    config = student.generation_config
+    assert {(p["temperature"], p["batch"]) for p in meta["speed_profiles"]} == {(0.0, 1), (0.0, 2), (1.0, 1), (1.0, 2)}
+    chosen = stored_profile(meta, 1.0 if config.do_sample else 0.0, 1).best_gamma()
+    assert config.num_assistant_tokens == chosen and config.num_assistant_tokens_schedule == "constant"
     tok = transformers.AutoTokenizer.from_pretrained(export, local_files_only=True)
     assert tok.get_vocab() == pair["tok"].get_vocab()
     initial = transformers.AutoModelForCausalLM.from_pretrained(pair["student"], local_files_only=True)

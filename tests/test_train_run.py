@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import math
 
 import pytest
@@ -56,6 +57,25 @@ def test_every_validation_logs_the_simulated_acceptance_beside_the_real_one(trai
         expected = 1 + sum(math.prod(accuracy[:k]) for k in range(1, gamma + 1))
         assert float(row["val/simulated_tokens_per_call"]) == pytest.approx(expected, rel=1e-6)
         assert row["val/tokens_per_call/t0"]                          # the real one, same validation
+
+
+def test_the_export_keeps_the_last_evaluations_speed_profiles_for_gamma_auto(trained, capsys):
+    from specdec_models.decode import SpeedProfile
+    from specdec_models.decode.__main__ import main as decode_main
+    from specdec_models.export import read_export_config
+
+    metadata = read_export_config(trained["export_dir"])["metadata"]
+    profiles = metadata["speed_profiles"]
+    assert {(p["temperature"], p["batch"]) for p in profiles} == {(0.0, 1), (0.0, 2), (1.0, 1), (1.0, 2)}
+    t0 = SpeedProfile.from_dict(next(p for p in profiles if p["temperature"] == 0.0 and p["batch"] == 1))
+    # the acceptance is the last (step 40) evaluation's
+    last = [r for r in csv_rows(trained["output_dir"]) if r.get("val/per_position_acceptance/pos1/t0")][-1]
+    assert list(t0.per_position_acceptance) == pytest.approx(
+        [float(last[f"val/per_position_acceptance/pos{i}/t0"]) for i in range(1, 6)])
+    assert decode_main(["--export", str(trained["export_dir"]), "--prompt", "abc", "--max-new-tokens", "12",
+                        "--temperature", "0", "--gamma", "auto", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats["gamma"] == t0.best_gamma() and stats["speed_profile"] == t0.to_dict()
 
 
 def test_export_loads_and_matches_the_trained_module(trained):

@@ -16,9 +16,19 @@ docs/DECODING.md):
     val/base_tokens_per_second/t{T}          plain decoding, new tokens / wall second
     val/spec_tokens_per_second/t{T}          speculative decoding, new tokens / wall second
     val/speedup/t{T}                         wall time of base / speculative decoding
+    val/predicted_speedup/t{T}               E / (gamma c + v) from this run's own per-position
+                                             acceptance and timed model calls (compare with speedup)
+    val/best_gamma/b{B}/t{T}                 the gamma in 1..gamma with the best predicted speed-up
+    val/best_predicted_speedup/b{B}/t{T}     at batch B = 1 and B = num_prompts (`choose_gamma`)
     val/spec_eval_seconds                    wall time of the whole evaluation (not training time)
 
-T is the temperature written with `{:g}`: t0 (greedy), t1, t0.7. Beside them the prophet tasks
+T is the temperature written with `{:g}`: t0 (greedy), t1, t0.7. With `choose_gamma` (the
+default) the cost ratios c and v(1..gamma) are timed once per evaluation on the models' KV caches
+(`decode.cost.measure_costs`, at batch 1 and num_prompts; v(gamma) at num_prompts from the run
+itself) and combined with each temperature's per-position acceptance into `SpeedProfile`s (M18 of
+docs/DECODING.md); the last evaluation's profiles are kept in the callback's checkpoint state and
+`train.checkpoints.export_checkpoint` writes them into the export (metadata `speed_profiles`),
+where `--gamma auto` of the decoding CLI reads them. Beside them the prophet tasks
 log what other trainers report instead, from teacher-forced validation windows
 (`TaskModule.track_drafted`): `val/teacher_forced_accuracy/pos{i}` and
 `val/simulated_tokens_per_call` (compare it with `val/tokens_per_call/t0`). The samples go to
@@ -47,7 +57,8 @@ from torch import Tensor, nn
 
 from specdec_models import ModelWithProphet, byte_tokenizer
 from specdec_models.prophet import ProphetWindows
-from specdec_models.decode import generate
+from specdec_models.decode import SpeedProfile, generate
+from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.hf import HFDecoder
 
@@ -72,12 +83,14 @@ def torch_modules(models: SpeculativeModels) -> list[nn.Module]:
 class SpeculativeEval(L.Callback):
     def __init__(self, num_prompts: int = 4, prompt_len: int = 64, max_new_tokens: int = 64, gamma: int = 5,
                  temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, samples_dir: str | None = None,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, choose_gamma: bool = True) -> None:
         """`num_prompts` fixed prompts of `prompt_len` bytes from `trainer.datamodule.prompts`,
         `max_new_tokens` new bytes each, `gamma` drafts per round, one decoding per temperature.
         `num_threads`: CPU threads while decoding (None: the process's setting). Decoding a few
         rows is a chain of small latency-bound ops: on a CPU shared with other work, one thread
-        can be many times faster than two that wait for each other."""
+        can be many times faster than two that wait for each other. `choose_gamma`: time the
+        cost ratios and pick the best gamma in 1..gamma per temperature and batch size (module
+        docstring)."""
         super().__init__()
         for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),
                             ("max_new_tokens", max_new_tokens), ("gamma", gamma)]:
@@ -93,6 +106,10 @@ class SpeculativeEval(L.Callback):
         check(num_threads is None or (isinstance(num_threads, int) and num_threads >= 1),
               f"speculative_eval.num_threads must be a positive integer or null, got {num_threads!r}")
         self.num_threads = num_threads
+        check(isinstance(choose_gamma, bool), f"speculative_eval.choose_gamma must be true or false, got {choose_gamma!r}")
+        self.choose_gamma = choose_gamma
+        # the last evaluation's speed profiles, one per temperature and batch size (checkpointed)
+        self.speed_profiles: list[dict[str, Any]] = []
         self._prompts: Tensor | list[Tensor] | None = None
         self.last_metrics: dict[str, float] = {}
         self.text = byte_tokenizer.decode       # tokens -> text of the samples; the DataModule's decode_text if any
@@ -138,10 +155,15 @@ class SpeculativeEval(L.Callback):
         samples: list[dict[str, Any]] = []
         try:
             with autocast_off:
+                costs = self._measure_costs(models, prompts) if self.choose_gamma else {}
+                profiles = []
                 for temperature in self.temperatures:
-                    m, s = self._evaluate_at(models, prompts, temperature, device)
+                    m, s, p = self._evaluate_at(models, prompts, temperature, device, costs)
                     metrics.update(m)
                     samples.extend(s)
+                    profiles.extend(p)
+                if self.choose_gamma:
+                    self.speed_profiles = profiles
         finally:
             torch.set_num_threads(threads)
             for module, training in modes.items():
@@ -153,8 +175,35 @@ class SpeculativeEval(L.Callback):
         # the same stream at every evaluation, a different one per temperature
         return torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + int(round(temperature * 1000)))
 
-    def _evaluate_at(self, models: SpeculativeModels, prompts: Tensor, temperature: float,
-                     device: torch.device) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def _measure_costs(self, models: SpeculativeModels, prompts: Tensor | list[Tensor]) -> dict[int, StepTimes]:
+        """Model-call times {batch: StepTimes} for c and v(1..gamma), at batch 1 and the prompts'
+        batch, on KV caches holding about as many tokens as the evaluation's mid-point."""
+        context = max(len(p) for p in prompts) + self.max_new_tokens // 2
+        return {b: measure_costs(models.target, b, context, list(range(1, self.gamma + 1)), **models.drafter(),
+                                 steps=8, warmup=2)
+                for b in sorted({1, len(prompts)})}
+
+    def _speed_profiles(self, spec: dict[str, Any], base: dict[str, Any], costs: dict[int, StepTimes],
+                        batch: int, temperature: float, tag: str) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Predicted speed-ups and the best gamma per batch size from this temperature's
+        per-position acceptance (see the module docstring); (metrics, profiles as dicts)."""
+        acceptance = spec["per_position_acceptance"]
+        run = SpeedProfile.from_times(StepTimes.from_dict(spec["step_times"]), acceptance, batch,
+                                      StepTimes.from_dict(base["step_times"]))
+        metrics = {f"val/predicted_speedup/{tag}": run.predicted(self.gamma)}
+        profiles = []
+        for b, times in costs.items():
+            profile = SpeedProfile.from_times(times, acceptance, b)
+            if b == batch:      # the run's own v(gamma) and c at its batch size are the better measurement
+                profile = SpeedProfile(run.c, {**profile.v_by_gamma, self.gamma: run.v(self.gamma)}, acceptance, b)
+            best = profile.best_gamma()
+            metrics[f"val/best_gamma/b{b}/{tag}"] = best
+            metrics[f"val/best_predicted_speedup/b{b}/{tag}"] = profile.predicted(best)
+            profiles.append({"temperature": temperature, **profile.to_dict()})
+        return metrics, profiles
+
+    def _evaluate_at(self, models: SpeculativeModels, prompts: Tensor, temperature: float, device: torch.device,
+                     costs: dict[int, StepTimes]) -> tuple[dict[str, float], list[dict[str, Any]], list[dict[str, Any]]]:
         tag = temperature_tag(temperature)
         target, drafter = models.target, models.drafter()
         decode = dict(max_new_tokens=self.max_new_tokens, gamma=self.gamma, temperature=temperature)
@@ -164,9 +213,11 @@ class SpeculativeEval(L.Callback):
         generate(target, prompts, **drafter, generator=self._generator(device, temperature), **warm)
         generate(target, prompts, generator=self._generator(device, temperature), **warm)
 
+        timing = bool(costs)
         spec_tokens, spec = generate(target, prompts, **drafter, generator=self._generator(device, temperature),
-                                     **decode)
-        base_tokens, base = generate(target, prompts, generator=self._generator(device, temperature), **decode)
+                                     timing=timing, **decode)
+        base_tokens, base = generate(target, prompts, generator=self._generator(device, temperature),
+                                     timing=timing, **decode)
         spec, base = spec.to_dict(), base.to_dict()
         metrics = {
             f"val/acceptance_rate/{tag}": spec["acceptance_rate"],
@@ -179,6 +230,13 @@ class SpeculativeEval(L.Callback):
         }
         for i, rate in enumerate(spec["per_position_acceptance"], start=1):
             metrics[f"val/per_position_acceptance/pos{i}/{tag}"] = rate
+        profiles: list[dict[str, Any]] = []
+        if costs:
+            try:
+                predicted, profiles = self._speed_profiles(spec, base, costs, len(prompts), temperature, tag)
+                metrics.update(predicted)
+            except SpecdecError:      # too few tokens for a draft step or a verify call: nothing to predict
+                profiles = []
         metrics = {k: float("nan") if v is None else float(v) for k, v in metrics.items()}
         samples = []
         for row, (prompt, new, plain) in enumerate(zip(prompts, spec_tokens, base_tokens)):
@@ -194,7 +252,7 @@ class SpeculativeEval(L.Callback):
                 "tokens_per_call": metrics[f"val/tokens_per_call/{tag}"],
                 "speedup": metrics[f"val/speedup/{tag}"],
             })
-        return metrics, samples
+        return metrics, samples, profiles
 
     # -- Lightning hooks -------------------------------------------------------------------------
 
@@ -211,6 +269,12 @@ class SpeculativeEval(L.Callback):
                              else [p.long().cpu() for p in prompts])
             self.text = datamodule.decode_text
         return self._prompts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"speed_profiles": self.speed_profiles}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.speed_profiles = list(state_dict.get("speed_profiles", []))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:

@@ -89,6 +89,16 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
     return [] if same else [(prefix[:-1], a, b)]
 
 
+def measured_speed(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """{"speed_profiles": [...]}: what the checkpoint's last speculative evaluation measured (c, v
+    and per-position acceptance per temperature and batch size; `train.callbacks.SpeculativeEval`),
+    for `--gamma auto` of the export's users; {} when no evaluation ran."""
+    for state in (ckpt.get("callbacks") or {}).values():
+        if isinstance(state, dict) and state.get("speed_profiles"):
+            return {"speed_profiles": state["speed_profiles"]}
+    return {}
+
+
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict[str, Any] | None = None, *,
                       force: bool = False, report: Callable[[str], Any] = print) -> Path:
     """Write the export of a training checkpoint of any task (see `TaskModule.write_export`) and
@@ -99,7 +109,7 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict
     module, ckpt = load_module(ckpt_path)
     replaced = module.check_export_dir(out_dir, force)
     meta = {**module.run_export_metadata(), "global_step": int(ckpt.get("global_step", 0)),
-            "checkpoint": str(Path(ckpt_path).resolve()), **(metadata or {})}
+            "checkpoint": str(Path(ckpt_path).resolve()), **measured_speed(ckpt), **(metadata or {})}
     try:
         path = Path(module.write_export(out_dir, meta, force=force))
     except OSError as error:

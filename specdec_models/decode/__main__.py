@@ -34,7 +34,8 @@ from ..export import load_export, read_export_config
 from ..hf import HFDecoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
-from . import SpeedProfile, generate
+from . import generate
+from .cost import stored_profile
 from .inputs import parse_gamma
 
 METHODS = ("base", "draft", "prophet")
@@ -143,10 +144,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompt = byte_tokenizer.encode(args.prompt, target.vocab_size, target.cfg.max_seq_len)[None]
     profile = None
     if args.gamma == "auto" and method != "base":
-        # a profile stored with the export (per-position acceptance from training, c and v)
+        # a profile stored with the export (per-position acceptance, c and v measured in training's evaluation)
         metadata = read_export_config(args.draft if method == "draft" else args.export).get("metadata", {})
-        stored = metadata.get("speed_profile")
-        profile = None if stored is None else SpeedProfile.from_dict(stored)
+        profile = stored_profile(metadata, sampling.temperature, args.batch)
     tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
                              prophet=prophet, gamma=args.gamma, speed_profile=profile, temperature=sampling.temperature,
                              top_k=sampling.top_k, top_p=sampling.top_p,

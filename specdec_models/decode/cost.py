@@ -164,7 +164,7 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], *, dr
             cache.rollback(lengths)
 
     with torch.inference_mode():
-        cache = target.new_cache(batch, context + max(gammas) + 1)
+        cache = target.new_cache(batch, context + max(gammas) + 1, keep_embeds=prophet is not None)
         target(tok(context), cache=cache)
         repeat(TARGET, target, cache, tok(1))
         for gamma in gammas:
@@ -176,7 +176,7 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], *, dr
         if prophet is not None:
             # the prophet's cache holds its S start tokens and one round's drafts, as in generate
             S = prophet.num_start_tokens
-            start = prophet.start_tokens(target.hidden(tok(S)))
+            start = prophet.start_tokens(cache.last_embeds(S))
             pcache = prophet.prophet.new_cache(batch, S + max(gammas) + 1)
             prophet.prophet(tok(1), start=start, cache=pcache)
             repeat(DRAFT, prophet.prophet, pcache, tok(1))
@@ -271,3 +271,19 @@ def choose_gamma(per_position_acceptance: Sequence[float], c: float, v_by_gamma:
     profile = SpeedProfile(c, v_by_gamma, tuple(per_position_acceptance))
     gamma = profile.best_gamma()
     return gamma, profile.predicted(gamma)
+
+
+def stored_profile(metadata: dict[str, Any], temperature: float, batch: int) -> SpeedProfile | None:
+    """The speed profile an export's metadata holds for decoding at `temperature` and `batch`:
+    from `speed_profiles` (a list of profiles, each with the "temperature" it was measured at, as
+    training's evaluation writes them) the nearest temperature, then the nearest batch size;
+    else the single `speed_profile`; None when there is none."""
+    profiles = metadata.get("speed_profiles")
+    if profiles:
+        check(isinstance(profiles, list) and all(isinstance(p, dict) and "temperature" in p for p in profiles),
+              "metadata speed_profiles must be a list of profiles, each with its temperature")
+        best = min(profiles, key=lambda p: (abs(float(p["temperature"]) - temperature),
+                                            abs(int(p.get("batch") or 1) - batch)))
+        return SpeedProfile.from_dict(best)
+    single = metadata.get("speed_profile")
+    return None if single is None else SpeedProfile.from_dict(single)

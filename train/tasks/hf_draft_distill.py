@@ -25,6 +25,7 @@ assistant_model=student)`) and by vLLM.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from specdec_models.config import DTYPES, from_dict, torch_dtype
+from specdec_models.decode.cost import stored_profile
 from specdec_models.errors import check
 from specdec_models.files import staged_dir
 from specdec_models.hf import HFDecoder
@@ -195,17 +197,36 @@ class HFDraftDistillModule(DistillModule):
                     cast[ident] = value.to("cpu", dtype) if value.is_floating_point() else value.cpu()
                 state[key] = cast[ident]
             config_dtype, use_cache = self.student.config.dtype, self.student.config.use_cache
+            generation = self.student.generation_config
             self.student.config.dtype, self.student.config.use_cache = dtype, True
+            self.student.generation_config = assistant_generation_config(generation, metadata)
             try:
                 self.student.save_pretrained(tmp, state_dict=state)
             finally:
                 self.student.config.dtype, self.student.config.use_cache = config_dtype, use_cache
+                self.student.generation_config = generation
             config = json.loads((tmp / "config.json").read_text())     # save_pretrained writes the module's dtype
             config["dtype"] = config["torch_dtype"] = str(dtype).removeprefix("torch.")   # torch_dtype: transformers 4
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
             load_tokenizer(self.hparams.student_path).save_pretrained(tmp)
             (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=1, default=str))
         return out_dir
+
+
+def assistant_generation_config(config: Any, metadata: dict[str, Any]) -> Any:
+    """A copy of the draft's GenerationConfig whose `num_assistant_tokens` (the gamma transformers'
+    assisted generation drafts per round, read from the assistant model's config) is the best
+    gamma that training's evaluation measured (metadata `speed_profiles`, at batch 1 and the
+    config's own temperature, 0 when it does not sample), kept constant; the config itself when
+    nothing was measured."""
+    temperature = float(config.temperature or 1.0) if config.do_sample else 0.0
+    profile = stored_profile(metadata, temperature, 1)
+    if profile is None:
+        return config
+    config = copy.deepcopy(config)
+    config.num_assistant_tokens = profile.best_gamma()
+    config.num_assistant_tokens_schedule = "constant"
+    return config
 
 
 TASK = Task(name="hf_draft_distill", config=NoOptions, module=HFDraftDistillModule, data=(HFTextDataModule,),
