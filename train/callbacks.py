@@ -131,6 +131,11 @@ class SpeculativeEval(L.Callback):
             check(models.prophet.max_gamma >= self.gamma,
                   f"speculative_eval.gamma ({self.gamma}) needs prophet_train_length >= gamma + 1 = {self.gamma + 1}, "
                   f"got {models.prophet.max_gamma + 1}")
+        longest = self.prompt_len + self.max_new_tokens
+        for role, model in (("target", models.target), ("draft", models.draft)):
+            check(model is None or model.cfg.max_seq_len >= longest,
+                  f"speculative_eval.prompt_len + max_new_tokens = {longest} exceeds the {role}'s max_seq_len "
+                  f"{model.cfg.max_seq_len if model is not None else ''}: lower one of them")
         return models
 
     @torch.inference_mode()

@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.files import check_writable_dir, one_line, os_error, write_file
 
+from .callbacks import SpeculativeEval
 from .checkpoints import AtomicCheckpointIO, check_resumable, export_checkpoint, read_checkpoint
 from .loggers import STATE_KEY, LoggerState, resume_kwargs
 from .optim import OptimConfig
@@ -201,6 +202,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         del ckpt                                    # Lightning reads it again in fit
     module.check_export_dir(out / "export")
     callbacks = build_callbacks(cfg)
+    for callback in callbacks:
+        if isinstance(callback, SpeculativeEval):   # what it decodes fits its settings, before any step
+            callback.check_model(module.speculative_models())
     loggers = build_loggers(cfg, out, resume)
     trainer: L.Trainer = build(cfg.trainer, "trainer", logger=loggers or False, callbacks=callbacks,
                                plugins=[AtomicCheckpointIO()])
