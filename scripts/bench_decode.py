@@ -3,6 +3,8 @@
     python scripts/bench_decode.py                                   # seed sizes, random weights
     python scripts/bench_decode.py --methods base draft prophet peer # + lucidrains' prophet decoding
     python scripts/bench_decode.py --gamma 2 3 4 5 6 7 8 auto        # fixed gammas against gamma auto
+    python scripts/bench_decode.py --target-export DIR --gamma 2 3 4 5 6 auto stored
+                                     # stored: gamma auto from the profile training stored in the export
     python scripts/bench_decode.py --target-export DIR [--draft-export DIR]
 
 Settings run interleaved in one process (base, draft, prophet, ..., base, ...) and c and v come
@@ -25,6 +27,10 @@ from specdec_models.errors import SpecdecError
 REPO = Path(__file__).resolve().parents[1]
 
 
+def gamma_setting(text: str) -> int | str:
+    return text if text == "stored" else parse_gamma(text)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-export", metavar="DIR", help="trained target (decoder or model_with_prophet)")
@@ -32,7 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["base", "draft", "prophet"],
                         help="base always runs; peer = lucidrains' prophet decoding, as published and with "
                              "its feed-forward blocks applied")
-    parser.add_argument("--gamma", type=parse_gamma, nargs="+", default=[5], help="one or more gammas, or auto")
+    parser.add_argument("--gamma", type=gamma_setting, nargs="+", default=[5],
+                        help="one or more gammas, auto, or stored (auto from the export's stored profile)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per setting (merged)")

@@ -68,7 +68,25 @@ def test_bench_runs_every_setting_interleaved_and_predicts_from_its_own_timings(
     assert paths[2].stat().st_size > 1000
 
 
+def test_gamma_stored_decodes_at_the_best_gamma_of_the_exports_profile(exports, tmp_path):
+    from specdec_models import load_export
+    from specdec_models.decode import SpeedProfile
+
+    # training's evaluation stores one profile per temperature and batch size; this one favours gamma 3 at batch 1
+    profiles = [{"temperature": 1.0, **SpeedProfile(0.1, {1: 1.1, 3: 1.2, 5: 3.0}, [0.9, 0.9, 0.9, 0.1, 0.1], b).to_dict()}
+                for b in (1, 2)]
+    save_export(tmp_path / "stored", load_export(exports / "pair"), metadata={"speed_profiles": profiles})
+    bench = DecodeBench(batches=[1], methods=["base", "prophet"], gammas=["stored"], max_new_tokens=12, repeats=1,
+                        target_export=str(tmp_path / "stored"))
+    (row,) = [r for r in run(bench, log=lambda _: None)["results"] if r["method"] == "prophet"]
+    assert row["gamma"] == "stored" and row["gammas_used"] == [SpeedProfile.from_dict(profiles[0]).best_gamma()] == [3]
+    assert set(row["v_by_gamma"]) == {3}                         # nothing calibrated: every round at gamma 3
+    with pytest.raises(SpecdecError, match="holds no speed profile"):
+        run(DecodeBench(methods=["base", "prophet"], gammas=["stored"], target_export=str(exports / "pair")))
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    (dict(gammas=["stored"]), "give target_export"),
     (dict(methods=["medusa"]), "unknown method"),
     (dict(gammas=[0]), "gammas"),
     (dict(batches=[0]), "batch sizes"),

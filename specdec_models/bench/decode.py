@@ -31,11 +31,11 @@ import torch
 
 from ..config import ModelConfig, ProphetConfig
 from ..errors import check
-from ..export import export_hash, load_export
+from ..export import export_hash, load_export, read_export_config
 from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..decode import DecodeStats, generate
-from ..decode.cost import DRAFT, TARGET, expected_tokens_from_acceptance, predicted_speedup, verify_key
+from ..decode.cost import DRAFT, TARGET, stored_profile, expected_tokens_from_acceptance, predicted_speedup, verify_key
 
 SEED_TARGET = ModelConfig(vocab_size=256, dim=512, depth=10, heads=8, dim_head=64)
 SEED_PROPHET = ProphetConfig(model=ModelConfig(vocab_size=256, dim=512, depth=2, heads=8, dim_head=64))
@@ -47,7 +47,9 @@ PEER_VARIANTS = ("peer", "peer+ff")       # as published; with the feed-forward 
 
 @dataclass
 class DecodeBench:
-    """What to run. gammas may hold "auto" (generate picks gamma from measurements)."""
+    """What to run. gammas may hold "auto" (generate calibrates and picks gamma from its own
+    measurements) and "stored" (gamma auto from the speed profile training's evaluation stored in
+    the target export, `cost.stored_profile`: no calibration)."""
 
     batches: list[int] = field(default_factory=lambda: [1, 8])
     methods: list[str] = field(default_factory=lambda: ["base", "draft", "prophet"])
@@ -66,8 +68,10 @@ class DecodeBench:
         check(len(self.batches) > 0 and min(self.batches) >= 1, f"batch sizes must be >= 1, got {self.batches}")
         unknown = sorted(set(self.methods) - set(METHODS))
         check(not unknown, f"unknown method(s) {unknown}; known: {list(METHODS)}")
-        check(all(g == "auto" or (isinstance(g, int) and g >= 1) for g in self.gammas),
-              f"gammas must be integers >= 1 or 'auto', got {self.gammas}")
+        check(all(g in ("auto", "stored") or (isinstance(g, int) and g >= 1) for g in self.gammas),
+              f"gammas must be integers >= 1, 'auto' or 'stored', got {self.gammas}")
+        check("stored" not in self.gammas or self.target_export is not None,
+              "gamma 'stored' reads the speed profile of a trained export: give target_export")
         check(self.draft_export is None or self.target_export is not None,
               "a draft export needs a target export (a trained draft against a random target means nothing)")
 
@@ -78,6 +82,7 @@ class Models:
     draft: Decoder | None
     prophet: ModelWithProphet | None
     weights: str
+    metadata: dict[str, Any] = field(default_factory=dict)      # the target export's
 
 
 def build_models(bench: DecodeBench) -> Models:
@@ -96,7 +101,11 @@ def build_models(bench: DecodeBench) -> Models:
         draft = load_export(bench.draft_export)
         draft = draft.model if isinstance(draft, ModelWithProphet) else draft
         weights += f", draft export {bench.draft_export} (sha256 {export_hash(bench.draft_export)[:12]})"
-    return Models(target.eval(), draft, prophet, weights)
+    metadata = read_export_config(bench.target_export).get("metadata", {})
+    check("stored" not in bench.gammas or stored_profile(metadata, bench.temperature, 1) is not None,
+          f"gamma 'stored': {bench.target_export} holds no speed profile (exports of training runs with the "
+          f"evaluation callback's choose_gamma do)")
+    return Models(target.eval(), draft, prophet, weights, metadata)
 
 
 def _settings(bench: DecodeBench, models: Models) -> list[tuple[str, int | str | None]]:
@@ -107,9 +116,9 @@ def _settings(bench: DecodeBench, models: Models) -> list[tuple[str, int | str |
         if method in bench.methods and available is not None:
             # a prophet trained for L positions drafts at most L - 1 (generate refuses more)
             top = models.prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
-            out += [(method, g) for g in bench.gammas if g == "auto" or top is None or g <= top]
+            out += [(method, g) for g in bench.gammas if isinstance(g, str) or top is None or g <= top]
     if "peer" in bench.methods and models.prophet is not None:
-        out += [(v, g) for v in PEER_VARIANTS for g in bench.gammas if g != "auto"]
+        out += [(v, g) for v in PEER_VARIANTS for g in bench.gammas if isinstance(g, int)]
     return out
 
 
@@ -134,7 +143,10 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
 
             return peer_prophet_decode(peers[method], rows, max_new, gamma, bench.temperature, bench.top_k, seed)
         kw = {"draft": {"draft": models.draft}, "prophet": {"prophet": models.prophet}, "base": {}}[method]
-        return generate(models.target, rows, max_new, gamma=5 if gamma is None else gamma,
+        if gamma == "stored":
+            kw["speed_profile"] = stored_profile(models.metadata, bench.temperature, batch)
+        gamma = 5 if gamma is None else "auto" if gamma == "stored" else gamma
+        return generate(models.target, rows, max_new, gamma=gamma,
                         temperature=bench.temperature,
                         top_k=bench.top_k, generator=torch.Generator().manual_seed(seed), timing=True, **kw)[1]
 
@@ -237,7 +249,8 @@ def markdown(report: dict[str, Any]) -> str:
         if r["method"] in PEER_VARIANTS:
             continue
         v = "/".join(f"{x:.2f}" for x in r["v_by_gamma"].values()) if r.get("v_by_gamma") else "–"
-        gamma = r["gamma"] if r["gamma"] != "auto" else "auto (" + ",".join(map(str, r["gammas_used"])) + ")"
+        gamma = r["gamma"] if isinstance(r["gamma"], int) or r["gamma"] is None else \
+            f"{r['gamma']} (" + ",".join(map(str, r["gammas_used"])) + ")"
         lines.append(
             f"| {r['batch']} | {r['method']} | {fmt(gamma, '')} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x "
             f"| {r['tokens_per_call']:.2f} | {fmt(r.get('expected_tokens_per_call'))} | {fmt(r.get('alpha'), '.3f')} "
