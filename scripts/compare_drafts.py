@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_models.bench.drafts import compare_drafters
     from train import compare
     from train.data.enwik8 import validation_prompts
+    from train.run import run
 
     budget = compare.Budget(args.data, args.student, args.steps, args.seq_len, args.batch_size, args.prompt_len,
                             args.lr, args.gamma)
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, kind, overrides in compare.candidates(args.target_export, budget, args.divergences,
                                                         args.data_sources, not args.no_frozen_prophet):
             export, info = compare.train_candidate(name, overrides, args.out / "runs" / name.replace("/", "_"),
-                                                   args.retrain)
+                                                   run, args.retrain)
             model = load_export(export).eval()
             if kind == "draft":
                 draft_weights = n = compare.weights(model)

@@ -9,7 +9,7 @@ its jointly trained prophet is one candidate). The trained candidates (`candidat
 and `prophet/joint`, the target's own prophet. Every trained candidate sees the same number of
 training tokens, so the student's own compute is equal; `flops` adds what distillation pays on
 top (the teacher's forward passes, on-policy sampling). Each is trained in-process through
-`train.run.run` and reused from its folder by a later call. Decoding goes through
+`train.run.run` (passed in) and reused from its folder by a later call. Decoding goes through
 `specdec_models.bench.drafts.compare_drafters` (plain decoding and every candidate interleaved,
 speed-up = median of plain / speculative wall time per round).
 """
@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -71,16 +71,16 @@ def candidates(target_export: str, budget: Budget, divergences: list[str], data_
     return out
 
 
-def train_candidate(name: str, overrides: list[str], run_dir: Path, retrain: bool = False) -> tuple[Path, dict]:
-    """Train one candidate through `train.run.run` unless its export and summary exist; return
-    (export dir, {"train_seconds", "global_step", "val": final validation metrics})."""
+def train_candidate(name: str, overrides: list[str], run_dir: Path, run: Callable[[Any], dict],
+                    retrain: bool = False) -> tuple[Path, dict]:
+    """Train one candidate with `run` (`train.run.run`, passed in by the caller: no module of
+    train/ imports run.py) unless its export and summary exist; return (export dir,
+    {"train_seconds", "global_step", "val": final validation metrics})."""
     export, summary = run_dir / "export", run_dir / "summary.json"
     if export.is_dir() and summary.is_file() and not retrain:
         print(f"[{name}] reusing {export}", file=sys.stderr)
         return export, json.loads(summary.read_text())
     from hydra import compose, initialize_config_dir
-
-    from .run import run
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[*overrides, f"output_dir={run_dir}"])
