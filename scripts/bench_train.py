@@ -58,11 +58,16 @@ def run_peer(args, path: Path) -> dict:
 def run_quality(args, path: Path) -> dict:
     bench = train_quality.QualityBench(size=args.size, seq_len=args.seq_len, lr=args.lr,
                                        windows_per_seq=args.windows_per_seq, peers=args.peers,
-                                       threshold=args.threshold, eval_every=args.eval_every,
+                                       threshold=args.threshold, also_report=args.also_report,
+                                       eval_every=args.eval_every,
                                        max_steps=args.max_steps, seed=args.seed)
     batch_of, valid = batches(path, bench.seq_len, bench.batch_size, args.seed)
-    prompts = torch.stack([FixedWindows(valid, args.prompt_len, args.prompts)[i] for i in range(args.prompts)])
-    return train_quality.bench_quality(bench, batch_of, prompts, log=lambda s: print(s, file=sys.stderr))
+    half = len(valid) // 2                 # windows from the first half, prompts from the second
+    windows = FixedWindows(valid[:half], bench.seq_len + 1, args.prompts)
+    prompts = FixedWindows(valid[half:], args.prompt_len, args.prompts)
+    return train_quality.bench_quality(bench, batch_of, torch.stack([windows[i] for i in range(args.prompts)]),
+                                       torch.stack([prompts[i] for i in range(args.prompts)]),
+                                       log=lambda s: print(s, file=sys.stderr))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="256x4+256x1", help="--quality: size")
     parser.add_argument("--seq-len", type=int, default=256, help="--quality: training sequence length")
     parser.add_argument("--lr", type=float, default=1e-3, help="--quality: Adam learning rate")
-    parser.add_argument("--threshold", type=float, default=0.4, help="--quality: acceptance rate at T=0")
+    parser.add_argument("--threshold", type=float, default=1.6,
+                        help="--quality: stop at this many tokens per call (T=0, teacher-forced on validation)")
+    parser.add_argument("--also-report", type=float, nargs="*", default=[],
+                        help="--quality: more thresholds, read off the same curves")
     parser.add_argument("--eval-every", type=int, default=20, help="--quality: steps between evaluations")
     parser.add_argument("--max-steps", type=int, default=200, help="--quality: steps at most")
-    parser.add_argument("--prompts", type=int, default=8, help="--quality: validation prompts")
+    parser.add_argument("--prompts", type=int, default=8, help="--quality: validation windows and prompts")
     parser.add_argument("--prompt-len", type=int, default=64, help="--quality: prompt bytes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="report stem (default bench/train, bench/train_peer, bench/train_quality)")

@@ -101,7 +101,8 @@ def test_time_to_quality_stops_each_contender_at_the_threshold():
     def score(step):
         return {"acceptance_rate": rate[step.name] * len(step.seconds), "tokens_per_call": 1.0}
 
-    rows = train_quality.time_to_quality(steps, batch_of, score, threshold=0.4, eval_every=2, max_steps=10)
+    rows = train_quality.time_to_quality(steps, batch_of, score, threshold=0.4, eval_every=2, max_steps=10,
+                                         metric="acceptance_rate")
     fast, slow, never = rows
     assert fast["reached"] == {"step": 4, "train_seconds": 2.0} and fast["steps"] == 4
     assert slow["reached"] == {"step": 8, "train_seconds": 4.0} and slow["steps"] == 8
@@ -113,20 +114,21 @@ def test_time_to_quality_stops_each_contender_at_the_threshold():
 
 def test_time_to_quality_stops_when_all_reached():
     steps = [Fake("a", []), Fake("b", [])]
-    rows = train_quality.time_to_quality(steps, batch_of, lambda s: {"acceptance_rate": 1.0}, threshold=0.5,
+    rows = train_quality.time_to_quality(steps, batch_of, lambda s: {"tokens_per_call": 2.0}, threshold=1.5,
                                          eval_every=3, max_steps=100)
     assert [r["steps"] for r in rows] == [3, 3]
 
 
 @needs_peer
 def test_quality_bench_runs_every_contender_and_writes_its_report(tmp_path):
-    bench = train_quality.QualityBench(size=TINY, seq_len=SEQ, batch_size=2, threshold=1.0, eval_every=1,
-                                       max_steps=2, new_tokens=4, windows_per_seq=[3])
-    report = train_quality.bench_quality(bench, batch_of, torch.randint(0, 256, (2, 8)))
+    bench = train_quality.QualityBench(size=TINY, seq_len=SEQ, batch_size=2, threshold=6.0, also_report=[1.01],
+                                       eval_every=1, max_steps=2, new_tokens=4, windows_per_seq=[3])
+    report = train_quality.bench_quality(bench, batch_of, batch_of(99), torch.randint(0, 256, (2, 8)))
     assert [r["contender"] for r in report["contenders"]] == ["ours", "ours wps=3", "peer", "peer+ff"]
     for r in report["contenders"]:
         assert [p["step"] for p in r["curve"]] == [1, 2] and r["train_seconds"] > 0
-        assert all(0 <= p["acceptance_rate"] <= 1 and p["tokens_per_call"] >= 1 for p in r["curve"])
+        assert all(1 <= p["tokens_per_call"] <= 6 and 0 <= p["decode_acceptance_rate"] <= 1
+                   and len(p["per_position_accuracy"]) == 5 for p in r["curve"])
     paths = write_report(report, tmp_path / "q" / "quality", train_quality.markdown(report), train_quality.plot)
     assert [p.name for p in paths] == ["quality.json", "quality.md", "quality.png"]
     assert json.loads(paths[0].read_text())["mode"] == "quality"
@@ -135,7 +137,8 @@ def test_quality_bench_runs_every_contender_and_writes_its_report(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(threshold=0.0), "threshold"), (dict(threshold=1.5), "threshold"), (dict(eval_every=0), "eval_every"),
+    (dict(threshold=1.0), "threshold"), (dict(threshold=6.5), "threshold"), (dict(also_report=[0.5]), "threshold"),
+    (dict(eval_every=0), "eval_every"),
     (dict(size="big"), "size"), (dict(gamma=7), "gamma"), (dict(lr=0), "lr"),
 ])
 def test_bad_quality_settings_are_refused(kwargs, match):
@@ -145,7 +148,7 @@ def test_bad_quality_settings_are_refused(kwargs, match):
 
 @pytest.mark.parametrize("argv, match", [
     (["--peer", "--sizes", "huge"], "is not of the form"),
-    (["--quality", "--threshold", "2"], "threshold must be"),
+    (["--quality", "--threshold", "0.5"], "threshold must be"),
     (["--peer", "--data", "/nonexistent/file"], "is not a file"),
     (["--peer", "--steps", "0"], "must be >= 1"),
     (["--precisions", "fp8"], "precision must be one of"),
