@@ -99,12 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=8, help="--quality: validation windows and prompts")
     parser.add_argument("--prompt-len", type=int, default=64, help="--quality: prompt bytes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 on an oversubscribed CPU)")
     parser.add_argument("--out", help="report stem (default bench/train, bench/train_peer, bench/train_quality)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     try:
         check(args.data is None or Path(args.data).is_file(), f"--data {args.data} is not a file")
+        check(args.threads is None or args.threads >= 1, "--threads must be >= 1")
+        if args.threads:
+            torch.set_num_threads(args.threads)
         check(min(args.steps, args.rounds, args.prompts, args.prompt_len) >= 1
               and (args.warmup is None or args.warmup >= 0), "--steps, --rounds, --prompts, --prompt-len must be "
               ">= 1 and --warmup >= 0")
