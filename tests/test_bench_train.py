@@ -72,6 +72,8 @@ def test_step_timers_give_positive_rates_for_ours_and_both_peers():
         assert r["tokens_per_second"] > 0 and len(r["step_seconds"]) == 2
         assert set(r["speedup_over"]) == set(rows) - {name} and all(v > 0 for v in r["speedup_over"].values())
     md = train_step.markdown({"sizes": [report]})
+    with pytest.raises(SpecdecError, match="expected"):
+        train_step.bench_steps(TINY, batch_of, seq_len=SEQ + 1, batch_size=2)
     assert "| ours / peer | ours / peer+ff |" in md and "| ours wps=3 | 3 |" in md
 
 

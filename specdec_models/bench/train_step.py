@@ -170,6 +170,9 @@ def bench_steps(size: str, batch_of: Callable[[int], Tensor], seq_len: int = 512
     """Our train step (fp32 AdamW) against the peer's at `size`, interleaved over `warmup + steps`
     batches from `batch_of(k)` (each (batch_size, seq_len + 1))."""
     check(steps >= 1 and warmup >= 0, f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    shape = tuple(batch_of(0).shape)
+    check(shape == (batch_size, seq_len + 1), f"batches are {shape}, expected (batch_size, seq_len + 1) = "
+                                              f"{(batch_size, seq_len + 1)}")
     runners = contenders(size, seq_len, windows_per_seq, peers, seed=seed)
     batches = (batch_of(k) for k in range(warmup + steps))
     rounds = interleave(runners, batches, warmup)
