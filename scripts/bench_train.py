@@ -27,7 +27,7 @@ import torch
 from specdec_models.bench import train_quality, train_step
 from specdec_models.bench.report import load_note, machine, write_report
 from specdec_models.errors import SpecdecError, check
-from train import bench as pipeline
+from train import bench as pipeline, run as train_run
 from train.data.enwik8 import FixedWindows, RandomWindows, read_bytes, split_bounds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 bench = pipeline.PipelineBench(args.model, args.precisions, 2 if args.warmup is None else args.warmup,
                                                args.steps, args.rounds, args.override)
-                report = pipeline.bench_pipeline(bench, path, desc, Path(tmp))
+                report = pipeline.bench_pipeline(bench, path, desc, Path(tmp), train_run)
                 md, plot, stem = pipeline.markdown, None, "train"
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)

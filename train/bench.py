@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import lightning as L
@@ -135,12 +136,14 @@ def compose(overrides: list[str]):
         return hydra_compose(config_name="train", overrides=overrides)
 
 
-def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Path) -> dict[str, Any]:
-    """Pipeline vs plain loop per precision on the byte file `path`; the report (a dict)."""
+def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Path, run: ModuleType
+                   ) -> dict[str, Any]:
+    """Pipeline vs plain loop per precision on the byte file `path`; the report (a dict). `run` is
+    the `train.run` module, whose `validate`, `build_loggers` and `build_callbacks` wire the
+    pipeline as `python -m train` does (passed in: no module of train/ imports run.py)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from .run import build_callbacks, build_loggers, validate
     from .tasks.prophet import ProphetModule
 
     total = bench.warmup + bench.rounds * bench.steps
@@ -156,7 +159,7 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
         cfg.trainer.val_check_interval = 10 ** 6           # no validation inside the timed fit
         eval_node = cfg.callbacks.get("speculative_eval")
         cfg.callbacks.speculative_eval = None              # off for the ratio; timed alone below
-        kwargs = validate(cfg)
+        kwargs = run.validate(cfg)
         main, prophet = ModelConfig.from_dict(kwargs["main"]), ProphetConfig.from_dict(kwargs["prophet"])
         check(prophet.windows_per_seq is None,
               "the plain loop draws no window subsets: benchmark windows_per_seq with --peer")
@@ -172,8 +175,8 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
         plain = PlainLoop(twin, OmegaConf.to_container(cfg.optim, resolve=True), total,
                           cfg.trainer.get("gradient_clip_val"), precision)
         interleave = Interleave(plain, bench.warmup, bench.steps)
-        trainer = instantiate(cfg.trainer, logger=build_loggers(cfg, out) or False,
-                              callbacks=build_callbacks(cfg) + [interleave])
+        trainer = instantiate(cfg.trainer, logger=run.build_loggers(cfg, out) or False,
+                              callbacks=run.build_callbacks(cfg) + [interleave])
         print(f"[{precision}] {bench.warmup} warm-up steps, then {bench.rounds} rounds of {bench.steps} steps "
               "each side", file=sys.stderr)
         trainer.fit(module, datamodule=datamodule)
