@@ -15,8 +15,8 @@ Windows per sequence: both sides train the prophet on `ProphetConfig.anchor_coun
 windows of a sequence of seq_len + 1 tokens (the peer's `seq_len + 1 - L - (S - 1)` is the same
 count), unless ours samples `windows_per_seq`. A window of ours runs S + L - 1 positions and
 scores L labels; the peer's runs L - 1 positions (S start tokens, L - S - 1 tokens) and scores
-L - 1 labels (its first start token's output included), so ours does slightly more work per
-window.
+L - 1 labels (its first start token's output included, so only L - 2 past the anchor against
+ours L), so ours does slightly more work per window.
 """
 
 from __future__ import annotations
