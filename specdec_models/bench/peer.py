@@ -10,7 +10,9 @@ the pre-norm block ours is), i.e. the model the sizes describe.
 
 `copy_weights(peer, ours)` copies a `ModelWithProphet`'s weights into the peer, so the patched
 peer computes our function (up to the RMSNorm epsilon) and accepts drafts as ours does; the
-published peer then differs from ours by the missing feed-forward alone. Its decoding filters
+published peer then differs from ours by the missing feed-forward alone. `copy_weights_to_ours`
+goes the other way (a published peer becomes ours with zero feed-forward outputs), so a trained
+peer is evaluated by our decoding code. Its decoding filters
 with `top_k(thres)` (the top ceil((1 - thres) vocab) logits, thres 0.9 by default) and samples
 with the global torch RNG: `peer_prophet_decode` takes our `top_k` (None: the whole vocabulary)
 and turns it into the peer's threshold, and seeds the RNG.
@@ -87,30 +89,53 @@ def build_peer(main_cfg: ModelConfig, prophet_cfg: ProphetConfig, patched_ff: bo
         num_leading_start_tokens=prophet_cfg.num_leading_start_tokens)
 
 
-def _copy_decoder(dst: nn.Module, src: nn.Module) -> None:
-    dst.token_emb.weight.copy_(src.token_emb.weight)
-    for (attn, ff), block in zip(dst.layers, src.layers):
-        if isinstance(attn, _AttentionThenFeedForward):
+def _decoder_pairs(peer: nn.Module, ours: nn.Module) -> tuple[list[tuple[Tensor, Tensor]], list[nn.Linear]]:
+    """(peer tensor, our tensor) for every weight the two decoders share, and our feed-forward
+    output projections whose peer layer never applies its feed-forward (the published Decoder)."""
+    pairs, unused_ff = [(peer.token_emb.weight, ours.token_emb.weight)], []
+    for (attn, ff), block in zip(peer.layers, ours.layers):
+        applied = isinstance(attn, _AttentionThenFeedForward)
+        if applied:
             attn, ff = attn.attn, attn.ff
-        attn.norm.weight.copy_(block.attn_norm.weight)
-        attn.to_qkv.weight.copy_(block.to_qkv.weight)
-        attn.to_out.weight.copy_(block.to_out.weight)
-        ff[0].weight.copy_(block.ff_norm.weight)
+        else:
+            unused_ff.append(block.ff[2])
+        pairs += [(attn.norm.weight, block.attn_norm.weight), (attn.to_qkv.weight, block.to_qkv.weight),
+                  (attn.to_out.weight, block.to_out.weight), (ff[0].weight, block.ff_norm.weight)]
         for mine, theirs in ((ff[1], block.ff[0]), (ff[3], block.ff[2])):
-            mine.weight.copy_(theirs.weight)
-            mine.bias.copy_(theirs.bias)
-    dst.to_logits[0].weight.copy_(src.norm.weight)
-    dst.to_logits[1].weight.copy_(src.to_logits.weight)
+            pairs += [(mine.weight, theirs.weight), (mine.bias, theirs.bias)]
+    pairs += [(peer.to_logits[0].weight, ours.norm.weight), (peer.to_logits[1].weight, ours.to_logits.weight)]
+    return pairs, unused_ff
+
+
+def _pairs(peer: nn.Module, ours: ModelWithProphet) -> tuple[list[tuple[Tensor, Tensor]], list[nn.Linear]]:
+    main, main_unused = _decoder_pairs(peer.model, ours.model)
+    prophet, prophet_unused = _decoder_pairs(peer.prophet, ours.prophet)
+    start = ([(peer.to_prophet_start_token.weight, ours.to_prophet_start.weight)]
+             if isinstance(ours.to_prophet_start, nn.Linear) else [])
+    return main + prophet + start, main_unused + prophet_unused
 
 
 @torch.no_grad()
 def copy_weights(peer: nn.Module, ours: ModelWithProphet) -> nn.Module:
     """Copy our main model, prophet and start projection into the peer (built at the same sizes)."""
-    _copy_decoder(peer.model, ours.model)
-    _copy_decoder(peer.prophet, ours.prophet)
-    if isinstance(ours.to_prophet_start, nn.Linear):
-        peer.to_prophet_start_token.weight.copy_(ours.to_prophet_start.weight)
+    for theirs, mine in _pairs(peer, ours)[0]:
+        theirs.copy_(mine)
     return peer
+
+
+@torch.no_grad()
+def copy_weights_to_ours(ours: ModelWithProphet, peer: nn.Module) -> ModelWithProphet:
+    """The reverse of `copy_weights`: the peer's weights into `ours` (built at the same sizes), so
+    our decoding and evaluation run the peer's function (up to the RMSNorm epsilon). A published
+    peer layer never applies its feed-forward block: ours gets it with a zero output projection,
+    which adds nothing to the residual stream, i.e. the same layer."""
+    pairs, unused_ff = _pairs(peer, ours)
+    for theirs, mine in pairs:
+        mine.copy_(theirs)
+    for linear in unused_ff:
+        linear.weight.zero_()
+        linear.bias.zero_()
+    return ours
 
 
 def filter_thres(top_k: int | None, vocab_size: int) -> float:
