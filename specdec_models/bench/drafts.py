@@ -8,13 +8,18 @@ rounds of (plain seconds / drafter seconds). Tokens per call, acceptance rate an
 exact counts over the same runs (every round, at temperature 1 with another seed). Every row
 emits exactly `max_new_tokens` tokens (no EOS), so the times compare.
 
-`first_layers` (`specdec_models.bench.hf`) makes the student a distilled draft starts from.
+`greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
+`write_report` writes results.json, table.md (`markdown_table`) and compare.png (`plot`,
+matplotlib) together. `first_layers` (`specdec_models.bench.hf`) makes the student a distilled
+draft starts from (scripts/compare_hf_drafts.py).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +27,7 @@ from torch import Tensor
 
 from ..decode import generate
 from ..errors import check
+from ..files import staged_dir
 
 
 def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, Any], seed: int,
@@ -107,4 +113,47 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['temperature']:g} | {r['batch']} | {r['method']} | {r['tokens_per_call']:.2f} | "
                      f"{fmt(r['acceptance_rate'], '.3f')} | {fmt(r['alpha'], '.3f')} | {r['tokens_per_second']:.1f} | "
                      f"{r['speedup']:.2f}x |")
+    return lines
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Tokens per target call (largest batch) and speed-up per (temperature, batch) of each drafter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
+    keys = sorted({(r["temperature"], r["batch"]) for r in rows})
+    temps = sorted({t for t, _ in keys})
+    pick = {(r["method"], r["temperature"], r["batch"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        calls = [pick[m, t, max(b for tt, b in keys if tt == t)]["tokens_per_call"] for t in temps]
+        axes[0].bar([j + i * width for j in range(len(temps))], calls, width, label=m)
+        axes[1].bar([j + i * width for j in range(len(keys))], [pick[(m, *k)]["speedup"] for k in keys], width, label=m)
+    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
+    axes[0].set_ylabel("tokens per target call (gamma 5)")
+    axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, batch {b}" for t, b in keys])
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    axes[1].set_ylabel("wall-clock speed-up over plain decoding")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Drafts for SmolLM2-135M-Instruct on 2 CPU cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(report: dict[str, Any], out: Path) -> list[str]:
+    """results.json, table.md and compare.png of a comparison ({"rows": compare_drafters' rows,
+    "greedy_equals_transformers_generate": ...}), written together: `out` is replaced whole
+    (`files.staged_dir`). Returns the table's lines."""
+    lines = markdown_table(report["rows"])
+    greedy = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in report["greedy_equals_transformers_generate"].items())
+    lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
+    with staged_dir(out) as tmp:
+        (tmp / "results.json").write_text(json.dumps(report, indent=1))
+        (tmp / "table.md").write_text("\n".join(lines) + "\n")
+        plot(report["rows"], tmp / "compare.png")
     return lines
