@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -284,3 +285,90 @@ def test_an_interrupted_regenerated_cache_resumes_to_the_uninterrupted_rows(hf, 
     build_hf_cache(hf["neox"], out, report=lines.append, **common)
     assert any("already written" in line for line in lines)
     assert open_cache(out)[:].equals(open_cache(caches["dir"] / "regenerated")[:])
+
+
+# ---------------------------------------------------------------- the SmolLM2 pipeline's scripts, on tiny targets
+
+def _script(name):
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_make_prompts_writes_chat_prompts_from_disjoint_splits(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"word{i} alpha beta gamma delta" for i in range(3000)))
+    make = _script("make_prompts")
+    for split in ("train", "valid"):
+        assert make(["--text", str(text), "--split", split, "--count", "6", "--out", str(tmp_path / f"{split}.jsonl")]) == 0
+    rows = {s: [json.loads(line)["messages"][0] for line in (tmp_path / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("train", "valid")}
+    assert all(len(r) == 6 and all(m["role"] == "user" for m in r) for r in rows.values())
+    numbers = {s: {w for m in r for w in m["content"].split() if re.fullmatch(r"word\d+", w)} for s, r in rows.items()}
+    assert numbers["train"] and numbers["valid"] and not numbers["train"] & numbers["valid"]   # no shared snippet
+    capsys.readouterr()
+    assert make(["--text", str(tmp_path / "missing.txt"), "--count", "2", "--out", str(tmp_path / "x.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "does not exist" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(online, hf, caches, tmp_path, capsys):
+    compare = _script("compare_hf_drafts")
+    models = tmp_path / "models"
+    assert compare(["student", "--target", str(hf["llama"]), "--layers", "1", "--out", str(models)]) == 0
+    assert compare(["corpus", "--target", str(hf["llama"]), "--cache", str(caches["dir"] / "regenerated"),
+                    "--val-windows", "4", "--out", str(models / "corpus.jsonl")]) == 0
+    student = load_causal_lm(models / "student")
+    assert student.config.num_hidden_layers == 1
+    assert weights_sha256(load_causal_lm(models / "target")) == weights_sha256(target(hf))       # a plain copy
+    corpus = [json.loads(line)["text"] for line in (models / "corpus.jsonl").read_text().splitlines()]
+    rows = cache_rows(open_cache(caches["dir"] / "regenerated"), np.arange(20), read_cache_meta(caches["dir"] / "regenerated"))
+    assert len(corpus) == 20 and corpus[3] == hf["tok"].decode(rows["tokens"][3].tolist())     # training rows only
+    capsys.readouterr()
+
+    out = tmp_path / "report"
+    argv = ["compare", "--target", str(hf["llama"]), "--prophet", str(online["export_dir"]), "--student",
+            str(models / "student"), "--prompts", str(hf["prompts"]), "--chat", "--count", "4", "--batch1-count", "2",
+            "--max-new-tokens", "6", "--rounds", "2", "--check-count", "2", "--out", str(out)]
+    assert compare(argv) == 0, capsys.readouterr().err
+    report = json.loads((out / "results.json").read_text())
+    methods = ["plain", "prophet (trained)", "student (distilled)", "random head (untrained)"]
+    assert report["greedy_equals_transformers_generate"] == dict.fromkeys(methods, True)
+    rows = report["rows"]
+    assert [(r["temperature"], r["batch"]) for r in rows[::4]] == [(0.0, 1), (0.0, 8), (1.0, 1), (1.0, 8)]
+    assert all([r["method"] for r in rows[i:i + 4]] == methods for i in range(0, 16, 4))
+    for r in rows:
+        assert r["speedup"] > 0 and 1 <= r["tokens_per_call"] <= 6
+        assert (r["acceptance_rate"] is None) == (r["method"] == "plain")
+        assert r["method"] != "plain" or r["tokens_per_call"] == 1
+        assert r["greedy_equal_plain"] is (True if r["temperature"] == 0 else None)
+    assert (out / "table.md").read_text().count("\n| ") == 16 and (out / "compare.png").stat().st_size > 1000
+    assert not list(tmp_path.glob(".tmp-*"))                       # written whole, no temporary left
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing_prophet", "does not exist"),
+    ("other_target", "trained for another target"),
+    ("no_drafter", "give --prophet and/or --student"),
+    ("mismatch_student", "tokenizers differ"),
+])
+def test_compare_hf_drafts_refuses_bad_input_in_one_line(online, hf, tmp_path, capsys, case, message):
+    compare = _script("compare_hf_drafts")
+    drafter = {"missing_prophet": ["--prophet", str(tmp_path / "nothing")],
+               "other_target": ["--prophet", str(online["export_dir"])],
+               "no_drafter": [],
+               "mismatch_student": ["--student", str(hf["mismatch"])]}[case]
+    target_dir = hf["other"] if case == "other_target" else hf["llama"]
+    status = compare(["compare", "--target", str(target_dir), *drafter, "--prompts", str(hf["prompts"]), "--chat",
+                      "--count", "2", "--batch1-count", "1", "--out", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    if case == "other_target":             # told by the weights' hash: after the target loads (its progress bar)
+        err = err.splitlines()[-1]
+    assert status == 2 and err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "report").exists()

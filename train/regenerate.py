@@ -194,6 +194,23 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
                        progress=progress, report=report)
 
 
+def write_cache_text(cache: str | os.PathLike, tokenizer: Any, out: str | os.PathLike, val_windows: int) -> int:
+    """Write a cache's training rows (all but its last `val_windows`, data=hf_embeddings'
+    validation) as text, special tokens kept, one {"text": ...} per line: a corpus for
+    data=hf_text (chat=false, add_eos=false) holding what a head trained from the cache saw.
+    Returns the number of rows written."""
+    from specdec_models.files import write_file
+
+    from .embeddings_cache import open_cache, read_cache_meta
+
+    meta = read_cache_meta(cache)
+    check(0 <= val_windows < meta["windows"], f"val_windows must be in [0, {meta['windows']}), got {val_windows}")
+    rows = open_cache(cache, meta).select(range(meta["windows"] - val_windows))["tokens"].to_pylist()
+    lines = "".join(json.dumps({"text": tokenizer.decode(r)}) + "\n" for r in rows)
+    write_file(Path(out), lambda f: f.write(lines.encode("utf-8")))
+    return len(rows)
+
+
 # ---------------------------------------------------------------- prompts from any text
 
 TEMPLATES = (

@@ -8,13 +8,18 @@ rounds of (plain seconds / drafter seconds). Tokens per call, acceptance rate an
 exact counts over the same runs (every round, at temperature 1 with another seed). Every row
 emits exactly `max_new_tokens` tokens (no EOS), so the times compare.
 
-`first_layers` (`specdec_models.bench.hf`) makes the student a distilled draft starts from.
+`greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
+`write_report` writes results.json, table.md (`markdown_table`) and compare.png (`plot`,
+matplotlib) together. `first_layers` (`specdec_models.bench.hf`) makes the student a distilled
+draft starts from (scripts/compare_hf_drafts.py).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,19 +27,22 @@ from torch import Tensor
 
 from ..decode import generate
 from ..errors import check
+from ..files import staged_dir
 
 
 def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, Any], seed: int,
-            **settings: Any) -> tuple[float, dict[str, float]]:
-    """Decode `prompts` in batches of `batch`; (seconds, summed counts of the DecodeStats)."""
+            **settings: Any) -> tuple[float, dict[str, float], list[list[int]]]:
+    """Decode `prompts` in batches of `batch`; (seconds, summed counts of the DecodeStats, new tokens per row)."""
     counts = dict(new_tokens=0.0, row_calls=0.0, drafted=0.0, accepted=0.0, alpha_sum=0.0, alpha_count=0.0)
+    rows: list[list[int]] = []
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
         generator = torch.Generator(device=target.device).manual_seed(seed + i)
-        _, stats = generate(target, prompts[i:i + batch], generator=generator, **kwargs, **settings)
+        tokens, stats = generate(target, prompts[i:i + batch], generator=generator, **kwargs, **settings)
+        rows.extend(t.tolist() for t in tokens)
         for key in counts:
             counts[key] += float(getattr(stats, key))
-    return time.perf_counter() - t0, counts
+    return time.perf_counter() - t0, counts, rows
 
 
 def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *, gamma: int = 5,
@@ -42,9 +50,10 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                      max_new_tokens: int = 64, rounds: int = 2, seed: int = 0,
                      vocab_size: int | None = None) -> list[dict[str, Any]]:
     """One row per (temperature, batch size, method): tokens_per_call, acceptance_rate, alpha,
-    seconds (median over rounds), tokens_per_second and speedup over plain decoding (median of the
-    per-round ratios). `batches`: batch size -> how many of `prompts` are decoded at that size
-    (default {1: 4, 8: all})."""
+    seconds (median over rounds), tokens_per_second, speedup over plain decoding (median of the
+    per-round ratios) and, at temperature 0, greedy_equal_plain (every row's tokens equal plain
+    decoding's, every round). `batches`: batch size -> how many of `prompts` are decoded at that
+    size (default {1: 4, 8: all})."""
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
     check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
           "rounds must be >= 1 and each batch size decode between 1 and len(prompts) prompts")
@@ -59,12 +68,15 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                         **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
             seconds: dict[str, list[float]] = {name: [] for name in methods}
             totals: dict[str, dict[str, float]] = {}
+            equal, plain = dict.fromkeys(methods, True), []
             for r in range(rounds):
                 for name, kwargs in methods.items():
-                    s, counts = _decode(target, chosen, batch, kwargs, seed + 1000 * r, temperature=temperature,
-                                        **settings)
+                    s, counts, tokens = _decode(target, chosen, batch, kwargs, seed + 1000 * r,
+                                                temperature=temperature, **settings)
                     seconds[name].append(s)
                     totals[name] = {k: totals.get(name, {}).get(k, 0.0) + v for k, v in counts.items()}
+                    plain = tokens if name == "plain" else plain
+                    equal[name] = equal[name] and tokens == plain
             for name in methods:
                 c = totals[name]
                 rows.append({
@@ -75,5 +87,73 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "seconds": statistics.median(seconds[name]),
                     "tokens_per_second": count * max_new_tokens / statistics.median(seconds[name]),
                     "speedup": statistics.median(b / s for b, s in zip(seconds["plain"], seconds[name])),
+                    "greedy_equal_plain": equal[name] if temperature == 0 else None,
                 })
     return rows
+
+
+def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *,
+                                gamma: int = 5, max_new_tokens: int = 64) -> dict[str, bool]:
+    """{method: greedy `generate` (plain, and with each drafter) gives exactly transformers' own
+    greedy `target.generate()` on every prompt} (`specdec_models.bench.hf.compare_with_hf_generate`;
+    one prompt per call: transformers' left padding would change its own numbers)."""
+    from .hf import compare_with_hf_generate
+
+    return {name: all(compare_with_hf_generate(target, [p], max_new_tokens, gamma=gamma, repeats=0, **kwargs)["equal"]
+                      for p in prompts)
+            for name, kwargs in {"plain": {}, **drafters}.items()}
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
+    """`compare_drafters`' rows as the lines of a markdown table."""
+    fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+    lines = ["| temperature | batch | method | tokens/call | acceptance | alpha | tokens/s | speed-up |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['temperature']:g} | {r['batch']} | {r['method']} | {r['tokens_per_call']:.2f} | "
+                     f"{fmt(r['acceptance_rate'], '.3f')} | {fmt(r['alpha'], '.3f')} | {r['tokens_per_second']:.1f} | "
+                     f"{r['speedup']:.2f}x |")
+    return lines
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Tokens per target call (largest batch) and speed-up per (temperature, batch) of each drafter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
+    keys = sorted({(r["temperature"], r["batch"]) for r in rows})
+    temps = sorted({t for t, _ in keys})
+    pick = {(r["method"], r["temperature"], r["batch"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        calls = [pick[m, t, max(b for tt, b in keys if tt == t)]["tokens_per_call"] for t in temps]
+        axes[0].bar([j + i * width for j in range(len(temps))], calls, width, label=m)
+        axes[1].bar([j + i * width for j in range(len(keys))], [pick[(m, *k)]["speedup"] for k in keys], width, label=m)
+    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
+    axes[0].set_ylabel("tokens per target call (gamma 5)")
+    axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, batch {b}" for t, b in keys])
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    axes[1].set_ylabel("wall-clock speed-up over plain decoding")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Drafts for SmolLM2-135M-Instruct on 2 CPU cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(report: dict[str, Any], out: Path) -> list[str]:
+    """results.json, table.md and compare.png of a comparison ({"rows": compare_drafters' rows,
+    "greedy_equals_transformers_generate": ...}), written together: `out` is replaced whole
+    (`files.staged_dir`). Returns the table's lines."""
+    lines = markdown_table(report["rows"])
+    greedy = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in report["greedy_equals_transformers_generate"].items())
+    lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
+    with staged_dir(out) as tmp:
+        (tmp / "results.json").write_text(json.dumps(report, indent=1))
+        (tmp / "table.md").write_text("\n".join(lines) + "\n")
+        plot(report["rows"], tmp / "compare.png")
+    return lines
