@@ -42,7 +42,8 @@ from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import check_export_target, describe_export
 from specdec_models.hf_prophet import HFProphet
-from specdec_models.prophet import drafted_hits, simulated_tokens_per_call
+from specdec_models.losses import divergence, next_token_loss
+from specdec_models.prophet import ProphetWindows, drafted_hits, simulated_tokens_per_call
 
 from ..optim import OptimConfig, configure_adam
 
@@ -201,6 +202,31 @@ class TaskModule(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.evaluate(batch, "test")
+
+    # -- prophet tasks against a frozen model ----------------------------------------------------
+
+    def prophet_objective(self, windows: ProphetWindows, seq: torch.Tensor, hidden: torch.Tensor,
+                          generator: torch.Generator | None, teacher: Callable[[torch.Tensor], torch.Tensor],
+                          prefix: str | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of a prophet trained against a frozen model (task=prophet_frozen, hf_prophet):
+        next-token cross-entropy over its windows (`ProphetWindows.anchors` drawn with
+        `generator`) and, when `hparams.distill` names a divergence, that divergence toward
+        `teacher(anchors)` (the frozen model's logits (b W, L, vocab) at the windows' positions),
+        mixed by `hparams.distill_weight`. Returns (loss, {"prophet_loss", "distill_loss"}); with
+        a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
+        anchors = windows.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
+        logits, labels = windows.prophet_logits(seq, hidden, anchors)                # (b W, L, vocab)
+        ce = next_token_loss(logits, labels)
+        if prefix is not None:
+            self.track_drafted(prefix, logits, labels)
+        distill = self.hparams.distill
+        if distill is None:
+            return ce, {"prophet_loss": ce}
+        with torch.no_grad():
+            target = teacher(anchors)
+        div = divergence(distill, logits, target)
+        w = self.hparams.distill_weight
+        return (div if w == 1 else (1 - w) * ce + w * div), {"prophet_loss": ce, "distill_loss": div}
 
     # -- simulated acceptance (prophet tasks) ----------------------------------------------------
 

@@ -41,7 +41,6 @@ from specdec_models.errors import check, check_positive_int
 from specdec_models.hf import HFDecoder, _logits_width, _text_config
 from specdec_models.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.hf_weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
-from specdec_models.losses import divergence, next_token_loss
 
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
@@ -200,19 +199,12 @@ class HFProphetModule(TaskModule):
         """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill});
         with a `prefix` the windows' drafted accuracy is tracked too."""
         head = self.head
-        anchors = head.anchors(seq.shape[1] - 1, seq.shape[0], self.window_generator(seq, micro), seq.device)
-        logits, labels = head.prophet_logits(seq, hidden, anchors)                  # (b W, L, vocab)
-        ce = next_token_loss(logits, labels)
-        if prefix is not None:
-            self.track_drafted(prefix, logits, labels)
-        distill = self.hparams.distill
-        if distill is None:
-            return ce, {"prophet_loss": ce}
-        rows = torch.arange(seq.shape[0], device=seq.device)[:, None, None]
-        teacher = head.target_logits(hidden[rows, head.teacher_positions(anchors)]).flatten(0, 1)   # (b W, L, vocab)
-        div = divergence(distill, logits, teacher)
-        w = self.hparams.distill_weight
-        return (div if w == 1 else (1 - w) * ce + w * div), {"prophet_loss": ce, "distill_loss": div}
+
+        def teacher(anchors: torch.Tensor) -> torch.Tensor:
+            rows = torch.arange(seq.shape[0], device=seq.device)[:, None, None]
+            return head.target_logits(hidden[rows, head.teacher_positions(anchors)]).flatten(0, 1)  # (b W, L, vocab)
+
+        return self.prophet_objective(head, seq, hidden, self.window_generator(seq, micro), teacher, prefix)
 
     def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, parts = self._losses(*self._inputs(batch), self.micro_batch(batch_idx))

@@ -39,7 +39,7 @@ from torch import nn
 from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import export_hash, load_export, read_main_config
-from specdec_models.losses import DIVERGENCES, divergence, next_token_loss
+from specdec_models.losses import DIVERGENCES, next_token_loss
 
 from ..data.embeddings import EmbeddingsDataModule
 from ..data.enwik8 import Enwik8DataModule
@@ -187,20 +187,8 @@ class FrozenProphetModule(ProphetNetModule):
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill});
         with a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
-        anchors = self.net.anchors(seq.shape[1] - 1, seq.shape[0], self.window_generator(seq, micro), seq.device)
-        logits, labels = self.net.prophet_logits(seq, embeds, anchors)
-        ce = next_token_loss(logits, labels)
-        if prefix is not None:
-            self.track_drafted(prefix, logits, labels)
-        distill = self.hparams.distill
-        if distill is None:
-            return ce, {"prophet_loss": ce}
-        with torch.no_grad():
-            teacher = self._teacher_logits(anchors, main_logits, batch)
-        div = divergence(distill, logits, teacher)
-        w = self.hparams.distill_weight
-        loss = div if w == 1 else (1 - w) * ce + w * div
-        return loss, {"prophet_loss": ce, "distill_loss": div}
+        return self.prophet_objective(self.net, seq, embeds, self.window_generator(seq, micro),
+                                      lambda anchors: self._teacher_logits(anchors, main_logits, batch), prefix)
 
     # -- steps -----------------------------------------------------------------------------------
 
