@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec_models.bench.report import pyplot
 from specdec_models.files import write_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,10 +155,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """Bars of tokens per call and speed-up per candidate at t=0 and t=1, written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     entries = result["entries"]
     names = [e["name"] for e in entries]

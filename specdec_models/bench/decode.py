@@ -19,13 +19,12 @@ both sample from the same distributions.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import torch
 
@@ -35,6 +34,8 @@ from ..export import export_hash, load_export, read_export_config
 from ..model import Decoder
 from ..prophet import ModelWithProphet
 from ..decode import DecodeStats, generate
+from .report import pyplot
+from .report import write_report as report_files
 from ..decode.cost import DRAFT, TARGET, stored_profile, expected_tokens_from_acceptance, predicted_speedup, verify_key
 
 SEED_TARGET = ModelConfig(vocab_size=256, dim=512, depth=10, heads=8, dim_head=64)
@@ -268,13 +269,9 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Measured and predicted speed-ups per setting, and ours / peer; written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: dict[str, Any], f: BinaryIO) -> None:
+    """Measured and predicted speed-ups per setting, and ours / peer, as a PNG into `f`."""
+    plt = pyplot()
     spec = [r for r in report["results"] if r.get("predicted_speedup")]
     peers = [r for r in report["results"] if r.get("ours_over_peer")]
     panels = 1 + bool(peers)
@@ -295,19 +292,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_xticks(range(len(peers)), [f"vs {r['method']}\nbatch {r['batch']}" for r in peers], fontsize=8)
         ax.set_ylabel("ours / peer tokens per second (prophet)")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=120, format="png")
+    fig.savefig(f, dpi=120, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     """Write OUT.json, OUT.md and OUT.png next to each other (each atomically); return the paths."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out.with_suffix(".json"), out.with_suffix(".md"), out.with_suffix(".png")]
-    for path, text in ((paths[0], json.dumps(report, indent=2) + "\n"), (paths[1], markdown(report) + "\n")):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    plot(report, paths[2])
-    return paths
+    return report_files(report, out, markdown(report), plot)

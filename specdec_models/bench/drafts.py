@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..decode import generate
 from ..errors import check
+from .report import pyplot
 from ..files import staged_dir
 
 
@@ -118,10 +119,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Tokens per target call (largest batch) and speed-up per (temperature, batch) of each drafter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
     keys = sorted({(r["temperature"], r["batch"]) for r in rows})
