@@ -205,15 +205,27 @@ class TaskModule(L.LightningModule):
 
     # -- prophet tasks against a frozen model ----------------------------------------------------
 
+    def window_generator(self, windows: ProphetWindows, device: torch.device,
+                         micro: int | None) -> torch.Generator | None:
+        """Seeded generator of a prophet's window subset (None when it trains on every window):
+        per optimizer step and micro-batch in training, the same at every validation (micro
+        None), so validations compare the same windows."""
+        if windows.prophet_cfg.windows_per_seq is None:
+            return None
+        if micro is None:
+            return torch.Generator(device=device).manual_seed(self.seed)
+        return self.generator(micro, device)
+
     def prophet_objective(self, windows: ProphetWindows, seq: torch.Tensor, hidden: torch.Tensor,
-                          generator: torch.Generator | None, teacher: Callable[[torch.Tensor], torch.Tensor],
+                          micro: int | None, teacher: Callable[[torch.Tensor], torch.Tensor],
                           prefix: str | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of a prophet trained against a frozen model (task=prophet_frozen, hf_prophet):
-        next-token cross-entropy over its windows (`ProphetWindows.anchors` drawn with
-        `generator`) and, when `hparams.distill` names a divergence, that divergence toward
+        next-token cross-entropy over its windows (`ProphetWindows.anchors`, drawn by
+        `window_generator(micro)`) and, when `hparams.distill` names a divergence, that divergence toward
         `teacher(anchors)` (the frozen model's logits (b W, L, vocab) at the windows' positions),
         mixed by `hparams.distill_weight`. Returns (loss, {"prophet_loss", "distill_loss"}); with
         a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
+        generator = self.window_generator(windows, seq.device, micro)
         anchors = windows.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
         logits, labels = windows.prophet_logits(seq, hidden, anchors)                # (b W, L, vocab)
         ce = next_token_loss(logits, labels)

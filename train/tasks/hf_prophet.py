@@ -175,16 +175,6 @@ class HFProphetModule(TaskModule):
     def trainable(self) -> nn.Module:
         return self.head
 
-    def window_generator(self, seq: torch.Tensor, micro: int | None) -> torch.Generator | None:
-        """Seeded generator of the head's window subset (None when it trains on every window): per
-        step and micro-batch in training, the same at every validation (micro None), so
-        validations compare the same windows."""
-        if self.head.prophet_cfg.windows_per_seq is None:
-            return None
-        if micro is not None:
-            return self.generator(micro, seq.device)
-        return torch.Generator(device=seq.device).manual_seed(self.seed)
-
     # -- steps -----------------------------------------------------------------------------------
 
     def _inputs(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,7 +194,7 @@ class HFProphetModule(TaskModule):
             rows = torch.arange(seq.shape[0], device=seq.device)[:, None, None]
             return head.target_logits(hidden[rows, head.teacher_positions(anchors)]).flatten(0, 1)  # (b W, L, vocab)
 
-        return self.prophet_objective(head, seq, hidden, self.window_generator(seq, micro), teacher, prefix)
+        return self.prophet_objective(head, seq, hidden, micro, teacher, prefix)
 
     def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, parts = self._losses(*self._inputs(batch), self.micro_batch(batch_idx))

@@ -46,12 +46,6 @@ class ProphetNetModule(TaskModule):
         super().__init__(optim, seed, metadata, compile)
         self.net = ModelWithProphet(ModelConfig.from_dict(main), ProphetConfig.from_dict(prophet))
 
-    def window_generator(self, batch: torch.Tensor, micro: int) -> torch.Generator | None:
-        """Seeded generator of the prophet's window subset (None when it trains on every window)."""
-        if self.net.prophet_cfg.windows_per_seq is None:
-            return None
-        return self.generator(micro, batch.device)
-
     def speculative_models(self) -> SpeculativeModels:
         """The main model as target, drafted by its prophet."""
         return SpeculativeModels(target=self.net.model, prophet=self.net)
@@ -78,12 +72,12 @@ class ProphetModule(ProphetNetModule):
         return self.net
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        out = self.net(batch, generator=self.window_generator(batch, self.micro_batch(batch_idx)))
+        out = self.net(batch, generator=self.window_generator(self.net, batch.device, self.micro_batch(batch_idx)))
         self.log_train(out.loss, {"main_loss": out.main_loss, "prophet_loss": out.prophet_loss})
         return out.loss
 
     def evaluate(self, batch: torch.Tensor, prefix: str) -> None:
-        out = self.net(batch, generator=self.window_generator(batch, 0))
+        out = self.net(batch, generator=self.window_generator(self.net, batch.device, None))
         self.track_drafted(prefix, out.prophet_logits, out.labels)
         b = batch.shape[0]
         self.log_dict({f"{prefix}/main_loss": out.main_loss, f"{prefix}/prophet_loss": out.prophet_loss},

@@ -182,12 +182,12 @@ class FrozenProphetModule(ProphetNetModule):
             teacher = main_logits[rows, positions]                                        # (b, W, L, vocab)
         return teacher.flatten(0, 1)
 
-    def _losses(self, seq: torch.Tensor, embeds: torch.Tensor, micro: int, main_logits: torch.Tensor | None,
+    def _losses(self, seq: torch.Tensor, embeds: torch.Tensor, micro: int | None, main_logits: torch.Tensor | None,
                 batch: torch.Tensor | dict[str, torch.Tensor], prefix: str | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill});
         with a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
-        return self.prophet_objective(self.net, seq, embeds, self.window_generator(seq, micro),
+        return self.prophet_objective(self.net, seq, embeds, micro,
                                       lambda anchors: self._teacher_logits(anchors, main_logits, batch), prefix)
 
     # -- steps -----------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ class FrozenProphetModule(ProphetNetModule):
         with torch.no_grad():
             main_logits = self.net.model.logits(embeds)
             main_loss = next_token_loss(main_logits, seq[:, 1:])
-        _, parts = self._losses(seq, embeds, 0, main_logits, batch, prefix)
+        _, parts = self._losses(seq, embeds, None, main_logits, batch, prefix)
         b = seq.shape[0]
         self.log(f"{prefix}/prophet_loss", parts.pop("prophet_loss"), prog_bar=True, sync_dist=True, batch_size=b)
         self.log_dict({f"{prefix}/{k}": v for k, v in parts.items()}, sync_dist=True, batch_size=b)
