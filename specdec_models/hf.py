@@ -101,7 +101,8 @@ class HFKVCache:
     and compacted with the keys and values, so `last_embeds(count)` returns each row's last `count`
     logical positions: what a prophet reads (as `KVCache.embeds` does for a `Decoder`)."""
 
-    def __init__(self, batch: int, capacity: int, device: torch.device, slack: int, keep_embeds: bool = False) -> None:
+    def __init__(self, batch: int, capacity: int, device: torch.device, slack: int, keep_embeds: bool = False,
+                 keep_layers: list[int] | None = None) -> None:
         from transformers import DynamicCache
 
         self.kv = DynamicCache()
@@ -111,6 +112,8 @@ class HFKVCache:
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)    # (b, slots)
         self.keep_embeds = keep_embeds
         self.embeds: Tensor | None = None                                     # (b, slots, hidden)
+        self.keep_layers = keep_layers
+        self.layer_states: Tensor | None = None          # (b, n, len(keep_layers) * hidden) of the last call
 
     @property
     def batch(self) -> int:
@@ -138,7 +141,7 @@ class HFKVCache:
         # a bool mask is what transformers converts any 2-D mask to; with no hole it builds none
         # at all (SDPA's own causal path) for one new token or an empty cache
         extra = {} if keep is None else {"logits_to_keep": keep}
-        if embeds or self.keep_embeds:
+        if embeds or self.keep_embeds or self.keep_layers:
             extra["output_hidden_states"] = True
         out = model(input_ids=tokens, attention_mask=valid, position_ids=pos,
                     past_key_values=self.kv, use_cache=True, **extra)
@@ -147,6 +150,8 @@ class HFKVCache:
         if self.keep_embeds:
             h = out.hidden_states[-1]                                                    # (b, n, hidden)
             self.embeds = h if self.embeds is None else torch.cat([self.embeds, h], 1)
+        if self.keep_layers:
+            self.layer_states = torch.cat([out.hidden_states[i] for i in self.keep_layers], -1)
         self.valid = valid
         self.lengths = self.lengths + n
         return out
@@ -252,9 +257,12 @@ class HFDecoder:
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    def new_cache(self, batch: int, capacity: int, *, keep_embeds: bool = False) -> HFKVCache:
-        """A per-row cache; keep_embeds also keeps the last-layer hidden states (for a prophet)."""
-        return HFKVCache(batch, capacity, self.device, self.slack, keep_embeds=keep_embeds)
+    def new_cache(self, batch: int, capacity: int, *, keep_embeds: bool = False,
+                  keep_layers: list[int] | None = None) -> HFKVCache:
+        """A per-row cache; keep_embeds also keeps the last-layer hidden states (for a prophet),
+        keep_layers the hidden states at those `hidden_states` indices of each call's new
+        positions, concatenated, as `layer_states` (for an EAGLE-3 head)."""
+        return HFKVCache(batch, capacity, self.device, self.slack, keep_embeds=keep_embeds, keep_layers=keep_layers)
 
     @torch.no_grad()
     def __call__(self, tokens: Tensor, *, cache: HFKVCache | None = None, logits_at: Tensor | None = None,

@@ -8,6 +8,7 @@ import argparse
 from torch import Tensor
 
 from ..errors import check
+from ..eagle3 import Eagle3Head
 from ..hf import HFDecoder
 from ..model import Decoder
 from ..prophet import ModelWithProphet, ProphetWindows
@@ -66,7 +67,7 @@ def check_context(rows: list[Tensor], max_new_tokens: int, models: dict[str, obj
 
 
 def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile) -> str:
-    """Check generate's arguments before any work; return the method ("base", "draft" or "prophet")."""
+    """Check generate's arguments before any work; return the method ("base", "draft", "prophet" or "eagle3")."""
     check(isinstance(target, (Decoder, HFDecoder)),
           f"target must be a specdec_models Decoder or a Hugging Face causal LM, got {type(target).__name__}")
     check(draft is None or prophet is None, "give either a draft or a prophet, not both")
@@ -87,6 +88,14 @@ def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_pr
         check(draft.vocab_size == target.vocab_size,
               f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         return "draft"
+    if isinstance(prophet, Eagle3Head):
+        check(isinstance(target, HFDecoder) and target.model is prophet.target,
+              "this eagle3 head was built for another target: pass the Hugging Face model it was loaded with "
+              "(head.target) as the target")
+        check(prophet.vocab_size == target.vocab_size,
+              f"the eagle3 head's vocabulary ({prophet.vocab_size}) differs from the target's "
+              f"({target.vocab_size}): pass vocab_size={prophet.vocab_size}")
+        return "eagle3"
     if prophet is not None:
         check(isinstance(prophet, ProphetWindows),
               f"prophet must be a ModelWithProphet or an HFProphet, got {type(prophet).__name__}")

@@ -6,7 +6,11 @@
   (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023, Algorithm 2);
 - prophet: a `ModelWithProphet` whose prophet drafts from the target's cached last-layer
   embeddings, verified the same way; for a Hugging Face target, an `hf_prophet.HFProphet` head
-  drafting from the hidden states the target's cache keeps.
+  drafting from the hidden states the target's cache keeps;
+- eagle3: an `eagle3.Eagle3Head` (passed as `prophet=`) for a Hugging Face target: after every
+  target call its own KV cache is extended with the target's aux-layer features of the committed
+  positions, and it drafts feeding its own features back (the draft vocabulary spread over the
+  target's with q = 0 outside it, so the residual covers those tokens).
 Target and draft may also be Hugging Face causal LMs (wrapped in `hf.HFDecoder`, with per-row
 rollback of their caches; `vocab_size` slices padded heads to the shared vocabulary).
 
@@ -232,6 +236,13 @@ def generate(
     return tokens, stats.finish()
 
 
+def _move_rows(t: Tensor, dst: Tensor, src: Tensor, batch: int) -> Tensor:
+    """Rows `src` of t copied into rows `dst`, the first `batch` rows kept (how caches drop finished rows)."""
+    if dst.numel():
+        t[dst] = t[src]
+    return t[:batch]
+
+
 class _Decoding:
     """The state of one generate call: models, caches, rows, counters and the clock."""
 
@@ -244,6 +255,7 @@ class _Decoding:
         self.clock = Clock(stats.step_times, self.device)
         self.rows = _Rows(rows_in, max_new, gamma, self.device, target.vocab_size if sampling.penalised else None)
         self.cache = self.draft_cache = None
+        self.head_next: tuple[Tensor, Tensor] | None = None     # eagle3: (logits of d_1 (b, draft), feature (b, 1, H))
         self.gamma_max = gamma
         self.calibration_samples: dict[str, list[float]] = {}
         # counters kept as tensors on the device: read once at the end, no host sync per round
@@ -268,6 +280,8 @@ class _Decoding:
             for cache in (self.cache, self.draft_cache):
                 if cache is not None:
                     cache.compact_rows(dst, src, batch)
+            if self.head_next is not None:
+                self.head_next = tuple(_move_rows(t, dst, src, batch) for t in self.head_next)
             self.clock.prefix = TAIL
         return False
 
@@ -345,12 +359,17 @@ class _Decoding:
         rows, target = self.rows, self.target
         b, width = rows.seq.shape[0], int(rows.lens.max())
         padded = rows.seq[:, :width]
-        self.cache = target.new_cache(b, rows.capacity, keep_embeds=self.method == "prophet")
+        eagle3 = self.method == "eagle3"
+        self.cache = target.new_cache(b, rows.capacity, keep_embeds=self.method == "prophet",
+                                      **({"keep_layers": self.prophet.aux_layers} if eagle3 else {}))
         last = self._logits_at(PREFILL, target, padded, self.cache, rows.lens - 1)
         self.cache.rollback(rows.lens)
         self.count_call()
         probs = to_probs(last, self.sampling, rows.context())
         rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
+        if eagle3:
+            self.draft_cache = self.prophet.new_cache(b, rows.capacity)
+            self._extend_head(torch.zeros_like(rows.lens))
         if self.method == "draft":
             self.draft_cache = self.draft.new_cache(b, rows.capacity)
             self._logits_at(PREFILL, self.draft, padded, self.draft_cache, rows.lens - 1)
@@ -373,12 +392,36 @@ class _Decoding:
         """One plain step: feed each row's pending token, sample the next one."""
         rows = self.rows
         pending = rows.last(1)
+        before = self.cache.lengths.clone()
         logits = self._feed(self.target, self.cache, TARGET, pending)
         if self.draft is not None:       # a draft must not fall behind: its catch-up reads 2 tokens
             self._feed(self.draft, self.draft_cache, DRAFT, pending)
         self.count_call()
         probs = to_probs(logits, self.sampling, rows.context())
         rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
+        if self.method == "eagle3":
+            self._extend_head(before)
+
+    def _extend_head(self, before: Tensor) -> None:
+        """Feed an EAGLE-3 head the target's features of the positions its last call committed
+        (each row's before[r] .. cache length - 1), with the token after each, and keep the head's
+        prediction for the next draft (`head_next`). The head's cache then holds exactly the
+        target's committed positions (the drafted ones of the last round are dropped first)."""
+        head, rows, cache = self.prophet, self.rows, self.cache
+        feats = cache.layer_states                                     # (b, n, A*H) of positions before ..
+        n = feats.shape[1]
+        idx = (before[:, None] + 1 + torch.arange(n, device=before.device)).clamp(max=rows.capacity - 1)
+        tokens = rows.seq.gather(1, idx)                               # x_{t+1} for each position t
+        self.draft_cache.rollback(before)
+        last = (cache.lengths - before - 1).clamp(min=0)               # each row's last committed position
+
+        def extend() -> tuple[Tensor, Tensor]:
+            h = head.extend(tokens, head.fuse(feats), self.draft_cache)
+            f = h[rows.arange_b, last][:, None]
+            return head.logits(f[:, 0]), f
+
+        self.head_next = self.clock(DRAFT, extend)
+        self.draft_cache.rollback(cache.lengths)
 
     def _feed(self, model, cache, key: str, tokens: Tensor) -> Tensor:
         """Append tokens (b, 1) to the cache of the unfinished rows; the last logits (b, vocab)."""
@@ -394,6 +437,8 @@ class _Decoding:
         positions (context + d_1..d_i at position i), which the verify call uses alike. The draft
         keeps its cache across rounds; the prophet's is emptied at each round (its start tokens change)."""
         rows, draft_cache, clock = self.rows, self.draft_cache, self.clock
+        if self.method == "eagle3":
+            return self._eagle3_round(gamma)
         if self.draft is not None:
             # Catch the draft up: it lags one token after a full acceptance (it never saw d_gamma),
             # so when a row does it re-reads the last two tokens (re-writing a cached position is
@@ -421,6 +466,29 @@ class _Decoding:
                 seen = seen.clone().scatter_(1, tok[:, None], True)
             if i + 1 < gamma:
                 logits = clock(DRAFT, model, tok[:, None], cache=draft_cache).logits[:, -1]
+        if seen is not None:
+            contexts.append(seen[:, : rows.vocab])
+        return torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(contexts, 1) if contexts else None
+
+    def _eagle3_round(self, gamma: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """`draft_round` for an EAGLE-3 head: d_1 from the prediction the last extension left, then
+        each step feeds the drafted token and the head's own feature (see `eagle3`)."""
+        rows, head, cache = self.rows, self.prophet, self.draft_cache
+        logits, feature = self.head_next
+        drafts, qs = [], []
+        seen, contexts = rows.seen, []
+        for i in range(gamma):
+            context = None if seen is None else seen[:, : rows.vocab]
+            q = to_probs(head.to_target_vocab(logits), self.sampling, context)
+            tok = self.pick(q)
+            drafts.append(tok)
+            qs.append(q)
+            if seen is not None:
+                contexts.append(context)
+                seen = seen.clone().scatter_(1, tok[:, None], True)
+            if i + 1 < gamma:
+                feature = self.clock(DRAFT, head.extend, tok[:, None], feature, cache)
+                logits = head.logits(feature[:, 0])
         if seen is not None:
             contexts.append(seen[:, : rows.vocab])
         return torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(contexts, 1) if contexts else None
@@ -460,3 +528,5 @@ class _Decoding:
         rows.emit(block, k + 1, self.eos_id)
         # keep [pending, accepted drafts]; a row cut short by EOS or max_new_tokens keeps less
         cache.rollback(torch.where(active, torch.minimum(before + 1 + k, rows.seq_len - 1), before))
+        if self.method == "eagle3":
+            self._extend_head(before)

@@ -1,0 +1,509 @@
+"""An EAGLE-3-class draft head for a frozen Hugging Face target.
+
+The head (Li et al. 2025, "EAGLE-3"; the layout vLLM's `speculators` and SGLang serve) drafts from
+the target's hidden states of three layers ("aux" layers, Hugging Face `hidden_states` indices:
+the input of decoder layer i, `hidden_states[0]` being the embeddings; default [2, L//2, L-3]):
+
+    g_t   = fc([h_a(t); h_b(t); h_c(t)])                         fused target feature of position t
+    f_t   = layer([norm_e(E(x_{t+1})); norm_h(g_t)], residual g_t)   one decoder layer, q/k/v read 2H
+    q_t   = softmax(lm_head(norm(f_t)))                           over the draft vocabulary, predicts x_{t+2}
+
+E is the target's token embedding (frozen, shared). The layer attends causally over every earlier
+position of the head's own KV cache. From draft step 2 on, the feature is the head's own previous
+output: draft step j (j >= 2) at position t + j - 1 reads [E(d_{j-1}); f] where f is the layer's
+output at the step before, and attends to the target-feature positions 0..t plus its own earlier
+draft positions. After each target call the cache is extended with the target's features of the
+tokens it accepted (and the drafted positions are dropped), so the head always conditions on the
+whole context.
+
+Draft vocabulary. The head's LM head covers `draft_vocab_size` target tokens: `d2t[i]` holds
+`target_id - i` for draft id i (the convention of EAGLE-3's and speculators' exports), `t2d` marks
+the target ids in the draft vocabulary. Its rows start from the target's LM-head rows of those
+tokens and its final norm from the target's final norm, so an untrained head already maps a
+feature like the target's last layer to sensible logits. Decoding stays lossless: the draft
+distribution q is zero outside the draft vocabulary and the residual max(0, p - q) covers it.
+
+Training as decoding runs it (`Eagle3Head.ttt_loss`): step 0 is teacher-forced over every position
+of a row (target features in); steps 1..K-1 feed the head's own features of the step before, each
+position's query attending to the target-feature keys up to it (causal) and to its own chain's
+keys of the earlier steps (the "diagonal" of EAGLE-3's training-time test), at rotary positions
+shifted by the step. The tokens fed are the row's (teacher forcing: a draft step runs only after
+the drafts before it were accepted, and then they equal the target's tokens). The loss of step k
+is the forward KL from the target's next-token distribution, renormalised over the draft
+vocabulary, to the head's, weighted by `ttt_decay`^k, over the positions whose label is an answer
+token (`label_mask`). Renormalising is the right handling of the mass outside the draft
+vocabulary: among distributions q supported on the draft vocabulary V, the expected acceptance
+sum_x min(p(x), q(x)) is at most p(V), and q = p / p(V) attains it; the KL toward p / p(V) has
+exactly that q as its minimum.
+
+Parameter names follow the speculators layout (`fc`, `layers.0.{input_layernorm, hidden_norm,
+self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `norm`, `lm_head`,
+`d2t`, `t2d`), so export to vLLM and SGLang is a renaming-free copy of the state dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import JsonConfig
+from .errors import check, check_positive_int
+from .hf import _logits_width, _text_config, is_hf_model
+from .kv_cache import KVCache
+from .model import RMSNorm, Rotary, rotate_half
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """vLLM's default aux layers for an L-layer target: `hidden_states` indices [2, L//2, L-3]."""
+    return [min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)]
+
+
+def _rope_theta(config: Any) -> float:
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", None) or 10000.0)
+
+
+@dataclass(frozen=True)
+class Eagle3Config(JsonConfig):
+    """Sizes of an EAGLE-3 head: its decoder layer has the target's shapes (hidden size, heads,
+    key-value heads, head size, feed-forward width), `aux_layers` are the target's `hidden_states`
+    indices the `fc` fuses, `target_layers` the target's depth L, `draft_vocab_size` the rows of
+    its LM head (<= target_vocab_size)."""
+
+    what = "eagle3 head config"
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    target_layers: int
+    aux_layers: list[int] = field(default_factory=list)
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_seq_len: int = 2048
+    hidden_act: str = "silu"
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "target_vocab_size", "draft_vocab_size", "target_layers", "max_seq_len"):
+            check_positive_int(getattr(self, name), f"eagle3.{name}")
+        object.__setattr__(self, "aux_layers", list(self.aux_layers))
+        check(len(self.aux_layers) >= 1, "eagle3.aux_layers must name at least one layer")
+        for i in self.aux_layers:
+            check(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= self.target_layers,
+                  f"eagle3.aux_layers: {i!r} is out of range: a target of {self.target_layers} layers has hidden_states "
+                  f"indices 0..{self.target_layers} (index i is the input of decoder layer i)")
+        check(self.num_heads % self.num_kv_heads == 0,
+              f"eagle3.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        check(self.head_dim % 2 == 0, f"eagle3.head_dim must be even for rotary embeddings, got {self.head_dim}")
+        check(self.draft_vocab_size <= self.target_vocab_size,
+              f"eagle3.draft_vocab_size ({self.draft_vocab_size}) exceeds the target's vocabulary "
+              f"({self.target_vocab_size})")
+        check(self.hidden_act == "silu", f"eagle3.hidden_act: only silu is supported, got {self.hidden_act!r}")
+
+    @classmethod
+    def for_target(cls, target: Any, *, draft_vocab_size: int | None = None, aux_layers: list[int] | None = None,
+                   vocab_size: int | None = None) -> Eagle3Config:
+        """A head config with the decoder layer shapes of the Hugging Face causal LM `target` (the
+        layer is a Llama one, SwiGLU, whatever the target's own architecture);
+        `vocab_size` (default the rows of its head) is the target vocabulary the head drafts in."""
+        check(is_hf_model(target), f"target must be a Hugging Face causal LM, got {type(target).__name__}")
+        c = _text_config(target.config)
+        heads = int(c.num_attention_heads)
+        layers = int(c.num_hidden_layers)
+        vocab = _logits_width(target) if vocab_size is None else vocab_size
+        return cls(hidden_size=int(c.hidden_size), num_heads=heads,
+                   num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+                   head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+                   intermediate_size=int(c.intermediate_size), target_vocab_size=vocab,
+                   draft_vocab_size=vocab if draft_vocab_size is None else draft_vocab_size,
+                   target_layers=layers,
+                   aux_layers=default_aux_layers(layers) if aux_layers is None else list(aux_layers),
+                   rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-5)), rope_theta=_rope_theta(c),
+                   max_seq_len=int(getattr(c, "max_position_embeddings", 2048)))
+
+
+def check_head_target(config: Eagle3Config, target: Any) -> None:
+    """Refuse, in one line, a target whose shapes are not those the head was made for."""
+    c = _text_config(target.config)
+    check(int(c.hidden_size) == config.hidden_size,
+          f"the eagle3 head was made for a target of hidden size {config.hidden_size}, "
+          f"{type(target).__name__} has {c.hidden_size}")
+    check(int(c.num_hidden_layers) == config.target_layers,
+          f"the eagle3 head was made for a target of {config.target_layers} layers, {type(target).__name__} has "
+          f"{c.num_hidden_layers}: its aux layers {config.aux_layers} would read other depths")
+    check(_logits_width(target) >= config.target_vocab_size,
+          f"the eagle3 head drafts in a vocabulary of {config.target_vocab_size} tokens, {type(target).__name__}'s "
+          f"head has {_logits_width(target)} rows")
+
+
+# ------------------------------------------------------------------------------ draft vocabulary
+
+def choose_draft_vocab(counts: Tensor, size: int) -> Tensor:
+    """The `size` token ids with the largest counts (ties by smaller id), in ascending id order.
+    `counts` (vocab,): how often the target emitted each token as its greedy choice on training
+    data (`target_token_counts`); the draft only has to match the target."""
+    check_positive_int(size, "draft vocabulary size")
+    check(size <= counts.numel(), f"draft vocabulary size {size} exceeds the target's {counts.numel()} tokens")
+    order = torch.argsort(-counts.double() + torch.arange(counts.numel(), dtype=torch.float64) * 1e-12, stable=True)
+    return order[:size].sort().values
+
+
+def coverage(counts: Tensor, ids: Tensor) -> float:
+    """The share of the counted tokens that lie in the draft vocabulary `ids`."""
+    total = float(counts.sum())
+    return float(counts[ids].sum()) / total if total > 0 else 0.0
+
+
+def vocab_maps(ids: Tensor, target_vocab_size: int) -> tuple[Tensor, Tensor]:
+    """(d2t (draft,) long with d2t[i] = ids[i] - i, t2d (target_vocab,) bool) for sorted draft ids."""
+    ids = ids.long()
+    check(ids.ndim == 1 and ids.numel() >= 1, "draft vocabulary ids must be a non-empty 1-D tensor")
+    check(bool((ids[1:] > ids[:-1]).all()), "draft vocabulary ids must be strictly increasing")
+    check(int(ids[0]) >= 0 and int(ids[-1]) < target_vocab_size,
+          f"draft vocabulary ids must lie in [0, {target_vocab_size})")
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(ids.numel()), t2d
+
+
+# ------------------------------------------------------------------------------ the layer
+
+class _Attention(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (b, heads, n, d), keys and values (b, kv_heads, n, d), rotary applied."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer: attention over [input_layernorm(embedding); hidden_norm(feature)]
+    (2 x hidden in), the un-normalised feature as the residual, then a SwiGLU feed-forward."""
+
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = _Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = _MLP(c)
+
+    def qkv(self, emb: Tensor, feature: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(feature)], -1)
+        return self.self_attn.qkv(x, cos, sin)
+
+    def finish(self, feature: Tensor, attended: Tensor) -> Tensor:
+        """The layer's output from its residual `feature` (b, n, H) and the attention's output (b, heads, n, d)."""
+        b, _, n, _ = attended.shape
+        h = feature + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, n, -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
+    """Attention of training-time-test step len(ks): queries q (b, h, T, d) see the step-0 keys
+    k0 (b, kv, T, d) at positions <= their own (causal) and, at their own position only, the keys of
+    the steps 1..len(ks) (`ks`, each (b, kv, T, d)): what draft step len(ks) + 1 sees in decoding.
+    Returns (b, h, T, d)."""
+    groups = q.shape[1] // k0.shape[1]
+    expand = (lambda t: t.repeat_interleave(groups, dim=1)) if groups > 1 else (lambda t: t)  # noqa: E731
+    scale = q.shape[-1] ** -0.5
+    T = q.shape[2]
+    scores = torch.matmul(q, expand(k0).transpose(-1, -2)) * scale                     # (b, h, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    diag = [(q * expand(k)).sum(-1, keepdim=True) * scale for k in ks]                 # each (b, h, T, 1)
+    weights = torch.softmax(torch.cat([scores, *diag], -1).float(), -1).to(q.dtype)
+    out = torch.matmul(weights[..., :T], expand(v0))
+    for j, v in enumerate(vs):
+        out = out + weights[..., T + j:T + j + 1] * expand(v)
+    return out
+
+
+class TTTLoss(NamedTuple):
+    loss: Tensor                  # weighted sum over steps of the per-step mean KL
+    step_kl: Tensor               # (K,) mean KL per step (no gradient)
+    step_hits: Tensor             # (K,) positions whose draft argmax equals the label's argmax, all steps so far too
+    step_correct: Tensor          # (K,) positions whose draft argmax equals the label's (this step alone)
+    step_count: Tensor            # (K,) positions counted per step
+    vocab_mass: Tensor            # mean target probability mass inside the draft vocabulary
+
+
+# ------------------------------------------------------------------------------ the head
+
+class Eagle3Head(nn.Module):
+    """An EAGLE-3 head for the Hugging Face causal LM `target` (frozen, shared: its token embedding
+    is read, never trained or saved; see the module docstring).
+
+    head = Eagle3Head(Eagle3Config.for_target(model, draft_vocab_size=8192), model, draft_ids)
+    out = head.ttt_loss(tokens, aux, last, label_mask, steps=4)    # training
+    tokens, stats = generate(model, prompt, 64, prophet=head)       # decoding
+
+    `draft_ids` (draft_vocab_size,) sorted target ids of the draft vocabulary (None: the first
+    draft_vocab_size ids, the whole vocabulary when the sizes agree); `init_from_target` copies
+    the target's LM-head rows of those ids and its final norm into the head. Moving the head
+    leaves the target where it is; `head.float()` trains fp32 weights next to a bf16 target.
+    """
+
+    def __init__(self, config: Eagle3Config, target: Any, draft_ids: Tensor | None = None, *,
+                 init_from_target: bool = True) -> None:
+        super().__init__()
+        check(isinstance(config, Eagle3Config), f"config must be an Eagle3Config, got {type(config).__name__}")
+        check(is_hf_model(target), f"target must be a Hugging Face causal LM, got {type(target).__name__}")
+        check_head_target(config, target)
+        self.config = config
+        self._target = (target,)
+        H = config.hidden_size
+        self.fc = nn.Linear(len(config.aux_layers) * H, H, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(config)])
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
+        self.rotary = Rotary(config.head_dim, min(config.max_seq_len, 4096), base=config.rope_theta)
+        if draft_ids is None:
+            draft_ids = torch.arange(config.draft_vocab_size)
+        check(draft_ids.numel() == config.draft_vocab_size,
+              f"draft vocabulary map holds {draft_ids.numel()} ids, the head's config {config.draft_vocab_size}")
+        d2t, t2d = vocab_maps(draft_ids, config.target_vocab_size)
+        self.register_buffer("d2t", d2t)
+        self.register_buffer("t2d", t2d)
+        self.reset_parameters(init_from_target)
+        weight = target.get_input_embeddings().weight
+        self.to(device=weight.device, dtype=weight.dtype)
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def reset_parameters(self, init_from_target: bool = True) -> None:
+        """Small normal weights, norms at 1; then (init_from_target) the LM head's rows and the
+        final norm from the target, the fc as the mean of the aux layers' identity maps."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+        if not init_from_target:
+            return
+        with torch.no_grad():
+            head = self.target.get_output_embeddings().weight
+            self.lm_head.weight.copy_(head[self.draft_ids.to(head.device)].to(self.lm_head.weight))
+            final_norm = _final_norm_weight(self.target)
+            if final_norm is not None:
+                self.norm.weight.copy_(final_norm.to(self.norm.weight))
+
+    @property
+    def target(self) -> Any:
+        return self._target[0]
+
+    @property
+    def draft_ids(self) -> Tensor:
+        """The target ids of the draft vocabulary (draft_vocab_size,), ascending."""
+        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+
+    @property
+    def vocab_size(self) -> int:
+        """The target vocabulary the head drafts in (the `vocab_size` of its HFDecoder target)."""
+        return self.config.target_vocab_size
+
+    @property
+    def aux_layers(self) -> list[int]:
+        return self.config.aux_layers
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def max_gamma(self) -> int:
+        """The head drafts as far as asked; the speed model's `gamma=auto` stops at 8."""
+        return 8
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """The target's (frozen) token embeddings of tokens (..., n), in the head's dtype."""
+        emb = self.target.get_input_embeddings()
+        with torch.no_grad():
+            x = emb(tokens.to(emb.weight.device))
+        return x.to(device=self.device, dtype=self.fc.weight.dtype)
+
+    def fuse(self, aux: Tensor) -> Tensor:
+        """The fused target feature (..., H) from its aux layers' hidden states concatenated (..., A*H)."""
+        return self.fc(aux.to(self.fc.weight))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Draft-vocabulary logits (..., draft_vocab_size) of the layer's outputs."""
+        return self.lm_head(self.norm(hidden))
+
+    def to_target_vocab(self, logits: Tensor) -> Tensor:
+        """Draft logits (..., draft) spread over the target vocabulary (..., target vocab), -inf
+        outside the draft vocabulary: what sampling and the verify step read."""
+        if self.config.draft_vocab_size == self.config.target_vocab_size:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.target_vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_ids, logits)
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        w = self.fc.weight
+        return KVCache(depth=1, batch=batch, heads=self.config.num_kv_heads, dim_head=self.config.head_dim,
+                       capacity=capacity, dtype=w.dtype, device=w.device)
+
+    def extend(self, tokens: Tensor, feature: Tensor, cache: KVCache) -> Tensor:
+        """Append positions to each row of `cache`: tokens (b, n) are the tokens x_{t+1} and
+        feature (b, n, H) the features of positions t (fused target features, or the head's own
+        output for a draft step). Returns the layer's outputs (b, n, H); the cache advances by n."""
+        n = tokens.shape[1]
+        cache.check_room(n)
+        pos = cache.positions(n)
+        mask = cache.attention_mask(pos)
+        feature = feature.to(self.fc.weight)
+        cos, sin = self.rotary(pos, feature.dtype)
+        layer = self.layers[0]
+        q, k, v = layer.qkv(self.embed(tokens), feature, cos, sin)
+        k, v = cache.update(0, pos, k, v, mask.shape[-1])
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+        cache.advance(n)
+        return layer.finish(feature, attended)
+
+    # -- training --------------------------------------------------------------------------------
+
+    def ttt_logits(self, tokens: Tensor, aux: Tensor, steps: int) -> list[Tensor]:
+        """The draft logits of each training-time-test step on rows tokens (b, n + 1) with the
+        target's aux hidden states aux (b, n, A*H) of tokens[:, :n]: step k's (b, n - 1 - k, draft)
+        at head positions t = 0..n-2-k predict the target's distribution at position t + 1 + k,
+        exactly what draft step k + 1 of a decoding round anchored at t computes."""
+        check_positive_int(steps, "ttt steps")
+        b, n = aux.shape[:2]
+        T = n - 1                                    # head positions 0..T-1 (x_{t+1} and a label at t+1)
+        check(T >= steps, f"rows of {n} positions are too short for {steps} training-time-test steps")
+        dtype = self.fc.weight.dtype
+        feature = self.fuse(aux[:, :T])                                              # (b, T, H)
+        padded = torch.cat([tokens, tokens.new_zeros(b, steps)], 1)
+        layer = self.layers[0]
+        cos, sin = self.rotary(T + steps, dtype)
+        k0 = v0 = None
+        ks: list[Tensor] = []
+        vs: list[Tensor] = []
+        out = []
+        for k in range(steps):
+            q, kk, vv = layer.qkv(self.embed(padded[:, 1 + k:1 + k + T]), feature, cos[k:k + T], sin[k:k + T])
+            if k == 0:
+                k0, v0 = kk, vv
+            else:
+                ks.append(kk)
+                vs.append(vv)
+            feature = layer.finish(feature, ttt_attention(q, k0, v0, ks, vs))      # (b, T, H)
+            out.append(self.logits(feature[:, :T - k]))
+        return out
+
+    def ttt_loss(self, tokens: Tensor, aux: Tensor, last: Tensor, label_mask: Tensor | None = None, *,
+                 steps: int = 4, decay: float = 0.8, target_logits: Tensor | None = None) -> TTTLoss:
+        """The training-time-test loss (module docstring) on rows tokens (b, n + 1), with the
+        target's aux hidden states aux (b, n, A*H) and its last-layer hidden states after the final
+        norm last (b, n, H), both of tokens[:, :n]. label_mask (b, n): whether the target's
+        prediction at position j (of token j + 1) counts. `target_logits` (b, n - 1, draft) may
+        replace the head's own computation of the target's logits at positions 1..n-1."""
+        b, n = aux.shape[:2]
+        if target_logits is None:
+            target_logits = self.target_draft_logits(last[:, 1:])                    # (b, n - 1, draft)
+        with torch.no_grad():
+            p = torch.softmax(target_logits.float(), -1)
+            logp = torch.log(p.clamp_min(1e-30))
+            label = target_logits.argmax(-1)                                          # (b, n - 1) draft ids
+            if label_mask is None:
+                label_mask = torch.ones(b, n, dtype=torch.bool, device=aux.device)
+            mask = label_mask[:, 1:].to(aux.device)                                  # label position t + 1
+        losses, kls, hits, correct, counts = [], [], [], [], []
+        alive = mask
+        for k, logits in enumerate(self.ttt_logits(tokens, aux, steps)):
+            valid = logits.shape[1]
+            logq = torch.log_softmax(logits.float(), -1)
+            pk, mk = p[:, k:k + valid], mask[:, k:k + valid]
+            kl = (pk * (logp[:, k:k + valid] - logq)).sum(-1)                         # (b, valid)
+            count = mk.sum().clamp_min(1)
+            losses.append((kl * mk).sum() / count * decay ** k)
+            with torch.no_grad():
+                right = logq.argmax(-1) == label[:, k:k + valid]
+                alive = alive[:, :valid] & right & mk
+                kls.append((kl * mk).sum() / count)
+                hits.append(alive.sum())
+                correct.append((right & mk).sum())
+                counts.append(mk.sum())
+        with torch.no_grad():
+            mass = self._draft_mass(last[:, 1:], mask)
+        return TTTLoss(torch.stack(losses).sum(), torch.stack(kls), torch.stack(hits), torch.stack(correct),
+                       torch.stack(counts), mass)
+
+    @torch.no_grad()
+    def target_draft_logits(self, last: Tensor) -> Tensor:
+        """The target's logits over the draft vocabulary (..., draft) from its last-layer hidden
+        states after the final norm (..., H): its LM head's rows of the draft ids."""
+        head = self.target.get_output_embeddings()
+        w = head.weight[self.draft_ids.to(head.weight.device)]
+        return F.linear(last.to(w), w).to(self.device).float()
+
+    @torch.no_grad()
+    def _draft_mass(self, last: Tensor, mask: Tensor) -> Tensor:
+        """Mean probability the target puts inside the draft vocabulary at the masked positions
+        (1 for a full vocabulary; else the full head is computed at up to 256 positions)."""
+        if self.config.draft_vocab_size == self.config.target_vocab_size:
+            return torch.ones((), device=last.device)
+        picked = last[mask.to(last.device)][:256]
+        if picked.numel() == 0:
+            return torch.ones((), device=last.device)
+        head = self.target.get_output_embeddings()
+        full = F.linear(picked.to(head.weight), head.weight[: self.config.target_vocab_size]).float()
+        probs = torch.softmax(full, -1)
+        return probs[:, self.draft_ids.to(probs.device)].sum(-1).mean().to(self.device)
+
+    def forward(self, tokens: Tensor, aux: Tensor, last: Tensor, label_mask: Tensor | None = None, **kw) -> TTTLoss:
+        return self.ttt_loss(tokens, aux, last, label_mask, **kw)
+
+
+def _final_norm_weight(target: Any) -> Tensor | None:
+    """The weight of the target's final norm (the module applied before its LM head), if found."""
+    base = getattr(target, "base_model", target)
+    norm = next((getattr(base, name) for name in ("norm", "final_layernorm", "final_layer_norm", "ln_f")
+                 if getattr(base, name, None) is not None), None)
+    weight = getattr(norm, "weight", None)
+    return weight if isinstance(weight, Tensor) else None
+
+
+def target_hidden_states(target: Any, tokens: Tensor, layers: list[int], *, cache=None) -> Tensor:
+    """The target's hidden states at `hidden_states` indices `layers`, concatenated (b, n, len(layers) * H),
+    from one forward pass over tokens (b, n) without gradient."""
+    with torch.no_grad():
+        out = target(input_ids=tokens, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+    return torch.cat([out.hidden_states[i] for i in layers], -1)
+
+
+__all__ = ["Eagle3Config", "Eagle3Head", "TTTLoss", "choose_draft_vocab", "coverage", "default_aux_layers",
+           "target_hidden_states", "ttt_attention", "vocab_maps"]

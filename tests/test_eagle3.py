@@ -1,0 +1,196 @@
+"""The EAGLE-3 head: its training-time test computes what decoding computes, drafting through
+`generate` is exact at T=0 and lossless at T=1 with a sub-vocabulary (chi-square), the draft
+vocabulary maps, and its bad inputs. Tiny random Llama and GPT-NeoX targets built from configs."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_decode import chi_square_p_value
+from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
+from test_hf_decode import V, build, hf_greedy, ragged_prompts
+
+from specdec_models import SpecdecError
+from specdec_models.decode import generate
+from specdec_models.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, vocab_maps
+from specdec_models.sampling import SamplingConfig, to_probs
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("t") / "llama", "llama", 1, 30.0)
+
+
+def head_for(target, seed=0, draft=None, layers=None, ids=None):
+    torch.manual_seed(seed)
+    cfg = Eagle3Config.for_target(target, draft_vocab_size=draft, aux_layers=layers)
+    return Eagle3Head(cfg, target, ids).eval()
+
+
+def aux_states(target, tokens, layers):
+    with torch.no_grad():
+        out = target(input_ids=tokens, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i] for i in layers], -1), out.hidden_states[-1]
+
+
+def test_training_time_test_computes_what_decoding_computes(llama):
+    # every TTT step's logits at head position t equal draft step k+1 of a decoding round whose
+    # head cache holds the target's features of positions 0..t, fed its own features after
+    head = head_for(llama, draft=40, layers=[0, 1, 2], ids=torch.randperm(V)[:40].sort().values)
+    with torch.no_grad():
+        for p in head.parameters():            # no zero-ish weights: every path must matter
+            p.add_(0.05 * torch.randn_like(p))
+    tokens = torch.randint(0, V, (2, 14))
+    aux, _ = aux_states(llama, tokens[:, :-1], head.aux_layers)
+    with torch.no_grad():
+        steps = head.ttt_logits(tokens, aux, steps=4)
+        assert [s.shape[1] for s in steps] == [12, 11, 10, 9]
+        for t in (0, 3, 8):
+            cache = head.new_cache(2, 32)
+            h = head.extend(tokens[:, 1:t + 2], head.fuse(aux[:, :t + 1]), cache)
+            feature = h[:, -1:]
+            for k in range(4):
+                if t + k >= steps[k].shape[1]:
+                    break
+                torch.testing.assert_close(head.logits(feature[:, 0]), steps[k][:, t], rtol=1e-4, atol=1e-4)
+                feature = head.extend(tokens[:, t + 2 + k:t + 3 + k], feature, cache)
+
+
+def test_ttt_loss_masks_labels_and_learns(llama):
+    head = head_for(llama, draft=48, layers=[0, 1, 2]).float().train()
+    tokens = torch.randint(0, V, (3, 17))
+    aux, last = aux_states(llama, tokens[:, :-1], head.aux_layers)
+    mask = torch.ones(3, 16, dtype=torch.bool)
+    mask[:, :6] = False                                    # a prompt: its predictions do not count
+    out = head.ttt_loss(tokens, aux, last, mask, steps=3)
+    assert out.step_count.tolist() == [3 * 10, 3 * 10, 3 * 10]      # labels at positions 6..15, per step
+    assert bool((out.step_hits <= out.step_correct).all())
+    assert 0 < float(out.vocab_mass) < 1                    # 48 of 96 tokens
+    # a masked-out label cannot move the loss
+    aux2 = aux.clone()
+    late = head.ttt_loss(tokens, aux2, last, mask, steps=3).loss
+    last2 = last.clone()
+    last2[:, :6] = torch.randn_like(last2[:, :6])          # labels of positions 1..5 changed: all masked
+    assert torch.allclose(head.ttt_loss(tokens, aux2, last2, mask, steps=3).loss, late)
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss = head.ttt_loss(tokens, aux, last, mask, steps=3).loss
+        first = float(loss.detach()) if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss.detach()) < 0.5 * first
+
+
+def test_the_target_embedding_is_shared_and_frozen(llama):
+    head = head_for(llama, draft=32)
+    names = set(head.state_dict())
+    assert names == {"fc.weight", "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight",
+                     "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+                     "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+                     "layers.0.post_attention_layernorm.weight", "layers.0.mlp.gate_proj.weight",
+                     "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight", "norm.weight",
+                     "lm_head.weight", "d2t", "t2d"}
+    # the LM head starts from the target's rows of the draft vocabulary, the norm from its final norm
+    torch.testing.assert_close(head.lm_head.weight, llama.lm_head.weight[head.draft_ids])
+    torch.testing.assert_close(head.norm.weight, llama.model.norm.weight)
+
+
+def test_vocab_maps_follow_the_d2t_convention():
+    counts = torch.tensor([5, 0, 9, 9, 1, 7, 0, 2])
+    ids = choose_draft_vocab(counts, 4)
+    assert ids.tolist() == [0, 2, 3, 5]
+    assert coverage(counts, ids) == pytest.approx(30 / 33)
+    d2t, t2d = vocab_maps(ids, 8)
+    assert (d2t + torch.arange(4)).tolist() == ids.tolist()       # d2t[i] = target_id - i
+    assert t2d.nonzero()[:, 0].tolist() == ids.tolist()
+    with pytest.raises(SpecdecError, match="increasing"):
+        vocab_maps(torch.tensor([3, 1]), 8)
+
+
+@pytest.mark.parametrize("draft", [None, 60], ids=["full-vocab", "sub-vocab"])
+def test_greedy_eagle3_decoding_equals_the_targets_generate(llama, draft):
+    head = head_for(llama, draft=draft, layers=[1, 2, 0])
+    prompts = ragged_prompts()
+    alone, _ = hf_greedy(llama, prompts, 16)
+    for gamma in (1, 3, "auto"):
+        got, stats = generate(llama, prompts, 16, prophet=head, temperature=0, gamma=gamma)
+        assert [t.tolist() for t in got] == alone
+        assert stats.method == "eagle3" and stats.drafted > 0
+
+
+def test_a_perfect_feature_path_is_accepted(llama):
+    # a head whose draft equals the target's own next-token choice would be accepted every time;
+    # here: the batch of one row and its own copies give identical outputs and counts
+    head = head_for(llama, draft=50)
+    p = ragged_prompts()[1]
+    one, s1 = generate(llama, [p], 12, prophet=head, temperature=0, gamma=3)
+    many, s3 = generate(llama, [p, p, p], 12, prophet=head, temperature=0, gamma=3)
+    assert all(t.tolist() == one[0].tolist() for t in many)
+    assert s3.accepted == 3 * s1.accepted and s3.drafted == 3 * s1.drafted
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """An 8-token GPT-NeoX target and an eagle3 head over 5 of its tokens, sharpened so that it is
+    accepted part of the time."""
+    d = tmp_path_factory.mktemp("toy")
+    target = build(d / "t", "neox", 11, 6.0, vocab=8)
+    head = head_for(target, seed=3, draft=5, ids=torch.tensor([0, 2, 3, 5, 6]))
+    with torch.no_grad():
+        head.lm_head.weight.mul_(3.0)
+    return target, head
+
+
+@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+def test_eagle3_sampling_with_a_sub_vocabulary_is_lossless_chi_square(toy, setting):
+    # 3 tokens of an 8-token target (512 joint outcomes), 6,000 samples, gamma 2; the head drafts
+    # from 5 of the 8 tokens (q = 0 on the other 3). Threshold p < 1e-4: a correct sampler fails
+    # at most once in 10^4 runs (the seeds are fixed); a correction drawn from p instead of the
+    # residual gives p < 1e-20 (next test).
+    target, head = toy
+    n = 6000
+    observed, exact, stats = _samples(target, head, n, **setting)
+    assert stats.method == "eagle3" and stats.drafted > 0
+    assert 0.05 < stats.acceptance_rate < 0.95, "the toy head must be neither perfect nor useless"
+    assert chi_square_p_value(observed, exact, n) > 1e-4
+
+
+def test_eagle3_chi_square_catches_a_correction_drawn_from_p(toy, monkeypatch):
+    import specdec_models.decode.speculative as spec
+    monkeypatch.setattr(spec, "residual", lambda p, q: p)
+    target, head = toy
+    observed, exact, _ = _samples(target, head, 6000, temperature=1.0)
+    assert chi_square_p_value(observed, exact, 6000) < 1e-20
+
+
+def _samples(target, head, n, **kw):
+    prompt = torch.tensor([1, 4, 2])
+    g = torch.Generator().manual_seed(1234)
+    tokens, stats = generate(target, prompt.expand(n, -1), 3, gamma=2, generator=g, prophet=head, **kw)
+    index = (torch.stack(tokens) * torch.tensor([64, 8, 1])).sum(1)
+    with torch.no_grad():
+        seqs = torch.cartesian_prod(*[torch.arange(8)] * 3)
+        x = torch.cat([prompt.expand(len(seqs), -1), seqs], 1)
+        probs = to_probs(target(x[:, :-1]).logits[:, prompt.numel() - 1:], SamplingConfig(**kw))
+        exact = probs.gather(-1, seqs[..., None])[..., 0].prod(-1)
+    return torch.bincount(index, minlength=512).float(), exact, stats
+
+
+@pytest.mark.parametrize("case, message", [
+    ("aux_out_of_range", "out of range"),
+    ("other_target", "another target"),
+    ("map_size", "draft vocabulary map"),
+])
+def test_bad_input_is_one_line(llama, tmp_path, case, message):
+    with pytest.raises(SpecdecError, match=message) as err:
+        if case == "aux_out_of_range":
+            Eagle3Config.for_target(llama, aux_layers=[1, 7])
+        elif case == "other_target":
+            other = build(tmp_path / "o", "llama", 5, 30.0)
+            generate(other, [torch.tensor([1, 2])], 4, prophet=head_for(llama))
+        else:
+            Eagle3Head(Eagle3Config.for_target(llama, draft_vocab_size=10), llama, torch.arange(12))
+    assert "\n" not in str(err.value)
