@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from .config import JsonConfig
 from .errors import check, check_positive_int
 from .hf import _logits_width, _text_config, is_hf_model
+from .heads import DraftHead
 from .kv_cache import KVCache
 from .model import RMSNorm, Rotary, rotate_half
 
@@ -261,7 +262,7 @@ class TTTLoss(NamedTuple):
 
 # ------------------------------------------------------------------------------ the head
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftHead):
     """An EAGLE-3 head for the Hugging Face causal LM `target` (frozen, shared: its token embedding
     is read, never trained or saved; see the module docstring).
 
@@ -425,12 +426,16 @@ class Eagle3Head(nn.Module):
         return out
 
     def ttt_loss(self, tokens: Tensor, aux: Tensor, last: Tensor, label_mask: Tensor | None = None, *,
-                 steps: int = 4, decay: float = 0.8, target_logits: Tensor | None = None) -> TTTLoss:
+                 steps: int = 4, decay: float = 0.8, target_logits: Tensor | None = None,
+                 greedy_in_vocab: Tensor | None = None) -> TTTLoss:
         """The training-time-test loss (module docstring) on rows tokens (b, n + 1), with the
         target's aux hidden states aux (b, n, A*H) and its last-layer hidden states after the final
         norm last (b, n, H), both of tokens[:, :n]. label_mask (b, n): whether the target's
         prediction at position j (of token j + 1) counts. `target_logits` (b, n - 1, draft) may
-        replace the head's own computation of the target's logits at positions 1..n-1."""
+        replace the head's own computation of the target's logits at positions 1..n-1.
+        `greedy_in_vocab` (b, n - 1): whether the target's greedy token at positions 1..n-1 lies
+        in the draft vocabulary (`greedy_in_vocab`); without it the hit counts compare argmaxes
+        over the draft vocabulary only, which overstates them by the greedy tokens outside it."""
         b, n = aux.shape[:2]
         if target_logits is None:
             target_logits = self.target_draft_logits(last[:, 1:])                    # (b, n - 1, draft)
@@ -438,6 +443,8 @@ class Eagle3Head(nn.Module):
             p = torch.softmax(target_logits.float(), -1)
             logp = torch.log(p.clamp_min(1e-30))
             label = target_logits.argmax(-1)                                          # (b, n - 1) draft ids
+            if greedy_in_vocab is not None:                # a greedy token outside the vocabulary: no hit
+                label = label.masked_fill(~greedy_in_vocab.to(label.device), -1)
             if label_mask is None:
                 label_mask = torch.ones(b, n, dtype=torch.bool, device=aux.device)
             mask = label_mask[:, 1:].to(aux.device)                                  # label position t + 1
@@ -469,6 +476,14 @@ class Eagle3Head(nn.Module):
         head = self.target.get_output_embeddings()
         w = head.weight[self.draft_ids.to(head.weight.device)]
         return F.linear(last.to(w), w).to(self.device).float()
+
+    @torch.no_grad()
+    def greedy_in_vocab(self, last: Tensor) -> Tensor:
+        """Whether the target's greedy token (its full head's argmax) at each of last (..., H)
+        lies in the draft vocabulary (...,): the full head, so for validation rather than every step."""
+        head = self.target.get_output_embeddings()
+        greedy = F.linear(last.to(head.weight), head.weight[: self.config.target_vocab_size]).argmax(-1)
+        return self.t2d.to(greedy.device)[greedy].to(self.device)
 
     @torch.no_grad()
     def _draft_mass(self, last: Tensor, mask: Tensor) -> Tensor:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig, ProphetConfig
 from .errors import check
+from .heads import DraftHead
 from .losses import next_token_loss
 from .model import Decoder
 
@@ -64,7 +65,7 @@ class ProphetLoss(NamedTuple):
     labels: Tensor | None = None              # (b W, L): ... and labels (for `drafted_hits`)
 
 
-class ProphetWindows(nn.Module):
+class ProphetWindows(DraftHead):
     """The prophet's window layout and loss, shared by every prophet (`ModelWithProphet` here, the
     prophet head of a Hugging Face target in `hf_prophet`).
 

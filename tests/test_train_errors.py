@@ -112,7 +112,7 @@ def test_an_output_folder_whose_export_is_another_model_is_refused_before_traini
     ("+callbacks.speculative_eval.bogus=1",
      "callbacks.speculative_eval is not valid: SpeculativeEval.__init__() got an unexpected keyword argument 'bogus'"),
     # what the evaluation decodes must fit the models: caught before the first step, not at the first validation
-    ("callbacks.speculative_eval.gamma=7", "speculative_eval.gamma (7) needs prophet_train_length >= gamma + 1 = 8"),
+    ("callbacks.speculative_eval.gamma=7", "speculative_eval.gamma (7) needs a head that drafts gamma tokens per round: it drafts 6"),
     ("callbacks.speculative_eval.max_new_tokens=250",
      "speculative_eval.prompt_len + max_new_tokens = 266 exceeds the target's max_seq_len 256"),
     ("callbacks.periodic_checkpoint.every_minutes=0", "periodic_checkpoint.every_minutes must be > 0 or null"),

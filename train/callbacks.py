@@ -56,7 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from specdec_models import ModelWithProphet, byte_tokenizer
-from specdec_models.prophet import ProphetWindows
+from specdec_models.heads import DraftHead
 from specdec_models.decode import SpeedProfile, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.errors import SpecdecError, check, check_positive_int
@@ -125,12 +125,12 @@ class SpeculativeEval(L.Callback):
         check(isinstance(models, SpeculativeModels),
               f"SpeculativeEval needs a ModelWithProphet or SpeculativeModels, got {type(models).__name__}")
         if models.prophet is not None:
-            check(isinstance(models.prophet, ProphetWindows),
-                  f"SpeculativeEval: a prophet must be a ModelWithProphet or an HFProphet, got "
+            check(isinstance(models.prophet, DraftHead),
+                  f"SpeculativeEval: a prophet must be a ModelWithProphet, an HFProphet or an Eagle3Head, got "
                   f"{type(models.prophet).__name__}")
             check(models.prophet.max_gamma >= self.gamma,
-                  f"speculative_eval.gamma ({self.gamma}) needs prophet_train_length >= gamma + 1 = {self.gamma + 1}, "
-                  f"got {models.prophet.max_gamma + 1}")
+                  f"speculative_eval.gamma ({self.gamma}) needs a head that drafts gamma tokens per round: "
+                  f"it drafts {models.prophet.max_gamma} (a prophet's prophet_train_length - 1)")
         longest = self.prompt_len + self.max_new_tokens
         for role, model in (("target", models.target), ("draft", models.draft)):
             check(model is None or model.cfg.max_seq_len >= longest,

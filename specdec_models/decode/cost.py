@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..eagle3 import Eagle3Head
 from ..errors import check
 
 TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
@@ -164,7 +165,9 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], *, dr
             cache.rollback(lengths)
 
     with torch.inference_mode():
-        cache = target.new_cache(batch, context + max(gammas) + 1, keep_embeds=prophet is not None)
+        eagle3 = isinstance(prophet, Eagle3Head)
+        cache = target.new_cache(batch, context + max(gammas) + 1, keep_embeds=prophet is not None and not eagle3,
+                                 **({"keep_layers": prophet.aux_layers} if eagle3 else {}))
         target(tok(context), cache=cache)
         repeat(TARGET, target, cache, tok(1))
         for gamma in gammas:
@@ -173,7 +176,16 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], *, dr
             dcache = draft.new_cache(batch, context + 1)
             draft(tok(context), cache=dcache)
             repeat(DRAFT, draft, dcache, tok(1))
-        if prophet is not None:
+        if eagle3:
+            # the head's cache holds the context's target features; a draft step feeds a token and a feature
+            hcache = prophet.new_cache(batch, context + max(gammas) + 1)
+            feature = prophet.extend(tok(context), prophet.fuse(cache.layer_states), hcache)[:, -1:]
+
+            def step(tokens: torch.Tensor, cache) -> torch.Tensor:
+                return prophet.logits(prophet.extend(tokens, feature, cache)[:, -1])
+
+            repeat(DRAFT, step, hcache, tok(1))
+        elif prophet is not None:
             # the prophet's cache holds its S start tokens and one round's drafts, as in generate
             S = prophet.num_start_tokens
             start = prophet.start_tokens(cache.last_embeds(S))

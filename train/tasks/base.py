@@ -277,7 +277,20 @@ class TaskModule(L.LightningModule):
         self.log_drafted("test")
 
     def configure_optimizers(self):
-        return configure_adam(self.trainable(), self.optim_cfg, self.trainer.max_steps)
+        return configure_adam(self.trainable(), self.optim_cfg, self.trainer.max_steps, self.time_fraction)
+
+    def time_fraction(self) -> float | None:
+        """The share of `trainer.max_time` spent training so far (Lightning's Timer, which a
+        resumed run restores), or None without a time budget: the schedule anneals by it too."""
+        from lightning.pytorch.callbacks import Timer
+
+        if self._trainer is None:
+            return None
+        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+        duration = getattr(timer, "_duration", None)
+        if not duration:
+            return None
+        return timer.time_elapsed("train") / duration
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["specdec_task"] = self.task          # train.checkpoints rebuilds the right module

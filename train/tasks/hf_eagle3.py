@@ -1,0 +1,305 @@
+"""task=hf_eagle3: an EAGLE-3-class head trained against a frozen Hugging Face target.
+
+`python -m train experiment=smollm2_eagle3 data.cache=DIR head.draft_vocab=COUNTS.json` (from a
+cache of the target's hidden states, `data=hf_embeddings`) or `data=hf_text data.files=[...]`
+(hidden states online: the target runs under no_grad at every step). The head is
+`specdec_models.eagle3.Eagle3Head`: a fc over three aux layers, one decoder layer at the target's
+shapes attending over the whole context, an LM head over a draft vocabulary; it shares (frozen)
+the target's token embedding.
+
+Training runs as decoding does (`Eagle3Head.ttt_loss`): `task.ttt_steps` unrolled draft steps, each
+fed the head's own features of the step before, weighted `task.ttt_decay`^k; the loss is the
+forward KL from the target's distribution renormalised over the draft vocabulary (the module
+docstring of `specdec_models.eagle3` says why renormalising is the right handling of the mass
+outside it). Only answer tokens count: for regenerated rows, the labels of the prompt and of
+everything after the row's end (EOS) are masked (`prompt_len`, `valid_len` of the cache).
+
+Draft vocabulary: the `head.draft_vocab_size` tokens the target emits most as its greedy choice
+on the training data, from a token-count file written by `scripts/draft_vocab.py` (which also
+reports coverage and the draft cost c per size); the file records the tokenizer it counted with,
+and another target's is refused in one line. `head.draft_vocab_size: null` keeps the whole
+vocabulary (no file needed). `head.train_lm_head`: the LM head's rows start from the target's and
+train, or stay frozen.
+
+Validation logs per step k the KL, the teacher-forced accuracy given every earlier step right
+(`val/ttt_accuracy/pos{k+1}`: exact for greedy decoding, a greedy token outside the draft
+vocabulary counting as a miss) and the simulated tokens per call they imply, beside the
+evaluation callback's real ones; `val/draft_vocab_mass` is the target's probability inside the
+draft vocabulary. The export is the head with its target's identity (kind hf_eagle3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from specdec_models.config import from_dict
+from specdec_models.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.hf import HFDecoder, _logits_width
+from specdec_models.hf_weights import check_same_tokenizer, check_source, load_tokenizer
+
+from ..data.hf_embeddings import HFEmbeddingsDataModule
+from ..data.hf_text import HFTextDataModule
+from ..embeddings_cache import HOW_TO_BUILD, check_cache
+from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
+from .hf_prophet import HOW_TO_GIVE, HFTarget, load_target
+
+COUNTS_FORMAT = "specdec-token-counts"
+
+
+@dataclass(frozen=True)
+class Eagle3Options:
+    """The `task:` node of task=hf_eagle3."""
+
+    ttt_steps: int = 4            # draft steps unrolled in training (each fed the head's own features)
+    ttt_decay: float = 0.8        # weight of step k: ttt_decay ** k
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.ttt_steps, "task.ttt_steps")
+        check(isinstance(self.ttt_decay, (int, float)) and 0 < self.ttt_decay <= 1,
+              f"task.ttt_decay must be in (0, 1], got {self.ttt_decay!r}")
+
+
+@dataclass(frozen=True)
+class Eagle3Sizes:
+    """The `head:` node: aux layers (null: [2, L//2, L-3]), the draft vocabulary and its source."""
+
+    aux_layers: list[int] | None = None
+    draft_vocab_size: int | None = 8192       # null: the target's whole vocabulary
+    draft_vocab: str | None = None            # token counts (scripts/draft_vocab.py), needed below the whole vocabulary
+    train_lm_head: bool = True
+
+    def __post_init__(self) -> None:
+        if self.draft_vocab_size is not None:
+            check_positive_int(self.draft_vocab_size, "head.draft_vocab_size")
+        if self.aux_layers is not None:
+            check(isinstance(self.aux_layers, (list, tuple)) and len(self.aux_layers) >= 1
+                  and all(isinstance(i, int) and not isinstance(i, bool) for i in self.aux_layers),
+                  f"head.aux_layers must be a list of layer indices or null, got {self.aux_layers!r}")
+        check(isinstance(self.train_lm_head, bool), f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
+
+
+# ------------------------------------------------------------------------------ token counts
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The sha256 of a tokenizer's vocabulary (token -> id): two tokenizers that map every token
+    alike share it, so a count file made with one is refused for a target with another."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """The token counts (vocab_size,) of a `scripts/draft_vocab.py` file, checked against the
+    target's tokenizer."""
+    path = Path(path).expanduser()
+    check(path.is_file(), f"head.draft_vocab: {path} does not exist (write it with scripts/draft_vocab.py)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise SpecdecError(f"head.draft_vocab: {path} is not a token-count file: {' '.join(str(error).split())}") from None
+    check(isinstance(data, dict) and data.get("format") == COUNTS_FORMAT,
+          f"head.draft_vocab: {path} is not a token-count file of scripts/draft_vocab.py")
+    check(data.get("tokenizer_sha256") == tokenizer_fingerprint(tokenizer),
+          f"head.draft_vocab: {path} was counted with another tokenizer than the target's: count again for this "
+          f"target (scripts/draft_vocab.py)")
+    counts = data.get("counts")
+    check(isinstance(counts, list) and len(counts) == vocab_size,
+          f"head.draft_vocab: {path} holds {len(counts) if isinstance(counts, list) else 'no'} counts, the target's "
+          f"vocabulary has {vocab_size} tokens")
+    return torch.tensor(counts, dtype=torch.long)
+
+
+# ------------------------------------------------------------------------------ validate
+
+def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
+    """Check the target, the head, the draft vocabulary and the data before any work; loads the
+    target once (`hf_prophet.load_target`) to identify its weights."""
+    target = from_dict(HFTarget, to_plain(cfg.get("target")), "target")
+    path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
+    sizes = from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
+    tokenizer = load_tokenizer(path, "target.path")
+    cached = issubclass(data_class(cfg), HFEmbeddingsDataModule)
+    data_tokenizer = OmegaConf.select(cfg, "data.tokenizer", throw_on_resolution_failure=False)
+    check(cached or data_tokenizer, "data.tokenizer is not set or does not resolve: set data.tokenizer=${target.path}")
+    if data_tokenizer and Path(str(data_tokenizer)).expanduser().resolve() != path.resolve():
+        check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
+                             f"data.tokenizer {data_tokenizer}")
+    model, sha = load_target(path, target.dtype)
+    vocab = min(len(tokenizer), _logits_width(model))
+    draft_size = vocab if sizes.draft_vocab_size is None else sizes.draft_vocab_size
+    check(draft_size <= vocab, f"head.draft_vocab_size ({draft_size}) exceeds the target's vocabulary ({vocab})")
+    head = Eagle3Config.for_target(model, draft_vocab_size=draft_size, aux_layers=sizes.aux_layers, vocab_size=vocab)
+    draft_ids = None
+    if draft_size < vocab:
+        counts_file = sizes.draft_vocab
+        check(counts_file is not None, f"head.draft_vocab is not set: a draft vocabulary of {draft_size} < {vocab} "
+                                       f"tokens is chosen from token counts (scripts/draft_vocab.py --out FILE)")
+        draft_ids = choose_draft_vocab(read_token_counts(counts_file, tokenizer, vocab), draft_size).tolist()
+    seq_len = cfg.data.seq_len
+    limit = HFDecoder(model).cfg.max_seq_len
+    check(seq_len <= limit, f"data.seq_len ({seq_len}) exceeds the target's {limit} positions")
+    check(seq_len - 1 >= options.ttt_steps, f"data.seq_len ({seq_len}) is too short for task.ttt_steps "
+                                            f"({options.ttt_steps})")
+    cache_layers = None
+    if cached:
+        needed = sorted(set(head.aux_layers) | {head.target_layers})
+        meta = check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), weights_sha256=sha,
+                           seq_len=seq_len, model="target.path")
+        cache_layers = [int(i) for i in meta.get("layers", [head.target_layers])]
+        missing = [i for i in needed if i not in cache_layers]
+        check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {cache_layers}; the head needs "
+                           f"{needed} (aux layers {head.aux_layers} and the last, {head.target_layers}): rebuild it "
+                           f"with scripts/cache_embeddings.py --layers {' '.join(map(str, needed))}")
+    metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",
+                "draft_vocab_size": draft_size, "aux_layers": head.aux_layers}
+    return dict(target_path=str(path.resolve()), target_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
+                draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, ttt_steps=options.ttt_steps,
+                ttt_decay=float(options.ttt_decay), cache_layers=cache_layers, metadata=metadata)
+
+
+# ------------------------------------------------------------------------------ the module
+
+def label_mask(batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
+    """(b, n) whether the target's prediction at position j (of token j + 1) is trained on: token
+    j + 1 lies in the row's answer (at or past `prompt_len`, before `valid_len`); None: all."""
+    if "prompt_len" not in batch and "valid_len" not in batch:
+        return None
+    b = batch["tokens"].shape[0]
+    nxt = torch.arange(1, n + 1, device=batch["tokens"].device).expand(b, n)
+    mask = torch.ones(b, n, dtype=torch.bool, device=nxt.device)
+    if "prompt_len" in batch:
+        mask &= nxt >= batch["prompt_len"].to(nxt.device)[:, None]
+    if "valid_len" in batch:
+        mask &= nxt < batch["valid_len"].to(nxt.device)[:, None]
+    return mask
+
+
+class HFEagle3Module(TaskModule):
+    task = "hf_eagle3"
+
+    def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
+                 draft_ids: list[int] | None = None, train_lm_head: bool = True, ttt_steps: int = 4,
+                 ttt_decay: float = 0.8, cache_layers: list[int] | None = None, optim: dict[str, Any] | None = None,
+                 seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
+        """`head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the
+        first draft_vocab_size, the whole vocabulary); `cache_layers`: the layers a cache's
+        "embeds" concatenate, in order (None: hidden states online). The head trains in float32
+        whatever the target's `target_dtype`."""
+        super().__init__(optim, seed, metadata, compile)
+        self.save_hyperparameters()
+        self._target = FrozenModel(self._load_target)
+        ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
+        self.head = Eagle3Head(Eagle3Config.from_dict(head), self._target.get(torch.device("cpu")), ids).float()
+        self.head.lm_head.weight.requires_grad_(train_lm_head)
+        if compile:
+            self.head.layers.compile()
+        self._tracked: dict[str, torch.Tensor] = {}
+
+    def _load_target(self) -> Any:
+        path, expected = self.hparams.target_path, self.hparams.target_sha256
+        model, sha = load_target(path, self.hparams.target_dtype)
+        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
+                               f"target ({expected[:16]}...): restore it or start a new run")
+        return model
+
+    @property
+    def target(self) -> Any:
+        return self._target.get(self.device)
+
+    def trainable(self) -> nn.Module:
+        return self.head
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _inputs(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """(tokens (b, n + 1), aux (b, n, A*H), last (b, n, H), label mask (b, n) or None)."""
+        layers = self.head.aux_layers
+        last_layer = self.head.config.target_layers
+        if isinstance(batch, dict):
+            tokens, embeds = batch["tokens"], batch["embeds"]
+            order = self.hparams.cache_layers or [last_layer]
+            parts = embeds.unflatten(-1, (len(order), -1))
+            aux = torch.cat([parts[..., order.index(i), :] for i in layers], -1)
+            return tokens, aux, parts[..., order.index(last_layer), :], label_mask(batch, embeds.shape[1])
+        tokens = batch
+        with torch.no_grad():
+            out = self.target(input_ids=tokens[:, :-1], output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        states = out.hidden_states
+        return tokens, torch.cat([states[i] for i in layers], -1), states[last_layer], None
+
+    def _loss(self, batch, greedy: bool = False):
+        tokens, aux, last, mask = self._inputs(batch)
+        self.target                                                   # on the module's device
+        ok = self.head.greedy_in_vocab(last[:, 1:]) if greedy else None
+        return self.head.ttt_loss(tokens, aux, last, mask, steps=self.hparams.ttt_steps,
+                                  decay=self.hparams.ttt_decay, greedy_in_vocab=ok), tokens.shape[0]
+
+    def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out, _ = self._loss(batch)
+        acc = out.step_correct.float() / out.step_count.clamp(min=1).float()
+        parts = {"kl/step0": out.step_kl[0], "accuracy/pos1": acc[0], f"accuracy/pos{len(acc)}": acc[-1]}
+        self.log_train(out.loss, parts)
+        return out.loss
+
+    def evaluate(self, batch: torch.Tensor | dict[str, torch.Tensor], prefix: str) -> None:
+        out, b = self._loss(batch, greedy=True)
+        self.log(f"{prefix}/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=b)
+        self.log(f"{prefix}/draft_vocab_mass", out.vocab_mass, sync_dist=True, batch_size=b)
+        sums = torch.stack([out.step_kl * out.step_count, out.step_hits.float(), out.step_count.float()]).double()
+        self._tracked[prefix] = self._tracked.get(prefix, 0) + sums
+
+    def _log_tracked(self, prefix: str) -> None:
+        """Per-step KL, accuracy given the earlier steps right, and simulated tokens per call over
+        the epoch's rows, all ranks'."""
+        if prefix not in self._tracked:
+            return
+        sums = self._tracked.pop(prefix)
+        sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum") if self._trainer else sums
+        kl_sum, hits, count = sums.cpu()
+        chain = hits / count.clamp(min=1)                       # P(steps 0..k all right)
+        for k in range(len(chain)):
+            self.log(f"{prefix}/ttt_kl/step{k}", float(kl_sum[k] / count[k].clamp(min=1)))
+            before = chain[k - 1] if k else torch.tensor(1.0, dtype=chain.dtype)
+            self.log(f"{prefix}/ttt_accuracy/pos{k + 1}", float(chain[k] / before.clamp(min=1e-12)))
+        self.log(f"{prefix}/simulated_tokens_per_call", float(1 + chain.sum()))
+
+    def on_validation_epoch_start(self) -> None:
+        self._tracked.pop("val", None)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_tracked("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._tracked.pop("test", None)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_tracked("test")
+
+    # -- decoding and export ---------------------------------------------------------------------
+
+    def speculative_models(self) -> SpeculativeModels:
+        """The target (on the head's vocabulary) drafted by the head."""
+        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
+
+    def export_model(self) -> Eagle3Head:
+        self.target
+        return self.head
+
+    def export_options(self) -> dict[str, Any]:
+        return {"target_path": self.hparams.target_path}
+
+    def export_metadata(self) -> dict[str, Any]:
+        return {"target_path": self.hparams.target_path, "target_sha256": self.hparams.target_sha256,
+                "ttt_steps": self.hparams.ttt_steps, "train_lm_head": self.hparams.train_lm_head}
+
+
+TASK = Task(name="hf_eagle3", config=Eagle3Options, module=HFEagle3Module,
+            data=(HFTextDataModule, HFEmbeddingsDataModule), validate=validate)
