@@ -84,7 +84,8 @@ def train_candidate(name: str, overrides: list[str], run_dir: Path, run: Callabl
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[*overrides, f"output_dir={run_dir}"])
+        # the folder is this comparison's own: a run cut short there (no summary) or retrain=True is replaced
+        cfg = compose(config_name="train", overrides=[*overrides, f"output_dir={run_dir}", "overwrite=true"])
     print(f"[{name}] training {cfg.trainer.max_steps} steps into {run_dir}", file=sys.stderr)
     started = time.perf_counter()
     result = run(cfg)
