@@ -141,10 +141,13 @@ class PeriodicCheckpoint(L.Callback):
     have been logged (Lightning's own step checkpoints save before, so a resume never logs the
     saved step: see `train.loggers`), and marks the batch already fetched as not started, the
     state Lightning itself saves at the end of training. Right after a validation it waits one
-    step (that state restarts differently; the validation's checkpoint covers it)."""
+    step (that state restarts differently; the validation's checkpoint covers it).
+
+    `clock` (seconds, monotonic; `time.monotonic`) is what "every_minutes" is measured with: tests
+    give a fake one, so what they check does not depend on the machine's speed."""
 
     def __init__(self, dirpath: str, every_minutes: float | None = 10.0, every_steps: int | None = 1000,
-                 filename: str = "last.ckpt") -> None:
+                 filename: str = "last.ckpt", clock: Callable[[], float] = time.monotonic) -> None:
         check(every_minutes is None or (isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
                                         and math.isfinite(every_minutes) and every_minutes > 0),
               f"periodic_checkpoint.every_minutes must be > 0 or null, got {every_minutes!r}")
@@ -154,12 +157,13 @@ class PeriodicCheckpoint(L.Callback):
         self.path = Path(dirpath) / filename
         self.every_seconds = None if every_minutes is None else 60.0 * every_minutes
         self.every_steps = every_steps
-        self._saved_step, self._saved_at, self._seen_step = 0, time.monotonic(), 0
+        self.clock = clock
+        self._saved_step, self._saved_at, self._seen_step = 0, clock(), 0
         self._after_validation = self._saving = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_step = self._seen_step = trainer.global_step
-        self._saved_at = time.monotonic()
+        self._saved_at = self.clock()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._after_validation = not trainer.sanity_checking
@@ -172,7 +176,7 @@ class PeriodicCheckpoint(L.Callback):
             return
         self._seen_step = step
         by_steps = self.every_steps is not None and step - self._saved_step >= self.every_steps
-        by_time = self.every_seconds is not None and time.monotonic() - self._saved_at >= self.every_seconds
+        by_time = self.every_seconds is not None and self.clock() - self._saved_at >= self.every_seconds
         # every rank must agree (saving is collective): rank 0's clock decides
         if not trainer.strategy.broadcast(bool(by_steps or by_time) and not after_validation, src=0):
             return
@@ -183,7 +187,7 @@ class PeriodicCheckpoint(L.Callback):
             self._saving = False
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._saved_step, self._saved_at = trainer.global_step, time.monotonic()
+        self._saved_step, self._saved_at = trainer.global_step, self.clock()
         if self._saving:
             # the batch Lightning fetched for the next step counts as "ready": uncount it, so the
             # checkpoint reads as saved between batches and the resume fetches that batch again
