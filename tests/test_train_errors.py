@@ -290,9 +290,23 @@ def test_export_script_refuses_other_folders_without_force_and_says_what_it_repl
     save_export(other, Decoder(ModelConfig(vocab_size=256, dim=32, depth=2, heads=2, dim_head=16)))
     assert script.main([ckpt, str(other)]) == 2
     assert "another model" in capsys.readouterr().err
-    assert script.main([ckpt, str(trained["export_dir"])]) == 0        # the same model: replaced, and said
+    same = tmp_path / "same"
+    shutil.copytree(trained["export_dir"], same)
+    assert script.main([ckpt, str(same)]) == 0                          # the same weights: unchanged, and said
     out = capsys.readouterr().out
-    assert "export: replaced a model_with_prophet export of step 2" in out and "no longer match" in out
+    assert f"export: {same} unchanged: the export of step 2 has the same weights and model config as a " \
+           f"model_with_prophet export of step 2" in out and "still match" in out and "replaced" not in out
+    assert sorted(p.name for p in same.iterdir()) == sorted(p.name for p in trained["export_dir"].iterdir())
+
+    from specdec_models import load_export
+
+    older = load_export(trained["export_dir"])                          # the same model, other weights
+    with torch.no_grad():
+        next(older.parameters()).add_(1.0)
+    save_export(tmp_path / "older", older, metadata={"global_step": 1})
+    assert script.main([ckpt, str(tmp_path / "older")]) == 0
+    out = capsys.readouterr().out
+    assert "export: replaced a model_with_prophet export of step 1" in out and "no longer match" in out
 
 
 def test_export_script_into_a_read_only_folder_exits_2(trained, shared_dir):

@@ -28,6 +28,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from specdec_models.errors import SpecdecError, check
+from specdec_models.export import read_export_config
 from specdec_models.files import check_writable_dir, one_line, os_error, remove_stale_temps, write_file
 
 from .tasks import TaskModule, get_task
@@ -108,16 +109,29 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict
     check_writable_dir(out_dir, "export directory")
     module, ckpt = load_module(ckpt_path)
     replaced = module.check_export_dir(out_dir, force)
+    old_weights = _weights_sha256(out_dir) if replaced else None
     meta = {**module.run_export_metadata(), "global_step": int(ckpt.get("global_step", 0)),
             "checkpoint": str(Path(ckpt_path).resolve()), **measured_speed(ckpt), **(metadata or {})}
     try:
         path = Path(module.write_export(out_dir, meta, force=force))
     except OSError as error:
         raise os_error(error, f"cannot write the export to {out_dir}") from None
-    if replaced:
+    if replaced and old_weights is not None and old_weights == _weights_sha256(path):
+        report(f"export: {path} unchanged: the export of step {meta['global_step']} has the same weights and "
+               f"model config as {replaced}; caches and drafts made from it still match")
+    elif replaced:
         report(f"export: replaced {replaced} in {path} with the export of step {meta['global_step']}; "
                f"caches and drafts made from the old one no longer match it")
     return path
+
+
+def _weights_sha256(directory: Path) -> str | None:
+    """The weights hash a specdec export's config.json records (it covers the model's config
+    too, `specdec_models.export`); None for anything else (a Hugging Face export)."""
+    try:
+        return read_export_config(directory)["weights_sha256"]
+    except SpecdecError:
+        return None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
