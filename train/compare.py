@@ -118,8 +118,9 @@ def entries_from_rows(entries: list[dict[str, Any]], rows: list[dict[str, Any]])
     for row in rows:
         for entry in entries:
             if entry["name"] == row["method"]:
-                entry[f"t{row['temperature']:g}"] = {k: row[k] for k in ("tokens_per_call", "acceptance_rate",
-                                                                          "alpha", "speedup", "seconds")}
+                entry[f"t{row['temperature']:g}"] = {k: row[k] for k in (
+                    "tokens_per_call", "acceptance_rate", "alpha", "speedup", "seconds", "greedy_equal_plain",
+                    "new_tokens", "row_calls", "drafted", "accepted")}
 
 
 def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
