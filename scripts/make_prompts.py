@@ -27,24 +27,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, required=True, help="number of prompts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="the .jsonl file to write")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
 
-    from specdec_models.files import write_file
+    from specdec_models.errors import check, check_positive_int
+    from specdec_models.files import check_writable_dir, os_error, write_file
     from train.data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
     from train.regenerate import prompts_from_text
 
+    out = Path(args.out).expanduser()
     try:
+        check_positive_int(args.count, "--count")
+        check(not out.is_dir(), f"--out {args.out} is a directory: give the .jsonl file to write")
+        check(args.force or not out.exists(), f"--out {args.out} exists: choose another file, or replace it with --force")
+        check_writable_dir(out.parent, "--out's folder")
         if not Path(args.text).expanduser().is_file():
             raise SpecdecError(f"--text {args.text} does not exist")
         data = read_bytes(Path(args.text).expanduser())[:ENWIK8_BYTES]
         train_end, valid_end = split_bounds(len(data))[:2]
         part = data[:train_end] if args.split == "train" else data[train_end:valid_end]
         prompts = prompts_from_text(part.tobytes().decode("utf-8", errors="ignore"), args.count, args.seed)
+        lines = "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_file(out, lambda f: f.write(lines.encode("utf-8")))
+        except OSError as error:
+            raise os_error(error, f"cannot write {args.out}") from None
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    lines = "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts)
-    write_file(Path(args.out), lambda f: f.write(lines.encode("utf-8")))
     print(f"{len(prompts)} prompts from the {args.split} split of {args.text} -> {args.out}")
     return 0
 

@@ -8,7 +8,8 @@ An export is a directory holding
                                       "tokenizer": {"kind": "bytes"},
                                       "weights": "weights-<sha256[:16]>.safetensors",
                                       "weights_sha256": "<hex>", "metadata": {...}}
-    weights-<sha256[:16]>.safetensors   the model's state_dict
+    weights-<sha256[:16]>.safetensors   the model's state_dict; its header's metadata holds
+                                     {"specdec_config_sha256": sha256 of the model's config}
 
 A `model_with_prophet` export holds the state_dict of a `ModelWithProphet` (main model, prophet and
 the start projection); a `decoder` export a `Decoder`'s. Loading rebuilds the model from the JSON
@@ -23,6 +24,12 @@ its own trainable weights only ("main": null, "prophet": the HFProphetConfig dic
 
 `load_export(DIR, target=model)` attaches the head to `model` (whose embedding and head it
 shares) and refuses, in one line, a target whose weights hash differently.
+
+config.json's weights_sha256 covers the weights file, and the weights file covers the model's
+config (format, kind, main, prophet, tokenizer, target: `config_sha256`), so an edited
+config.json (a larger max_seq_len or prophet_train_length than the model was trained with) is
+refused on load in one line naming the file. (Exports written before this key have no such hash
+and load as before.)
 
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
 (written in a temp directory of ours, fsync, rename), then config.json is replaced in one
@@ -43,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig, ProphetConfig
@@ -63,6 +71,15 @@ TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
 HF_TARGET_TOKENIZER = {"kind": "hf_target"}   # an hf_prophet head uses its target's own tokenizer
 KINDS = ("decoder", "model_with_prophet", "hf_prophet")
 FORCE = "force=True, scripts/export.py --force"
+CONFIG_HASH_KEY = "specdec_config_sha256"       # in the weights file's safetensors metadata
+HEADER_KEYS = ("format", "format_version", "kind", "main", "prophet", "tokenizer", "target")
+
+
+def config_sha256(config: dict[str, Any]) -> str:
+    """The sha256 of what identifies an export's model in its config.json (HEADER_KEYS: not the
+    weights' name and hash, not the run metadata), as canonical JSON."""
+    header = {key: config[key] for key in HEADER_KEYS if key in config}
+    return hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------- writing
@@ -100,7 +117,7 @@ def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet 
         staging.mkdir()
         try:
             written = staging / "weights.safetensors"
-            save_file(tensors, str(written))
+            save_file(tensors, str(written), metadata={CONFIG_HASH_KEY: config_sha256(header)})
             with open(written, "rb+") as f:
                 os.fsync(f.fileno())
             os.chmod(written, file_mode())
@@ -359,6 +376,15 @@ def _check_weights_file(directory: Path, config: dict[str, Any]) -> Path:
     check(digest == config["weights_sha256"],
           f"weights file {weights} has sha256 {digest[:16]}..., config.json records "
           f"{config['weights_sha256'][:16]}...: the file is truncated or corrupt, re-export the model")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            recorded = (f.metadata() or {}).get(CONFIG_HASH_KEY)
+    except Exception as error:  # safetensors raises its own error types for a corrupt file
+        raise SpecdecError(f"cannot read weights file {weights} ({_one_line(error)}): re-export the model") from None
+    check(recorded is None or recorded == config_sha256(config),
+          f"{weights} does not match the {config['kind']} config in {directory / CONFIG_NAME}: that config "
+          f"(kind, main, prophet, tokenizer) is not the one these weights were exported with (was config.json "
+          f"edited?): restore it or re-export the model")
     return weights
 
 

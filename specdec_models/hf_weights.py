@@ -71,14 +71,28 @@ def check_source(path: str | os.PathLike, what: str = "model", *, tokenizer_only
     path = Path(path).expanduser()
     if path.suffix == ".gguf":
         check(path.is_file(), f"{what}: GGUF file {path} does not exist")
+        check(_is_gguf(path), f"{what}: {path} is not a GGUF file (it does not start with GGUF's magic bytes)")
         _require("transformers", "gguf", "accelerate", why="loading a GGUF file")
     else:
+        check(not path.is_file() or not _is_gguf(path),
+              f"{what}: {path} is a GGUF file without the .gguf suffix: rename it to end in .gguf")
+        check(not path.exists() or path.is_dir(),
+              f"{what}: {path} is a file, not a GGUF file (.gguf) or a Hugging Face model directory")
         check(path.is_dir(), f"{what}: model directory {path} does not exist (or give a .gguf file)")
         check(tokenizer_only or (path / "config.json").is_file(),
               f"{what}: {path} holds no config.json: not a Hugging Face model directory (for a GGUF file give "
               "the .gguf path)")
         _require("transformers", why="loading a Hugging Face model")
     return path
+
+
+def _is_gguf(path: Path) -> bool:
+    """Whether the file starts with GGUF's magic bytes."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _where(path: Path) -> dict[str, Any]:

@@ -143,7 +143,16 @@ def test_peer_prophet_decoding_emits_the_requested_tokens():
     torch.manual_seed(0)
     peer = build_peer(MAIN, PROPHET, patched_ff=True).eval()
     out, seconds, accepted = peer_prophet_decode(peer, torch.randint(0, 256, (3, 5)), 17, gamma=3, top_k=20)
-    assert out.shape == (3, 17) and seconds > 0 and 0 <= accepted <= 3
+    assert out.shape == (3, 17) and seconds > 0
+    # a prophet that drafts exactly the main model's token: zero output weights give both the same
+    # (all-equal) logits, top_k=1 keeps the same single token, p/q = 1, so every draft of every
+    # round is accepted: 3 per round, and every new token is that token
+    with torch.no_grad():
+        peer.model.to_logits[-1].weight.zero_()
+        peer.prophet.to_logits[-1].weight.zero_()
+    out, _, accepted = peer_prophet_decode(peer, torch.randint(0, 256, (3, 5)), 17, gamma=3, top_k=1)
+    assert accepted == 3.0
+    assert out.shape == (3, 17) and (out == out[0, 0]).all()
 
 
 def test_peer_filter_threshold_keeps_exactly_top_k():

@@ -41,9 +41,19 @@ def test_compare_drafts_at_test_sizes(tiny_cfg, tiny_corpus, tmp_path, capsys):
     result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     names = [e["name"] for e in result["entries"]]
     assert names == ["ce", "tvd/corpus", "tvd/student", "prophet/frozen", "prophet/joint"]
+    gamma, prompts, new = 5, 2, 8                      # --gamma's default, --prompts, --max-new-tokens (1 round)
     for entry in result["entries"]:
         for tag in ("t0", "t1"):
-            assert 1.0 <= entry[tag]["tokens_per_call"] <= 6.0 and entry[tag]["speedup"] > 0
+            t = entry[tag]
+            # the rates are the counts': every prompt emits exactly max_new_tokens; each target call
+            # emits its accepted drafts + 1 (the prefill's emits 1), the last round of a row cut by up
+            # to gamma at max_new_tokens
+            assert t["new_tokens"] == prompts * new
+            assert t["tokens_per_call"] == t["new_tokens"] / t["row_calls"]
+            assert t["row_calls"] + t["accepted"] - gamma * prompts <= t["new_tokens"] <= t["row_calls"] + t["accepted"]
+            assert t["acceptance_rate"] == t["accepted"] / t["drafted"] and t["accepted"] <= t["drafted"]
+            assert t["speedup"] > 0
+        assert entry["t0"]["greedy_equal_plain"] is True                # speculative greedy = plain greedy
     # equal student compute; distillation pays the teacher's forward passes on top
     ce, tvd, on_policy = result["entries"][:3]
     assert ce["train_tokens"] == tvd["train_tokens"] == on_policy["train_tokens"] == 2 * 8 * 32

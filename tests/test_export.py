@@ -323,6 +323,23 @@ def test_bad_model_config_is_a_clear_error(exported):
     expect_error("bad model config.*n_layers", load_export, exported)
 
 
+@pytest.mark.parametrize("part,key", [("main", "max_seq_len"), ("prophet", "prophet_train_length"),
+                                      ("prophet", "num_leading_start_tokens")])
+def test_an_edited_model_config_is_refused_on_load(tmp_path, part, key):
+    """config.json is covered by the export's hashes: a larger max_seq_len or prophet_train_length
+    written into it by hand would let decoding run past what the model was trained for."""
+    save_export(tmp_path / "p", tiny_with_prophet(), metadata={"gamma": 5})
+    config = json.loads((tmp_path / "p" / "config.json").read_text())
+    _edit_config(tmp_path / "p", metadata={"gamma": 3})                 # run metadata: not the model
+    load_export(tmp_path / "p")
+    _edit_config(tmp_path / "p", **{part: {**config[part], key: config[part][key] + 1}})
+    message = expect_error("does not match the model_with_prophet config in", load_export, tmp_path / "p")
+    assert str(tmp_path / "p" / "config.json") in message and "was config.json edited?" in message
+    expect_error("was config.json edited", export_hash, tmp_path / "p", verify=True)
+    _edit_config(tmp_path / "p", **{part: config[part]})                  # restored: loads again
+    load_export(tmp_path / "p")
+
+
 def test_weights_name_outside_the_directory_is_refused(exported):
     _edit_config(exported, weights="../elsewhere.safetensors")
     expect_error("file name inside the export directory", load_export, exported)

@@ -15,8 +15,14 @@ from train.run import run, validate
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
-def test_experiments_exist():
-    assert {"enwik8_prophet", "tiny"} <= set(EXPERIMENTS)
+def test_every_experiment_the_readme_and_makefile_name_is_one_that_composes(compose):
+    import re
+
+    named = set(re.findall(r"experiment=([a-z0-9_]+)", (REPO / "README.md").read_text() + (REPO / "Makefile").read_text()))
+    assert {"enwik8_prophet", "tiny"} <= named                 # the two the README's commands run
+    assert named <= set(EXPERIMENTS), sorted(named - set(EXPERIMENTS))
+    for name in sorted(named):
+        assert compose([f"experiment={name}"]).name == name
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -52,9 +58,50 @@ GROUP_OPTIONS = sorted((group.name, option.stem) for group in CONF.iterdir() if 
                        and group.name != "experiment" for option in group.glob("*.yaml"))
 
 
-def test_the_groups_are_found():
-    groups = {g for g, _ in GROUP_OPTIONS}
-    assert {"task", "model", "data", "objective", "student", "trainer", "logger", "optim", "callbacks"} <= groups
+def test_every_default_of_train_yaml_is_a_group_option_the_parametrized_test_covers(compose):
+    """conf/train.yaml's defaults list picks options of GROUP_OPTIONS (so the test below checks
+    what a plain `python -m train` composes), and composing them gives each option's own values."""
+    import yaml
+
+    defaults = [d for d in yaml.safe_load((CONF / "train.yaml").read_text())["defaults"]
+                if isinstance(d, dict) and not next(iter(d)).startswith("override")]
+    chosen = {next(iter(d)): next(iter(d.values())) for d in defaults}
+    assert {g for g in chosen if chosen[g] is not None} == {"task", "model", "data", "optim", "trainer", "logger",
+                                                             "callbacks"}
+    cfg = compose([])
+    for group, option in chosen.items():
+        if option is None:
+            continue
+        assert (group, option) in GROUP_OPTIONS
+        assert_option_applied(cfg, group, option)
+
+
+def assert_option_applied(cfg, group: str, option: str) -> None:
+    """cfg holds what conf/<group>/<option>.yaml sets: its _target_s, names, sizes and objective
+    (the values that say which option was composed; an experiment may change the others); an
+    empty option (logger=none) leaves the group empty."""
+    import yaml
+
+    text = (CONF / group / f"{option}.yaml").read_text()
+    node = yaml.safe_load(text) or {}
+    if "# @package _global_" not in text.splitlines()[:3]:
+        node = {group: node}
+    node.pop("defaults", None)
+    if not node.get(group, True):
+        assert not cfg.get(group), (group, option)
+        return
+
+    def identities(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from identities(value, f"{prefix}{key}.")
+            elif key in ("_target_", "name", "dim", "depth", "divergence", "data"):
+                yield f"{prefix}{key}", value
+
+    found = list(identities(node))
+    assert found, f"{group}/{option}.yaml sets nothing that says it was composed"
+    for key, value in found:
+        assert OmegaConf.select(cfg, key) == value, (group, option, key)
 
 
 @pytest.mark.filterwarnings("ignore:the student .* is not smaller")  # tiny teacher, real student sizes
@@ -66,7 +113,7 @@ def test_every_group_option_composes_and_validates(compose, group, option, tiny_
     prefix = "+" if group in ("student", "objective") else ""
     if needs is None:
         cfg = compose(["experiment=tiny", f"{group}={option}"])       # composes; validated elsewhere
-        assert cfg[group] is not None
+        assert_option_applied(cfg, group, option)
         return
     extra = [n.replace("EXPORT", str(tiny_decoder_export)) for n in needs]
     if any("CACHE" in n for n in extra):
@@ -78,6 +125,7 @@ def test_every_group_option_composes_and_validates(compose, group, option, tiny_
     cfg = compose(["experiment=tiny", *extra, f"{prefix}{group}={option}"])
     kwargs = validate(cfg)
     assert kwargs["metadata"]["task"] == cfg.task.name
+    assert_option_applied(cfg, group, option)
 
 
 def test_enwik8_prophet_is_the_seed_recipe(compose):
@@ -111,6 +159,9 @@ def test_unknown_key_is_a_composition_error(compose):
     ("trainer.accumulate_grad_batches=3", "multiple of trainer.accumulate_grad_batches"),
     ("data.path=/nonexistent/enwik8", "does not exist"),
     ("ckpt_path=/nonexistent/last.ckpt", "does not exist"),
+    ("+foo=1", "unknown config key foo: nothing reads it (no file in conf/ defines it)"),
+    ("+trainr.max_steps=3", "unknown config key trainr"),
+    ("overwrite=yes", "overwrite must be true or false"),
 ])
 def test_bad_values_fail_in_one_line_before_any_work(tiny_cfg, tmp_path, override, message):
     out = tmp_path / "run"

@@ -9,6 +9,7 @@ A read-only folder is tested in a child that drops root (who may write anywhere)
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 import shutil
@@ -99,10 +100,56 @@ def test_read_only_output_folder_is_one_line(tiny_cfg, tiny_corpus, shared_dir):
 def test_an_output_folder_whose_export_is_another_model_is_refused_before_training(tiny_cfg, tmp_path):
     out = tmp_path / "run"
     save_export(out / "export", Decoder(ModelConfig(vocab_size=256, dim=32, depth=2, heads=2, dim_head=16)))
-    with pytest.raises(SpecdecError, match="holds a decoder export .*another model .its kind, main, prophet "
-                                           "differ.: choose another export directory"):
+    with pytest.raises(SpecdecError, match="holds an earlier run .export.: resume it with ckpt_path=.*overwrite=true"):
         run(tiny_cfg(out))
     assert sorted(p.name for p in out.iterdir()) == ["export"]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def earlier_run(trained, tmp_path) -> Path:
+    """A copy of a finished run's folder (checkpoints, csv/metrics.csv, config.yaml, train.log, export)."""
+    folder = tmp_path / "earlier"
+    shutil.copytree(trained["output_dir"], folder)
+    return folder
+
+
+def test_a_finished_runs_folder_is_refused_without_ckpt_path_or_overwrite(earlier_run, tiny_cfg):
+    before = snapshot(earlier_run)
+    with pytest.raises(SpecdecError) as error:
+        run(tiny_cfg(earlier_run, *FAST))
+    message = str(error.value)
+    assert message == (f"output directory {earlier_run} holds an earlier run (config.yaml, train.log, checkpoints, "
+                       f"csv, export): resume it with ckpt_path={earlier_run / 'checkpoints' / 'last.ckpt'}, choose a "
+                       f"new output_dir, or replace it with overwrite=true")
+    assert snapshot(earlier_run) == before
+
+
+def test_overwrite_true_replaces_the_earlier_run_whole(earlier_run, tiny_cfg):
+    result = run(tiny_cfg(earlier_run, *FAST, "trainer.max_steps=4", "trainer.val_check_interval=4", "overwrite=true"))
+    assert result["global_step"] == 4
+    assert [p.name for p in (earlier_run / "checkpoints").iterdir() if p.name.startswith("step")] == [
+        result["best_ckpt"].name]                                         # the earlier run's best is gone
+    with open(earlier_run / "csv" / "metrics.csv", newline="") as f:
+        train_steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert train_steps == [0, 1, 2, 3]                                    # this run's rows only, once each
+    assert "max_steps: 4" in (earlier_run / "config.yaml").read_text()
+    assert (earlier_run / "train.log").read_text().count("training starts") == 1
+
+
+def test_resuming_into_another_runs_folder_is_refused(trained, earlier_run, tiny_cfg):
+    before = snapshot(earlier_run)
+    for extra in ([], ["overwrite=true"]):
+        with pytest.raises(SpecdecError) as error:
+            run(tiny_cfg(earlier_run, f"ckpt_path={trained['last_ckpt']}", *extra))
+        assert str(error.value).startswith(f"ckpt_path {trained['last_ckpt']} belongs to the run in "
+                                           f"{trained['output_dir']}, and output directory {earlier_run} holds "
+                                           f"another run")
+        assert "a resumed run writes into its checkpoint's own folder" in str(error.value)
+    assert snapshot(earlier_run) == before
 
 
 # ---------------------------------------------------------------- callbacks, trainer, data
@@ -184,6 +231,40 @@ def test_a_junk_checkpoint_through_the_cli_exits_2_and_creates_nothing(tiny_corp
     assert list(cwd.iterdir()) == []
 
 
+def test_an_error_found_after_seeding_is_one_line_without_the_seed_message(tmp_path):
+    bad = tmp_path / "corrupt.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00 not really gzip" * 100)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    child = forked(cli("experiment=tiny", f"data.path={bad}", "data.allow_short=true"), cwd=cwd)
+    assert child.status == 2
+    (line,) = child.output.strip().splitlines()                       # no "Seed set to 0" before it
+    assert line.startswith("error: ") and str(bad) in line
+    assert list(cwd.iterdir()) == []
+
+
+def test_hydra_run_dir_is_the_output_dir(tiny_corpus, tmp_path):
+    cwd, chosen = tmp_path / "cwd", tmp_path / "chosen" / "run"
+    cwd.mkdir()
+    child = forked(cli("experiment=tiny", f"data.path={tiny_corpus}", "data.allow_short=true", *FAST,
+                       f"hydra.run.dir={chosen}"), cwd=cwd)
+    assert child.status == 0, child.output[-3000:]
+    assert {"config.yaml", "train.log", "checkpoints", "csv", "export"} <= {p.name for p in chosen.iterdir()}
+    assert list(cwd.iterdir()) == []                                   # no outputs/<date>/<time>
+
+
+def test_hydra_run_dir_and_another_output_dir_is_one_line_and_leaves_nothing(tiny_corpus, tmp_path):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    child = forked(cli("experiment=tiny", f"data.path={tiny_corpus}", "data.allow_short=true",
+                       f"hydra.run.dir={tmp_path / 'made' / 'by_hydra'}", f"output_dir={tmp_path / 'other'}"), cwd=cwd)
+    assert child.status == 2
+    (line,) = child.output.strip().splitlines()
+    assert line == (f"error: output_dir={tmp_path / 'other'} and hydra.run.dir={tmp_path / 'made' / 'by_hydra'} "
+                    f"differ: give the run's folder once, as output_dir=DIR")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd"] and list(cwd.iterdir()) == []
+
+
 # ---------------------------------------------------------------- scripts/export.py
 
 def export_script():
@@ -209,9 +290,23 @@ def test_export_script_refuses_other_folders_without_force_and_says_what_it_repl
     save_export(other, Decoder(ModelConfig(vocab_size=256, dim=32, depth=2, heads=2, dim_head=16)))
     assert script.main([ckpt, str(other)]) == 2
     assert "another model" in capsys.readouterr().err
-    assert script.main([ckpt, str(trained["export_dir"])]) == 0        # the same model: replaced, and said
+    same = tmp_path / "same"
+    shutil.copytree(trained["export_dir"], same)
+    assert script.main([ckpt, str(same)]) == 0                          # the same weights: unchanged, and said
     out = capsys.readouterr().out
-    assert "export: replaced a model_with_prophet export of step 2" in out and "no longer match" in out
+    assert f"export: {same} unchanged: the export of step 2 has the same weights and model config as a " \
+           f"model_with_prophet export of step 2" in out and "still match" in out and "replaced" not in out
+    assert sorted(p.name for p in same.iterdir()) == sorted(p.name for p in trained["export_dir"].iterdir())
+
+    from specdec_models import load_export
+
+    older = load_export(trained["export_dir"])                          # the same model, other weights
+    with torch.no_grad():
+        next(older.parameters()).add_(1.0)
+    save_export(tmp_path / "older", older, metadata={"global_step": 1})
+    assert script.main([ckpt, str(tmp_path / "older")]) == 0
+    out = capsys.readouterr().out
+    assert "export: replaced a model_with_prophet export of step 1" in out and "no longer match" in out
 
 
 def test_export_script_into_a_read_only_folder_exits_2(trained, shared_dir):

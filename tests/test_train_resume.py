@@ -162,54 +162,63 @@ def test_killed_run_resumes_the_same_csv_and_wandb_run_with_every_step_once(refe
         assert "Tip:" not in output and "anonymous" not in output
 
 
+class FakeClock(L.Callback):
+    """A clock for PeriodicCheckpoint that advances `per_batch` seconds at the end of every training
+    batch, whatever the machine's speed: checkpoints by time land on known steps."""
+
+    def __init__(self, per_batch: float) -> None:
+        self.per_batch, self.now = per_batch, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def on_train_batch_end(self, *args) -> None:
+        self.now += self.per_batch
+
+
 class Spy(L.Callback):
-    """Records (step, who) for every checkpoint saved: "periodic" for PeriodicCheckpoint's."""
+    """Records (step, who) for every checkpoint saved: "periodic" for PeriodicCheckpoint's, and
+    the periodic checkpoint's clock then."""
 
     def __init__(self, periodic: PeriodicCheckpoint, saved: list) -> None:
         self.periodic, self.saved, self.times = periodic, saved, []
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         self.saved.append((trainer.global_step, "periodic" if self.periodic._saving else "other"))
-        self.times.append(time.monotonic())
-
-
-class Slow(L.Callback):
-    def on_train_batch_end(self, *args) -> None:
-        time.sleep(0.125)
+        self.times.append(self.periodic.clock())
 
 
 BUILD_CALLBACKS = train_run.build_callbacks
 
 
-def spied(spies: list, *extra: L.Callback):
-    """build_callbacks that adds a Spy (appended to `spies`) and `extra`."""
+def spied(spies: list, clock: FakeClock):
+    """build_callbacks that gives PeriodicCheckpoint the fake `clock` and adds a Spy (appended to `spies`)."""
     def callbacks(cfg):
         found = BUILD_CALLBACKS(cfg)
-        spies.append(Spy(next(c for c in found if isinstance(c, PeriodicCheckpoint)), []))
-        return [*found, spies[-1], *extra]
+        periodic = next(c for c in found if isinstance(c, PeriodicCheckpoint))
+        periodic.clock = clock
+        spies.append(Spy(periodic, []))
+        return [*found, clock, spies[-1]]
     return callbacks
 
 
 def test_periodic_checkpoints_by_steps_and_by_time(tiny_cfg, tmp_path, monkeypatch):
     spies: list[Spy] = []
-    monkeypatch.setattr(train_run, "build_callbacks", spied(spies))
+    monkeypatch.setattr(train_run, "build_callbacks", spied(spies, FakeClock(0.0)))
     run(tiny_cfg(tmp_path / "steps", *RUN))
     # every 3 steps from the last checkpoint; a validation writes two (best and last.ckpt); then the final one
     assert spies[0].saved == [(3, "periodic"), (6, "periodic"), (8, "other"), (8, "other"), (11, "periodic"),
                               (14, "periodic"), (16, "other"), (16, "other"), (16, "other")]
-    # by time: every_minutes=0.01 (0.6 s), steps slowed to >= 0.25 s (2 micro-batches x 0.125 s): a
-    # checkpoint once 0.6 s have passed since the last one, at the next step boundary
-    monkeypatch.setattr(train_run, "build_callbacks", spied(spies, Slow()))
+    # by time: every_minutes=0.01 (0.6 s) on a fake clock at 0.125 s a step (2 micro-batches x 0.0625 s,
+    # exact in binary): a checkpoint at the first step boundary 0.6 s after the last checkpoint of
+    # either kind, i.e. 5 steps after it: 5, then the validation's at 8, then 13
+    monkeypatch.setattr(train_run, "build_callbacks", spied(spies, FakeClock(0.0625)))
     run(tiny_cfg(tmp_path / "time", *RUN, "callbacks.periodic_checkpoint.every_steps=null",
                  "callbacks.periodic_checkpoint.every_minutes=0.01"))
     spy = spies[1]
-    periodic = [i for i, (_, who) in enumerate(spy.saved) if who == "periodic"]
-    assert len(periodic) >= 3, spy.saved
-    for i in periodic:
-        gap = spy.times[i] - spy.times[i - 1] if i else None
-        assert gap is None or gap >= 0.6, spy.saved
-    steps = [spy.saved[i][0] for i in periodic]
-    assert all(1 <= b - a <= 4 for a, b in zip(steps, steps[1:])), spy.saved
+    assert spy.saved == [(5, "periodic"), (8, "other"), (8, "other"), (13, "periodic"), (16, "other"),
+                         (16, "other"), (16, "other")]
+    assert spy.times == [0.625, 1.0, 1.0, 1.625, 2.0, 2.0, 2.0]
 
 
 @pytest.mark.slow
@@ -229,8 +238,8 @@ def test_soak_twenty_kills_at_random_moments_end_like_an_uninterrupted_run(tiny_
     rng, resumed_from = random.Random(0), []
     for kill in range(20):
         step = torch.load(last, weights_only=True)["global_step"] if last.exists() else 0
-        resume = [f"ckpt_path={last}"] if last.exists() else []
-        if resume:
+        resume = [f"ckpt_path={last}"] if last.exists() else ["overwrite=true"]   # killed before any checkpoint
+        if last.exists():
             resumed_from.append(step)
         # a random moment within about twice this restart's share of the steps left (each
         # restart also spends ~1 s starting up), so kills spread along the run and it never

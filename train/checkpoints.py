@@ -28,6 +28,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from specdec_models.errors import SpecdecError, check
+from specdec_models.export import read_export_config
 from specdec_models.files import check_writable_dir, one_line, os_error, remove_stale_temps, write_file
 
 from .tasks import TaskModule, get_task
@@ -108,16 +109,29 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict
     check_writable_dir(out_dir, "export directory")
     module, ckpt = load_module(ckpt_path)
     replaced = module.check_export_dir(out_dir, force)
+    old_weights = _weights_sha256(out_dir) if replaced else None
     meta = {**module.run_export_metadata(), "global_step": int(ckpt.get("global_step", 0)),
             "checkpoint": str(Path(ckpt_path).resolve()), **measured_speed(ckpt), **(metadata or {})}
     try:
         path = Path(module.write_export(out_dir, meta, force=force))
     except OSError as error:
         raise os_error(error, f"cannot write the export to {out_dir}") from None
-    if replaced:
+    if replaced and old_weights is not None and old_weights == _weights_sha256(path):
+        report(f"export: {path} unchanged: the export of step {meta['global_step']} has the same weights and "
+               f"model config as {replaced}; caches and drafts made from it still match")
+    elif replaced:
         report(f"export: replaced {replaced} in {path} with the export of step {meta['global_step']}; "
                f"caches and drafts made from the old one no longer match it")
     return path
+
+
+def _weights_sha256(directory: Path) -> str | None:
+    """The weights hash a specdec export's config.json records (it covers the model's config
+    too, `specdec_models.export`); None for anything else (a Hugging Face export)."""
+    try:
+        return read_export_config(directory)["weights_sha256"]
+    except SpecdecError:
+        return None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -141,10 +155,13 @@ class PeriodicCheckpoint(L.Callback):
     have been logged (Lightning's own step checkpoints save before, so a resume never logs the
     saved step: see `train.loggers`), and marks the batch already fetched as not started, the
     state Lightning itself saves at the end of training. Right after a validation it waits one
-    step (that state restarts differently; the validation's checkpoint covers it)."""
+    step (that state restarts differently; the validation's checkpoint covers it).
+
+    `clock` (seconds, monotonic; `time.monotonic`) is what "every_minutes" is measured with: tests
+    give a fake one, so what they check does not depend on the machine's speed."""
 
     def __init__(self, dirpath: str, every_minutes: float | None = 10.0, every_steps: int | None = 1000,
-                 filename: str = "last.ckpt") -> None:
+                 filename: str = "last.ckpt", clock: Callable[[], float] = time.monotonic) -> None:
         check(every_minutes is None or (isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
                                         and math.isfinite(every_minutes) and every_minutes > 0),
               f"periodic_checkpoint.every_minutes must be > 0 or null, got {every_minutes!r}")
@@ -154,12 +171,13 @@ class PeriodicCheckpoint(L.Callback):
         self.path = Path(dirpath) / filename
         self.every_seconds = None if every_minutes is None else 60.0 * every_minutes
         self.every_steps = every_steps
-        self._saved_step, self._saved_at, self._seen_step = 0, time.monotonic(), 0
+        self.clock = clock
+        self._saved_step, self._saved_at, self._seen_step = 0, clock(), 0
         self._after_validation = self._saving = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_step = self._seen_step = trainer.global_step
-        self._saved_at = time.monotonic()
+        self._saved_at = self.clock()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._after_validation = not trainer.sanity_checking
@@ -172,7 +190,7 @@ class PeriodicCheckpoint(L.Callback):
             return
         self._seen_step = step
         by_steps = self.every_steps is not None and step - self._saved_step >= self.every_steps
-        by_time = self.every_seconds is not None and time.monotonic() - self._saved_at >= self.every_seconds
+        by_time = self.every_seconds is not None and self.clock() - self._saved_at >= self.every_seconds
         # every rank must agree (saving is collective): rank 0's clock decides
         if not trainer.strategy.broadcast(bool(by_steps or by_time) and not after_validation, src=0):
             return
@@ -183,7 +201,7 @@ class PeriodicCheckpoint(L.Callback):
             self._saving = False
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._saved_step, self._saved_at = trainer.global_step, time.monotonic()
+        self._saved_step, self._saved_at = trainer.global_step, self.clock()
         if self._saving:
             # the batch Lightning fetched for the next step counts as "ready": uncount it, so the
             # checkpoint reads as saved between batches and the resume fetches that batch again

@@ -84,7 +84,8 @@ def train_candidate(name: str, overrides: list[str], run_dir: Path, run: Callabl
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[*overrides, f"output_dir={run_dir}"])
+        # the folder is this comparison's own: a run cut short there (no summary) or retrain=True is replaced
+        cfg = compose(config_name="train", overrides=[*overrides, f"output_dir={run_dir}", "overwrite=true"])
     print(f"[{name}] training {cfg.trainer.max_steps} steps into {run_dir}", file=sys.stderr)
     started = time.perf_counter()
     result = run(cfg)
@@ -117,8 +118,9 @@ def entries_from_rows(entries: list[dict[str, Any]], rows: list[dict[str, Any]])
     for row in rows:
         for entry in entries:
             if entry["name"] == row["method"]:
-                entry[f"t{row['temperature']:g}"] = {k: row[k] for k in ("tokens_per_call", "acceptance_rate",
-                                                                          "alpha", "speedup", "seconds")}
+                entry[f"t{row['temperature']:g}"] = {k: row[k] for k in (
+                    "tokens_per_call", "acceptance_rate", "alpha", "speedup", "seconds", "greedy_equal_plain",
+                    "new_tokens", "row_calls", "drafted", "accepted")}
 
 
 def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -50,11 +50,23 @@ def read_prompts(path: str | os.PathLike, tokenizer: Any, chat: bool) -> list[Te
         records: list[Any] = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
         text = path.read_text(encoding="utf-8")
-        try:
-            lines = [line for line in text.splitlines() if line.strip()]
-            records = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in lines]
-        except ValueError as error:
-            raise SpecdecError(f"prompts file {path} is not valid JSON: {' '.join(str(error).split())}") from None
+        if path.suffix == ".json":
+            try:
+                records = json.loads(text)
+            except ValueError as error:
+                raise SpecdecError(f"prompts file {path} is not valid JSON: {' '.join(str(error).split())}") from None
+        else:
+            records = []
+            for number, line in enumerate(text.splitlines(), start=1):     # the file's own line numbers
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except ValueError as error:
+                    # json's message counts from the line alone ("line 1 column 9"): keep only the column
+                    reason = re.sub(r": line \d+ column (\d+) \(char \d+\)", r" at column \1", str(error))
+                    raise SpecdecError(f"prompts file {path}, line {number} is not valid JSON: "
+                                       f"{' '.join(reason.split())}") from None
     check(isinstance(records, list) and records, f"prompts file {path} holds no prompts")
     check(not chat or getattr(tokenizer, "chat_template", None), "chat prompts need a tokenizer with a chat template")
     prompts = []

@@ -1,7 +1,8 @@
 """run(cfg): the training job, wired explicitly so tests call the same function users do.
 
-Order: check the whole config (one-line `SpecdecError`s: the run-level keys here, the task's own
-through its `Task.validate`), pick the output directory (checked writable, not yet created),
+Order: check the whole config (one-line `SpecdecError`s: unknown top-level keys, the run-level
+keys here, the task's own through its `Task.validate`), pick the output directory (checked
+writable, not yet created, and holding no earlier run unless this resumes it or overwrite=true),
 read the checkpoint to resume from, seed, load the data (a missing or bad file stops here), build
 the task's module (checked against that checkpoint and against what `<output>/export` holds),
 the callbacks, the loggers (continuing the checkpoint's CSV file and W&B run, `train.loggers`)
@@ -13,8 +14,10 @@ behind. Then fit, save `checkpoints/last.ckpt`, and export it with
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import shutil
 import sys
 import warnings
 from datetime import datetime
@@ -28,6 +31,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -57,8 +61,32 @@ def metadata_of(cfg: DictConfig) -> dict[str, Any]:
             "tags": list(cfg.tags)}
 
 
+CONF = Path(__file__).resolve().parent.parent / "conf"
+GLOBAL_PACKAGE = "# @package _global_"
+
+
+@functools.cache
+def known_top_level_keys() -> frozenset[str]:
+    """Every top-level key some part of conf/ defines: conf/train.yaml's own, each group's name
+    (task, model, teacher, student, ...) and the top-level keys of the `# @package _global_`
+    files (tasks, experiments). A `+key=...` outside these is read by nothing."""
+    import yaml
+
+    keys = {"hydra"}
+    for path in CONF.rglob("*.yaml"):
+        text = path.read_text(encoding="utf-8")
+        if path.parent == CONF or GLOBAL_PACKAGE in text.split("\n", 3)[:3]:
+            keys |= set(yaml.safe_load(text) or {}) - {"defaults"}
+        else:
+            keys.add(path.relative_to(CONF).parts[0])
+    return frozenset(keys)
+
+
 def validate_run(cfg: DictConfig) -> Task:
     """Check the run-level keys every task shares; return the run's task."""
+    for key in sorted(set(cfg) - known_top_level_keys()):
+        raise SpecdecError(f"unknown config key {key}: nothing reads it (no file in conf/ defines it); "
+                           f"check its spelling or drop +{key}=...")
     check(isinstance(cfg.get("task"), DictConfig), "task must be a config node: choose one with task=NAME")
     task = get_task(cfg.task.get("name"))
     check_positive_int(cfg.gamma, "gamma")
@@ -85,6 +113,7 @@ def validate_run(cfg: DictConfig) -> Task:
           f"trainer.gradient_clip_val must be > 0 or null, got {trainer.get('gradient_clip_val')!r}")
     if cfg.ckpt_path is not None:
         check(Path(cfg.ckpt_path).is_file(), f"ckpt_path {cfg.ckpt_path} does not exist")
+    check(isinstance(cfg.overwrite, bool), f"overwrite must be true or false, got {cfg.overwrite!r}")
     OptimConfig.from_dict(to_plain(cfg.optim))
     return task
 
@@ -98,14 +127,34 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     return {**kwargs, "optim": to_plain(cfg.optim), "seed": cfg.seed, "metadata": metadata, "compile": cfg.compile}
 
 
+def hydra_run_dir() -> Path | None:
+    """`hydra.run.dir=X` on the command line (not conf/train.yaml's "."), in a single run; else None."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return None
+    run_dir = HydraConfig.get().run.dir
+    return None if not run_dir or Path(run_dir) == Path(".") else Path(run_dir)
+
+
+def checkpoint_run_dir(ckpt_path: str | os.PathLike) -> Path | None:
+    """The run directory a checkpoint of <run>/checkpoints/ belongs to, else None."""
+    path = Path(ckpt_path).resolve()
+    return path.parent.parent if path.parent.name == "checkpoints" else None
+
+
 def output_dir(cfg: DictConfig) -> Path:
-    """cfg.output_dir; else, when resuming from <run>/checkpoints/*.ckpt, that run's directory (a
-    resumed run continues the same run); else, in a Hydra multirun, the job's directory; else a
-    new outputs/<date>/<time>. Creates nothing."""
-    if cfg.output_dir:
-        return Path(cfg.output_dir)
-    if cfg.ckpt_path and Path(cfg.ckpt_path).parent.name == "checkpoints":
-        return Path(cfg.ckpt_path).parent.parent
+    """cfg.output_dir (or `hydra.run.dir=X`, the same thing: giving both, different, is an
+    error); else, when resuming from <run>/checkpoints/*.ckpt, that run's directory (a resumed
+    run continues the same run); else, in a Hydra multirun, the job's directory; else a new
+    outputs/<date>/<time>. Creates nothing."""
+    run_dir = hydra_run_dir()
+    if cfg.output_dir and run_dir is not None:
+        check(Path(cfg.output_dir).resolve() == run_dir.resolve(),
+              f"output_dir={cfg.output_dir} and hydra.run.dir={run_dir} differ: give the run's folder once, "
+              f"as output_dir=DIR")
+    if cfg.output_dir or run_dir is not None:
+        return Path(cfg.output_dir or run_dir)
+    if cfg.ckpt_path and checkpoint_run_dir(cfg.ckpt_path) is not None:
+        return checkpoint_run_dir(cfg.ckpt_path)
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return Path(HydraConfig.get().runtime.output_dir)
     base = Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
@@ -114,6 +163,40 @@ def output_dir(cfg: DictConfig) -> Path:
         n += 1
         out = base.with_name(f"{base.name}-{n}")
     return out
+
+
+RUN_OUTPUTS = ("config.yaml", "train.log", "checkpoints", "csv", "export", "wandb")   # what a run writes
+
+
+def check_output_dir(cfg: DictConfig, out: Path) -> list[Path]:
+    """One line unless `out` may take this run's files: a resumed run writes into its checkpoint's
+    own run folder only; any other run into a folder that holds no earlier run's files
+    (RUN_OUTPUTS: absent or empty is fine), unless overwrite=true. Returns what overwrite=true
+    replaces (removed once every check has passed), else []. Other ranks of a multi-process run
+    skip this: rank 0 checked it and has written config.yaml by the time they start."""
+    if rank_zero_only.rank != 0:
+        return []
+    earlier = [name for name in RUN_OUTPUTS if (out / name).exists()]
+    own = checkpoint_run_dir(cfg.ckpt_path) if cfg.ckpt_path else None
+    if own is not None and own == out.resolve():
+        return []
+    check(own is None or not earlier,
+          f"ckpt_path {cfg.ckpt_path} belongs to the run in {own}, and output directory {out} holds another run "
+          f"({', '.join(earlier)}): a resumed run writes into its checkpoint's own folder (leave output_dir out, "
+          f"or give output_dir={own})")
+    check(not earlier or cfg.overwrite,
+          f"output directory {out} holds an earlier run ({', '.join(earlier)}): resume it with "
+          f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}, choose a new output_dir, or replace it with overwrite=true")
+    return [out / name for name in earlier]
+
+
+def remove_earlier_run(paths: list[Path]) -> None:
+    """overwrite=true: remove the earlier run's files, so none of them mixes with this run's."""
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
@@ -182,13 +265,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     chosen = not cfg.output_dir
     out = output_dir(cfg).resolve()
     check_writable_dir(out, "output directory")
+    replaced = check_output_dir(cfg, out)
     cfg.output_dir = str(out)                       # resolves ${output_dir} in trainer, loggers, callbacks
     try:
         config_text = OmegaConf.to_yaml(cfg, resolve=True)
     except OmegaConfBaseException as error:
         raise SpecdecError(f"the config does not resolve: {one_line(error)}") from None
     ckpt = read_checkpoint(cfg.ckpt_path) if cfg.ckpt_path else None
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)   # said below, once every check has passed
 
     datamodule = build(cfg.data, "data")
     datamodule.prepare_data()                       # a missing or bad file stops here
@@ -200,7 +284,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         check_resumable(module, ckpt, cfg.ckpt_path)
         resume = ckpt.get(STATE_KEY, {})
         del ckpt                                    # Lightning reads it again in fit
-    module.check_export_dir(out / "export")
+    module.check_export_dir(out / "export", force=cfg.overwrite)
     callbacks = build_callbacks(cfg)
     for callback in callbacks:
         if isinstance(callback, SpeculativeEval):   # what it decodes fits its settings, before any step
@@ -210,6 +294,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                plugins=[AtomicCheckpointIO()])
     print(f"output directory: {out}")
     try:
+        if replaced:
+            print(f"overwrite=true: removing the earlier run's {', '.join(p.name for p in replaced)} in {out}")
+            remove_earlier_run(replaced)
         out.mkdir(parents=True, exist_ok=True)
         write_file(out / "config.yaml", lambda f: f.write(config_text.encode("utf-8")))
     except OSError as error:
@@ -230,7 +317,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         trainer.save_checkpoint(last, weights_only=False)
         export_dir = None
         if trainer.is_global_zero:
-            export_dir = export_checkpoint(last, out / "export", report=log.info)
+            export_dir = export_checkpoint(last, out / "export", force=cfg.overwrite, report=log.info)
             log.info(f"export: {export_dir}")
             if any(isinstance(logger, WandbLogger) for logger in loggers):
                 import wandb

@@ -52,8 +52,9 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                      vocab_size: int | None = None) -> list[dict[str, Any]]:
     """One row per (temperature, batch size, method): tokens_per_call, acceptance_rate, alpha,
     seconds (median over rounds), tokens_per_second, speedup over plain decoding (median of the
-    per-round ratios) and, at temperature 0, greedy_equal_plain (every row's tokens equal plain
-    decoding's, every round). `batches`: batch size -> how many of `prompts` are decoded at that
+    per-round ratios), at temperature 0 greedy_equal_plain (every row's tokens equal plain
+    decoding's, every round), and the counts summed over the rounds (new_tokens, row_calls,
+    drafted, accepted: tokens_per_call = new_tokens / row_calls). `batches`: batch size -> how many of `prompts` are decoded at that
     size (default {1: 4, 8: all})."""
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
     check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
@@ -89,6 +90,8 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "tokens_per_second": count * max_new_tokens / statistics.median(seconds[name]),
                     "speedup": statistics.median(b / s for b, s in zip(seconds["plain"], seconds[name])),
                     "greedy_equal_plain": equal[name] if temperature == 0 else None,
+                    # the exact counts the rates come from, over every round
+                    **{k: int(c[k]) for k in ("new_tokens", "row_calls", "drafted", "accepted")},
                 })
     return rows
 
