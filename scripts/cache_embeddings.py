@@ -1,4 +1,4 @@
-"""Cache a frozen model's last-layer hidden states for prophet training (see train/embeddings_cache.py).
+"""Cache a frozen model's hidden states for prophet training (see train/embeddings_cache.py).
 
     # a specdec export's main model on byte windows (task=prophet_frozen, data=enwik8_embeddings)
     python scripts/cache_embeddings.py --export DIR --data PATH --out CACHE_DIR [--top-k-logits K]
@@ -6,13 +6,21 @@
     python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --temperatures 0 1 --out CACHE_DIR
     # ... or token windows of text files
     python scripts/cache_embeddings.py --hf-model DIR --text a.txt b.jsonl --out CACHE_DIR
+    # an EAGLE-3-class head of a 30-layer target: aux layers 2, 15, 27 and the last one
+    python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --layers 2 15 27 -1 --out CACHE_DIR
     common: [--seq-len N] [--windows N] [--dtype bfloat16|float16|int8] [--shard-size 500MB] [--seed 0] [--overwrite]
+
+--layers (HF only) picks the `hidden_states` indices stored (i: the input of decoder layer i, 0 the
+embedding output, -1 or L the last layer after the final norm; default: the last only). Regenerated
+rows (--prompts) end at the target's end-of-turn token (the chat template's, else its EOS) and are
+padded after it; their valid_len column counts the real tokens.
 
 It prints the size the cache will take before it starts. Shards are written one by one into
 CACHE_DIR.partial and the finished cache is renamed to CACHE_DIR; a killed build keeps its
-finished shards, and running the same command again resumes it. Size per token: 2 x dim bytes
-(bfloat16, float16) or dim + 4 bytes (int8 with a per-token scale), plus the token id; e.g. for
-SmolLM2-135M (dim 576) 1,154 bytes (bfloat16) or 582 bytes (int8) per token.
+finished shards, and running the same command again resumes it. Size per token and layer: 2 x dim
+bytes (bfloat16, float16) or dim + 4 bytes (int8 with a scale per token and layer), plus the token
+id; e.g. for SmolLM2-135M (dim 576) 1,154 bytes (bfloat16) or 582 bytes (int8) per token for one
+layer, 4,610 or 2,330 bytes for four.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "int8"), default="bfloat16",
                         help="stored hidden states (int8: absmax per token, with its scale); default bfloat16")
     parser.add_argument("--top-k-logits", type=int, default=0, help="--export: also store the K largest logits")
+    parser.add_argument("--layers", nargs="+", type=int, default=None, metavar="I",
+                        help="HF: hidden_states indices to store (negative from the end); default: the last one")
     parser.add_argument("--shard-size", default="500MB", help="largest Arrow shard; default 500MB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rows (and of sampling); default 0")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (and per generate call)")
@@ -71,15 +81,15 @@ def main(argv: list[str] | None = None) -> int:
               "progress": progress, "report": print}
     try:
         if args.export:
-            if args.data is None or args.text or args.prompts:
-                raise SpecdecError("--export reads --data PATH (not --text or --prompts)")
+            if args.data is None or args.text or args.prompts or args.layers:
+                raise SpecdecError("--export reads --data PATH (not --text, --prompts or --layers)")
             meta = build_cache(args.export, args.data, args.out, top_k_logits=args.top_k_logits, **common)
         else:
             if args.data is not None or args.top_k_logits:
                 raise SpecdecError("--data and --top-k-logits are for --export; a Hugging Face target reads "
                                    "--text FILE ... or --prompts FILE")
             meta = build_hf_cache(args.hf_model or args.gguf, args.out, text=args.text, prompts=args.prompts,
-                                  chat=args.chat, temperatures=args.temperatures, **common)
+                                  chat=args.chat, temperatures=args.temperatures, layers=args.layers, **common)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

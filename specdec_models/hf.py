@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -79,7 +80,7 @@ class HFSizes:
 
 class HFOutput(NamedTuple):
     logits: Tensor               # (b, n, vocab_size), sliced to the shared vocabulary; (b, 1, vocab_size) with logits_at
-    embeds: Tensor | None = None  # (b, n, hidden): last-layer hidden states (after the final norm), when asked for
+    embeds: Tensor | None = None  # (b, n, hidden * len(layers)): hidden states, when asked for
 
 
 def _map_kv(kv: Any, fn) -> None:
@@ -266,14 +267,15 @@ class HFDecoder:
 
     @torch.no_grad()
     def __call__(self, tokens: Tensor, *, cache: HFKVCache | None = None, logits_at: Tensor | None = None,
-                 embeds: bool = False) -> HFOutput:
+                 embeds: bool = False, layers: Sequence[int] = (-1,)) -> HFOutput:
         """Logits (b, n, vocab_size) of tokens (b, n): appended to each row of `cache`, or a fresh
         causal sequence from position 0 without one.
 
         logits_at (b,): compute the logits of one position per row only, (b, 1, vocab_size): the
         head of a 49k-token vocabulary costs as much as several layers per position. embeds: also
-        return the last-layer hidden states (b, n, hidden), after the final norm (transformers'
-        `hidden_states[-1]`, the head's input)."""
+        return the hidden states of `layers` (transformers' `hidden_states` indices: i is the input
+        of decoder layer i, 0 the embedding output, -1 the last layer after the final norm, the
+        head's input), concatenated in that order: (b, n, hidden * len(layers)), one forward pass."""
         tokens = tokens.to(self.device)
         keep = inverse = None
         if logits_at is not None and self._keeps_logits:
@@ -288,7 +290,7 @@ class HFDecoder:
         if logits_at is not None:
             rows = torch.arange(tokens.shape[0], device=logits.device)
             logits = logits[rows, inverse.to(logits.device) if keep is not None else logits_at.to(logits.device)][:, None]
-        hidden = out.hidden_states[-1].to(tokens.device) if embeds else None
+        hidden = torch.cat([out.hidden_states[i] for i in layers], -1).to(tokens.device) if embeds else None
         return HFOutput(logits[..., : self.vocab_size].to(tokens.device), hidden)
 
 

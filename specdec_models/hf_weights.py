@@ -7,6 +7,7 @@
   file (transformers dequantizes it, here to float32; this needs the `gguf` and `accelerate`
   packages) or from a local `save_pretrained` directory; `check_source`, `load_tokenizer` and
   `load_causal_lm` for the steps one at a time.
+- `load_config(path)`: a model's config alone (sizes such as its number of layers), before any weight loads.
 - `weights_sha256(model)`: the identity of a model's weights, what an `hf_prophet` export records
   for the target it was trained against (see the function for why it hashes tensors, not files).
 - `special_tokens`, `check_same_tokenizer`: target and draft must share one tokenizer.
@@ -112,6 +113,17 @@ def load_tokenizer(path: str | os.PathLike, what: str = "model") -> Any:
         return AutoTokenizer.from_pretrained(**_where(path))
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise SpecdecError(f"{what}: cannot load a tokenizer from {path}: {_one_line(error)}") from None
+
+
+def load_config(path: str | os.PathLike, what: str = "model") -> Any:
+    """The config of a GGUF file (read from its header) or a model directory, no weights loaded."""
+    path = check_source(path, what)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(**_where(path))
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise SpecdecError(f"{what}: cannot read the config of {path}: {_one_line(error)}") from None
 
 
 def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: str = "model") -> Any:

@@ -21,12 +21,12 @@ pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 TASK = "hf_draft_distill"
 
 
-def save_model(path, tok, arch, seed, vocab=None, hidden=32, sharpen=8.0, tied=False):
-    """A seeded random causal LM over `tok`'s vocabulary (head padded to `vocab` rows if given),
-    saved with the tokenizer as a model directory."""
+def save_model(path, tok, arch, seed, vocab=None, hidden=32, sharpen=8.0, tied=False, depth=2):
+    """A seeded random causal LM of `depth` layers over `tok`'s vocabulary (head padded to `vocab`
+    rows if given), saved with the tokenizer as a model directory."""
     torch.manual_seed(seed)
     ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    common = dict(vocab_size=vocab or len(tok), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(vocab_size=vocab or len(tok), hidden_size=hidden, num_hidden_layers=depth, num_attention_heads=4,
                   intermediate_size=2 * hidden, max_position_embeddings=128, tie_word_embeddings=tied, **ids)
     if arch == "neox":
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**common))

@@ -181,6 +181,8 @@ def test_a_regenerated_cache_holds_prompts_and_the_targets_own_continuations(hf,
     path = caches["dir"] / "regenerated"
     meta = read_cache_meta(path)
     assert meta["source"]["kind"] == "regenerated" and meta["source"]["temperatures"] == [0.0, 1.0]
+    eos = hf["tok"].eos_token_id                                  # the chat template's end of turn too
+    assert meta["source"]["eos_id"] == eos and meta["layers"] == [2] and meta["depth"] == 2
     rows = cache_rows(open_cache(path, meta), np.arange(24), meta)
     model = target(hf, "neox")
     for i in (0, 2):                                              # even rows: temperature 0, the target's greedy tokens
@@ -188,12 +190,19 @@ def test_a_regenerated_cache_holds_prompts_and_the_targets_own_continuations(hf,
         prompt = rows["tokens"][i, :n]
         assert hf["tok"].decode(prompt.tolist()).startswith("<bos> user")              # the chat template
         expected = model.generate(prompt[None], attention_mask=torch.ones(1, n, dtype=torch.long),
-                                  max_new_tokens=SEQ + 1 - n, do_sample=False, pad_token_id=0,
-                                  eos_token_id=[model.config.vocab_size])          # no EOS: every token, as the cache
-
-        assert rows["tokens"][i].tolist() == expected[0, : SEQ + 1].tolist()
+                                  max_new_tokens=SEQ + 1 - n, do_sample=False, pad_token_id=eos,
+                                  eos_token_id=eos)[0, : SEQ + 1].tolist()         # stops at EOS
+        assert rows["tokens"][i].tolist() == expected + [eos] * (SEQ + 1 - len(expected))     # padded after it
+        assert int(rows["valid_len"][i]) == len(expected)
+    valid = rows["valid_len"]
+    answers = [rows["tokens"][i, int(rows["prompt_len"][i]):int(valid[i])].tolist() for i in range(24)]
+    assert all(a.count(eos) <= 1 and (eos not in a or a[-1] == eos) for a in answers)   # cut right after the stop
+    assert all(int(v) == SEQ + 1 or a[-1] == eos for a, v in zip(answers, valid))
+    assert (valid < SEQ + 1).any()                                # some sampled rows stop (seeded)
     data = HFEmbeddingsDataModule(cache=str(path), seq_len=SEQ, batch_size=4, val_windows=4)
     data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert set(batch) == {"tokens", "embeds", "prompt_len", "valid_len"} and batch["valid_len"].shape == (4,)
     prompts = data.prompts(2, 8)
     assert all(p.tolist() == rows["tokens"][i, : len(p)].tolist() for p, i in zip(prompts, (20, 23)))
     assert "<bos> user" in data.decode_text(prompts[0])

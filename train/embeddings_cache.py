@@ -1,21 +1,33 @@
-"""The embeddings cache: a frozen model's last-layer hidden states of training rows, on disk.
+"""The embeddings cache: a frozen model's hidden states of training rows, on disk.
 
 A prophet trained on a frozen model (task=prophet_frozen on a specdec export, task=hf_prophet on a
-Hugging Face target) reads that model's last-layer hidden states of each training row. They can be
-computed on the fly, or once, ahead of training, by `scripts/cache_embeddings.py`, which runs the
-model over N rows and stores, per row,
+Hugging Face target) reads that model's last-layer hidden states of each training row; an
+EAGLE-3-class head also reads a few earlier layers ("aux" layers). They can be computed on the
+fly, or once, ahead of training, by `scripts/cache_embeddings.py`, which runs the model over N rows
+and stores, per row, the hidden states of `layers` (Hugging Face `hidden_states` indices, 0..depth:
+i is the input of decoder layer i, 0 the embedding output, depth the last layer after the final
+norm, the head's input; default [depth] only), all from one forward pass:
 
     tokens        seq_len + 1 token ids (uint8 for bytes, uint16 up to 65,536 tokens, else int32)
-    embeds        (seq_len, dim) hidden states of tokens[:seq_len], row-major, flattened: bfloat16
-                  (stored as its uint16 bits), float16, or int8 with
-    scales        (seq_len,) float32, int8 only: per token, embeds = int8 x scale with scale = the
-                  absmax of the token's dim values / 127 (symmetric absmax quantisation per token)
+    embeds        (seq_len, len(layers), dim) hidden states of tokens[:seq_len], row-major,
+                  flattened: bfloat16 (stored as its uint16 bits), float16, or int8 with
+    scales        (seq_len, len(layers)) float32, int8 only: per token and per layer, embeds =
+                  int8 x scale with scale = the absmax of that layer's dim values / 127 (each
+                  layer its own scale: middle layers carry a few massive activations, which one
+                  shared scale would let flatten every other layer's values to a few levels)
     topk_values   (seq_len, K) the model's K largest logits per position (float16), optional
     topk_indices  (seq_len, K) their token ids
     offset        where the row came from: a byte offset in the training split, a text window's
                   index, a prompt's index (int64)
     prompt_len    for rows that are a prompt and the model's continuation (`train.regenerate`):
                   the prompt's length in tokens (int32)
+    valid_len     for those rows too: the real tokens among the seq_len + 1 (prompt + answer up to
+                  and including its end-of-turn token); the rest is padding (int32)
+
+A batch (`cache_rows`) holds "embeds" (b, seq_len, len(layers) * dim), the layers concatenated in
+cache.json's order, so a one-layer cache reads as (b, seq_len, dim). cache.json records "layers"
+(non-negative, in the order given), "dim" (the hidden size, per layer) and "depth" (the model's
+number of layers); a format-3 cache (last layer only, no "layers") reads as layers [depth].
 
 What the rows are is the source's (`RowSource`): random byte windows of a text for a specdec
 export (`build_cache`), token windows of text files or prompts continued by the target itself for
@@ -45,7 +57,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -61,7 +73,8 @@ from .data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
 from .data.streams import window_batch
 
 CACHE_FORMAT = "specdec-embeddings-cache"
-CACHE_VERSION = 3          # 3: any vocabulary, int8 with per-token scales, the model's identity, resumable builds
+CACHE_VERSION = 4          # 4: several layers per row (int8 scales per token and layer), valid_len of regenerated rows
+READ_VERSIONS = (3, 4)     # 3: any vocabulary, int8 with per-token scales, the model's identity, resumable builds
 META_NAME = "cache.json"
 BUILD_NAME = "build.json"
 DATASET_DIR = "dataset"
@@ -77,15 +90,16 @@ def token_type(vocab_size: int) -> str:
     return "uint8" if vocab_size <= 256 else "uint16" if vocab_size <= 65536 else "int32"
 
 
-def pack_embeds(embeds: torch.Tensor, dtype: str) -> dict[str, np.ndarray]:
-    """(b, n, d) hidden states -> stored columns: {"embeds": (b, n * d)} as bfloat16 bits (uint16),
-    float16 or int8, and for int8 {"scales": (b, n)} float32."""
-    b = embeds.shape[0]
+def pack_embeds(embeds: torch.Tensor, dtype: str, layers: int = 1) -> dict[str, np.ndarray]:
+    """(b, n, layers * d) hidden states -> stored columns: {"embeds": (b, n * layers * d)} as
+    bfloat16 bits (uint16), float16 or int8, and for int8 {"scales": (b, n * layers)} float32, one
+    per token and layer."""
+    b, n = embeds.shape[:2]
     if dtype == "int8":
-        x = embeds.detach().float()
-        scale = x.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127    # (b, n, 1)
+        x = embeds.detach().float().view(b, n, layers, -1)                                   # (b, n, k, d)
+        scale = x.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127    # (b, n, k, 1)
         values = (x / scale).round().clamp(-127, 127).to(torch.int8)
-        return {"embeds": values.cpu().numpy().reshape(b, -1), "scales": scale[..., 0].cpu().numpy()}
+        return {"embeds": values.cpu().numpy().reshape(b, -1), "scales": scale.cpu().numpy().reshape(b, -1)}
     if dtype == "bfloat16":
         bits = embeds.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
     else:
@@ -93,8 +107,10 @@ def pack_embeds(embeds: torch.Tensor, dtype: str) -> dict[str, np.ndarray]:
     return {"embeds": bits.reshape(b, -1)}
 
 
-def unpack_embeds(values: np.ndarray, dtype: str, seq_len: int, scales: np.ndarray | None = None) -> torch.Tensor:
-    """Stored columns -> (b, n, d): bfloat16 or float16 exactly as stored; int8 dequantized to float32."""
+def unpack_embeds(values: np.ndarray, dtype: str, seq_len: int, scales: np.ndarray | None = None,
+                  layers: int = 1) -> torch.Tensor:
+    """Stored columns -> (b, n, layers * d): bfloat16 or float16 exactly as stored; int8
+    dequantized to float32 with each token's and layer's scale."""
     values = np.array(values, copy=True)                      # Arrow buffers are read-only
     if dtype == "bfloat16":
         tensor = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
@@ -103,27 +119,31 @@ def unpack_embeds(values: np.ndarray, dtype: str, seq_len: int, scales: np.ndarr
     tensor = tensor.view(values.shape[0], seq_len, -1)
     if dtype == "int8":
         check(scales is not None, "an int8 cache needs its scales column")
-        tensor = tensor.float() * torch.from_numpy(np.array(scales, dtype=np.float32)).view(values.shape[0], seq_len, 1)
+        b = values.shape[0]
+        scale = torch.from_numpy(np.array(scales, dtype=np.float32)).view(b, seq_len, layers, 1)
+        tensor = (tensor.view(b, seq_len, layers, -1).float() * scale).view(b, seq_len, -1)
     return tensor
 
 
-def row_bytes(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, columns: dict[str, str]) -> int:
+def row_bytes(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, columns: dict[str, str],
+              layers: int = 1) -> int:
     """Bytes one row takes in the Arrow files (values only)."""
     width = {"uint8": 1, "uint16": 2, "int32": 4, "int64": 8}
     tokens = (seq_len + 1) * width[token_type(vocab_size)]
-    embeds = seq_len * dim * (1 if dtype == "int8" else 2) + (4 * seq_len if dtype == "int8" else 0)
+    embeds = seq_len * layers * (dim * (1 if dtype == "int8" else 2) + (4 if dtype == "int8" else 0))
     topk = seq_len * top_k * (2 + (1 if vocab_size <= 256 else 4))          # float16 values, uint8 / int32 ids
     return tokens + embeds + topk + sum(width[t] for t in columns.values())
 
 
-def _features(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, columns: dict[str, str]):
+def _features(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, columns: dict[str, str],
+              layers: int = 1):
     from datasets import Features, List, Value
 
     stored = {"bfloat16": "uint16", "float16": "float16", "int8": "int8"}[dtype]
     features = {"tokens": List(Value(token_type(vocab_size)), length=seq_len + 1),
-                "embeds": List(Value(stored), length=seq_len * dim)}
+                "embeds": List(Value(stored), length=seq_len * layers * dim)}
     if dtype == "int8":
-        features["scales"] = List(Value("float32"), length=seq_len)
+        features["scales"] = List(Value("float32"), length=seq_len * layers)
     if top_k:
         features["topk_values"] = List(Value("float16"), length=seq_len * top_k)
         features["topk_indices"] = List(Value("uint8" if vocab_size <= 256 else "int32"), length=seq_len * top_k)
@@ -140,11 +160,27 @@ def _fixed_lists(rows: np.ndarray):
 
 # ---------------------------------------------------------------- what is cached
 
+def normalize_layers(layers: Sequence[int], depth: int) -> list[int]:
+    """Hidden-state indices of a model of `depth` layers (0..depth; negative ones counted from the
+    end, as Python does: -1 is depth), checked (one line) and made non-negative, in the order given."""
+    check(len(layers) > 0, "layers must name at least one hidden-state index")
+    check(all(isinstance(i, int) and not isinstance(i, bool) for i in layers),
+          f"layers must be integers, got {list(layers)!r}")
+    check(all(-(depth + 1) <= i <= depth for i in layers),
+          f"layers {list(layers)} out of range: a model of {depth} layers has hidden states 0..{depth} "
+          f"(or -{depth + 1}..-1)")
+    found = [i % (depth + 1) for i in layers]
+    check(len(set(found)) == len(found), f"layers {list(layers)} name a hidden state twice ({found})")
+    return found
+
+
 @dataclass(frozen=True)
 class CacheModel:
     """The frozen model a cache is made by. identity: {"kind", "path", "weights_sha256"} (what
-    cache.json records and a run checks); hidden(tokens (b, n)) -> (b, n, dim); logits(hidden) ->
-    (b, n, vocab) or None when the cache offers no top-k logits for this kind of model."""
+    cache.json records and a run checks); hidden(tokens (b, n)) -> (b, n, len(layers) * dim), the
+    hidden states of `layers` (normalized indices 0..depth) concatenated in that order;
+    logits(hidden) -> (b, n, vocab) or None when the cache offers no top-k logits for this kind of
+    model (top-k logits need layers == [depth])."""
 
     identity: dict[str, Any]
     dim: int
@@ -152,6 +188,8 @@ class CacheModel:
     max_seq_len: int
     hidden: Callable[[torch.Tensor], torch.Tensor]
     logits: Callable[[torch.Tensor], torch.Tensor] | None = None
+    depth: int = 0
+    layers: tuple[int, ...] = ()
 
 
 class RowSource:
@@ -245,15 +283,21 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     check(seq_len <= model.max_seq_len, f"seq_len ({seq_len}) exceeds the model's {model.max_seq_len} positions")
     check(top_k_logits <= model.vocab_size,
           f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({model.vocab_size})")
-    per_row = row_bytes(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns)
+    layers = list(model.layers)
+    check(layers and layers == normalize_layers(layers, model.depth),
+          f"the model's layers {layers} are not normalized hidden-state indices of its {model.depth} layers")
+    check(not top_k_logits or layers == [model.depth], "top-k logits are cached with the last layer only")
+    per_row = row_bytes(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
     per_shard = max(1, shard_size_bytes(shard_size) // per_row)
     shards = -(-windows // per_shard)
     settings = {"seq_len": seq_len, "windows": windows, "dim": model.dim, "dtype": dtype, "top_k_logits": top_k_logits,
-                "seed": seed, "batch_size": batch_size, "rows_per_shard": per_shard, "vocab_size": model.vocab_size}
+                "seed": seed, "batch_size": batch_size, "rows_per_shard": per_shard, "vocab_size": model.vocab_size,
+                "layers": layers, "depth": model.depth}
     build = {"format": CACHE_FORMAT, "format_version": CACHE_VERSION, "model": model.identity,
              "source": source.describe(), **settings}
     say(f"the cache will take about {per_row * windows / 1e6:,.1f} MB: {windows:,} rows x {per_row:,} bytes "
-        f"({per_row / seq_len:,.0f} bytes per token: {dtype} hidden states of dim {model.dim}), {shards} shard(s)")
+        f"({per_row / seq_len:,.0f} bytes per token: {dtype} hidden states of {len(layers)} layer(s) {layers} "
+        f"of dim {model.dim}), {shards} shard(s)")
 
     partial = out.with_name(f"{out.name}.partial")
     if partial.exists():
@@ -275,7 +319,7 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     import pyarrow as pa
     from datasets.arrow_writer import ArrowWriter
 
-    features = _features(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns)
+    features = _features(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
     for k in range(shards):
         if k in kept:
             continue
@@ -287,8 +331,9 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
             with torch.inference_mode():
                 for start in range(first, last, batch_size):
                     tokens, extra = source.rows(start, min(batch_size, last - start))       # (b, n + 1)
-                    hidden = model.hidden(tokens[:, :-1])                                   # (b, n, d)
-                    columns = {name: _fixed_lists(v) for name, v in pack_embeds(hidden, dtype).items()}
+                    hidden = model.hidden(tokens[:, :-1])                                   # (b, n, k d)
+                    packed = pack_embeds(hidden, dtype, len(layers))
+                    columns = {name: _fixed_lists(v) for name, v in packed.items()}
                     columns["tokens"] = _fixed_lists(tokens.numpy().astype(token_type(model.vocab_size)))
                     if top_k_logits:
                         values, indices = model.logits(hidden).float().topk(top_k_logits, dim=-1)   # (b, n, k)
@@ -335,7 +380,7 @@ def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | o
     main = loaded.model if isinstance(loaded, ModelWithProphet) else loaded
     identity = {"kind": "export", "path": str(Path(export).resolve()), "weights_sha256": config["weights_sha256"]}
     model = CacheModel(identity, cfg.dim, cfg.vocab_size, cfg.max_seq_len, lambda t: main.hidden(t.to(device)),
-                       main.logits)
+                       main.logits, depth=cfg.depth, layers=(cfg.depth,))
     return write_cache(model, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=top_k_logits,
                        shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
                        progress=progress, report=report)
@@ -352,16 +397,38 @@ def read_cache_meta(cache: str | os.PathLike) -> dict[str, Any]:
     meta = read_json_object(path, f"rebuild the cache; {HOW_TO_BUILD}")
     check(meta.get("format") == CACHE_FORMAT,
           f"{path} is not a specdec embeddings cache; {HOW_TO_BUILD}")
-    check(meta.get("format_version") == CACHE_VERSION,
-          f"{path} has format_version {meta.get('format_version')!r}, this specdec reads {CACHE_VERSION}: rebuild it")
+    check(meta.get("format_version") in READ_VERSIONS,
+          f"{path} has format_version {meta.get('format_version')!r}, this specdec reads "
+          f"{', '.join(map(str, READ_VERSIONS))}: rebuild it")
+    if "layers" not in meta:                      # format 3: the last layer only, its depth in the model's config
+        meta["depth"] = _model_depth(meta["model"], cache)
+        meta["layers"] = [meta["depth"]]
     return meta
 
 
+def _model_depth(identity: dict[str, Any], cache: Path) -> int:
+    """The number of layers of the model a format-3 cache was made by, from its config (no weights)."""
+    try:
+        if identity["kind"] == "export":
+            from specdec_models.export import read_main_config
+
+            return int(read_main_config(identity["path"])[0].depth)
+        from specdec_models.hf import _text_config
+        from specdec_models.hf_weights import load_config
+
+        return int(_text_config(load_config(identity["path"])).num_hidden_layers)
+    except SpecdecError as error:
+        raise SpecdecError(f"embeddings cache {cache} (format 3) does not record its layers, and its model's config "
+                           f"cannot be read to find them ({error}): rebuild it") from None
+
+
 def check_cache(cache: str | os.PathLike, *, weights_sha256: str | None = None, seq_len: int | None = None,
-                dim: int | None = None, model: str = "the model") -> dict[str, Any]:
+                dim: int | None = None, layers: Sequence[int] | None = None, model: str = "the model"
+                ) -> dict[str, Any]:
     """Refuse (SpecdecError, one line) a cache that is missing, truncated, made by another model
-    than `model` (named so in the message, e.g. "main.export"), for another seq_len or width;
-    return its metadata. Checks file sizes, not contents."""
+    than `model` (named so in the message, e.g. "main.export"), for another seq_len or width, or
+    lacking any of the hidden-state indices `layers` a head needs (negative ones count from the
+    end); return its metadata (with "layers"). Checks file sizes, not contents."""
     cache = Path(cache).expanduser()
     meta = read_cache_meta(cache)
     if weights_sha256 is not None:
@@ -376,6 +443,10 @@ def check_cache(cache: str | os.PathLike, *, weights_sha256: str | None = None, 
     if dim is not None:
         check(meta["dim"] == dim, f"embeddings cache {cache} holds embeddings of dim {meta['dim']}, {model}'s "
                                   f"is {dim}: rebuild it from {model}")
+    if layers is not None:
+        need = normalize_layers(list(layers), meta["depth"])
+        check(set(need) <= set(meta["layers"]), f"embeddings cache {cache} holds layers {meta['layers']}; the head "
+                                                f"needs {need}: rebuild it with --layers {' '.join(map(str, need))}")
     for name, size in meta["files"].items():
         path = cache / name
         check(path.is_file(), f"embeddings cache {cache} is incomplete: {name} is missing; rebuild it")
@@ -403,8 +474,9 @@ def open_cache(cache: str | os.PathLike, meta: dict[str, Any] | None = None):
 
 def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = False) -> dict[str, torch.Tensor]:
     """Rows `rows` of an opened cache as a training batch {"tokens" (b, n + 1) int64, "embeds"
-    (b, n, d)} (+ "prompt_len" (b,) when the rows have prompts; with `top_k`, "topk_values"
-    (b, n, K) float16 and "topk_indices" (b, n, K) int64)."""
+    (b, n, len(layers) * d), the layers in meta["layers"]' order} (+ "prompt_len" and "valid_len"
+    (b,) int64 when the rows have them; with `top_k`, "topk_values" (b, n, K) float16 and
+    "topk_indices" (b, n, K) int64)."""
     table = dataset[rows.tolist()]
     n = meta["seq_len"]
 
@@ -414,9 +486,10 @@ def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = Fa
 
     scales = column("scales") if meta["dtype"] == "int8" else None
     batch = {"tokens": torch.from_numpy(column("tokens").astype(np.int64)),
-             "embeds": unpack_embeds(column("embeds"), meta["dtype"], n, scales)}
-    if "prompt_len" in table.column_names:
-        batch["prompt_len"] = torch.from_numpy(table.column("prompt_len").to_numpy().astype(np.int64))
+             "embeds": unpack_embeds(column("embeds"), meta["dtype"], n, scales, len(meta["layers"]))}
+    for name in ("prompt_len", "valid_len"):
+        if name in table.column_names:
+            batch[name] = torch.from_numpy(table.column(name).to_numpy().astype(np.int64))
     if top_k:
         check(meta["top_k_logits"] > 0, "the embeddings cache holds no top-k logits: rebuild it with --top-k-logits K")
         batch["topk_values"] = torch.from_numpy(column("topk_values").copy()).view(len(rows), n, -1)

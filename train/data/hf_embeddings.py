@@ -2,14 +2,17 @@
 (`data=hf_embeddings`, task=hf_prophet).
 
 The cache (`train.embeddings_cache`, written by `scripts/cache_embeddings.py --hf-model DIR |
---gguf FILE`) holds rows of token ids and the target's last-layer hidden states: token windows of
-text, or prompts continued by the target itself (`train.regenerate`). Its last `val_windows` rows
-are the fixed validation set (the same at every validation, so numbers compare across steps),
-the others the training rows: batch k of rank r is a pure function of (seed, r, k), so a resumed
-run continues the same stream (`train.data.embeddings.CachedWindows`). Batches are dicts
-{"tokens": (b, seq_len + 1) int64, "embeds": (b, seq_len, dim)} (bfloat16 or float16 as stored;
-an int8 cache dequantized to float32 with its per-token scales), plus "prompt_len" (b,) for
-regenerated rows.
+--gguf FILE`) holds rows of token ids and the target's hidden states at the layers it was built
+with (`cache_meta()["layers"]`: `hidden_states` indices, default the last layer only): token
+windows of text, or prompts continued by the target itself (`train.regenerate`). Its last
+`val_windows` rows are the fixed validation set (the same at every validation, so numbers compare
+across steps), the others the training rows: batch k of rank r is a pure function of (seed, r, k),
+so a resumed run continues the same stream (`train.data.embeddings.CachedWindows`). Batches are
+dicts {"tokens": (b, seq_len + 1) int64, "embeds": (b, seq_len, len(layers) * dim), the layers
+concatenated in cache_meta()["layers"]' order} (bfloat16 or float16 as stored; an int8 cache
+dequantized to float32 with its per-token, per-layer scales), plus "prompt_len" and "valid_len"
+(b,) for regenerated rows (the prompt's tokens; the real tokens, prompt + answer up to its stop
+token, the rest being padding).
 
 The evaluation callback's prompts: for regenerated rows, each of `count` evenly spaced validation
 rows' own prompt (its first prompt_len tokens, e.g. a chat prompt up to the assistant's turn), so
@@ -77,7 +80,9 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
         self._validation: dict[str, torch.Tensor] | None = None
 
     def cache_meta(self) -> dict[str, Any]:
-        """The checked metadata of the cache (checked once); the run's task checks whose it is."""
+        """The checked metadata of the cache (checked once), with "layers" (its hidden-state
+        indices, in the order of "embeds") and "dim" (per layer); the run's task checks whose it is
+        and, with `check_cache(..., layers=...)`, that it holds the layers its head reads."""
         if self._meta is None:
             meta = check_cache(self.cache, seq_len=self.seq_len)
             check(meta["model"]["kind"] == "hf", f"{self.cache} caches a specdec export's embeddings: train from it "

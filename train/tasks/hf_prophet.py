@@ -131,8 +131,12 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
                                               f"num_leading_start_tokens + prophet_train_length - 1 = "
                                               f"{head.prophet.window_len} positions")
     if cached:
-        check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), weights_sha256=sha, seq_len=seq_len,
-                    dim=head.target_dim, model="target.path")
+        depth = int(_text_config(model.config).num_hidden_layers)
+        cache = required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})")
+        meta = check_cache(cache, weights_sha256=sha, seq_len=seq_len, dim=head.target_dim, layers=[depth],
+                           model="target.path")
+        check(meta["layers"] == [depth], f"embeddings cache {cache} holds layers {meta['layers']}; task=hf_prophet "
+                                         f"reads the last one alone: build a cache without --layers")
     if options.distill is not None:
         check(getattr(_text_config(model.config), "final_logit_softcapping", None) is None,
               f"task.distill: {type(model).__name__} soft-caps its logits after the head, which the head of the "

@@ -1,0 +1,283 @@
+"""The hidden-state cache of a Hugging Face target (train.regenerate.build_hf_cache,
+train.embeddings_cache): several layers per row from one pass (an EAGLE-3-class head's aux layers),
+int8 scales per token and per layer, the one-line refusal of a cache lacking a layer, format-3
+caches still read, and regenerated rows that stop at the end-of-turn token with their valid_len.
+Tiny random Llama targets (4 layers, hidden 32) over a word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("datasets")
+
+from test_hf_data import build_tokenizer, write_corpus
+from test_hf_distill import save_model
+
+from specdec_models.errors import SpecdecError
+from specdec_models.hf_weights import load_causal_lm
+from train.embeddings_cache import cache_rows, check_cache, open_cache, pack_embeds, read_cache_meta, unpack_embeds
+from train.regenerate import build_hf_cache, stop_token
+
+pytestmark = pytest.mark.usefixtures("offline", "one_thread")
+
+SEQ = 16
+DEPTH = 4
+COMMON = dict(seq_len=SEQ, windows=12, shard_size="8KB", batch_size=4, seed=1)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf_cache")
+    tok = build_tokenizer(d / "tok")
+    corpus = d / "corpus.txt"
+    write_corpus(corpus, docs=100)
+    prompts = d / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": line}]})
+                                 for line in write_corpus(d / "p.txt", docs=8, seed=1)) + "\n")
+    eager = save_model(d / "eager", tok, "llama", 5, depth=DEPTH)
+    model = load_causal_lm(eager)
+    with torch.no_grad():                  # EOS where the greedy answers' most frequent token was: rows stop
+        text = tok.apply_chat_template([{"role": "user", "content": "the quick fox"}], add_generation_prompt=True,
+                                       tokenize=False)
+        ids = torch.tensor(tok(text)["input_ids"])[None]
+        new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                             pad_token_id=0, eos_token_id=[len(tok)])[0, ids.shape[1]:]
+        model.lm_head.weight[tok.eos_token_id] = 1.5 * model.lm_head.weight[int(new.mode().values)]
+    model.save_pretrained(eager)
+    return {"tok": tok, "corpus": corpus, "prompts": prompts, "root": d,
+            "deep": save_model(d / "deep", tok, "llama", 1, depth=DEPTH), "eager": eager}
+
+
+@pytest.fixture(scope="module")
+def caches(hf):
+    """Text-window caches of the 4-layer target: layers [2, -1, 0] in bfloat16 and int8, and the default."""
+    d = hf["root"] / "caches"
+    made = {dtype: build_hf_cache(hf["deep"], d / dtype, text=[str(hf["corpus"])], layers=[2, -1, 0], dtype=dtype,
+                                  **COMMON) for dtype in ("bfloat16", "int8")}
+    lines = []
+    made["default"] = build_hf_cache(hf["deep"], d / "default", text=[str(hf["corpus"])], report=lines.append,
+                                     **COMMON)
+    made["report"] = lines
+    return d, made
+
+
+def hidden_states(path, tokens):
+    model = load_causal_lm(path)
+    with torch.no_grad():
+        return model(tokens, output_hidden_states=True).hidden_states      # depth + 1 of (b, n, dim)
+
+
+# ---------------------------------------------------------------- several layers per row
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_each_cached_layer_is_the_targets_hidden_state_at_that_index_within_one_rounding(hf, caches, dtype):
+    d, _ = caches
+    meta = read_cache_meta(d / dtype)
+    assert (meta["layers"], meta["depth"], meta["dim"], meta["format_version"]) == ([2, 4, 0], DEPTH, 32, 4)
+    batch = cache_rows(open_cache(d / dtype, meta), np.arange(12), meta)
+    assert batch["embeds"].shape == (12, SEQ, 3 * 32)
+    states = hidden_states(hf["deep"], batch["tokens"][:, :-1])
+    for k, layer in enumerate(meta["layers"]):
+        cached, online = batch["embeds"][..., 32 * k: 32 * (k + 1)].float(), states[layer]
+        scale = online.abs().amax(-1, keepdim=True)                            # this token's, this layer's
+        error = ((cached - online).abs() / scale).max().item()
+        assert error <= (2 ** -8 if dtype == "bfloat16" else 0.5 / 127) + 1e-6, layer
+    if dtype == "int8":                     # one scale per token and layer: each layer's absmax / 127
+        scales = np.stack(open_cache(d / dtype, meta)[:]["scales"].to_numpy(zero_copy_only=False)).reshape(12, SEQ, 3)
+        expected = torch.stack([states[i].abs().amax(-1) for i in meta["layers"]], -1) / 127
+        np.testing.assert_allclose(scales, expected.numpy(), rtol=1e-5)
+        assert (expected[..., 1] / expected[..., 2]).min() > 10        # a shared scale would flatten layer 0
+
+
+def test_int8_keeps_a_quiet_layer_next_to_one_with_a_massive_activation():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 64)                                     # (b, n, layers, d)
+    x[:, :, 1, 7] = 3000.0                                           # one massive activation in the middle layer
+    packed = pack_embeds(x.flatten(2), "int8", layers=3)
+    assert packed["scales"].shape == (2, 15)
+    back = unpack_embeds(packed["embeds"], "int8", 5, packed["scales"], layers=3).view(2, 5, 3, 64)
+    error = (back - x).abs() / x.abs().amax(-1, keepdim=True)
+    assert error.max() <= 0.5 / 127 + 1e-6                           # every layer to its own precision
+
+
+def test_the_default_cache_is_the_last_layer_alone_as_before(hf, caches):
+    d, made = caches
+    meta = read_cache_meta(d / "default")
+    assert meta["layers"] == [DEPTH] and made["default"]["layers"] == [DEPTH]
+    default = cache_rows(open_cache(d / "default", meta), np.arange(12), meta)
+    several = cache_rows(open_cache(d / "bfloat16"), np.arange(12), read_cache_meta(d / "bfloat16"))
+    assert default["embeds"].shape == (12, SEQ, 32) and set(default) == {"tokens", "embeds"}
+    assert torch.equal(default["embeds"], several["embeds"][..., 32:64])     # layer 4 of [2, 4, 0], the same pass
+    assert any("1 layer(s) [4] of dim 32" in line for line in made["report"])
+
+
+def test_the_printed_size_counts_every_layer(hf, tmp_path):
+    lines = []
+    meta = build_hf_cache(hf["deep"], tmp_path / "c", text=[str(hf["corpus"])], layers=[1, 2, 3, 4],
+                          dtype="int8", report=lines.append, **COMMON)
+    per_row = SEQ + 1 + SEQ * 4 * (32 + 4) + 8                      # tokens (uint8), int8 + scales, offset
+    assert f"{per_row:,} bytes" in lines[0] and "4 layer(s) [1, 2, 3, 4]" in lines[0]
+    assert meta["bytes"] >= per_row * 12
+
+
+def test_the_datamodule_gives_every_layer_concatenated_in_the_caches_order(caches):
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+
+    d, _ = caches
+    data = HFEmbeddingsDataModule(cache=str(d / "bfloat16"), seq_len=SEQ, batch_size=4, val_windows=4)
+    data.setup("fit")
+    assert data.cache_meta()["layers"] == [2, 4, 0]
+    batch = next(iter(data.train_dataloader()))
+    assert batch["embeds"].shape == (4, SEQ, 96) and batch["embeds"].dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------- refusals
+
+def test_a_cache_lacking_a_layer_the_head_needs_is_refused_in_one_line(caches):
+    d, _ = caches
+    assert check_cache(d / "bfloat16", layers=[0, 2, -1])["layers"] == [2, 4, 0]
+    assert check_cache(d / "default", layers=[-1])["layers"] == [DEPTH]
+    with pytest.raises(SpecdecError) as error:
+        check_cache(d / "default", layers=[2, -1, 1])
+    message = str(error.value)
+    assert f"{d / 'default'} holds layers [4]; the head needs [2, 4, 1]: rebuild it with --layers 2 4 1" in message
+    assert "\n" not in message
+    with pytest.raises(SpecdecError, match="out of range"):
+        check_cache(d / "default", layers=[5])
+
+
+@pytest.mark.parametrize("layers, message", [([5], "out of range: a model of 4 layers has hidden states 0..4"),
+                                             ([1, -4], "name a hidden state twice"),
+                                             ([], "at least one"),
+                                             (["1"], "must be integers")])
+def test_bad_layers_are_refused_in_one_line_before_any_work(hf, tmp_path, layers, message):
+    with pytest.raises(SpecdecError, match=message) as error:
+        build_hf_cache(hf["deep"], tmp_path / "c", text=[str(hf["corpus"])], layers=layers, **COMMON)
+    assert "\n" not in str(error.value) and not list(tmp_path.iterdir())
+
+
+def test_the_script_takes_layers_for_a_target_only(hf, tmp_path, capsys):
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("cache_script", REPO / "scripts" / "cache_embeddings.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "c"
+    assert script.main(["--export", str(tmp_path), "--data", str(hf["corpus"]), "--layers", "1", "--out", str(out)]) == 2
+    assert "--layers" in capsys.readouterr().err and not out.exists()
+    assert script.main(["--hf-model", str(hf["deep"]), "--text", str(hf["corpus"]), "--layers", "1", "-1",
+                        "--out", str(out), "--seq-len", "8", "--windows", "4"]) == 0
+    assert json.loads((out / "cache.json").read_text())["layers"] == [1, 4]
+    capsys.readouterr()
+
+
+def test_hf_prophet_refuses_a_cache_of_several_layers_in_one_line(hf, caches, tmp_path):
+    from test_hf_prophet_task import cfg
+
+    from train.run import run
+
+    d, _ = caches
+    out = tmp_path / "run"
+    with pytest.raises(SpecdecError, match=r"holds layers \[2, 4, 0\]; task=hf_prophet reads the last one alone"):
+        run(cfg(hf, out, "data=hf_embeddings", f"data.cache={d / 'bfloat16'}", f"data.seq_len={SEQ}", target="deep"))
+    assert not out.exists()
+
+
+def test_a_format_3_cache_reads_as_its_last_layer(caches, tmp_path):
+    d, _ = caches
+    old = tmp_path / "v3"
+    shutil.copytree(d / "default", old)
+    meta = json.loads((old / "cache.json").read_text())
+    meta["format_version"] = 3
+    del meta["layers"], meta["depth"]
+    (old / "cache.json").write_text(json.dumps(meta))
+    found = check_cache(old, layers=[-1])
+    assert (found["layers"], found["depth"]) == ([DEPTH], DEPTH)
+    rows = cache_rows(open_cache(old, found), np.arange(3), found)
+    assert torch.equal(rows["embeds"], cache_rows(open_cache(d / "default"), np.arange(3),
+                                                  read_cache_meta(d / "default"))["embeds"])
+    meta["model"]["path"] = str(tmp_path / "gone")
+    (old / "cache.json").write_text(json.dumps(meta))
+    with pytest.raises(SpecdecError, match="format 3.*cannot be read.*rebuild it"):
+        read_cache_meta(old)
+
+
+# ---------------------------------------------------------------- regenerated rows stop at EOS
+
+LONG = 32                    # prompts take up to 15 tokens
+REGENERATED = dict(COMMON, seq_len=LONG, prompts=None, chat=True, temperatures=[0.0, 1.0], layers=[1, -1], dtype="int8")
+
+
+@pytest.fixture(scope="module")
+def regenerated(hf):
+    path = hf["root"] / "regenerated"
+    return path, build_hf_cache(hf["eager"], path, **{**REGENERATED, "prompts": hf["prompts"]})
+
+
+def test_regenerated_rows_end_at_the_stop_token_padded_after_it_with_their_valid_len(hf, regenerated):
+    path, meta = regenerated
+    eos = hf["tok"].eos_token_id
+    assert meta["source"]["eos_id"] == eos and meta["layers"] == [1, DEPTH]
+    rows = cache_rows(open_cache(path, meta), np.arange(12), meta)
+    valid, prompt_len = rows["valid_len"], rows["prompt_len"]
+    model = load_causal_lm(hf["eager"])
+    stopped = 0
+    for i in range(0, 12, 2):                                 # temperature 0: the target's greedy answer
+        n = int(prompt_len[i])
+        expected = model.generate(rows["tokens"][i, None, :n], attention_mask=torch.ones(1, n, dtype=torch.long),
+                                  max_new_tokens=LONG + 1 - n, do_sample=False, pad_token_id=eos,
+                                  eos_token_id=eos)[0, : LONG + 1].tolist()
+        assert rows["tokens"][i].tolist() == expected + [eos] * (LONG + 1 - len(expected))
+        assert int(valid[i]) == len(expected)
+        stopped += len(expected) < LONG + 1
+    assert stopped >= 2                                          # the test sees rows that stop
+    for i in range(12):                                          # every row: cut right after its first stop
+        answer = rows["tokens"][i, int(prompt_len[i]):int(valid[i])].tolist()
+        assert eos not in answer[:-1] and (int(valid[i]) == LONG + 1 or answer[-1] == eos)
+    # the hidden states of the real tokens are the teacher-forced ones, at both layers
+    states = hidden_states(hf["eager"], rows["tokens"][:, :-1])
+    for k, layer in enumerate(meta["layers"]):
+        for i in range(12):
+            m = int(valid[i]) - 1                                   # positions whose hidden state is read
+            online = states[layer][i, :m]
+            error = (rows["embeds"][i, :m, 32 * k: 32 * (k + 1)] - online).abs() / online.abs().amax(-1, keepdim=True)
+            assert error.max() <= 0.5 / 127 + 1e-6
+
+
+def test_an_interrupted_several_layer_cache_resumes_to_the_uninterrupted_rows(hf, regenerated, tmp_path):
+    path, _ = regenerated
+    out = tmp_path / "regenerated"
+    done = []
+
+    def interrupt(tokens):                 # stops the build after its first shard, as a kill would
+        done.append(tokens)
+        if sum(done) > 4 * LONG:
+            raise KeyboardInterrupt
+
+    kwargs = {**REGENERATED, "prompts": hf["prompts"]}
+    with pytest.raises(KeyboardInterrupt):
+        build_hf_cache(hf["eager"], out, progress=interrupt, **kwargs)
+    assert not out.exists() and list((tmp_path / "regenerated.partial" / "dataset").glob("data-*.arrow"))
+    lines = []
+    build_hf_cache(hf["eager"], out, report=lines.append, **kwargs)
+    assert any("already written" in line for line in lines)
+    assert open_cache(out)[:].equals(open_cache(path)[:])
+
+
+def test_the_stop_token_is_the_chat_templates_end_of_turn(tmp_path):
+    template = ("{% for m in messages %}<bos> {{ m['role'] }} {{ m['content'] }} <eot> {% endfor %}"
+                "{% if add_generation_prompt %}<bos> assistant {% endif %}")
+    tok = build_tokenizer(tmp_path / "tok", extra=("<eot>",), chat_template=template)
+    tok.add_special_tokens({"additional_special_tokens": ["<eot>"]})
+    eot = tok.convert_tokens_to_ids("<eot>")
+    assert eot != tok.eos_token_id
+    assert stop_token(tok, chat=True) == eot and stop_token(tok, chat=False) == tok.eos_token_id
+    assert stop_token(build_tokenizer(tmp_path / "plain"), chat=True) == tok.eos_token_id
