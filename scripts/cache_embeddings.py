@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (and per generate call)")
     parser.add_argument("--device", default=None, help="torch device; default cuda when available, else cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--model-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="HF: the dtype the target runs in (bfloat16: about twice as fast on CPU); default float32")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing cache at --out")
     args = parser.parse_args(argv)
 
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SpecdecError("--data and --top-k-logits are for --export; a Hugging Face target reads "
                                    "--text FILE ... or --prompts FILE")
             meta = build_hf_cache(args.hf_model or args.gguf, args.out, text=args.text, prompts=args.prompts,
-                                  chat=args.chat, temperatures=args.temperatures, layers=args.layers, **common)
+                                  chat=args.chat, temperatures=args.temperatures, layers=args.layers,
+                                  model_dtype=getattr(torch, args.model_dtype), **common)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

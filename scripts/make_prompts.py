@@ -1,13 +1,16 @@
-"""Write instruction prompts made from snippets of a text as a chat file (one JSON object per line).
+"""Write instruction prompts as a chat file (one JSON object per line).
 
     python scripts/make_prompts.py --text ../shared/data/textmix100m.gz --count 2048 --out prompts.jsonl
     python scripts/make_prompts.py --text ../shared/data/textmix100m.gz --split valid --count 64 --out eval.jsonl
+    python scripts/make_prompts.py --kind open --split valid --count 16 --out open_eval.jsonl
 
 Each line is {"messages": [{"role": "user", "content": ...}]}: a template ("Explain the following
 text in simple words:", "Summarize this in one or two sentences:", ...) around a snippet of the
 text (`train.regenerate.prompts_from_text`), from its training or validation split (enwik8's
-90/5/5 byte split), so prompts made for training and for evaluation never share a snippet. The
-target continues them itself: scripts/cache_embeddings.py --prompts FILE --chat.
+90/5/5 byte split), so prompts made for training and for evaluation never share a snippet.
+`--kind open` writes open-ended instructions instead (a story, an explanation, a list of tips:
+`train.data.prompts`, whose train and valid halves share no topic), `--kind mix` half of each.
+The target continues them itself: scripts/cache_embeddings.py --prompts FILE --chat.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from specdec_models.errors import SpecdecError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--text", required=True, help="a text file (raw, .zip or .gz)")
+    parser.add_argument("--text", help="a text file (raw, .zip or .gz): needed by --kind text and mix")
+    parser.add_argument("--kind", choices=("text", "open", "mix"), default="text",
+                        help="text: instructions around snippets of --text; open: open-ended instructions (a story, an "
+                             "explanation, a list of tips) from train/data/prompts.py; mix: half of each; default text")
     parser.add_argument("--split", choices=("train", "valid"), default="train", help="which split; default train")
     parser.add_argument("--count", type=int, required=True, help="number of prompts")
     parser.add_argument("--seed", type=int, default=0)
@@ -33,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_models.errors import check, check_positive_int
     from specdec_models.files import check_writable_dir, os_error, write_file
     from train.data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
+    from train.data.prompts import open_prompts
     from train.regenerate import prompts_from_text
 
     out = Path(args.out).expanduser()
@@ -41,12 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         check(not out.is_dir(), f"--out {args.out} is a directory: give the .jsonl file to write")
         check(args.force or not out.exists(), f"--out {args.out} exists: choose another file, or replace it with --force")
         check_writable_dir(out.parent, "--out's folder")
-        if not Path(args.text).expanduser().is_file():
-            raise SpecdecError(f"--text {args.text} does not exist")
-        data = read_bytes(Path(args.text).expanduser())[:ENWIK8_BYTES]
-        train_end, valid_end = split_bounds(len(data))[:2]
-        part = data[:train_end] if args.split == "train" else data[train_end:valid_end]
-        prompts = prompts_from_text(part.tobytes().decode("utf-8", errors="ignore"), args.count, args.seed)
+        n_open = {"text": 0, "open": args.count, "mix": args.count // 2}[args.kind]
+        prompts = open_prompts(n_open, args.split, args.seed) if n_open else []
+        if n_open < args.count:
+            check(args.text is not None, f"--kind {args.kind} needs --text FILE")
+            if not Path(args.text).expanduser().is_file():
+                raise SpecdecError(f"--text {args.text} does not exist")
+            data = read_bytes(Path(args.text).expanduser())[:ENWIK8_BYTES]
+            train_end, valid_end = split_bounds(len(data))[:2]
+            part = data[:train_end] if args.split == "train" else data[train_end:valid_end]
+            prompts += prompts_from_text(part.tobytes().decode("utf-8", errors="ignore"), args.count - n_open, args.seed)
         lines = "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"{len(prompts)} prompts from the {args.split} split of {args.text} -> {args.out}")
+    source = "open-ended topics" if args.kind == "open" else args.text
+    print(f"{len(prompts)} {args.kind} prompts from the {args.split} split of {source} -> {args.out}")
     return 0
 
 

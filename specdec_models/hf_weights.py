@@ -155,9 +155,11 @@ def weights_sha256(model: torch.nn.Module) -> str:
 
     It hashes tensors, not files, because a model has no single file: the same weights come from
     a GGUF file (dequantized on load) or a safetensors directory, and tests build models from
-    config objects. float32 makes a bf16 checkpoint loaded in bf16 or in fp32 hash alike, while
-    any change of a value changes the hash. Cost: one pass over the weights (about 0.6 s for
-    SmolLM2-135M's 538 MB here)."""
+    config objects. Values are hashed rounded to bfloat16 (as float32 bytes), so one model hashes
+    alike loaded in float32 or in bfloat16 (a GGUF file dequantized to either, a bf16 checkpoint):
+    a head trained next to a bf16 target decodes with the same target in fp32. Any change of a
+    value beyond bfloat16's precision changes the hash. Cost: one pass over the weights (about
+    1 s for SmolLM2-135M's 538 MB here)."""
     h = hashlib.sha256()
     seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], str] = {}
     state = model.state_dict()
@@ -169,7 +171,7 @@ def weights_sha256(model: torch.nn.Module) -> str:
             h.update(f"tied:{seen[key]}".encode())
             continue
         seen[key] = name
-        t = t.to("cpu", torch.float32).contiguous().reshape(-1)
+        t = t.to("cpu", torch.bfloat16).to(torch.float32).contiguous().reshape(-1)
         h.update(t.view(torch.uint8).numpy().data)
     return h.hexdigest()
 

@@ -126,12 +126,16 @@ def test_weights_hash_changes_with_any_value_and_ignores_the_load_dtype(tmp_path
     assert digest == weights_sha256(model) and len(digest) == 64
     with torch.no_grad():
         w = model.model.layers[1].mlp.down_proj.weight
-        w[3, 5] += 1e-6
+        old = w[3, 5].item()
+        w[3, 5] = old * 1.01 + 1e-3                            # beyond bfloat16's precision
         assert weights_sha256(model) != digest
-        w[3, 5] -= 1e-6
-    # bf16 weights hash as their exact float32 values: the same whether held in bf16 or fp32
+        w[3, 5] = old
+    # one model hashes alike in fp32 and in bf16 (a head trained next to a bf16 target decodes with
+    # the fp32 one), and bf16 weights hash the same whether held in bf16 or fp32
+    assert weights_sha256(model) == weights_sha256(build(tmp_path / "l2", "llama", 1, 30.0).to(torch.bfloat16))
     half = build(tmp_path / "half", "llama", 2, 30.0).to(torch.bfloat16)
     assert weights_sha256(half) == weights_sha256(build(tmp_path / "h2", "llama", 2, 30.0).to(torch.bfloat16).float())
+    assert weights_sha256(half) != digest
 
 
 def test_weights_hash_counts_a_tied_head_once_but_tells_tied_from_untied(tmp_path):
