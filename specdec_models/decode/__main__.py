@@ -11,12 +11,16 @@ A Hugging Face target instead: `--hf-model DIR` (a local `save_pretrained` direc
 `--gguf FILE`, its tokenizer from the same place, the prompt encoded by it (`--chat`: as one user
 turn of its chat template), rows stopping at its EOS token unless `--ignore-eos`; `--draft` is
 then a Hugging Face draft (a directory or a GGUF file, sharing the tokenizer) and `--prophet DIR`
-an `hf_prophet` export trained for this target (alone, it names its target by the path it records).
+an `hf_prophet` export trained for this target (alone, it names its target by the path it records),
+and `--eagle3 DIR` an EAGLE-3 head for this target in any layout: specdec's hf_eagle3 export, vLLM's
+speculators format or SGLang's (`specdec_models.eagle3_export`), e.g. one trained by another tool.
 
     python -m specdec_models.decode --export outputs/run/export --prompt "The quick brown fox" \
         --gamma 5 --temperature 0.8 --top-p 0.95 --max-new-tokens 200 --batch 4 --json
     python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --prophet HEAD_DIR \
         --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4
+    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --eagle3 SPECULATORS_DIR \
+        --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4 --json
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from . import generate
 from .cost import stored_profile
 from .inputs import parse_gamma
 
-METHODS = ("base", "draft", "prophet")
+METHODS = ("base", "draft", "prophet", "eagle3")
 
 
 class _UsageError(Exception):
@@ -68,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "main model drafts), or with a Hugging Face target a model directory or GGUF file")
     parser.add_argument("--prophet", metavar="DIR", help="Hugging Face target: an hf_prophet export (a head trained "
                                                          "for it) drafts")
+    parser.add_argument("--eagle3", metavar="DIR",
+                        help="Hugging Face target: an EAGLE-3 head for it (specdec hf_eagle3 export, speculators or "
+                             "SGLang layout)")
     parser.add_argument("--method", choices=METHODS,
                         help="default: draft with --draft, prophet with --prophet or a model_with_prophet export, "
                              "else base")
@@ -116,15 +123,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     given = [flag for flag, value in (("--export", args.export), ("--hf-model", args.hf_model), ("--gguf", args.gguf))
              if value is not None]
     check(len(given) <= 1, f"give one target, not {' and '.join(given)}")
-    if args.hf_model or args.gguf or (args.prophet and not args.export):
+    if args.hf_model or args.gguf or ((args.prophet or args.eagle3) and not args.export):
         return run_hf(args, sampling)
     check(args.export is not None, "give the target: --export DIR (a specdec export), --hf-model DIR or --gguf FILE")
-    for flag, value in (("--prophet", args.prophet), ("--chat", args.chat), ("--ignore-eos", args.ignore_eos)):
+    for flag, value in (("--prophet", args.prophet), ("--eagle3", args.eagle3), ("--chat", args.chat),
+                        ("--ignore-eos", args.ignore_eos)):
         check(not value, f"{flag} is for a Hugging Face target (--hf-model DIR or --gguf FILE), not --export")
 
     exported = load_export(args.export)
     target = exported.model if isinstance(exported, ModelWithProphet) else exported
     method = args.method or ("draft" if args.draft else "prophet" if isinstance(exported, ModelWithProphet) else "base")
+    check(method != "eagle3", "--method eagle3 is for a Hugging Face target (--hf-model DIR or --gguf FILE with "
+                              "--eagle3 DIR), not --export")
     draft = prophet = None
     if method == "draft":
         check(args.draft is not None, "--method draft needs --draft DIR, the draft model's export")
@@ -160,16 +170,20 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
     """The Hugging Face target's run: load and check the models (`hf_models.load_hf_run`), decode."""
     from .hf_models import encode_prompt, load_hf_run
 
-    method = args.method or ("draft" if args.draft else "prophet" if args.prophet else "base")
+    method = args.method or ("draft" if args.draft else "prophet" if args.prophet else "eagle3" if args.eagle3
+                             else "base")
     check(method != "draft" or args.draft is not None, "--method draft needs --draft (a Hugging Face model directory "
                                                        "or GGUF file sharing the target's tokenizer)")
     check(method != "prophet" or args.prophet is not None,
           "--method prophet with a Hugging Face target needs --prophet DIR (an hf_prophet export)")
-    for flag, value, used_by in (("--draft", args.draft, "draft"), ("--prophet", args.prophet, "prophet")):
+    check(method != "eagle3" or args.eagle3 is not None,
+          "--method eagle3 needs --eagle3 DIR (an eagle3 head: specdec, speculators or SGLang layout)")
+    for flag, value, used_by in (("--draft", args.draft, "draft"), ("--prophet", args.prophet, "prophet"),
+                                 ("--eagle3", args.eagle3, "eagle3")):
         check(value is None or method == used_by, f"{flag} is only used by --method {used_by}, not --method {method}")
     check(not (args.ignore_eos and args.eos_id is not None), "give --eos-id or --ignore-eos, not both")
     _quiet_transformers()
-    hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet)
+    hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3)
     max_len = HFDecoder(hf.target).cfg.max_seq_len
     prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len)
     eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id

@@ -1,12 +1,15 @@
 """The Hugging Face side of the decoding CLI: the target, its tokenizer, and a draft or a prophet
 head, loaded and checked, with every bad input reported in one line before decoding starts.
 
-`load_hf_run(target, draft=None, prophet=None)` takes a target source (a local `save_pretrained`
-directory or a GGUF file), an optional draft source (the same kinds) and an optional `hf_prophet`
-export directory. Cheap checks come first (paths exist, the head's config is readable), then the
-tokenizers (target and draft must share one), then the models (the head must have been trained for
-this target: `load_export` compares the hash of its weights). Without a target source, the path
-a head's export records is used.
+`load_hf_run(target, draft=None, prophet=None, eagle3=None)` takes a target source (a local
+`save_pretrained` directory or a GGUF file), an optional draft source (the same kinds), an optional
+`hf_prophet` export directory or an optional eagle3 head directory in any of the layouts of
+`eagle3_export` (specdec's hf_eagle3 export, vLLM's speculators format, SGLang's). Cheap checks
+come first (paths exist, the head's config is readable), then the tokenizers (target and draft must
+share one), then the models (the head must have been made for this target: `load_export` compares
+the hash of its weights, `load_eagle3` a foreign layout's shapes). Without a target source, the
+path a head records is used (a specdec export's target path, a speculators head's verifier when it
+is a local path).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..errors import check
-from ..export import load_export, read_export_config
+from ..eagle3 import Eagle3Head
+from ..eagle3_export import detect_layout, load_eagle3
+from ..errors import SpecdecError, check
+from ..export import load_export, read_export_config, read_json_object
 from ..hf import _logits_width
 from ..hf_prophet import HFProphet
 from ..hf_weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer
@@ -28,14 +33,18 @@ class HFRun(NamedTuple):
     target: Any                    # a transformers causal LM, eval mode
     tokenizer: Any                 # the target's tokenizer
     draft: Any | None              # a transformers causal LM sharing the tokenizer, or None
-    prophet: HFProphet | None      # a prophet head trained for the target, or None
+    prophet: HFProphet | Eagle3Head | None   # a prophet or eagle3 head made for the target, or None
     vocab_size: int                # the vocabulary target and draft (or head) share: logits are sliced to it
 
 
 def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | None = None,
-                prophet: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.float32) -> HFRun:
+                prophet: str | os.PathLike | None = None, *, eagle3: str | os.PathLike | None = None,
+                dtype: torch.dtype = torch.float32) -> HFRun:
     """Load and check a Hugging Face decoding run (see the module docstring)."""
-    check(draft is None or prophet is None, "give either a draft or a prophet head, not both")
+    check(sum(x is not None for x in (draft, prophet, eagle3)) <= 1,
+          "give one of a draft, a prophet head or an eagle3 head, not several")
+    if eagle3 is not None and target is None:
+        target = _recorded_target(eagle3)
     head_config = read_export_config(prophet) if prophet is not None else None
     if head_config is not None:
         check(head_config["kind"] == "hf_prophet",
@@ -55,11 +64,31 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
     target_model = load_causal_lm(target_path, dtype=dtype, what="target")
     draft_model = load_causal_lm(draft_path, dtype=dtype, what="draft") if draft_path is not None else None
     head = load_export(prophet, target=target_model) if prophet is not None else None
+    if eagle3 is not None:
+        head = load_eagle3(eagle3, target_model)
     sizes = [_logits_width(target_model), len(tokenizer)]
     if draft_model is not None:
         sizes.append(_logits_width(draft_model))
     vocab_size = head.vocab_size if head is not None else min(sizes)
     return HFRun(target_model, tokenizer, draft_model, head, vocab_size)
+
+
+def _recorded_target(directory: str | os.PathLike) -> str:
+    """The target an eagle3 head names: a specdec export's target path, a speculators head's
+    verifier if it is a local path; else a one-line error asking for the target."""
+    layout = detect_layout(directory)
+    ask = "give the target: --hf-model DIR or --gguf FILE"
+    if layout == "specdec":
+        recorded = read_export_config(directory)["target"].get("path")
+        check(recorded is not None, f"the head in {directory} records no target path: {ask}")
+        return recorded
+    if layout == "speculators":
+        config = read_json_object(os.path.join(directory, "config.json"), "give an eagle3 head directory")
+        name = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+        check(isinstance(name, str) and os.path.exists(name),
+              f"the head in {directory} names its verifier {name!r}, not a local path: {ask}")
+        return name
+    raise SpecdecError(f"an SGLang-layout head ({directory}) does not name its target: {ask}")
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool, vocab_size: int, max_len: int) -> Tensor:

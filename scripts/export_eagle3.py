@@ -1,0 +1,60 @@
+"""Write an EAGLE-3 head in another layout: `python scripts/export_eagle3.py HEAD_DIR OUT_DIR --layout L`.
+
+HEAD_DIR holds an eagle3 head in any layout (specdec's hf_eagle3 export, vLLM's speculators
+format, SGLang's; `specdec_models.eagle3_export`); it is loaded for the target (`--hf-model DIR`
+or `--gguf FILE`; default: the target a specdec export records) and written to OUT_DIR as
+`--layout specdec | speculators | sglang`. OUT_DIR must be new, empty, or hold the same layout's
+head of the same model; `--force` replaces any folder. Bad input: one line, exit status 2,
+nothing written.
+
+    python scripts/export_eagle3.py outputs/run/export serve/eagle3-vllm --layout speculators \\
+        --gguf SmolLM2-135M-Instruct.Q4_1.gguf --verifier HuggingFaceTB/SmolLM2-135M-Instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec_models.errors import SpecdecError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("head", help="the eagle3 head to read (any layout)")
+    parser.add_argument("out_dir", help="the directory to write")
+    parser.add_argument("--layout", required=True, choices=("specdec", "speculators", "sglang"))
+    parser.add_argument("--hf-model", metavar="DIR", help="the target: a local save_pretrained directory")
+    parser.add_argument("--gguf", metavar="FILE", help="the target: a GGUF file")
+    parser.add_argument("--verifier", help="speculators layout: the verifier's name or path to record "
+                                           "(default: where the target was loaded from)")
+    parser.add_argument("--force", action="store_true", help="replace OUT_DIR whatever it holds")
+    args = parser.parse_args(argv)
+    try:
+        path = export(args)
+    except SpecdecError as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    print(f"{args.layout}: {path}")
+    return 0
+
+
+def export(args: argparse.Namespace):
+    from specdec_models.decode.hf_models import load_hf_run
+    from specdec_models.eagle3_export import save_eagle3
+    from specdec_models.errors import check
+
+    check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")
+    check(args.verifier is None or args.layout == "speculators", "--verifier is for --layout speculators")
+    run = load_hf_run(args.hf_model or args.gguf, eagle3=args.head)
+    source = args.hf_model or args.gguf
+    if args.layout == "specdec":
+        return save_eagle3(args.out_dir, run.prophet, "specdec", target_path=source, force=args.force)
+    if args.layout == "speculators":
+        return save_eagle3(args.out_dir, run.prophet, "speculators", verifier=args.verifier or source,
+                           force=args.force)
+    return save_eagle3(args.out_dir, run.prophet, "sglang", force=args.force)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
