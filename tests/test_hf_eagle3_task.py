@@ -105,3 +105,78 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
     with pytest.raises(SpecdecError, match=message) as err:
         validate(cfg(hf, out, *extra))
     assert "\n" not in str(err.value) and not out.exists()
+
+
+# ---------------------------------------------------------------- from a multi-layer cache
+
+@pytest.fixture(scope="module")
+def caches(hf, tmp_path_factory):
+    """Caches of the Llama target's own continuations: the aux layers and the last (what the head
+    needs), and the last layer only (what a prophet head needs)."""
+    from train.regenerate import build_hf_cache
+
+    d = tmp_path_factory.mktemp("eagle3_caches")
+    common = dict(seq_len=SEQ, windows=24, shard_size="64KB", batch_size=4, seed=2, prompts=hf["prompts"], chat=True,
+                  temperatures=[0.0, 1.0])
+    return {"full": build_hf_cache(hf["llama"], d / "full", layers=[0, 1, 2], **common) and d / "full",
+            "last": build_hf_cache(hf["llama"], d / "last", **common) and d / "last"}
+
+
+def test_a_cached_run_trains_exports_and_the_exported_head_decodes_exactly(hf, caches, tmp_path):
+    from specdec_models import load_export
+    from specdec_models.decode import generate
+    from specdec_models.eagle3 import Eagle3Head
+    from specdec_models.export import read_export_config
+
+    result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}"))
+    m = result["metrics"]
+    assert result["global_step"] == 6 and math.isfinite(m["val/simulated_tokens_per_call"])
+    assert 0 < m["val/draft_vocab_mass"] <= 1.0 + 1e-6
+    config = read_export_config(result["export_dir"])
+    assert config["kind"] == "hf_eagle3" and config["metadata"]["embeddings"] == "cached"
+    model = load_causal_lm(hf["llama"]).eval()
+    head = load_export(result["export_dir"], target=model)
+    assert isinstance(head, Eagle3Head)
+    prompts = [torch.tensor([4, 9, 12]), torch.tensor([7, 5, 20, 21, 6])]
+    plain, _ = generate(model, prompts, 12, temperature=0)
+    spec, stats = generate(model, prompts, 12, prophet=head, temperature=0, gamma=3)
+    assert [t.tolist() for t in spec] == [t.tolist() for t in plain] and stats.drafted > 0
+
+
+def test_a_cache_lacking_the_heads_layers_is_refused_in_one_line(hf, caches, tmp_path):
+    from train.run import validate
+    with pytest.raises(SpecdecError, match=r"holds hidden states of layers \[2\]; the head needs \[0, 1, 2\]") as err:
+        validate(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['last']}"))
+    assert "--layers 0 1 2" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_schedule_anneals_within_the_time_budget():
+    from train.optim import OptimConfig
+    opt = OptimConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    # step 100 of 100,000 is early by steps, but with the time budget spent it is at the floor
+    assert opt.lr_factor(100, 100_000) > 0.99
+    assert opt.lr_factor(100, 100_000, time_fraction=1.0) == pytest.approx(0.1)
+    assert opt.lr_factor(100, 100_000, time_fraction=0.5) == pytest.approx(0.55)
+    assert opt.lr_factor(5, 100_000, time_fraction=0.9) == pytest.approx(0.6)        # warm-up is by steps
+
+
+def test_two_cpu_processes_train_the_head_each_on_its_share_of_the_cache(hf, caches, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "train", "experiment=hf_eagle3", f"target.path={hf['llama']}", "data=hf_embeddings",
+               f"data.cache={caches['full']}", f"data.seq_len={SEQ}", "data.batch_size=2", "data.val_windows=4",
+               "data.val_batch_size=4", "head.draft_vocab_size=null", "head.aux_layers=[0,1,2]", "task.ttt_steps=2",
+               "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_steps=4",
+               "trainer.val_check_interval=2", "trainer.enable_progress_bar=false", "callbacks.speculative_eval.num_prompts=2",
+               "callbacks.speculative_eval.max_new_tokens=4", f"output_dir={out}"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Starting with 2 processes" in result.stdout + result.stderr
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert (out / "export" / "config.json").is_file()

@@ -169,6 +169,7 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], *, dr
         cache = target.new_cache(batch, context + max(gammas) + 1, keep_embeds=prophet is not None and not eagle3,
                                  **({"keep_layers": prophet.aux_layers} if eagle3 else {}))
         target(tok(context), cache=cache)
+        context_states = cache.layer_states if eagle3 else None
         repeat(TARGET, target, cache, tok(1))
         for gamma in gammas:
             repeat(verify_key(gamma), target, cache, tok(gamma + 1))
@@ -179,7 +180,7 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], *, dr
         if eagle3:
             # the head's cache holds the context's target features; a draft step feeds a token and a feature
             hcache = prophet.new_cache(batch, context + max(gammas) + 1)
-            feature = prophet.extend(tok(context), prophet.fuse(cache.layer_states), hcache)[:, -1:]
+            feature = prophet.extend(tok(context), prophet.fuse(context_states), hcache)[:, -1:]
 
             def step(tokens: torch.Tensor, cache) -> torch.Tensor:
                 return prophet.logits(prophet.extend(tokens, feature, cache)[:, -1])
