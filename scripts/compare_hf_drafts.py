@@ -69,8 +69,11 @@ def check_inputs(args) -> None:
         check(args.cache and Path(args.cache, "cache.json").is_file(), f"corpus needs --cache CACHE_DIR, got {args.cache}")
     if args.command != "compare":
         return
-    check(args.prompts and Path(args.prompts).is_file(), f"compare needs --prompts FILE (got {args.prompts})")
-    check(args.prophet or args.student or args.eagle3, "give --prophet, --student and/or --eagle3 NAME=DIR")
+    check(args.prompts, "compare needs --prompts FILE (repeatable: NAME=FILE)")
+    for _, path in prompt_sets(args):
+        check(Path(path).is_file(), f"--prompts {path} does not exist")
+    check(args.prophet or args.student or args.eagle3 or args.prompt_lookup,
+          "give --eagle3 NAME=DIR, --prophet, --student and/or --prompt-lookup N")
     check(min(args.count, args.batch1_count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
           "--count, --batch1-count, --check-count, --rounds and --max-new-tokens must be >= 1")
     if args.prophet:
@@ -99,36 +102,69 @@ def eagle3_heads(args) -> list[tuple[str, str]]:
     return heads
 
 
+def prompt_sets(args) -> list[tuple[str, str]]:
+    """(name, file) of each --prompts [NAME=]FILE (the name defaults to the file's stem)."""
+    sets = []
+    for spec in args.prompts or []:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        sets.append((name or Path(path).stem, path))
+    check(len({n for n, _ in sets}) == len(sets), "--prompts: give each prompt set its own name (NAME=FILE)")
+    return sets
+
+
+def drafters_for(args, model) -> dict:
+    """The drafters (`generate` keyword arguments by name) of the comparison, built on `model`."""
+    import torch
+
+    from specdec_models.eagle3_export import load_eagle3
+    from specdec_models.export import load_export
+    from specdec_models.hf_prophet import HFProphet
+    from specdec_models.hf_weights import load_causal_lm
+
+    dtype = next(model.parameters()).dtype
+    drafters = {}
+    for name, directory in eagle3_heads(args):
+        drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, model).to(dtype)}
+    if args.prophet:
+        head = load_export(args.prophet, target=model).to(dtype)
+        drafters[NAMES["prophet"]] = {"prophet": head}
+    if args.student:
+        drafters[NAMES["student"]] = {"draft": load_causal_lm(args.student, dtype=dtype, what="student")}
+    if args.prompt_lookup:
+        drafters[f"prompt lookup (transformers, n={args.prompt_lookup})"] = {"prompt_lookup": args.prompt_lookup}
+    if args.prophet and args.random_head:
+        torch.manual_seed(0)
+        drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, model).to(dtype).eval()}
+    return drafters
+
+
 def compare(args, loaded) -> dict:
     import torch
 
     from specdec_models.bench.drafts import compare_drafters, greedy_matches_transformers
-    from specdec_models.eagle3_export import load_eagle3
-    from specdec_models.export import load_export
-    from specdec_models.hf_prophet import HFProphet
-    from specdec_models.hf_weights import load_model
+    from specdec_models.hf_weights import load_causal_lm, smollm2_gguf
     from train.regenerate import read_prompts
 
-    prompts = read_prompts(args.prompts, loaded.tokenizer, args.chat)
-    check(len(prompts) >= max(args.count, args.batch1_count),
-          f"{args.prompts} holds {len(prompts)} prompts, fewer than --count {args.count} / --batch1-count")
-    prompts = prompts[: args.count]
-    drafters = {}
-    if args.prophet:
-        head = load_export(args.prophet, target=loaded.model)
-        drafters[NAMES["prophet"]] = {"prophet": head}
-    if args.student:
-        student = load_model(args.student)                 # its tokenizer was checked before the target loaded
-        drafters[NAMES["student"]] = {"draft": student.model}
-    for name, directory in eagle3_heads(args):
-        drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, loaded.model)}
-    if args.prophet:
-        torch.manual_seed(0)
-        drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, loaded.model).eval()}
-    rows = compare_drafters(loaded.model, prompts, drafters, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                            rounds=args.rounds, batches={1: args.batch1_count, 8: len(prompts)},
-                            vocab_size=len(loaded.tokenizer))
-    greedy = greedy_matches_transformers(loaded.model, prompts[: args.check_count], drafters, gamma=args.gamma,
+    sets = []
+    for name, path in prompt_sets(args):
+        prompts = read_prompts(path, loaded.tokenizer, args.chat)
+        check(len(prompts) >= max(args.count, args.batch1_count),
+              f"{path} holds {len(prompts)} prompts, fewer than --count {args.count} / --batch1-count")
+        sets.append((name, prompts[: args.count]))
+    model = loaded.model.to(getattr(torch, args.dtype))
+    drafters = drafters_for(args, model)
+    rows = []
+    for name, prompts in sets:
+        for row in compare_drafters(model, prompts, drafters, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                                    rounds=args.rounds, batches={1: args.batch1_count, 8: len(prompts)},
+                                    vocab_size=len(loaded.tokenizer)):
+            rows.append({"prompt_set": name, **row})
+    # greedy exactness in fp32 against transformers' own generate() (bf16's multi-token verify may
+    # round differently from a 1-token step: the rows' greedy_equal_plain says how often it did)
+    del model, drafters
+    fp32 = load_causal_lm(args.target or smollm2_gguf(), dtype=torch.float32, what="target")
+    checked = {k: v for k, v in drafters_for(args, fp32).items() if "prompt_lookup" not in v}
+    greedy = greedy_matches_transformers(fp32, sets[0][1][: args.check_count], checked, gamma=args.gamma,
                                          max_new_tokens=args.max_new_tokens)
     return {"settings": {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")},
             "rows": rows, "greedy_equals_transformers_generate": greedy}
@@ -147,7 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eagle3", action="append", metavar="NAME=DIR",
                         help="compare: an eagle3 head for the target, any layout (repeatable)")
     parser.add_argument("--student", help="compare: a draft model directory (task=hf_draft_distill's export)")
-    parser.add_argument("--prompts", help="compare: a prompts file (.txt, .jsonl with messages)")
+    parser.add_argument("--prompts", action="append", metavar="[NAME=]FILE",
+                        help="compare: a prompts file (.txt, .jsonl with messages); repeat for several prompt sets")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
+                        help="compare: the target's and drafters' dtype (bf16 is faster on CPU); default bfloat16; "
+                             "greedy exactness against transformers is checked in float32")
+    parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
+                        help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
+    parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")
     parser.add_argument("--count", type=int, default=16, help="compare: prompts decoded at batch 8")
     parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")

@@ -179,16 +179,24 @@ def test_the_script_takes_layers_for_a_target_only(hf, tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_hf_prophet_refuses_a_cache_of_several_layers_in_one_line(hf, caches, tmp_path):
+def test_hf_prophet_trains_from_a_cache_of_several_layers_reading_the_last(hf, caches, tmp_path):
+    # a cache made for an eagle3 head (aux layers and the last) serves a prophet head too: it reads
+    # the last layer's slice of each row, the same values a one-layer cache of those rows holds
     from test_hf_prophet_task import cfg
 
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
     from train.run import run
+    from train.tasks.hf_prophet import HFProphetModule
 
     d, _ = caches
-    out = tmp_path / "run"
-    with pytest.raises(SpecdecError, match=r"holds layers \[2, 4, 0\]; task=hf_prophet reads the last one alone"):
-        run(cfg(hf, out, "data=hf_embeddings", f"data.cache={d / 'bfloat16'}", f"data.seq_len={SEQ}", target="deep"))
-    assert not out.exists()
+    result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={d / 'bfloat16'}", f"data.seq_len={SEQ}",
+                     "trainer.max_steps=2", target="deep"))
+    assert result["global_step"] == 2
+    module = HFProphetModule.load_from_checkpoint(result["last_ckpt"], weights_only=False)
+    assert module.hparams.cache_layers == [2, 4, 0]
+    batch = HFEmbeddingsDataModule(cache=str(d / "bfloat16"), seq_len=SEQ, val_windows=2).validation_batch()
+    tokens, hidden = module._inputs(batch)
+    torch.testing.assert_close(hidden, batch["embeds"].unflatten(-1, (3, -1))[..., 1, :])
 
 
 def test_a_format_3_cache_reads_as_its_last_layer(caches, tmp_path):

@@ -1,12 +1,15 @@
 """Drafters of one Hugging Face target side by side: tokens per target call and wall-clock speed-up.
 
 `compare_drafters(target, prompts, drafters)` decodes the same prompts plainly and with each
-drafter (`generate`'s keyword arguments: {"prophet": head} or {"draft": model}), at each
+drafter (`generate`'s keyword arguments: {"prophet": head} or {"draft": model}, or
+{"prompt_lookup": n}: transformers' own prompt-lookup decoding, `generate(prompt_lookup_num_tokens=n)`,
+which needs no training and decodes one row at a time, so it runs at batch 1 only), at each
 temperature and batch size, interleaved round by round (base, A, B, ..., base, A, B, ...) in one
 process, so each speed-up is a ratio of runs that saw the same machine load: the median over
-rounds of (plain seconds / drafter seconds). Tokens per call, acceptance rate and alpha are
-exact counts over the same runs (every round, at temperature 1 with another seed). Every row
-emits exactly `max_new_tokens` tokens (no EOS), so the times compare.
+rounds of (plain seconds / drafter seconds). Tokens per call, per-position acceptance, acceptance
+rate and alpha are exact counts over the same runs (every round, at temperature 1 with another
+seed); prompt lookup's target calls are counted with a forward hook. Every row emits exactly
+`max_new_tokens` tokens (no EOS), so the times compare.
 
 `greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
 `write_report` writes results.json, table.md (`markdown_table`) and compare.png (`plot`,
@@ -31,19 +34,61 @@ from .report import pyplot
 from ..files import staged_dir
 
 
+COUNTS = ("new_tokens", "row_calls", "drafted", "accepted", "alpha_sum", "alpha_count")
+
+
 def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, Any], seed: int,
-            **settings: Any) -> tuple[float, dict[str, float], list[list[int]]]:
-    """Decode `prompts` in batches of `batch`; (seconds, summed counts of the DecodeStats, new tokens per row)."""
-    counts = dict(new_tokens=0.0, row_calls=0.0, drafted=0.0, accepted=0.0, alpha_sum=0.0, alpha_count=0.0)
+            **settings: Any) -> tuple[float, dict[str, Any], list[list[int]]]:
+    """Decode `prompts` in batches of `batch`; (seconds, summed counts of the DecodeStats (and
+    per-position accepted_at / drafted_at), new tokens per row)."""
+    if "prompt_lookup" in kwargs:
+        return _prompt_lookup(target, prompts, kwargs["prompt_lookup"], seed, **settings)
+    counts: dict[str, Any] = {key: 0.0 for key in COUNTS}
+    counts.update(accepted_at=[], drafted_at=[])
     rows: list[list[int]] = []
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
         generator = torch.Generator(device=target.device).manual_seed(seed + i)
         tokens, stats = generate(target, prompts[i:i + batch], generator=generator, **kwargs, **settings)
         rows.extend(t.tolist() for t in tokens)
-        for key in counts:
+        for key in COUNTS:
             counts[key] += float(getattr(stats, key))
+        for key in ("accepted_at", "drafted_at"):
+            counts[key] = _add(counts[key], getattr(stats, key))
     return time.perf_counter() - t0, counts, rows
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    width = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(width)]
+
+
+def _prompt_lookup(target: Any, prompts: list[Tensor], n: int, seed: int, *, max_new_tokens: int,
+                   temperature: float, gamma: int = 5, vocab_size: int | None = None) -> tuple[float, dict, list]:
+    """transformers' prompt-lookup decoding of each prompt alone (its assisted generation takes
+    one row); the target's forward calls are counted with a hook (the prefill is one, as in
+    `generate`'s row_calls)."""
+    calls = [0]
+    hook = target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    rows: list[list[int]] = []
+    sample = temperature > 0
+    try:
+        t0 = time.perf_counter()
+        for i, p in enumerate(prompts):
+            torch.manual_seed(seed + i)
+            ids = p[None].to(target.device)
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                  min_new_tokens=max_new_tokens, prompt_lookup_num_tokens=n, do_sample=sample,
+                                  **({"temperature": temperature, "top_k": 0} if sample else {}),
+                                  pad_token_id=target.config.eos_token_id)
+            rows.append(out[0, p.numel():].tolist())
+        seconds = time.perf_counter() - t0
+    finally:
+        hook.remove()
+    counts = {key: 0.0 for key in COUNTS}
+    counts.update(new_tokens=float(sum(len(r) for r in rows)), row_calls=float(calls[0]), accepted_at=[],
+                  drafted_at=[])
+    return seconds, counts, rows
 
 
 def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *, gamma: int = 5,
@@ -59,12 +104,14 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
     check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
           "rounds must be >= 1 and each batch size decode between 1 and len(prompts) prompts")
-    methods = {"plain": {}, **drafters}
+    every = {"plain": {}, **drafters}
     settings = dict(max_new_tokens=max_new_tokens, gamma=gamma, vocab_size=vocab_size)
     rows = []
     for temperature in temperatures:
         for batch, count in batches.items():
             chosen = prompts[:count]
+            # prompt lookup decodes one row at a time: batch 1 only
+            methods = {name: kw for name, kw in every.items() if batch == 1 or "prompt_lookup" not in kw}
             for kwargs in methods.values():        # warm-up: first calls at a shape pay one-time costs
                 _decode(target, chosen[:batch], batch, kwargs, seed, temperature=temperature,
                         **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
@@ -76,7 +123,9 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     s, counts, tokens = _decode(target, chosen, batch, kwargs, seed + 1000 * r,
                                                 temperature=temperature, **settings)
                     seconds[name].append(s)
-                    totals[name] = {k: totals.get(name, {}).get(k, 0.0) + v for k, v in counts.items()}
+                    old = totals.get(name, {})
+                    totals[name] = {k: _add(old.get(k, []), v) if isinstance(v, list) else old.get(k, 0.0) + v
+                                    for k, v in counts.items()}
                     plain = tokens if name == "plain" else plain
                     equal[name] = equal[name] and tokens == plain
             for name in methods:
@@ -86,6 +135,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "tokens_per_call": c["new_tokens"] / max(c["row_calls"], 1),
                     "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
                     "alpha": c["alpha_sum"] / c["alpha_count"] if c["alpha_count"] else None,
+                    "per_position_acceptance": [a / d if d else None for a, d in zip(c["accepted_at"], c["drafted_at"])],
                     "seconds": statistics.median(seconds[name]),
                     "tokens_per_second": count * max_new_tokens / statistics.median(seconds[name]),
                     "speedup": statistics.median(b / s for b, s in zip(seconds["plain"], seconds[name])),
@@ -111,35 +161,45 @@ def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: di
 def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
     """`compare_drafters`' rows as the lines of a markdown table."""
     fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-    lines = ["| temperature | batch | method | tokens/call | acceptance | alpha | tokens/s | speed-up |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    sets = "prompt_set" in (rows[0] if rows else {})
+    lines = [("| prompts " if sets else "") + "| temperature | batch | method | tokens/call | acceptance per position "
+             "| alpha | tokens/s | speed-up |", ("|---" if sets else "") + "|---:|---:|---|---:|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['temperature']:g} | {r['batch']} | {r['method']} | {r['tokens_per_call']:.2f} | "
-                     f"{fmt(r['acceptance_rate'], '.3f')} | {fmt(r['alpha'], '.3f')} | {r['tokens_per_second']:.1f} | "
+        per = " ".join(fmt(a, ".2f") for a in r.get("per_position_acceptance") or []) or "–"
+        lines.append((f"| {r['prompt_set']} " if sets else "") + f"| {r['temperature']:g} | {r['batch']} | {r['method']} | "
+                     f"{r['tokens_per_call']:.2f} | {per} | {fmt(r['alpha'], '.3f')} | {r['tokens_per_second']:.1f} | "
                      f"{r['speedup']:.2f}x |")
     return lines
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Tokens per target call (largest batch) and speed-up per (temperature, batch) of each drafter."""
+    """Per prompt set: tokens per target call at batch 1 and the speed-up per (temperature, batch)
+    of each drafter (a method absent at a setting, prompt lookup at batch 8, gets no bar)."""
     plt = pyplot()
 
+    sets = list(dict.fromkeys(r.get("prompt_set", "") for r in rows))
     methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
-    keys = sorted({(r["temperature"], r["batch"]) for r in rows})
-    temps = sorted({t for t, _ in keys})
-    pick = {(r["method"], r["temperature"], r["batch"]): r for r in rows}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / len(methods)
-    for i, m in enumerate(methods):
-        calls = [pick[m, t, max(b for tt, b in keys if tt == t)]["tokens_per_call"] for t in temps]
-        axes[0].bar([j + i * width for j in range(len(temps))], calls, width, label=m)
-        axes[1].bar([j + i * width for j in range(len(keys))], [pick[(m, *k)]["speedup"] for k in keys], width, label=m)
-    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
-    axes[0].set_ylabel("tokens per target call (gamma 5)")
-    axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, batch {b}" for t, b in keys])
-    axes[1].axhline(1.0, color="grey", lw=0.8)
-    axes[1].set_ylabel("wall-clock speed-up over plain decoding")
-    axes[0].legend(fontsize=8)
+    pick = {(r.get("prompt_set", ""), r["method"], r["temperature"], r["batch"]): r for r in rows}
+    fig, axes = plt.subplots(len(sets), 2, figsize=(12, 3.8 * len(sets)), squeeze=False)
+    width = 0.8 / max(len(methods), 1)
+    for row, name in enumerate(sets):
+        keys = sorted({(r["temperature"], r["batch"]) for r in rows if r.get("prompt_set", "") == name})
+        temps = sorted({t for t, _ in keys})
+        ax_calls, ax_speed = axes[row]
+        for i, m in enumerate(methods):
+            calls = [(j, pick[name, m, t, 1]["tokens_per_call"]) for j, t in enumerate(temps) if (name, m, t, 1) in pick]
+            speed = [(j, pick[(name, m, *k)]["speedup"]) for j, k in enumerate(keys) if (name, m, *k) in pick]
+            ax_calls.bar([j + i * width for j, _ in calls], [v for _, v in calls], width, label=m)
+            ax_speed.bar([j + i * width for j, _ in speed], [v for _, v in speed], width, label=m)
+        ax_calls.set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
+        ax_calls.set_ylabel("tokens per target call, batch 1")
+        ax_speed.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, b{b}" for t, b in keys])
+        ax_speed.axhline(1.0, color="grey", lw=0.8)
+        ax_speed.set_ylabel("speed-up over plain decoding")
+        if name:
+            ax_calls.set_title(f"{name} prompts", fontsize=10)
+            ax_speed.set_title(f"{name} prompts", fontsize=10)
+    axes[0][0].legend(fontsize=8)
     fig.suptitle("Drafts for SmolLM2-135M-Instruct on 2 CPU cores")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

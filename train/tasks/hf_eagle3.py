@@ -30,7 +30,6 @@ draft vocabulary. The export is the head with its target's identity (kind hf_eag
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from specdec_models.hf_weights import check_same_tokenizer, check_source, load_t
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
 from ..embeddings_cache import HOW_TO_BUILD, check_cache
+from ..hf_models import tokenizer_fingerprint
 from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
 from .hf_prophet import HOW_TO_GIVE, HFTarget, load_target
 
@@ -88,13 +88,6 @@ class Eagle3Sizes:
 
 
 # ------------------------------------------------------------------------------ token counts
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """The sha256 of a tokenizer's vocabulary (token -> id): two tokenizers that map every token
-    alike share it, so a count file made with one is refused for a target with another."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
-
 
 def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torch.Tensor:
     """The token counts (vocab_size,) of a `scripts/draft_vocab.py` file, checked against the

@@ -130,13 +130,13 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
     check(seq_len >= head.prophet.window_len, f"data.seq_len ({seq_len}) must hold one window of "
                                               f"num_leading_start_tokens + prophet_train_length - 1 = "
                                               f"{head.prophet.window_len} positions")
+    cache_layers = None
     if cached:
         depth = int(_text_config(model.config).num_hidden_layers)
         cache = required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})")
         meta = check_cache(cache, weights_sha256=sha, seq_len=seq_len, dim=head.target_dim, layers=[depth],
                            model="target.path")
-        check(meta["layers"] == [depth], f"embeddings cache {cache} holds layers {meta['layers']}; task=hf_prophet "
-                                         f"reads the last one alone: build a cache without --layers")
+        cache_layers = [int(i) for i in meta["layers"]]          # the head reads the last one of them
     if options.distill is not None:
         check(getattr(_text_config(model.config), "final_logit_softcapping", None) is None,
               f"task.distill: {type(model).__name__} soft-caps its logits after the head, which the head of the "
@@ -144,7 +144,8 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
     metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",
                 "distill": options.distill}
     return dict(target_path=str(path.resolve()), target_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
-                distill=options.distill, distill_weight=float(options.distill_weight), metadata=metadata)
+                distill=options.distill, distill_weight=float(options.distill_weight), metadata=metadata,
+                cache_layers=cache_layers)
 
 
 class HFProphetModule(TaskModule):
@@ -152,10 +153,13 @@ class HFProphetModule(TaskModule):
 
     def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  distill: str | None = None, distill_weight: float = 1.0, optim: dict[str, Any] | None = None,
-                 seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
+                 seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False,
+                 cache_layers: list[int] | None = None) -> None:
         """`target_path`, `target_sha256`: the target's source and the hash its weights must have
         (loaded here: the head is built on its embedding and head); `head`: an HFProphetConfig
-        dict; the head trains in float32 whatever the target's `target_dtype`."""
+        dict; the head trains in float32 whatever the target's `target_dtype`; `cache_layers`:
+        the layers a cache's "embeds" concatenate (the head reads the last one, the target's
+        depth; a cache made for an eagle3 head serves a prophet head too)."""
         super().__init__(optim, seed, metadata, compile)
         self.save_hyperparameters()
         self._target = FrozenModel(self._load_target)
@@ -184,7 +188,11 @@ class HFProphetModule(TaskModule):
     def _inputs(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens (b, n + 1), the target's hidden states (b, n, dim)): cached, or computed now."""
         if isinstance(batch, dict):
-            return batch["tokens"], batch["embeds"]
+            layers = self.hparams.cache_layers
+            if not layers or len(layers) == 1:
+                return batch["tokens"], batch["embeds"]
+            parts = batch["embeds"].unflatten(-1, (len(layers), -1))
+            return batch["tokens"], parts[..., layers.index(max(layers)), :]
         self.target                                                    # on the module's device
         return batch, self.head.target_hidden(batch[:, :-1], logits=False)[0]
 
