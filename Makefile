@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DATA ?= $(wildcard ../shared/data/textmix100m.gz)
 TRAIN_ARGS ?=
 
-.PHONY: setup setup-real setup-interop train test test-slow test-interop bench-decode bench-train clean
+.PHONY: setup setup-real setup-interop train test test-slow test-interop smollm2 bench-decode bench-train clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -57,6 +57,12 @@ test-slow: $(STAMP)
 
 test-interop: $(INTEROP_STAMP)
 	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(IPY) -m pytest -q -m interop
+
+# The SmolLM2-135M recipe end to end (prompts, cache, draft vocabulary, eagle3 and prophet heads
+# trained side by side, the comparison and its report): scripts/smollm2.py, about 90 minutes here
+SMOLLM2_ARGS ?=
+smollm2: $(REAL_STAMP)
+	$(PY) scripts/smollm2.py --out outputs/smollm2 $(if $(DATA),--text $(DATA)) $(SMOLLM2_ARGS)
 
 bench-decode: $(STAMP)
 	$(PY) scripts/bench_decode.py

@@ -124,7 +124,8 @@ def drafters_for(args, model) -> dict:
     dtype = next(model.parameters()).dtype
     drafters = {}
     for name, directory in eagle3_heads(args):
-        drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, model).to(dtype)}
+        drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, model).to(dtype),
+                                      **({"gamma": args.eagle3_gamma} if args.eagle3_gamma else {})}
     if args.prophet:
         head = load_export(args.prophet, target=model).to(dtype)
         drafters[NAMES["prophet"]] = {"prophet": head}
@@ -191,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
+    parser.add_argument("--eagle3-gamma", type=int, default=None,
+                        help="compare: the eagle3 heads' gamma (default --gamma; a cheap head pays at another gamma)")
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")
     parser.add_argument("--count", type=int, default=16, help="compare: prompts decoded at batch 8")
     parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")

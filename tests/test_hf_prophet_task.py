@@ -344,27 +344,35 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     out = tmp_path / "report"
     argv = ["compare", "--target", str(hf["llama"]), "--prophet", str(online["export_dir"]), "--student",
             str(models / "student"), "--prompts", str(hf["prompts"]), "--chat", "--count", "4", "--batch1-count", "2",
-            "--max-new-tokens", "6", "--rounds", "2", "--check-count", "2", "--out", str(out)]
+            "--max-new-tokens", "6", "--rounds", "2", "--check-count", "2", "--random-head", "--prompt-lookup", "3",
+            "--dtype", "float32", "--out", str(out)]
     assert compare(argv) == 0, capsys.readouterr().err
     report = json.loads((out / "results.json").read_text())
-    methods = ["plain", "prophet (trained)", "student (distilled)", "random head (untrained)"]
-    assert report["greedy_equals_transformers_generate"] == dict.fromkeys(methods, True)
+    methods = ["plain", "prophet (trained)", "student (distilled)", "prompt lookup (transformers, n=3)",
+               "random head (untrained)"]
+    lookup = methods[3]
+    assert report["greedy_equals_transformers_generate"] == {m: True for m in methods if m != lookup}
     rows = report["rows"]
-    assert [(r["temperature"], r["batch"]) for r in rows[::4]] == [(0.0, 1), (0.0, 8), (1.0, 1), (1.0, 8)]
-    assert all([r["method"] for r in rows[i:i + 4]] == methods for i in range(0, 16, 4))
+    # prompt lookup decodes one row at a time: it runs at batch 1 only
+    expected = [(t, b, m) for t in (0.0, 1.0) for b in (1, 8) for m in methods if b == 1 or m != lookup]
+    assert [(r["temperature"], r["batch"], r["method"]) for r in rows] == expected
     for r in rows:
-        assert r["speedup"] > 0 and 1 <= r["tokens_per_call"] <= 6
-        assert (r["acceptance_rate"] is None) == (r["method"] == "plain")
+        assert r["prompt_set"] == "prompts" and r["speedup"] > 0
+        assert r["new_tokens"] == 2 * r["prompts"] * 6                  # every row emits exactly 6 tokens, 2 rounds
+        assert r["tokens_per_call"] == pytest.approx(r["new_tokens"] / r["row_calls"])
+        assert (r["acceptance_rate"] is None) == (r["method"] in ("plain", lookup))
         assert r["method"] != "plain" or r["tokens_per_call"] == 1
-        assert r["greedy_equal_plain"] is (True if r["temperature"] == 0 else None)
-    assert (out / "table.md").read_text().count("\n| ") == 16 and (out / "compare.png").stat().st_size > 1000
+        assert r["greedy_equal_plain"] is (True if r["temperature"] == 0 else None), r["method"]
+        drafted = r["drafted"]
+        assert len(r["per_position_acceptance"]) == (5 if drafted else 0)
+    assert (out / "table.md").read_text().count("\n| ") == len(expected) and (out / "compare.png").stat().st_size > 1000
     assert not list(tmp_path.glob(".tmp-*"))                       # written whole, no temporary left
 
 
 @pytest.mark.parametrize("case,message", [
     ("missing_prophet", "does not exist"),
     ("other_target", "trained for another target"),
-    ("no_drafter", "give --prophet, --student and/or --eagle3"),
+    ("no_drafter", "give --eagle3 NAME=DIR, --prophet, --student and/or --prompt-lookup N"),
     ("mismatch_student", "tokenizers differ"),
 ])
 def test_compare_hf_drafts_refuses_bad_input_in_one_line(online, hf, tmp_path, capsys, case, message):

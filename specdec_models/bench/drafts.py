@@ -9,7 +9,8 @@ process, so each speed-up is a ratio of runs that saw the same machine load: the
 rounds of (plain seconds / drafter seconds). Tokens per call, per-position acceptance, acceptance
 rate and alpha are exact counts over the same runs (every round, at temperature 1 with another
 seed); prompt lookup's target calls are counted with a forward hook. Every row emits exactly
-`max_new_tokens` tokens (no EOS), so the times compare.
+`max_new_tokens` tokens (no EOS), so the times compare. A drafter's keyword arguments may hold its
+own "gamma" (each drafter at the gamma that suits its cost and acceptance).
 
 `greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
 `write_report` writes results.json, table.md (`markdown_table`) and compare.png (`plot`,
@@ -49,7 +50,7 @@ def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, An
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
         generator = torch.Generator(device=target.device).manual_seed(seed + i)
-        tokens, stats = generate(target, prompts[i:i + batch], generator=generator, **kwargs, **settings)
+        tokens, stats = generate(target, prompts[i:i + batch], generator=generator, **{**settings, **kwargs})
         rows.extend(t.tolist() for t in tokens)
         for key in COUNTS:
             counts[key] += float(getattr(stats, key))
@@ -68,19 +69,25 @@ def _prompt_lookup(target: Any, prompts: list[Tensor], n: int, seed: int, *, max
     """transformers' prompt-lookup decoding of each prompt alone (its assisted generation takes
     one row); the target's forward calls are counted with a hook (the prefill is one, as in
     `generate`'s row_calls)."""
+    from transformers import GenerationConfig
+
+    # exactly max_new_tokens like the other methods: a stop id no token has (min_new_tokens would
+    # instead mask the EOS logit, which changes greedy output where EOS is the argmax)
+    never = int(target.get_output_embeddings().weight.shape[0]) + 1
+    sample = temperature > 0
+    config = GenerationConfig(**{**target.generation_config.to_dict(), "max_new_tokens": max_new_tokens,
+                                 "prompt_lookup_num_tokens": n, "do_sample": sample, "eos_token_id": never,
+                                 "pad_token_id": never, "temperature": temperature if sample else None,
+                                 "top_k": None, "top_p": None, "repetition_penalty": None})
     calls = [0]
     hook = target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     rows: list[list[int]] = []
-    sample = temperature > 0
     try:
         t0 = time.perf_counter()
         for i, p in enumerate(prompts):
             torch.manual_seed(seed + i)
             ids = p[None].to(target.device)
-            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                  min_new_tokens=max_new_tokens, prompt_lookup_num_tokens=n, do_sample=sample,
-                                  **({"temperature": temperature, "top_k": 0} if sample else {}),
-                                  pad_token_id=target.config.eos_token_id)
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
             rows.append(out[0, p.numel():].tolist())
         seconds = time.perf_counter() - t0
     finally:
