@@ -20,8 +20,8 @@ from test_hf_prophet_task import SEQ, hf  # noqa: F401  (the tiny targets, token
 
 import train.run as train_run
 from specdec_models.errors import SpecdecError
-from specdec_models.hf.weights import load_causal_lm, load_tokenizer
-from train.tasks.hf_eagle3 import COUNTS_FORMAT, label_mask, tokenizer_fingerprint
+from specdec_models.hf.weights import load_causal_lm, load_tokenizer, tokenizer_fingerprint
+from train.tasks.hf_eagle3 import COUNTS_FORMAT, label_mask
 
 run = train_run.run
 

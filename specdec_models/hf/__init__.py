@@ -6,8 +6,10 @@ frozen Hugging Face target, and their exports.
   `HFKVCache`, `HFOutput`, `HFSizes`, `as_decoders`, `is_hf_model`; `text_config(config)` and
   `logits_width(model)`, the sizes every other module reads.
 - `weights`: loading from a local directory or a GGUF file (`check_source`, `load_tokenizer`,
-  `load_config`, `load_causal_lm`, `load_model`, `smollm2_gguf`, `load_smollm2`), the identity
-  of weights (`weights_sha256`) and the tokenizer checks (`special_tokens`, `check_same_tokenizer`).
+  `load_config`, `load_causal_lm`, `load_model`, `smollm2_gguf`, `load_smollm2`, `model_dir`),
+  what a config says (`head_rows`, `max_positions`, `parameter_count`), identities
+  (`weights_sha256`, `tokenizer_fingerprint`, `model_dir_fingerprint`) and the tokenizer checks
+  (`special_tokens`, `check_same_tokenizer`).
 - `prophet`: `HFProphet`, a prophet head on the target's last-layer hidden states.
 - `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of the target's layers, and its draft vocabulary.
 - `eagle3_export`: an eagle3 head in specdec's, vLLM's (speculators) and SGLang's layouts.
@@ -26,13 +28,19 @@ from .weights import (
     LoadedModel,
     check_same_tokenizer,
     check_source,
+    head_rows,
     load_causal_lm,
     load_config,
     load_model,
     load_smollm2,
     load_tokenizer,
+    max_positions,
+    model_dir,
+    model_dir_fingerprint,
+    parameter_count,
     smollm2_gguf,
     special_tokens,
+    tokenizer_fingerprint,
     weights_sha256,
 )
 
@@ -51,7 +59,8 @@ def __getattr__(name: str):
 __all__ = [  # HFRun, detect_layout, encode_prompt, load_eagle3, load_hf_run, save_eagle3: loaded on first use
     "Eagle3Config", "Eagle3Head", "HFDecoder", "HFKVCache", "HFOutput", "HFProphet", "HFProphetConfig", "HFRun",
     "HFSizes", "LoadedModel", "as_decoders", "check_same_tokenizer", "check_source", "choose_draft_vocab",
-    "detect_layout", "encode_prompt", "is_hf_model", "load_causal_lm", "load_config", "load_eagle3", "load_hf_run",
-    "load_model", "load_smollm2", "load_tokenizer", "logits_width", "save_eagle3", "smollm2_gguf", "special_tokens",
-    "text_config", "weights_sha256",
+    "detect_layout", "encode_prompt", "head_rows", "is_hf_model", "load_causal_lm", "load_config", "load_eagle3",
+    "load_hf_run", "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
+    "model_dir_fingerprint", "parameter_count", "save_eagle3", "smollm2_gguf", "special_tokens", "text_config",
+    "tokenizer_fingerprint", "weights_sha256",
 ]

@@ -43,12 +43,11 @@ from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.hf import HFDecoder, logits_width
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
-from specdec_models.hf.weights import check_same_tokenizer, check_source, load_tokenizer
+from specdec_models.hf.weights import check_same_tokenizer, check_source, load_tokenizer, tokenizer_fingerprint
 
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
 from ..embeddings_cache import HOW_TO_BUILD, check_cache
-from ..hf_models import tokenizer_fingerprint
 from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
 from .hf_prophet import HOW_TO_GIVE, HFTarget, load_target
 
