@@ -21,6 +21,7 @@ its own trainable weights only ("main": null, "prophet": the HFProphetConfig dic
 
     "target": {"path": file or directory it was loaded from (or null), "architecture": class name,
                "hidden_size": int, "vocab_size": int, "weights_sha256": hf.weights_sha256}
+    (`hf.target_identity`)
 
 `load_export(DIR, target=model)` attaches the head to `model` (whose embedding and head it
 shares) and refuses, in one line, a target whose weights hash differently.
@@ -71,16 +72,7 @@ from .files import (
     write_file,
 )
 from .files import one_line as _one_line
-from .hf import (
-    Eagle3Config,
-    Eagle3Head,
-    HFProphet,
-    HFProphetConfig,
-    is_hf_model,
-    logits_width,
-    text_config,
-    weights_sha256,
-)
+from .hf import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, is_hf_model, target_identity, weights_sha256
 from .model import Decoder
 from .prophet import ModelWithProphet
 
@@ -179,15 +171,6 @@ def _header(model: Decoder | ModelWithProphet | Head, tokenizer: str | dict[str,
         raise SpecdecError(f"can only export a Decoder or a ModelWithProphet (or an HFProphet or an Eagle3Head), "
                            f"got {type(model).__name__}")
     return {"format": FORMAT, "format_version": FORMAT_VERSION, **fields}
-
-
-def target_identity(target: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """What a head's export records of its Hugging Face target (see the module docstring)."""
-    check(is_hf_model(target), f"the head's target must be a Hugging Face model, got {type(target).__name__}")
-    path = path if path is not None else (getattr(target, "name_or_path", None) or None)
-    return {"path": None if path is None else str(path), "architecture": type(target).__name__,
-            "hidden_size": int(text_config(target.config).hidden_size), "vocab_size": logits_width(target),
-            "weights_sha256": weights_sha256(target)}
 
 
 def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:

@@ -176,7 +176,7 @@ def normalize_layers(layers: Sequence[int], depth: int) -> list[int]:
 
 @dataclass(frozen=True)
 class CacheModel:
-    """The frozen model a cache is made by. identity: {"kind", "path", "weights_sha256"} (what
+    """The frozen model a cache is made by. identity: {"kind", "path", "weights_sha256", ...} (what
     cache.json records and a run checks); hidden(tokens (b, n)) -> (b, n, len(layers) * dim), the
     hidden states of `layers` (normalized indices 0..depth) concatenated in that order;
     logits(hidden) -> (b, n, vocab) or None when the cache offers no top-k logits for this kind of

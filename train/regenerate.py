@@ -44,7 +44,7 @@ from torch import Tensor
 from specdec_models.decode import generate
 from specdec_models.errors import SpecdecError, check
 from specdec_models.hf import HFDecoder, logits_width, text_config
-from specdec_models.hf.weights import check_source, load_causal_lm, load_config, load_tokenizer, weights_sha256
+from specdec_models.hf.weights import check_source, load_causal_lm, load_config, load_tokenizer, target_identity
 
 from .embeddings_cache import CacheModel, RowSource, check_build, normalize_layers, shard_size_bytes, write_cache
 
@@ -195,12 +195,6 @@ class TextWindows(RowSource):
         return tokens, {"offset": part.astype(np.int64)}
 
 
-def target_identity(model: Any, path: Path) -> dict[str, Any]:
-    """What a cache (and a run) records of a Hugging Face target: its source and weights hash."""
-    return {"kind": "hf", "path": str(path.resolve()), "architecture": type(model).__name__,
-            "weights_sha256": weights_sha256(model)}
-
-
 def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: Sequence[str] | None = None,
                    prompts: str | os.PathLike | None = None, chat: bool = False,
                    temperatures: Sequence[float] = (1.0,), seq_len: int = 256, windows: int = 1024,
@@ -239,7 +233,8 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
         return decoder(tokens.to(device), embeds=True, logits_at=at, layers=layers).embeds
 
     limit = decoder.cfg.max_seq_len
-    cached = CacheModel(target_identity(model, path), dim, vocab, limit, hidden, depth=depth, layers=tuple(layers))
+    identity = {"kind": "hf", **target_identity(model, path.resolve())}      # "kind": a cache also records exports
+    cached = CacheModel(identity, dim, vocab, limit, hidden, depth=depth, layers=tuple(layers))
     return write_cache(cached, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0,
                        shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
                        progress=progress, report=report)

