@@ -20,7 +20,7 @@ plainly and with each drafter, interleaved (`specdec_models.bench.drafts.compare
 checks greedy output against transformers' own `generate()`, and writes results.json, table.md
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
 one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in any layout
-(`specdec_models.eagle3_export.load_eagle3`), e.g. one trained by speculators or SpecForge.
+(`specdec_models.hf.eagle3_export.load_eagle3`), e.g. one trained by speculators or SpecForge.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def prepare_student(args, loaded) -> None:
 
 
 def write_corpus(args) -> None:
-    from specdec_models.hf_weights import load_tokenizer, smollm2_gguf
+    from specdec_models.hf.weights import load_tokenizer, smollm2_gguf
     from train.regenerate import write_cache_text
 
     count = write_cache_text(args.cache, load_tokenizer(args.target or smollm2_gguf(), "target"), Path(args.out),
@@ -61,7 +61,7 @@ def write_corpus(args) -> None:
 def check_inputs(args) -> None:
     """Every path and count, before the target loads (30-45 s for SmolLM2 on 2 cores)."""
     from specdec_models.export import read_export_config
-    from specdec_models.hf_weights import check_source
+    from specdec_models.hf.weights import check_source
 
     if args.target:
         check_source(args.target, "target")
@@ -79,12 +79,12 @@ def check_inputs(args) -> None:
     if args.prophet:
         check(read_export_config(args.prophet)["kind"] == "hf_prophet", f"--prophet {args.prophet} is no head export")
     if args.eagle3:
-        from specdec_models.eagle3_export import detect_layout
+        from specdec_models.hf.eagle3_export import detect_layout
 
         for _, directory in eagle3_heads(args):
             detect_layout(directory)
     if args.student:
-        from specdec_models.hf_weights import check_same_tokenizer, load_tokenizer, smollm2_gguf
+        from specdec_models.hf.weights import check_same_tokenizer, load_tokenizer, smollm2_gguf
 
         target = args.target or smollm2_gguf()
         check_same_tokenizer(load_tokenizer(target, "target"), load_tokenizer(args.student, "student"), "target",
@@ -116,10 +116,10 @@ def drafters_for(args, model) -> dict:
     """The drafters (`generate` keyword arguments by name) of the comparison, built on `model`."""
     import torch
 
-    from specdec_models.eagle3_export import load_eagle3
     from specdec_models.export import load_export
-    from specdec_models.hf_prophet import HFProphet
-    from specdec_models.hf_weights import load_causal_lm
+    from specdec_models.hf.eagle3_export import load_eagle3
+    from specdec_models.hf.prophet import HFProphet
+    from specdec_models.hf.weights import load_causal_lm
 
     dtype = next(model.parameters()).dtype
     drafters = {}
@@ -143,7 +143,7 @@ def compare(args, loaded) -> dict:
     import torch
 
     from specdec_models.bench.drafts import compare_drafters, greedy_matches_transformers
-    from specdec_models.hf_weights import load_causal_lm, smollm2_gguf
+    from specdec_models.hf.weights import load_causal_lm, smollm2_gguf
     from train.regenerate import read_prompts
 
     sets = []
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from specdec_models.hf_weights import load_model, load_smollm2
+    from specdec_models.hf.weights import load_model, load_smollm2
 
     try:
         if args.threads:

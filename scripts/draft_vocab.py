@@ -28,8 +28,8 @@ def time_costs(target, sizes: list[int], context: int = 200, repeats: int = 20) 
     interleaved with 1-token target steps on a `context`-token cache; medians of `repeats`."""
     import torch
 
-    from specdec_models.eagle3 import Eagle3Config, Eagle3Head
     from specdec_models.hf import HFDecoder
+    from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
 
     dec = HFDecoder(target)
     g = torch.Generator().manual_seed(0)
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         from tqdm import tqdm
 
-        from specdec_models.eagle3 import choose_draft_vocab
-        from specdec_models.hf_weights import load_causal_lm, load_tokenizer
+        from specdec_models.hf.eagle3 import choose_draft_vocab
+        from specdec_models.hf.weights import load_causal_lm, load_tokenizer
         from train.draft_vocab import count_greedy_tokens, write_counts
         from train.embeddings_cache import check_cache
 

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         steps_file.write_text(json.dumps(done, indent=1))
         print(f"[{name}] {done[name] / 60:.1f} min", flush=True)
 
-    gguf = subprocess.run([py, "-c", "from specdec_models.hf_weights import smollm2_gguf; print(smollm2_gguf())"],
+    gguf = subprocess.run([py, "-c", "from specdec_models.hf.weights import smollm2_gguf; print(smollm2_gguf())"],
                           cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
     prompts, ev_text, ev_open = out / "prompts.jsonl", out / "eval_text.jsonl", out / "eval_open.jsonl"
     step("prompts", [[py, "scripts/make_prompts.py", "--kind", "mix", "--text", args.text, "--count", str(args.prompts),

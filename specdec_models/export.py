@@ -15,12 +15,13 @@ A `model_with_prophet` export holds the state_dict of a `ModelWithProphet` (main
 the start projection); a `decoder` export a `Decoder`'s. Loading rebuilds the model from the JSON
 configs and copies the safetensors tensors in with `load_state_dict`, so nothing is unpickled.
 
-An `hf_prophet` export holds a prophet head for a Hugging Face target (`hf_prophet.HFProphet`):
+An `hf_prophet` export holds a prophet head for a Hugging Face target (`hf.HFProphet`):
 its own trainable weights only ("main": null, "prophet": the HFProphetConfig dict, "tokenizer":
 {"kind": "hf_target"}, the target's own), and the identity of the target it was trained for:
 
     "target": {"path": file or directory it was loaded from (or null), "architecture": class name,
-               "hidden_size": int, "vocab_size": int, "weights_sha256": hf_weights.weights_sha256}
+               "hidden_size": int, "vocab_size": int, "weights_sha256": hf.weights_sha256}
+    (`hf.target_identity`)
 
 `load_export(DIR, target=model)` attaches the head to `model` (whose embedding and head it
 shares) and refuses, in one line, a target whose weights hash differently.
@@ -31,10 +32,10 @@ config.json (a larger max_seq_len or prophet_train_length than the model was tra
 refused on load in one line naming the file. (Exports written before this key have no such hash
 and load as before.)
 
-An `hf_eagle3` export holds an EAGLE-3 head (`eagle3.Eagle3Head`) the same way: "prophet" is its
+An `hf_eagle3` export holds an EAGLE-3 head (`hf.Eagle3Head`) the same way: "prophet" is its
 Eagle3Config dict, the weights its state_dict in the speculators names (`fc`, `layers.0.*`, `norm`,
 `lm_head`, `d2t`, `t2d`; the target's embedding is not saved), "target" its target's identity. The
-layouts vLLM (speculators) and SGLang load are written and read by `specdec_models.eagle3_export`.
+layouts vLLM (speculators) and SGLang load are written and read by `specdec_models.hf.eagle3_export`.
 
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
 (written in a temp directory of ours, fsync, rename), then config.json is replaced in one
@@ -59,7 +60,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig, ProphetConfig
-from .eagle3 import Eagle3Config, Eagle3Head
 from .errors import SpecdecError, check
 from .files import (
     TMP_PREFIX,
@@ -72,9 +72,7 @@ from .files import (
     write_file,
 )
 from .files import one_line as _one_line
-from .hf import _logits_width, _text_config, is_hf_model
-from .hf_prophet import HFProphet, HFProphetConfig
-from .hf_weights import weights_sha256
+from .hf import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, is_hf_model, target_identity, weights_sha256
 from .model import Decoder
 from .prophet import ModelWithProphet
 
@@ -173,15 +171,6 @@ def _header(model: Decoder | ModelWithProphet | Head, tokenizer: str | dict[str,
         raise SpecdecError(f"can only export a Decoder or a ModelWithProphet (or an HFProphet or an Eagle3Head), "
                            f"got {type(model).__name__}")
     return {"format": FORMAT, "format_version": FORMAT_VERSION, **fields}
-
-
-def target_identity(target: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """What a head's export records of its Hugging Face target (see the module docstring)."""
-    check(is_hf_model(target), f"the head's target must be a Hugging Face model, got {type(target).__name__}")
-    path = path if path is not None else (getattr(target, "name_or_path", None) or None)
-    return {"path": None if path is None else str(path), "architecture": type(target).__name__,
-            "hidden_size": int(_text_config(target.config).hidden_size), "vocab_size": _logits_width(target),
-            "weights_sha256": weights_sha256(target)}
 
 
 def _tokenizer_dict(tokenizer: str | dict[str, Any]) -> dict[str, Any]:

@@ -67,7 +67,7 @@ class ProphetLoss(NamedTuple):
 
 class ProphetWindows(DraftHead):
     """The prophet's window layout and loss, shared by every prophet (`ModelWithProphet` here, the
-    prophet head of a Hugging Face target in `hf_prophet`).
+    prophet head of a Hugging Face target in `hf.prophet`).
 
     A subclass sets `prophet_cfg` (a ProphetConfig), `prophet` (a `Decoder`: its `token_emb`,
     `layers`, `rotary` and `logits` are what the windows run through) and `to_prophet_start` (the

@@ -30,12 +30,12 @@ from speculators.config import SpeculatorsConfig, VerifierConfig
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from speculators.proposals.greedy import GreedyTokenProposalConfig
 
-import specdec_models.hf_weights as hf_weights
+import specdec_models.hf.weights as loading
 from specdec_models import SpecdecError
 from specdec_models.bench.hf import chat_prompts
 from specdec_models.decode import generate
-from specdec_models.eagle3 import Eagle3Config, Eagle3Head
-from specdec_models.eagle3_export import detect_layout, load_eagle3, save_eagle3
+from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
+from specdec_models.hf.eagle3_export import detect_layout, load_eagle3, save_eagle3
 
 STEPS = 3
 DRAFT = 8192
@@ -47,12 +47,12 @@ IGNORED_WHEN_MISSING = {"embed_tokens.weight", "verifier_norm.weight", "verifier
 @pytest.fixture(scope="module")
 def smollm2():
     try:
-        path = hf_weights.check_source(hf_weights.smollm2_gguf(), "SmolLM2")
+        path = loading.check_source(loading.smollm2_gguf(), "SmolLM2")
     except SpecdecError as error:
         pytest.skip(f"the real weights are not installed: {error}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield hf_weights.load_model(path)
+    yield loading.load_model(path)
     torch.set_num_threads(threads)
 
 

@@ -20,7 +20,7 @@ from test_hf_data import build_tokenizer, write_corpus
 from test_hf_distill import save_model
 
 from specdec_models.errors import SpecdecError
-from specdec_models.hf_weights import load_causal_lm
+from specdec_models.hf.weights import load_causal_lm
 from train.embeddings_cache import cache_rows, check_cache, open_cache, pack_embeds, read_cache_meta, unpack_embeds
 from train.regenerate import build_hf_cache, stop_token
 

@@ -20,8 +20,8 @@ from test_hf_prophet_task import SEQ, hf  # noqa: F401  (the tiny targets, token
 
 import train.run as train_run
 from specdec_models.errors import SpecdecError
-from specdec_models.hf_weights import load_causal_lm, load_tokenizer
-from train.tasks.hf_eagle3 import COUNTS_FORMAT, label_mask, tokenizer_fingerprint
+from specdec_models.hf.weights import load_causal_lm, load_tokenizer, tokenizer_fingerprint
+from train.tasks.hf_eagle3 import COUNTS_FORMAT, label_mask
 
 run = train_run.run
 
@@ -125,8 +125,8 @@ def caches(hf, tmp_path_factory):
 def test_a_cached_run_trains_exports_and_the_exported_head_decodes_exactly(hf, caches, tmp_path):
     from specdec_models import load_export
     from specdec_models.decode import generate
-    from specdec_models.eagle3 import Eagle3Head
     from specdec_models.export import read_export_config
+    from specdec_models.hf.eagle3 import Eagle3Head
 
     result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}"))
     m = result["metrics"]

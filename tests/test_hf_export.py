@@ -1,6 +1,6 @@
 """The hf_prophet export: the head's own weights and the identity of its target (round trip,
 refusal of another target in one line, atomic replacement), and the target identity itself
-(`hf_weights.weights_sha256`). Tiny random Llama and GPT-NeoX models from config objects."""
+(`specdec_models.hf.weights_sha256`). Tiny random Llama and GPT-NeoX models from config objects."""
 
 import json
 import os
@@ -16,8 +16,8 @@ import specdec_models.export as export_mod
 from specdec_models import Decoder, SpecdecError, export_hash, load_export, save_export
 from specdec_models.decode import generate
 from specdec_models.export import read_export_config
-from specdec_models.hf_prophet import HFProphet, HFProphetConfig
-from specdec_models.hf_weights import weights_sha256
+from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.hf.weights import weights_sha256
 
 
 @pytest.fixture(autouse=True)

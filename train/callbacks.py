@@ -6,7 +6,7 @@ Leviathan et al. 2022 / Chen et al. 2023) and with plain KV-cached decoding of t
 at each temperature. What it decodes with comes from the LightningModule's
 `speculative_models()`: {"target": Decoder, "prophet": ModelWithProphet} (a prophet drafts),
 {"target": Decoder, "draft": Decoder} (a draft model drafts), or a Hugging Face target with its
-draft or its prophet head (`hf_prophet.HFProphet`). It logs (names as in
+draft or its prophet head (`specdec_models.hf.HFProphet`). It logs (names as in
 docs/DECODING.md):
 
     val/acceptance_rate/t{T}                 accepted drafts / drafted tokens

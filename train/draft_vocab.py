@@ -24,9 +24,10 @@ import torch
 
 from specdec_models.errors import check
 from specdec_models.files import write_file
+from specdec_models.hf import tokenizer_fingerprint
 
 from .embeddings_cache import cache_rows, check_cache, open_cache
-from .tasks.hf_eagle3 import COUNTS_FORMAT, label_mask, tokenizer_fingerprint
+from .tasks.hf_eagle3 import COUNTS_FORMAT, label_mask
 
 
 @torch.no_grad()

@@ -32,7 +32,7 @@ number of layers); a format-3 cache (last layer only, no "layers") reads as laye
 What the rows are is the source's (`RowSource`): random byte windows of a text for a specdec
 export (`build_cache`), token windows of text files or prompts continued by the target itself for
 a Hugging Face model (`train.regenerate.build_hf_cache`). The model is identified by the sha256 of
-its weights (the export's weights file; `hf_weights.weights_sha256` of a Hugging Face model): a
+its weights (the export's weights file; `specdec_models.hf.weights_sha256` of a Hugging Face model): a
 cache is refused for any other model.
 
 On disk, Hugging Face `datasets` Arrow files read memory-mapped:
@@ -176,7 +176,7 @@ def normalize_layers(layers: Sequence[int], depth: int) -> list[int]:
 
 @dataclass(frozen=True)
 class CacheModel:
-    """The frozen model a cache is made by. identity: {"kind", "path", "weights_sha256"} (what
+    """The frozen model a cache is made by. identity: {"kind", "path", "weights_sha256", ...} (what
     cache.json records and a run checks); hidden(tokens (b, n)) -> (b, n, len(layers) * dim), the
     hidden states of `layers` (normalized indices 0..depth) concatenated in that order;
     logits(hidden) -> (b, n, vocab) or None when the cache offers no top-k logits for this kind of
@@ -413,10 +413,10 @@ def _model_depth(identity: dict[str, Any], cache: Path) -> int:
             from specdec_models.export import read_main_config
 
             return int(read_main_config(identity["path"])[0].depth)
-        from specdec_models.hf import _text_config
-        from specdec_models.hf_weights import load_config
+        from specdec_models.hf import text_config
+        from specdec_models.hf.weights import load_config
 
-        return int(_text_config(load_config(identity["path"])).num_hidden_layers)
+        return int(text_config(load_config(identity["path"])).num_hidden_layers)
     except SpecdecError as error:
         raise SpecdecError(f"embeddings cache {cache} (format 3) does not record its layers, and its model's config "
                            f"cannot be read to find them ({error}): rebuild it") from None

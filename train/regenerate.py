@@ -22,7 +22,7 @@ is closest to compute-bound; keeping the states during generation (the target's 
 keep_embeds) would save at most that, and needs `generate` to hand back the states of rows it
 drops from its batch.
 
-The target is loaded from a local model directory or a GGUF file (`specdec_models.hf_weights`);
+The target is loaded from a local model directory or a GGUF file (`specdec_models.hf.weights`);
 every input is checked before the weights load, the weights before any row is made.
 `prompts_from_text` makes instruction prompts from snippets of any text (there is no chat dataset
 on an offline machine); `scripts/make_prompts.py` writes them as a chat file.
@@ -43,8 +43,8 @@ from torch import Tensor
 
 from specdec_models.decode import generate
 from specdec_models.errors import SpecdecError, check
-from specdec_models.hf import HFDecoder, _logits_width, _text_config
-from specdec_models.hf_weights import check_source, load_causal_lm, load_config, load_tokenizer, weights_sha256
+from specdec_models.hf import HFDecoder, logits_width, text_config
+from specdec_models.hf.weights import check_source, load_causal_lm, load_config, load_tokenizer, target_identity
 
 from .embeddings_cache import CacheModel, RowSource, check_build, normalize_layers, shard_size_bytes, write_cache
 
@@ -195,12 +195,6 @@ class TextWindows(RowSource):
         return tokens, {"offset": part.astype(np.int64)}
 
 
-def target_identity(model: Any, path: Path) -> dict[str, Any]:
-    """What a cache (and a run) records of a Hugging Face target: its source and weights hash."""
-    return {"kind": "hf", "path": str(path.resolve()), "architecture": type(model).__name__,
-            "weights_sha256": weights_sha256(model)}
-
-
 def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: Sequence[str] | None = None,
                    prompts: str | os.PathLike | None = None, chat: bool = False,
                    temperatures: Sequence[float] = (1.0,), seq_len: int = 256, windows: int = 1024,
@@ -218,14 +212,14 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
     shard_size_bytes(shard_size)
     check((text is None) != (prompts is None), "give either text files or a prompts file")
     path = check_source(target, "target")
-    depth = int(_text_config(load_config(path, "target")).num_hidden_layers)
+    depth = int(text_config(load_config(path, "target")).num_hidden_layers)
     layers = normalize_layers([depth] if layers is None else list(layers), depth)
     tokenizer = load_tokenizer(path, "target")
     prompt_ids = read_prompts(prompts, tokenizer, chat) if prompts is not None else None
     model = load_causal_lm(path, dtype=model_dtype, what="target").to(device)
     model.requires_grad_(False)
-    vocab = min(len(tokenizer), _logits_width(model))
-    dim = int(_text_config(model.config).hidden_size)
+    vocab = min(len(tokenizer), logits_width(model))
+    dim = int(text_config(model.config).hidden_size)
     if prompt_ids is not None:
         check(max(int(p.max()) for p in prompt_ids) < vocab, f"the prompts hold token ids >= the target's {vocab}")
         source: RowSource = Regenerated(model, prompt_ids, vocab, seq_len, seed, temperatures,
@@ -239,7 +233,8 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
         return decoder(tokens.to(device), embeds=True, logits_at=at, layers=layers).embeds
 
     limit = decoder.cfg.max_seq_len
-    cached = CacheModel(target_identity(model, path), dim, vocab, limit, hidden, depth=depth, layers=tuple(layers))
+    identity = {"kind": "hf", **target_identity(model, path.resolve())}      # "kind": a cache also records exports
+    cached = CacheModel(identity, dim, vocab, limit, hidden, depth=depth, layers=tuple(layers))
     return write_cache(cached, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0,
                        shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
                        progress=progress, report=report)

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..decode import generate
 from ..errors import SpecdecError, check
-from ..hf import _logits_width
+from ..hf import logits_width
 
 PROMPTS = [
     "What is the capital of France? Explain briefly.",
@@ -56,7 +56,7 @@ def _hf_generate(model: Any, prompts: list[Tensor], n: int, pad_id: int) -> list
     config = copy.deepcopy(model.generation_config)
     # exactly n tokens, as specdec with eos_id=None: generate() fills a None EOS from the model's
     # config, so give it an id its head cannot emit (it still runs its EOS check every step)
-    config.eos_token_id = [_logits_width(model)]
+    config.eos_token_id = [logits_width(model)]
     config.pad_token_id = pad_id
     config.max_new_tokens, config.do_sample = n, False
     out = model.generate(ids, attention_mask=mask, generation_config=config)
@@ -171,8 +171,8 @@ def chat_prompts(tokenizer: Any, batch: int) -> list[Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     from ..export import load_export
-    from ..hf_prophet import HFProphet, HFProphetConfig
-    from ..hf_weights import load_model, load_smollm2
+    from ..hf.prophet import HFProphet, HFProphetConfig
+    from ..hf.weights import load_model, load_smollm2
 
     parser = argparse.ArgumentParser(prog="python -m specdec_models.bench.hf", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()

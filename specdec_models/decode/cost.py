@@ -27,8 +27,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..eagle3 import Eagle3Head
 from ..errors import check
+from ..hf import Eagle3Head
 
 TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
 

@@ -8,8 +8,7 @@ import argparse
 from torch import Tensor
 
 from ..errors import check
-from ..eagle3 import Eagle3Head
-from ..hf import HFDecoder
+from ..hf import Eagle3Head, HFDecoder
 from ..model import Decoder
 from ..prophet import ModelWithProphet, ProphetWindows
 from .cost import SpeedProfile

@@ -5,9 +5,9 @@
 - draft: a smaller `Decoder` proposes gamma tokens, the target verifies them in one call
   (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023, Algorithm 2);
 - prophet: a `ModelWithProphet` whose prophet drafts from the target's cached last-layer
-  embeddings, verified the same way; for a Hugging Face target, an `hf_prophet.HFProphet` head
+  embeddings, verified the same way; for a Hugging Face target, an `hf.HFProphet` head
   drafting from the hidden states the target's cache keeps;
-- eagle3: an `eagle3.Eagle3Head` (passed as `prophet=`) for a Hugging Face target: after every
+- eagle3: an `hf.Eagle3Head` (passed as `prophet=`) for a Hugging Face target: after every
   target call its own KV cache is extended with the target's aux-layer features of the committed
   positions, and it drafts feeding its own features back (the draft vocabulary spread over the
   target's with q = 0 outside it, so the residual covers those tokens).
@@ -472,7 +472,7 @@ class _Decoding:
 
     def _eagle3_round(self, gamma: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """`draft_round` for an EAGLE-3 head: d_1 from the prediction the last extension left, then
-        each step feeds the drafted token and the head's own feature (see `eagle3`)."""
+        each step feeds the drafted token and the head's own feature (see `hf.eagle3`)."""
         rows, head, cache = self.rows, self.prophet, self.draft_cache
         logits, feature = self.head_next
         drafts, qs = [], []

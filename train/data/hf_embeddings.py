@@ -31,9 +31,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from specdec_models.errors import check, check_positive_int
+from specdec_models.hf import load_tokenizer
 
 from ..embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
-from ..hf_models import load_tokenizer
 from .embeddings import CachedWindows
 from .streams import SpecdecDataModule, evenly_spaced_windows, stream_position
 
@@ -131,5 +131,5 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
 
     def decode_text(self, tokens: torch.Tensor) -> str:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_path or self.cache_meta()["model"]["path"])
+            self._tokenizer = load_tokenizer(self.tokenizer_path or self.cache_meta()["model"]["path"], "tokenizer")
         return self._tokenizer.decode(tokens.tolist())

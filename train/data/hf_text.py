@@ -33,8 +33,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.hf import load_tokenizer, tokenizer_fingerprint
 
-from ..hf_models import load_tokenizer, tokenizer_fingerprint
 from .streams import SpecdecDataModule, StepBatches, evenly_spaced_windows, stream_position
 
 CACHE_VERSION = 1
@@ -202,7 +202,7 @@ class HFTextDataModule(SpecdecDataModule):
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_path)
+            self._tokenizer = load_tokenizer(self.tokenizer_path, "tokenizer")
         return self._tokenizer
 
     def windows_key(self) -> str:

@@ -41,7 +41,7 @@ from specdec_models import Decoder, ModelWithProphet, save_export
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import check_export_target, describe_export
-from specdec_models.hf_prophet import HFProphet
+from specdec_models.hf.prophet import HFProphet
 from specdec_models.losses import divergence, next_token_loss
 from specdec_models.prophet import ProphetWindows, drafted_hits, simulated_tokens_per_call
 

@@ -39,11 +39,10 @@ from specdec_models.config import DTYPES, from_dict, torch_dtype
 from specdec_models.decode.cost import stored_profile
 from specdec_models.errors import check
 from specdec_models.files import staged_dir
-from specdec_models.hf import HFDecoder
+from specdec_models.hf import (HFDecoder, check_same_tokenizer, head_rows, load_causal_lm, load_config, load_tokenizer,
+                               max_positions, model_dir, model_dir_fingerprint, parameter_count)
 
 from ..data.hf_text import HFTextDataModule
-from ..hf_models import (check_same_tokenizer, fingerprint, head_rows, load_causal_lm, load_config, load_tokenizer,
-                         max_positions, model_dir, parameter_count)
 from .base import FrozenModel, NoOptions, SpeculativeModels, Task, to_plain, warn_if_not_smaller
 from .distillation import DistillConfig, DistillModule
 
@@ -87,12 +86,12 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
     teacher_dir, student_dir = model_dir(teacher.path, "teacher"), model_dir(student.path, "student")
     objective = DistillConfig.from_dict(to_plain(cfg.objective))
 
-    vocab = check_same_tokenizer(load_tokenizer(teacher_dir), load_tokenizer(student_dir), f"teacher {teacher_dir}",
-                                 f"student {student_dir}")
+    vocab = check_same_tokenizer(load_tokenizer(teacher_dir, "tokenizer"), load_tokenizer(student_dir, "tokenizer"),
+                                 f"teacher {teacher_dir}", f"student {student_dir}")
     data_tokenizer = cfg.data.get("tokenizer")
     if data_tokenizer and Path(data_tokenizer).expanduser().resolve() != teacher_dir.resolve():
-        check_same_tokenizer(load_tokenizer(teacher_dir), load_tokenizer(data_tokenizer), f"teacher {teacher_dir}",
-                             f"data.tokenizer {data_tokenizer}")
+        check_same_tokenizer(load_tokenizer(teacher_dir, "tokenizer"), load_tokenizer(data_tokenizer, "tokenizer"),
+                             f"teacher {teacher_dir}", f"data.tokenizer {data_tokenizer}")
     configs = {"teacher": load_config(teacher_dir, "teacher"), "student": load_config(student_dir, "student")}
     seq_len = cfg.data.seq_len
     for role, config in configs.items():
@@ -103,7 +102,7 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
         check(limit is None or seq_len <= limit, f"data.seq_len ({seq_len}) exceeds the {role}'s {limit} positions")
     objective.check_fits(seq_len, {role: max_positions(config) for role, config in configs.items()})
     warn_if_not_smaller(parameter_count(configs["student"]), parameter_count(configs["teacher"]))
-    return dict(teacher_path=str(teacher_dir.resolve()), teacher_hash=fingerprint(teacher_dir),
+    return dict(teacher_path=str(teacher_dir.resolve()), teacher_hash=model_dir_fingerprint(teacher_dir),
                 student_path=str(student_dir.resolve()), vocab_size=vocab, teacher_dtype=teacher.dtype,
                 student_dtype=student.dtype, export_dtype=student.export_dtype,
                 gradient_checkpointing=student.gradient_checkpointing, objective=asdict(objective))
@@ -124,7 +123,7 @@ class HFDraftDistillModule(DistillModule):
         self.save_hyperparameters()
         self.objective = DistillConfig.from_dict(dict(objective or {}))
         self.vocab_size = vocab_size
-        self.student = load_causal_lm(student_path, DTYPES[student_dtype])
+        self.student = load_causal_lm(student_path, dtype=DTYPES[student_dtype]).train()   # from_pretrained gives eval
         if gradient_checkpointing:
             self.student.gradient_checkpointing_enable()
         self.student.config.use_cache = False            # training forwards keep no KV cache
@@ -137,10 +136,10 @@ class HFDraftDistillModule(DistillModule):
     def _load_teacher(self):
         path, expected = self.hparams.teacher_path, self.hparams.teacher_hash
         check(Path(path).is_dir(), f"the teacher {path} is gone")
-        found = fingerprint(path)
+        found = model_dir_fingerprint(path)
         check(found == expected, f"the teacher {path} has changed since this run started (fingerprint "
                                  f"{found[:16]}, the run's teacher {expected[:16]})")
-        return load_causal_lm(path, DTYPES[self.hparams.teacher_dtype])       # FrozenModel sets eval mode
+        return load_causal_lm(path, dtype=DTYPES[self.hparams.teacher_dtype])     # FrozenModel keeps it in eval mode
 
     @property
     def teacher(self):
@@ -208,7 +207,7 @@ class HFDraftDistillModule(DistillModule):
             config = json.loads((tmp / "config.json").read_text())     # save_pretrained writes the module's dtype
             config["dtype"] = config["torch_dtype"] = str(dtype).removeprefix("torch.")   # torch_dtype: transformers 4
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-            load_tokenizer(self.hparams.student_path).save_pretrained(tmp)
+            load_tokenizer(self.hparams.student_path, "tokenizer").save_pretrained(tmp)
             (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=1, default=str))
         return out_dir
 

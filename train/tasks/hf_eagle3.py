@@ -3,14 +3,14 @@
 `python -m train experiment=smollm2_eagle3 data.cache=DIR head.draft_vocab=COUNTS.json` (from a
 cache of the target's hidden states, `data=hf_embeddings`) or `data=hf_text data.files=[...]`
 (hidden states online: the target runs under no_grad at every step). The head is
-`specdec_models.eagle3.Eagle3Head`: a fc over three aux layers, one decoder layer at the target's
+`specdec_models.hf.eagle3.Eagle3Head`: a fc over three aux layers, one decoder layer at the target's
 shapes attending over the whole context, an LM head over a draft vocabulary; it shares (frozen)
 the target's token embedding.
 
 Training runs as decoding does (`Eagle3Head.ttt_loss`): `task.ttt_steps` unrolled draft steps, each
 fed the head's own features of the step before, weighted `task.ttt_decay`^k; the loss is the
 forward KL from the target's distribution renormalised over the draft vocabulary (the module
-docstring of `specdec_models.eagle3` says why renormalising is the right handling of the mass
+docstring of `specdec_models.hf.eagle3` says why renormalising is the right handling of the mass
 outside it). Only answer tokens count: for regenerated rows, the labels of the prompt and of
 everything after the row's end (EOS) are masked (`prompt_len`, `valid_len` of the cache).
 
@@ -40,15 +40,14 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from specdec_models.config import from_dict
-from specdec_models.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
 from specdec_models.errors import SpecdecError, check, check_positive_int
-from specdec_models.hf import HFDecoder, _logits_width
-from specdec_models.hf_weights import check_same_tokenizer, check_source, load_tokenizer
+from specdec_models.hf import HFDecoder, logits_width
+from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+from specdec_models.hf.weights import check_same_tokenizer, check_source, load_tokenizer, tokenizer_fingerprint
 
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
 from ..embeddings_cache import HOW_TO_BUILD, check_cache
-from ..hf_models import tokenizer_fingerprint
 from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
 from .hf_prophet import HOW_TO_GIVE, HFTarget, load_target
 
@@ -126,7 +125,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
         check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
                              f"data.tokenizer {data_tokenizer}")
     model, sha = load_target(path, target.dtype)
-    vocab = min(len(tokenizer), _logits_width(model))
+    vocab = min(len(tokenizer), logits_width(model))
     draft_size = vocab if sizes.draft_vocab_size is None else sizes.draft_vocab_size
     check(draft_size <= vocab, f"head.draft_vocab_size ({draft_size}) exceeds the target's vocabulary ({vocab})")
     head = Eagle3Config.for_target(model, draft_vocab_size=draft_size, aux_layers=sizes.aux_layers, vocab_size=vocab)

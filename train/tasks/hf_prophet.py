@@ -2,7 +2,7 @@
 
 `python -m train experiment=hf_prophet target.path=DIR|FILE.gguf data.files=[...]` (hidden states
 online) or `... data=hf_embeddings data.cache=DIR` (from a cache). The head is
-`specdec_models.hf_prophet.HFProphet`: the prophet's window layout and loss (`ProphetWindows`,
+`specdec_models.hf.prophet.HFProphet`: the prophet's window layout and loss (`ProphetWindows`,
 lucidrains' prophet idea) reading the target's last-layer hidden states after its final norm, and
 sharing (frozen) the target's token embedding and output head, as EAGLE does (Li et al. 2024), so
 its own weights are a few transformer blocks even for a 49k-token vocabulary.
@@ -15,7 +15,7 @@ the target's full next-token distribution instead of (distill_weight 1) or besid
 tokens: window output i is compared with the target's logits at anchor + i, its head applied to
 the hidden state there (exact online; from a cache, at the cache's precision).
 
-The target is loaded from a local model directory or a GGUF file (`specdec_models.hf_weights`),
+The target is loaded from a local model directory or a GGUF file (`specdec_models.hf.weights`),
 frozen and held outside the module (`FrozenModel`): absent from the state_dict, checkpoints and
 the export. `validate` loads it once (`load_target`, shared with the module) to hash its weights:
 a cache or a checkpoint of another target is refused in one line before any work, and a
@@ -38,9 +38,9 @@ from torch import nn
 
 from specdec_models.config import DTYPES, from_dict, torch_dtype
 from specdec_models.errors import check, check_positive_int
-from specdec_models.hf import HFDecoder, _logits_width, _text_config
-from specdec_models.hf_prophet import HFProphet, HFProphetConfig
-from specdec_models.hf_weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
+from specdec_models.hf import HFDecoder, logits_width, text_config
+from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.hf.weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
 
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
@@ -118,7 +118,7 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
         check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
                              f"data.tokenizer {data_tokenizer}")
     model, sha = load_target(path, target.dtype)
-    vocab = min(len(tokenizer), _logits_width(model))
+    vocab = min(len(tokenizer), logits_width(model))
     head = HFProphetConfig.for_target(model, dim=sizes.dim, depth=sizes.depth, heads=sizes.heads,
                                       dim_head=sizes.dim_head, ff_mult=sizes.ff_mult,
                                       prophet_train_length=sizes.prophet_train_length,
@@ -132,13 +132,13 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
                                               f"{head.prophet.window_len} positions")
     cache_layers = None
     if cached:
-        depth = int(_text_config(model.config).num_hidden_layers)
+        depth = int(text_config(model.config).num_hidden_layers)
         cache = required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})")
         meta = check_cache(cache, weights_sha256=sha, seq_len=seq_len, dim=head.target_dim, layers=[depth],
                            model="target.path")
         cache_layers = [int(i) for i in meta["layers"]]          # the head reads the last one of them
     if options.distill is not None:
-        check(getattr(_text_config(model.config), "final_logit_softcapping", None) is None,
+        check(getattr(text_config(model.config), "final_logit_softcapping", None) is None,
               f"task.distill: {type(model).__name__} soft-caps its logits after the head, which the head of the "
               f"hidden states does not reproduce: train without task.distill")
     metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",

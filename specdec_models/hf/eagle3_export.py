@@ -51,11 +51,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from ..errors import SpecdecError, check
+from ..export import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
+from ..files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
+from .adapter import is_hf_model, logits_width, text_config
 from .eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
-from .errors import SpecdecError, check
-from .export import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
-from .files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
-from .hf import _logits_width, _text_config, is_hf_model
 
 LAYOUTS = ("specdec", "speculators", "sglang")
 SPECULATORS_VERSION = "0.9.0"       # the speculators release whose format is written (tests/test_eagle3_interop.py)
@@ -289,14 +289,14 @@ def _layer_fields(tl: dict[str, Any], target: Any, where: str) -> dict[str, Any]
           f"{where}: the head's layer is {tl.get('model_type')!r}; specdec's eagle3 head is a Llama layer")
     check(tl.get("num_hidden_layers", 1) == 1,
           f"{where}: the head has {tl.get('num_hidden_layers')} decoder layers; specdec's eagle3 head has one")
-    c = _text_config(target.config)
+    c = text_config(target.config)
     name = type(target).__name__
     hidden = _get(tl, "hidden_size", where)
     check(hidden == int(c.hidden_size), f"{where}: a head for a target of hidden size {hidden}, {name} has "
                                         f"{c.hidden_size}: load it with the target it was trained for")
     vocab = _get(tl, "vocab_size", where)
-    check(vocab == _logits_width(target), f"{where}: a head for a target vocabulary of {vocab} tokens, {name}'s head "
-                                          f"has {_logits_width(target)}: load it with the target it was trained for")
+    check(vocab == logits_width(target), f"{where}: a head for a target vocabulary of {vocab} tokens, {name}'s head "
+                                          f"has {logits_width(target)}: load it with the target it was trained for")
     for key in ("attention_bias", "mlp_bias"):
         check(not tl.get(key, False), f"{where}: {key} is set; specdec's eagle3 head has no biases")
     rope = tl.get("rope_parameters") or {}

@@ -50,12 +50,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import JsonConfig
-from .errors import check, check_positive_int
-from .hf import _logits_width, _text_config, is_hf_model
-from .heads import DraftHead
-from .kv_cache import KVCache
-from .model import RMSNorm, Rotary, rotate_half
+from ..config import JsonConfig
+from ..errors import check, check_positive_int
+from ..heads import DraftHead
+from ..kv_cache import KVCache
+from ..model import RMSNorm, Rotary, rotate_half
+from .adapter import is_hf_model, logits_width, text_config
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -118,10 +118,10 @@ class Eagle3Config(JsonConfig):
         layer is a Llama one, SwiGLU, whatever the target's own architecture);
         `vocab_size` (default the rows of its head) is the target vocabulary the head drafts in."""
         check(is_hf_model(target), f"target must be a Hugging Face causal LM, got {type(target).__name__}")
-        c = _text_config(target.config)
+        c = text_config(target.config)
         heads = int(c.num_attention_heads)
         layers = int(c.num_hidden_layers)
-        vocab = _logits_width(target) if vocab_size is None else vocab_size
+        vocab = logits_width(target) if vocab_size is None else vocab_size
         return cls(hidden_size=int(c.hidden_size), num_heads=heads,
                    num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
                    head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
@@ -135,16 +135,16 @@ class Eagle3Config(JsonConfig):
 
 def check_head_target(config: Eagle3Config, target: Any) -> None:
     """Refuse, in one line, a target whose shapes are not those the head was made for."""
-    c = _text_config(target.config)
+    c = text_config(target.config)
     check(int(c.hidden_size) == config.hidden_size,
           f"the eagle3 head was made for a target of hidden size {config.hidden_size}, "
           f"{type(target).__name__} has {c.hidden_size}")
     check(int(c.num_hidden_layers) == config.target_layers,
           f"the eagle3 head was made for a target of {config.target_layers} layers, {type(target).__name__} has "
           f"{c.num_hidden_layers}: its aux layers {config.aux_layers} would read other depths")
-    check(_logits_width(target) >= config.target_vocab_size,
+    check(logits_width(target) >= config.target_vocab_size,
           f"the eagle3 head drafts in a vocabulary of {config.target_vocab_size} tokens, {type(target).__name__}'s "
-          f"head has {_logits_width(target)} rows")
+          f"head has {logits_width(target)} rows")
 
 
 # ------------------------------------------------------------------------------ draft vocabulary

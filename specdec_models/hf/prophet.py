@@ -1,6 +1,6 @@
 """A prophet head for a frozen Hugging Face target: drafts from the target's last-layer hidden states.
 
-The layout and the loss are the prophet's (`prophet.ProphetWindows`, see `prophet.py`): for an
+The layout and the loss are the prophet's (`specdec_models.prophet.ProphetWindows`): for an
 anchor t the head reads the target's hidden states h[t-S+1..t], projected to its width, as S
 leading start tokens, then the tokens x[t+1], x[t+2], ...; it predicts x[t+1 .. t+L]. In decoding
 it drafts from the hidden states the target's cache keeps (`HFDecoder.new_cache(keep_embeds=True)`)
@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import JsonConfig, ModelConfig, ProphetConfig
-from .errors import check, check_positive_int
-from .hf import HFDecoder, _logits_width, _text_config, is_hf_model
-from .model import Block, Decoder, RMSNorm, Rotary
-from .prophet import ProphetWindows
+from ..config import JsonConfig, ModelConfig, ProphetConfig
+from ..errors import check, check_positive_int
+from ..model import Block, Decoder, RMSNorm, Rotary
+from ..prophet import ProphetWindows
+from .adapter import HFDecoder, is_hf_model, logits_width, text_config
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,10 @@ class HFProphetConfig(JsonConfig):
         size, so no projections), heads = dim // dim_head by default, the target's vocabulary
         (or `vocab_size`, for a sliced head)."""
         check(is_hf_model(target), f"target must be a Hugging Face causal LM, got {type(target).__name__}")
-        target_dim = int(_text_config(target.config).hidden_size)
+        target_dim = int(text_config(target.config).hidden_size)
         dim = target_dim if dim is None else dim
         heads = max(1, dim // dim_head) if heads is None else heads
-        model = ModelConfig(vocab_size=_logits_width(target) if vocab_size is None else vocab_size, dim=dim,
+        model = ModelConfig(vocab_size=logits_width(target) if vocab_size is None else vocab_size, dim=dim,
                             depth=depth, heads=heads, dim_head=dim_head, ff_mult=ff_mult,
                             max_seq_len=max(64, num_leading_start_tokens + prophet_train_length + 16))
         prophet = ProphetConfig(model=model, prophet_train_length=prophet_train_length,
@@ -155,7 +155,7 @@ class HFProphet(ProphetWindows):
         super().__init__()
         check(isinstance(config, HFProphetConfig), f"config must be an HFProphetConfig, got {type(config).__name__}")
         check(is_hf_model(target), f"target must be a Hugging Face causal LM, got {type(target).__name__}")
-        hidden = int(_text_config(target.config).hidden_size)
+        hidden = int(text_config(target.config).hidden_size)
         check(hidden == config.target_dim,
               f"the head was made for a target of hidden size {config.target_dim}, {type(target).__name__} has {hidden}")
         self.config = config

@@ -18,7 +18,7 @@ are cut off, and once the cache holds more than `slack` slots beyond the longest
 valid slots are gathered to the front (compaction): the cache never grows without bound.
 `compact_rows` drops finished rows from the batch, as `KVCache.compact_rows` does.
 
-Hidden states for a prophet head (`hf_prophet`): with `new_cache(..., keep_embeds=True)` the cache
+Hidden states for a prophet head (`prophet.HFProphet`): with `new_cache(..., keep_embeds=True)` the cache
 also keeps each slot's last-layer hidden state (transformers' `hidden_states[-1]`, after the final
 norm), cut and compacted with the keys and values, and `last_embeds(count)` returns each row's
 last `count` logical positions, as `KVCache.last_embeds` does for a `Decoder`.
@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .errors import check
+from ..errors import check
 
 
 def is_hf_model(obj: Any) -> bool:
@@ -58,16 +58,17 @@ def is_hf_model(obj: Any) -> bool:
     return tf is not None and isinstance(obj, tf.PreTrainedModel)
 
 
-def _text_config(config: Any) -> Any:
+def text_config(config: Any) -> Any:
+    """The text model's config: a multimodal config's `get_text_config()`, else config itself."""
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
 
 
-def _logits_width(model: Any) -> int:
+def logits_width(model: Any) -> int:
     """The number of logits a HF causal LM returns per position (its head's rows)."""
     head = model.get_output_embeddings()
     weight = getattr(head, "weight", None)
-    return int(weight.shape[0]) if weight is not None else int(_text_config(model.config).vocab_size)
+    return int(weight.shape[0]) if weight is not None else int(text_config(model.config).vocab_size)
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ class HFDecoder:
 
     def __init__(self, model: Any, vocab_size: int | None = None, slack: int = 64) -> None:
         check(is_hf_model(model), f"HFDecoder wraps a transformers PreTrainedModel, got {type(model).__name__}")
-        config = _text_config(model.config)
+        config = text_config(model.config)
         check(not getattr(model.config, "is_encoder_decoder", False),
               f"{type(model).__name__} is an encoder-decoder model; give a causal LM (AutoModelForCausalLM)")
         check(model.get_output_embeddings() is not None,
@@ -234,7 +235,7 @@ class HFDecoder:
         check(layer_types <= {"full_attention", "sliding_attention"},
               f"{type(model).__name__} has layers of type {sorted(layer_types)}: only attention layers with a "
               "DynamicCache can be rolled back per row")
-        width = _logits_width(model)
+        width = logits_width(model)
         vocab_size = width if vocab_size is None else vocab_size
         check(isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and 1 <= vocab_size <= width,
               f"vocab_size must be an integer in [1, {width}] (the rows of {type(model).__name__}'s head), got {vocab_size!r}")
@@ -307,7 +308,7 @@ def as_decoders(target: Any, draft: Any, vocab_size: int | str | None) -> tuple[
     if vocab_size is not None:
         check(vocab_size == "min" or (isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size >= 1),
               f"vocab_size must be an integer >= 1 or 'min', got {vocab_size!r}")
-    sizes = [_logits_width(m) if is_hf_model(m) else getattr(m, "vocab_size", None) for m in (target, draft)]
+    sizes = [logits_width(m) if is_hf_model(m) else getattr(m, "vocab_size", None) for m in (target, draft)]
     if vocab_size is None:
         if draft is not None and hf and None not in sizes:
             check(sizes[0] == sizes[1],

