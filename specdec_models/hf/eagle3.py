@@ -396,11 +396,9 @@ class Eagle3Head(DraftHead):
 
     # -- training --------------------------------------------------------------------------------
 
-    def ttt_logits(self, tokens: Tensor, aux: Tensor, steps: int) -> list[Tensor]:
-        """The draft logits of each training-time-test step on rows tokens (b, n + 1) with the
-        target's aux hidden states aux (b, n, A*H) of tokens[:, :n]: step k's (b, n - 1 - k, draft)
-        at head positions t = 0..n-2-k predict the target's distribution at position t + 1 + k,
-        exactly what draft step k + 1 of a decoding round anchored at t computes."""
+    def ttt_features(self, tokens: Tensor, aux: Tensor, steps: int) -> list[Tensor]:
+        """The layer's outputs (b, n - 1, H) of each training-time-test step on rows tokens (b, n + 1)
+        with the target's aux hidden states aux (b, n, A*H) of tokens[:, :n] (see `ttt_logits`)."""
         check_positive_int(steps, "ttt steps")
         b, n = aux.shape[:2]
         T = n - 1                                    # head positions 0..T-1 (x_{t+1} and a label at t+1)
@@ -422,8 +420,16 @@ class Eagle3Head(DraftHead):
                 ks.append(kk)
                 vs.append(vv)
             feature = layer.finish(feature, ttt_attention(q, k0, v0, ks, vs))      # (b, T, H)
-            out.append(self.logits(feature[:, :T - k]))
+            out.append(feature)
         return out
+
+    def ttt_logits(self, tokens: Tensor, aux: Tensor, steps: int) -> list[Tensor]:
+        """The draft logits of each training-time-test step on rows tokens (b, n + 1) with the
+        target's aux hidden states aux (b, n, A*H) of tokens[:, :n]: step k's (b, n - 1 - k, draft)
+        at head positions t = 0..n-2-k predict the target's distribution at position t + 1 + k,
+        exactly what draft step k + 1 of a decoding round anchored at t computes."""
+        T = aux.shape[1] - 1
+        return [self.logits(f[:, :T - k]) for k, f in enumerate(self.ttt_features(tokens, aux, steps))]
 
     def ttt_loss(self, tokens: Tensor, aux: Tensor, last: Tensor, label_mask: Tensor | None = None, *,
                  steps: int = 4, decay: float = 0.8, target_logits: Tensor | None = None,
@@ -435,35 +441,43 @@ class Eagle3Head(DraftHead):
         replace the head's own computation of the target's logits at positions 1..n-1.
         `greedy_in_vocab` (b, n - 1): whether the target's greedy token at positions 1..n-1 lies
         in the draft vocabulary (`greedy_in_vocab`); without it the hit counts compare argmaxes
-        over the draft vocabulary only, which overstates them by the greedy tokens outside it."""
+        over the draft vocabulary only, which overstates them by the greedy tokens outside it.
+
+        Both LM heads (the head's and the target's rows) run at the counted positions only: in a
+        regenerated row the prompt and the padding after EOS cost no logits (about half a row)."""
         b, n = aux.shape[:2]
-        if target_logits is None:
-            target_logits = self.target_draft_logits(last[:, 1:])                    # (b, n - 1, draft)
+        T = n - 1
         with torch.no_grad():
-            p = torch.softmax(target_logits.float(), -1)
-            logp = torch.log(p.clamp_min(1e-30))
-            label = target_logits.argmax(-1)                                          # (b, n - 1) draft ids
-            if greedy_in_vocab is not None:                # a greedy token outside the vocabulary: no hit
-                label = label.masked_fill(~greedy_in_vocab.to(label.device), -1)
             if label_mask is None:
                 label_mask = torch.ones(b, n, dtype=torch.bool, device=aux.device)
             mask = label_mask[:, 1:].to(aux.device)                                  # label position t + 1
+            picked = (target_logits[mask.to(target_logits.device)] if target_logits is not None
+                      else self.target_draft_logits(last[:, 1:][mask.to(last.device)]))       # (M, draft)
+            p = torch.softmax(picked.float().to(aux.device), -1)
+            logp = torch.log(p.clamp_min(1e-30))
+            label = picked.argmax(-1).to(aux.device)                                  # (M,) draft ids
+            if greedy_in_vocab is not None:                # a greedy token outside the vocabulary: no hit
+                label = label.masked_fill(~greedy_in_vocab.to(aux.device)[mask], -1)
+            row = torch.full((b, T), -1, dtype=torch.long, device=aux.device)        # (b, t) -> row of p
+            row[mask] = torch.arange(int(mask.sum()), device=aux.device)
         losses, kls, hits, correct, counts = [], [], [], [], []
         alive = mask
-        for k, logits in enumerate(self.ttt_logits(tokens, aux, steps)):
-            valid = logits.shape[1]
-            logq = torch.log_softmax(logits.float(), -1)
-            pk, mk = p[:, k:k + valid], mask[:, k:k + valid]
-            kl = (pk * (logp[:, k:k + valid] - logq)).sum(-1)                         # (b, valid)
-            count = mk.sum().clamp_min(1)
-            losses.append((kl * mk).sum() / count * decay ** k)
+        for k, feature in enumerate(self.ttt_features(tokens, aux, steps)):
+            valid = T - k
+            sel = mask[:, k:k + valid]                                                # label t + 1 + k counts
+            rows = row[:, k:k + valid][sel]
+            logq = torch.log_softmax(self.logits(feature[:, :valid][sel]).float(), -1)      # (Mk, draft)
+            kl = (p[rows] * (logp[rows] - logq)).sum(-1)                             # (Mk,)
+            count = sel.sum().clamp_min(1)
+            losses.append(kl.sum() / count * decay ** k)
             with torch.no_grad():
-                right = logq.argmax(-1) == label[:, k:k + valid]
-                alive = alive[:, :valid] & right & mk
-                kls.append((kl * mk).sum() / count)
+                right = torch.zeros_like(sel)
+                right[sel] = logq.argmax(-1) == label[rows]
+                alive = alive[:, :valid] & right
+                kls.append(kl.sum() / count)
                 hits.append(alive.sum())
-                correct.append((right & mk).sum())
-                counts.append(mk.sum())
+                correct.append(right.sum())
+                counts.append(sel.sum())
         with torch.no_grad():
             mass = self._draft_mass(last[:, 1:], mask)
         return TTTLoss(torch.stack(losses).sum(), torch.stack(kls), torch.stack(hits), torch.stack(correct),
