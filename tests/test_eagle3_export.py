@@ -225,7 +225,7 @@ def test_the_decoding_cli_takes_an_eagle3_head_in_each_layout(setup, capsys, lay
     root, _, head = setup
     out = save_eagle3(root / f"cli-{layout}", head, layout)
     common = ("--hf-model", root / "target", "--prompt", "hello there", "--temperature", 0, "--max-new-tokens", 10,
-              "--ignore-eos", "--json")
+              "--ignore-eos", "--json", "--dtype", "float32")
     status, stdout, err = cli(capsys, *common, "--eagle3", out, "--gamma", 3)
     assert status == 0, err
     result = json.loads(stdout)

@@ -75,7 +75,7 @@ def run_json(capsys, *argv):
     return json.loads(out)
 
 
-COMMON = ("--temperature", 0, "--max-new-tokens", 12, "--ignore-eos")
+COMMON = ("--temperature", 0, "--max-new-tokens", 12, "--ignore-eos", "--dtype", "float32")
 
 
 def test_plain_draft_and_prophet_decoding_equal_the_targets_own_generate(dirs, capsys):
@@ -103,6 +103,7 @@ def test_chat_wraps_the_prompt_in_the_chat_template_and_rows_stop_at_eos(dirs, c
     assert result["continuations"] == [tok.decode(greedy, skip_special_tokens=True)]
     # with its EOS: the tokenizer's EOS id ends the row (here: the first greedy token, made EOS with --eos-id)
     stopped = run_json(capsys, "--hf-model", dirs / "target", "--prompt", "hi", "--chat", "--temperature", 0,
+                       "--dtype", "float32",
                        "--max-new-tokens", 12, "--eos-id", greedy[2])
     assert stopped["stats"]["new_tokens"] == greedy.index(greedy[2]) + 1
 
