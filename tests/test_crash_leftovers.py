@@ -43,8 +43,8 @@ def leftovers(directory) -> list[str]:
 def _kill_mid_weights():
     real = export_mod.save_file
 
-    def half_then_die(tensors, path):       # killed while the weights file is being written
-        real(tensors, path)
+    def half_then_die(tensors, path, **kwargs):       # killed while the weights file is being written
+        real(tensors, path, **kwargs)
         os.truncate(path, os.path.getsize(path) // 2)
         die()
     export_mod.save_file = half_then_die
