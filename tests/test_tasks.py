@@ -26,6 +26,14 @@ def test_every_task_file_is_registered_with_its_config_and_module():
         assert task.data and all(isinstance(cls, type) for cls in task.data)
 
 
+def test_only_prophet_tasks_carry_the_prophet_objective_and_tracking():
+    from train.tasks.prophet_common import ProphetTaskModule
+
+    prophets = {name for name, task in tasks().items() if issubclass(task.module, ProphetTaskModule)}
+    assert prophets == {"prophet", "prophet_frozen", "hf_prophet"}
+    assert not any(hasattr(TaskModule, name) for name in ("prophet_objective", "track_drafted", "log_drafted"))
+
+
 def test_an_unknown_task_is_a_one_line_error_listing_the_known_ones():
     with pytest.raises(SpecdecError, match="task.name must be one of draft_distill, ") as error:
         get_task("prophet_typo")

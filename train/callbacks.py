@@ -31,7 +31,7 @@ the callback offers them as its `export_metadata()` (metadata `speed_profiles`),
 `train.checkpoints.export_checkpoint` writes into the export, where `--gamma auto` of the decoding
 CLI reads them. Beside them the prophet tasks
 log what other trainers report instead, from teacher-forced validation windows
-(`TaskModule.track_drafted`): `val/teacher_forced_accuracy/pos{i}` and
+(`ProphetTaskModule.track_drafted`): `val/teacher_forced_accuracy/pos{i}` and
 `val/simulated_tokens_per_call` (compare it with `val/tokens_per_call/t0`). The samples go to
 `<samples_dir>/speculative_samples.jsonl` (one line per prompt, temperature and evaluation;
 samples_dir defaults to the trainer's default_root_dir, the run's output directory), and, when a

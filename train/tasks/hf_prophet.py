@@ -21,7 +21,7 @@ the export. `validate` loads it once (`load_target`, shared with the module) to 
 a cache or a checkpoint of another target is refused in one line before any work, and a
 checkpoint reloads the target and checks the hash. Every validation logs the window loss, the
 teacher-forced accuracy per drafted position and the simulated tokens per call
-(`TaskModule.track_drafted`); the evaluation callback decodes with the target and the head at
+(`ProphetTaskModule.track_drafted`); the evaluation callback decodes with the target and the head at
 temperatures 0 and 1. The export is the head alone with its target's identity (kind hf_prophet:
 `load_export(DIR, target=model)`, the decode CLI's `--prophet DIR`).
 """
@@ -45,7 +45,8 @@ from specdec_models.hf.weights import check_same_tokenizer, check_source, load_c
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
 from ..embeddings_cache import HOW_TO_BUILD, check_cache
-from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
+from .base import FrozenModel, SpeculativeModels, Task, data_class, required, to_plain
+from .prophet_common import ProphetTaskModule
 from .prophet_frozen import FrozenProphetOptions
 
 HOW_TO_GIVE = "DIR or FILE.gguf (a local Hugging Face causal LM directory or a GGUF file)"
@@ -148,7 +149,7 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
                 cache_layers=cache_layers)
 
 
-class HFProphetModule(TaskModule):
+class HFProphetModule(ProphetTaskModule):
     task = "hf_prophet"
 
     def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
