@@ -150,9 +150,10 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
         check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {cache_layers}; the head needs "
                            f"{needed} (aux layers {head.aux_layers} and the last, {head.target_layers}): rebuild it "
                            f"with scripts/cache_embeddings.py --layers {' '.join(map(str, needed))}")
-    metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",
-                "draft_vocab_size": draft_size, "aux_layers": head.aux_layers}
-    return dict(target_path=str(path.resolve()), target_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
+    metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
+                "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
+                "aux_layers": head.aux_layers}
+    return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
                 draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, ttt_steps=options.ttt_steps,
                 ttt_decay=float(options.ttt_decay), cache_layers=cache_layers, metadata=metadata)
 
@@ -177,7 +178,7 @@ def label_mask(batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
 class HFEagle3Module(TaskModule):
     task = "hf_eagle3"
 
-    def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
+    def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  draft_ids: list[int] | None = None, train_lm_head: bool = True, ttt_steps: int = 4,
                  ttt_decay: float = 0.8, cache_layers: list[int] | None = None, optim: dict[str, Any] | None = None,
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
@@ -196,7 +197,7 @@ class HFEagle3Module(TaskModule):
         self._tracked: dict[str, torch.Tensor] = {}
 
     def _load_target(self) -> Any:
-        path, expected = self.hparams.target_path, self.hparams.target_sha256
+        path, expected = self.hparams.target_path, self.hparams.weights_sha256
         model, sha = load_target(path, self.hparams.target_dtype)
         check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
                                f"target ({expected[:16]}...): restore it or start a new run")
@@ -289,7 +290,7 @@ class HFEagle3Module(TaskModule):
         return {"target_path": self.hparams.target_path}
 
     def export_metadata(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path, "target_sha256": self.hparams.target_sha256,
+        return {"target_path": self.hparams.target_path, "target_weights_sha256": self.hparams.weights_sha256,
                 "ttt_steps": self.hparams.ttt_steps, "train_lm_head": self.hparams.train_lm_head}
 
 

@@ -142,9 +142,9 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
         check(getattr(text_config(model.config), "final_logit_softcapping", None) is None,
               f"task.distill: {type(model).__name__} soft-caps its logits after the head, which the head of the "
               f"hidden states does not reproduce: train without task.distill")
-    metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",
-                "distill": options.distill}
-    return dict(target_path=str(path.resolve()), target_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
+    metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
+                "embeddings": "cached" if cached else "online", "distill": options.distill}
+    return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
                 distill=options.distill, distill_weight=float(options.distill_weight), metadata=metadata,
                 cache_layers=cache_layers)
 
@@ -152,11 +152,11 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
 class HFProphetModule(ProphetTaskModule):
     task = "hf_prophet"
 
-    def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
+    def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  distill: str | None = None, distill_weight: float = 1.0, optim: dict[str, Any] | None = None,
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False,
                  cache_layers: list[int] | None = None) -> None:
-        """`target_path`, `target_sha256`: the target's source and the hash its weights must have
+        """`target_path`, `weights_sha256`: the target's source and the hash its weights must have
         (loaded here: the head is built on its embedding and head); `head`: an HFProphetConfig
         dict; the head trains in float32 whatever the target's `target_dtype`; `cache_layers`:
         the layers a cache's "embeds" concatenate (the head reads the last one, the target's
@@ -170,7 +170,7 @@ class HFProphetModule(ProphetTaskModule):
                 block.compile()
 
     def _load_target(self) -> Any:
-        path, expected = self.hparams.target_path, self.hparams.target_sha256
+        path, expected = self.hparams.target_path, self.hparams.weights_sha256
         model, sha = load_target(path, self.hparams.target_dtype)
         check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
                                f"target ({expected[:16]}...): restore it or start a new run")
@@ -235,7 +235,7 @@ class HFProphetModule(ProphetTaskModule):
         return {"target_path": self.hparams.target_path}
 
     def export_metadata(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path, "target_sha256": self.hparams.target_sha256,
+        return {"target_path": self.hparams.target_path, "target_weights_sha256": self.hparams.weights_sha256,
                 "distill": self.hparams.distill}
 
 
