@@ -2,7 +2,7 @@
 
 `python -m train experiment=hf_prophet target.path=DIR|FILE.gguf data.files=[...]` (hidden states
 online) or `... data=hf_embeddings data.cache=DIR` (from a cache). The head is
-`specdec_models.hf.prophet.HFProphet`: the prophet's window layout and loss (`ProphetWindows`,
+`specdec_models.hf.prophet.HFProphet`: the prophet's window layout and loss (`ProphetHead`,
 lucidrains' prophet idea) reading the target's last-layer hidden states after its final norm, and
 sharing (frozen) the target's token embedding and output head, as EAGLE does (Li et al. 2024), so
 its own weights are a few transformer blocks even for a 49k-token vocabulary.

@@ -1,6 +1,6 @@
 """What the prophet tasks share (task=prophet, prophet_frozen, hf_prophet): `ProphetTaskModule`.
 
-A prophet head drafts from windows of the sequence (`specdec_models.prophet.ProphetWindows`, the
+A prophet head drafts from windows of the sequence (`specdec_models.prophet.ProphetHead`, the
 prophet idea of lucidrains/speculative-decoding). Its tasks share the seeded window subsets
 (`window_generator`), the objective against a frozen model (`prophet_objective`: next-token
 cross-entropy over the windows, optionally mixed with a divergence toward the frozen model's
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from specdec_models.losses import divergence, next_token_loss
-from specdec_models.prophet import ProphetWindows, drafted_hits, simulated_tokens_per_call
+from specdec_models.prophet import ProphetHead, drafted_hits, simulated_tokens_per_call
 
 from .base import TaskModule
 
@@ -31,29 +31,29 @@ class ProphetTaskModule(TaskModule):
         super().__init__(optim, seed, metadata, compile)
         self._drafted: dict[str, tuple[torch.Tensor, int]] = {}      # prefix -> (hits (gamma,), windows)
 
-    def window_generator(self, windows: ProphetWindows, device: torch.device,
+    def window_generator(self, head: ProphetHead, device: torch.device,
                          micro: int | None) -> torch.Generator | None:
         """Seeded generator of a prophet's window subset (None when it trains on every window):
         per optimizer step and micro-batch in training, the same at every validation (micro
         None), so validations compare the same windows."""
-        if windows.prophet_cfg.windows_per_seq is None:
+        if head.prophet_cfg.windows_per_seq is None:
             return None
         if micro is None:
             return torch.Generator(device=device).manual_seed(self.seed)
         return self.generator(micro, device)
 
-    def prophet_objective(self, windows: ProphetWindows, seq: torch.Tensor, hidden: torch.Tensor,
+    def prophet_objective(self, head: ProphetHead, seq: torch.Tensor, hidden: torch.Tensor,
                           micro: int | None, teacher: Callable[[torch.Tensor], torch.Tensor],
                           prefix: str | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of a prophet trained against a frozen model (task=prophet_frozen, hf_prophet):
-        next-token cross-entropy over its windows (`ProphetWindows.anchors`, drawn by
+        next-token cross-entropy over the head's windows (`ProphetHead.anchors`, drawn by
         `window_generator(micro)`) and, when `hparams.distill` names a divergence, that divergence toward
         `teacher(anchors)` (the frozen model's logits (b W, L, vocab) at the windows' positions),
         mixed by `hparams.distill_weight`. Returns (loss, {"prophet_loss", "distill_loss"}); with
         a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
-        generator = self.window_generator(windows, seq.device, micro)
-        anchors = windows.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
-        logits, labels = windows.prophet_logits(seq, hidden, anchors)                # (b W, L, vocab)
+        generator = self.window_generator(head, seq.device, micro)
+        anchors = head.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
+        logits, labels = head.prophet_logits(seq, hidden, anchors)                # (b W, L, vocab)
         ce = next_token_loss(logits, labels)
         if prefix is not None:
             self.track_drafted(prefix, logits, labels)
