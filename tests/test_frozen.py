@@ -19,7 +19,7 @@ from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError
 from specdec_models.export import export_hash, read_export_config
 from train.checkpoints import export_checkpoint
-from train.embeddings_cache import build_cache
+from train.data.embeddings_cache import build_cache
 from train.run import run, validate
 from train.tasks.prophet_frozen import FrozenProphetModule
 
@@ -253,7 +253,7 @@ def test_teacher_position_i_predicts_the_token_prophet_position_i_predicts(main_
 def test_cached_top_k_teacher_is_the_main_distribution_renormalised_over_its_top_k(main_export, cache):
     import numpy as np
 
-    from train.embeddings_cache import cache_rows, open_cache, read_cache_meta
+    from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 
     module = frozen_module(main_export, distill="fkl")
     meta = read_cache_meta(cache)

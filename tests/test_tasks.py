@@ -53,3 +53,15 @@ def test_no_module_of_train_imports_run_and_none_probes_tasks():
     run_source = (TRAIN / "run.py").read_text()
     for name in tasks():
         assert f'"{name}"' not in run_source, f"run.py special-cases task {name}"
+    assert "SpeculativeEval" not in run_source, "run.py special-cases a callback"
+
+
+def test_the_data_package_imports_nothing_else_of_train():
+    """What makes the data (caches, regenerated rows) lives in train/data/ with what reads it: no
+    import loop between train/ and train/data/."""
+    for path in (TRAIN / "data").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert node.level <= 1 and not (module.startswith("train.") and not module.startswith("train.data")), \
+                    f"{path}:{node.lineno} imports {'.' * node.level}{module}"

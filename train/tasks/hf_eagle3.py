@@ -47,7 +47,7 @@ from specdec_models.hf.weights import check_same_tokenizer, check_source, load_t
 
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
-from ..embeddings_cache import HOW_TO_BUILD, check_cache
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
 from .hf_prophet import HOW_TO_GIVE, HFTarget, load_target
 

@@ -9,7 +9,7 @@ its own weights are a few transformer blocks even for a 49k-token vocabulary.
 
 The hidden states come online (the target runs under no_grad at every step, `data=hf_text`) or
 from a cache (`data=hf_embeddings`, written by `scripts/cache_embeddings.py`; best from prompts
-the target continues itself, `train.regenerate`, so the head learns the target's own
+the target continues itself, `train.data.regenerate`, so the head learns the target's own
 distribution). `task.distill` (fkl, rkl, jsd or tvd; DistillSpec, Zhou et al. 2023) trains toward
 the target's full next-token distribution instead of (distill_weight 1) or besides the data's
 tokens: window output i is compared with the target's logits at anchor + i, its head applied to
@@ -44,7 +44,7 @@ from specdec_models.hf.weights import check_same_tokenizer, check_source, load_c
 
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
-from ..embeddings_cache import HOW_TO_BUILD, check_cache
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from .base import FrozenModel, SpeculativeModels, Task, data_class, required, to_plain
 from .prophet_common import ProphetTaskModule
 from .prophet_frozen import FrozenProphetOptions

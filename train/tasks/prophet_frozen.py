@@ -8,7 +8,7 @@ lucidrains/speculative-decoding's; drafts are verified as in Leviathan et al. 20
 
 The main model's embeddings come either online (computed under no_grad at every step, with
 `data=enwik8`) or from an embeddings cache written once by `scripts/cache_embeddings.py`
-(`data=enwik8_embeddings data.cache=DIR`, see `train.embeddings_cache`). Validation always
+(`data=enwik8_embeddings data.cache=DIR`, see `train.data.embeddings_cache`). Validation always
 computes them online on the fixed enwik8 windows, so its numbers compare between runs and modes;
 val/main_loss and val/bpc are the frozen main model's.
 
@@ -43,7 +43,7 @@ from specdec_models.losses import DIVERGENCES, next_token_loss
 
 from ..data.embeddings import EmbeddingsDataModule
 from ..data.enwik8 import Enwik8DataModule
-from ..embeddings_cache import HOW_TO_BUILD, check_cache
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from .base import LN2, Task, data_class, required, to_plain
 from .prophet import ProphetNetModule, check_prophet_fits
 
