@@ -64,10 +64,10 @@ import torch
 from torch import Tensor, nn
 
 from specdec_models import ModelWithProphet, byte_tokenizer
-from specdec_models.heads import DraftHead
 from specdec_models.decode import SpeedProfile, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.heads import DraftHead
 from specdec_models.hf import HFDecoder
 
 from .checkpoints import EXPORT_METADATA_KEY

@@ -33,8 +33,8 @@ from torch.utils.data import DataLoader, Dataset
 from specdec_models.errors import check, check_positive_int
 from specdec_models.hf import load_tokenizer
 
-from .embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
 from .embeddings import CachedWindows
+from .embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
 from .streams import SpecdecDataModule, evenly_spaced_windows, stream_position
 
 

@@ -9,12 +9,12 @@ tasks; `train.run` and `train.checkpoints` look them up by name and never specia
 
 `TaskModule` is the base LightningModule: the optimizer and its schedule over `trainable()`,
 seeded generators per step, the task name in every checkpoint, `speculative_models()` for the
-evaluation callback, and the export (`write_export`: a
-specdec export of `export_model()` with `export_options()`, unless a task writes another format;
-`check_export_dir`: may it replace what an export directory holds).
-(What only prophet tasks share, their objective and simulated acceptance, is
-`train.tasks.prophet_common.ProphetTaskModule`.) It takes plain values only, so `load_from_checkpoint` and `train.checkpoints` rebuild it without
-Hydra.
+evaluation callback, per-epoch hooks for what a task tracks over a validation (`start_epoch`,
+`end_epoch`), and the export (`write_export`: a specdec export of `export_model()` with
+`export_options()`, unless a task writes another format; `check_export_dir`: may it replace what
+an export directory holds). What only the prophet tasks share, their objective and simulated
+acceptance, is `train.tasks.prophet_common.ProphetTaskModule`. It takes plain values only, so
+`load_from_checkpoint` and `train.checkpoints` rebuild it without Hydra.
 
 `FrozenModel` holds a model a task reads but never trains (a teacher, a frozen main model): loaded
 on first use, checked against the identity recorded when the run was configured, in eval mode
@@ -198,6 +198,24 @@ class TaskModule(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.evaluate(batch, "test")
+
+    def start_epoch(self, prefix: str) -> None:
+        """A validation ("val") or test ("test") epoch starts: forget what a task tracks over one."""
+
+    def end_epoch(self, prefix: str) -> None:
+        """A validation or test epoch ends: log what the task tracked over it (all ranks')."""
+
+    def on_validation_epoch_start(self) -> None:
+        self.start_epoch("val")
+
+    def on_validation_epoch_end(self) -> None:
+        self.end_epoch("val")
+
+    def on_test_epoch_start(self) -> None:
+        self.start_epoch("test")
+
+    def on_test_epoch_end(self) -> None:
+        self.end_epoch("test")
 
     def configure_optimizers(self):
         return configure_adam(self.trainable(), self.optim_cfg, self.trainer.max_steps, self.time_fraction)

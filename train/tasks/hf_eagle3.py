@@ -45,11 +45,11 @@ from specdec_models.hf import HFDecoder, logits_width
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
 from specdec_models.hf.weights import check_same_tokenizer, check_source, load_tokenizer, tokenizer_fingerprint
 
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
-from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
-from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
-from .hf_prophet import HOW_TO_GIVE, HFTarget, load_target
+from .base import FrozenModel, Task, TaskModule, data_class, required, to_plain
+from .hf_prophet import HOW_TO_GIVE, HFTarget, HFTargetHead, load_target
 
 COUNTS_FORMAT = "specdec-token-counts"
 
@@ -175,7 +175,7 @@ def label_mask(batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
     return mask
 
 
-class HFEagle3Module(TaskModule):
+class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
 
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
@@ -195,17 +195,6 @@ class HFEagle3Module(TaskModule):
         if compile:
             self.head.layers.compile()
         self._tracked: dict[str, torch.Tensor] = {}
-
-    def _load_target(self) -> Any:
-        path, expected = self.hparams.target_path, self.hparams.weights_sha256
-        model, sha = load_target(path, self.hparams.target_dtype)
-        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
-                               f"target ({expected[:16]}...): restore it or start a new run")
-        return model
-
-    @property
-    def target(self) -> Any:
-        return self._target.get(self.device)
 
     def trainable(self) -> nn.Module:
         return self.head
@@ -264,30 +253,13 @@ class HFEagle3Module(TaskModule):
             self.log(f"{prefix}/ttt_accuracy/pos{k + 1}", float(chain[k] / before.clamp(min=1e-12)))
         self.log(f"{prefix}/simulated_tokens_per_call", float(1 + chain.sum()))
 
-    def on_validation_epoch_start(self) -> None:
-        self._tracked.pop("val", None)
+    def start_epoch(self, prefix: str) -> None:
+        self._tracked.pop(prefix, None)
 
-    def on_validation_epoch_end(self) -> None:
-        self._log_tracked("val")
-
-    def on_test_epoch_start(self) -> None:
-        self._tracked.pop("test", None)
-
-    def on_test_epoch_end(self) -> None:
-        self._log_tracked("test")
+    def end_epoch(self, prefix: str) -> None:
+        self._log_tracked(prefix)
 
     # -- decoding and export ---------------------------------------------------------------------
-
-    def speculative_models(self) -> SpeculativeModels:
-        """The target (on the head's vocabulary) drafted by the head."""
-        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
-
-    def export_model(self) -> Eagle3Head:
-        self.target
-        return self.head
-
-    def export_options(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path}
 
     def export_metadata(self) -> dict[str, Any]:
         return {"target_path": self.hparams.target_path, "target_weights_sha256": self.hparams.weights_sha256,

@@ -42,9 +42,9 @@ from specdec_models.hf import HFDecoder, logits_width, text_config
 from specdec_models.hf.prophet import HFProphet, HFProphetConfig
 from specdec_models.hf.weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
 
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
-from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from .base import FrozenModel, SpeculativeModels, Task, data_class, required, to_plain
 from .prophet_common import ProphetTaskModule
 from .prophet_frozen import FrozenProphetOptions
@@ -102,6 +102,36 @@ def load_target(path: str | Path, dtype: str) -> tuple[Any, str]:
     return _LOADED[key]
 
 
+class HFTargetHead:
+    """What a module training a head on a frozen Hugging Face target shares (mixed into the
+    TaskModules of hf_prophet and hf_eagle3): `self.head` and hyper-parameters `target_path`,
+    `weights_sha256` and `target_dtype`. `self._target = FrozenModel(self._load_target)` in
+    `__init__`."""
+
+    def _load_target(self) -> Any:
+        path, expected = self.hparams.target_path, self.hparams.weights_sha256
+        model, sha = load_target(path, self.hparams.target_dtype)
+        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
+                               f"target ({expected[:16]}...): restore it or start a new run")
+        return model
+
+    @property
+    def target(self) -> Any:
+        """The frozen target, on the module's device."""
+        return self._target.get(self.device)
+
+    def speculative_models(self) -> SpeculativeModels:
+        """The target (on the head's vocabulary) drafted by the head."""
+        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
+
+    def export_model(self) -> Any:
+        self.target                                                    # the head hashes its target's weights
+        return self.head
+
+    def export_options(self) -> dict[str, Any]:
+        return {"target_path": self.hparams.target_path}
+
+
 def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
     """Check the target, the head's sizes, the data's tokenizer or cache, and gamma; loads the
     target (once, see `load_target`) to identify its weights."""
@@ -149,7 +179,7 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
                 cache_layers=cache_layers)
 
 
-class HFProphetModule(ProphetTaskModule):
+class HFProphetModule(HFTargetHead, ProphetTaskModule):
     task = "hf_prophet"
 
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
@@ -168,18 +198,6 @@ class HFProphetModule(ProphetTaskModule):
         if compile:
             for block in self.head.prophet.layers:
                 block.compile()
-
-    def _load_target(self) -> Any:
-        path, expected = self.hparams.target_path, self.hparams.weights_sha256
-        model, sha = load_target(path, self.hparams.target_dtype)
-        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
-                               f"target ({expected[:16]}...): restore it or start a new run")
-        return model
-
-    @property
-    def target(self) -> Any:
-        """The frozen target, on the module's device."""
-        return self._target.get(self.device)
 
     def trainable(self) -> nn.Module:
         return self.head
@@ -222,17 +240,6 @@ class HFProphetModule(ProphetTaskModule):
         self.log_dict({f"{prefix}/{k}": v for k, v in parts.items()}, sync_dist=True, batch_size=b)
 
     # -- decoding and export ---------------------------------------------------------------------
-
-    def speculative_models(self) -> SpeculativeModels:
-        """The target (on the head's vocabulary) drafted by the head."""
-        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
-
-    def export_model(self) -> HFProphet:
-        self.target                                                    # the head hashes its target's weights
-        return self.head
-
-    def export_options(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path}
 
     def export_metadata(self) -> dict[str, Any]:
         return {"target_path": self.hparams.target_path, "target_weights_sha256": self.hparams.weights_sha256,

@@ -90,14 +90,8 @@ class ProphetTaskModule(TaskModule):
             self.log(f"{prefix}/teacher_forced_accuracy/pos{i}", a)
         self.log(f"{prefix}/simulated_tokens_per_call", simulated_tokens_per_call(accuracy))
 
-    def on_validation_epoch_start(self) -> None:
-        self._drafted.pop("val", None)
+    def start_epoch(self, prefix: str) -> None:
+        self._drafted.pop(prefix, None)
 
-    def on_validation_epoch_end(self) -> None:
-        self.log_drafted("val")
-
-    def on_test_epoch_start(self) -> None:
-        self._drafted.pop("test", None)
-
-    def on_test_epoch_end(self) -> None:
-        self.log_drafted("test")
+    def end_epoch(self, prefix: str) -> None:
+        self.log_drafted(prefix)

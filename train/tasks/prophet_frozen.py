@@ -42,8 +42,8 @@ from specdec_models.export import export_hash, load_export, read_main_config
 from specdec_models.losses import DIVERGENCES, next_token_loss
 
 from ..data.embeddings import EmbeddingsDataModule
-from ..data.enwik8 import Enwik8DataModule
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
+from ..data.enwik8 import Enwik8DataModule
 from .base import LN2, Task, data_class, required, to_plain
 from .prophet import ProphetNetModule, check_prophet_fits
 
