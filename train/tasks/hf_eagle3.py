@@ -36,20 +36,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.hf import HFDecoder, logits_width
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
-from specdec_models.hf.weights import check_same_tokenizer, check_source, load_tokenizer, tokenizer_fingerprint
+from specdec_models.hf.weights import tokenizer_fingerprint
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
-from .base import FrozenModel, Task, TaskModule, data_class, required, to_plain
-from .hf_prophet import HOW_TO_GIVE, HFTarget, HFTargetHead, load_target
+from .base import FrozenModel, Task, TaskModule, required, to_plain
+from .hf_prophet import HFTargetHead, check_target
 
 COUNTS_FORMAT = "specdec-token-counts"
 
@@ -113,18 +113,9 @@ def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torc
 
 def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     """Check the target, the head, the draft vocabulary and the data before any work; loads the
-    target once (`hf_prophet.load_target`) to identify its weights."""
-    target = from_dict(HFTarget, to_plain(cfg.get("target")), "target")
-    path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
+    target once (`hf_prophet.check_target`) to identify its weights."""
     sizes = from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
-    tokenizer = load_tokenizer(path, "target.path")
-    cached = issubclass(data_class(cfg), HFEmbeddingsDataModule)
-    data_tokenizer = OmegaConf.select(cfg, "data.tokenizer", throw_on_resolution_failure=False)
-    check(cached or data_tokenizer, "data.tokenizer is not set or does not resolve: set data.tokenizer=${target.path}")
-    if data_tokenizer and Path(str(data_tokenizer)).expanduser().resolve() != path.resolve():
-        check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
-                             f"data.tokenizer {data_tokenizer}")
-    model, sha = load_target(path, target.dtype)
+    target, path, tokenizer, model, sha, cached = check_target(cfg)
     vocab = min(len(tokenizer), logits_width(model))
     draft_size = vocab if sizes.draft_vocab_size is None else sizes.draft_vocab_size
     check(draft_size <= vocab, f"head.draft_vocab_size ({draft_size}) exceeds the target's vocabulary ({vocab})")

@@ -132,15 +132,13 @@ class HFTargetHead:
         return {"target_path": self.hparams.target_path}
 
 
-def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
-    """Check the target, the head's sizes, the data's tokenizer or cache, and gamma; loads the
-    target (once, see `load_target`) to identify its weights."""
+def check_target(cfg: DictConfig) -> tuple[HFTarget, Path, Any, Any, str, bool]:
+    """What the validate() of every head on a Hugging Face target checks: `target:`, the data's
+    tokenizer against the target's (unless the data is a cache); then it loads the target
+    (`load_target`). Returns (target config, its path, its tokenizer, the model, its weights'
+    sha256, whether the data is a cache)."""
     target = from_dict(HFTarget, to_plain(cfg.get("target")), "target")
     path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
-    sizes = from_dict(HeadSizes, to_plain(cfg.get("head")), "head")
-    check(sizes.prophet_train_length >= cfg.gamma + 1,
-          f"head.prophet_train_length ({sizes.prophet_train_length}) must be >= gamma + 1 = {cfg.gamma + 1}: the head "
-          f"drafts gamma tokens after the one the target emits")
     tokenizer = load_tokenizer(path, "target.path")
     cached = issubclass(data_class(cfg), HFEmbeddingsDataModule)
     data_tokenizer = OmegaConf.select(cfg, "data.tokenizer", throw_on_resolution_failure=False)
@@ -149,6 +147,17 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
         check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
                              f"data.tokenizer {data_tokenizer}")
     model, sha = load_target(path, target.dtype)
+    return target, path, tokenizer, model, sha, cached
+
+
+def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
+    """Check the target, the head's sizes, the data's tokenizer or cache, and gamma; loads the
+    target (once, see `load_target`) to identify its weights."""
+    sizes = from_dict(HeadSizes, to_plain(cfg.get("head")), "head")
+    check(sizes.prophet_train_length >= cfg.gamma + 1,
+          f"head.prophet_train_length ({sizes.prophet_train_length}) must be >= gamma + 1 = {cfg.gamma + 1}: the head "
+          f"drafts gamma tokens after the one the target emits")
+    target, path, tokenizer, model, sha, cached = check_target(cfg)
     vocab = min(len(tokenizer), logits_width(model))
     head = HFProphetConfig.for_target(model, dim=sizes.dim, depth=sizes.depth, heads=sizes.heads,
                                       dim_head=sizes.dim_head, ff_mult=sizes.ff_mult,
