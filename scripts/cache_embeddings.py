@@ -1,4 +1,4 @@
-"""Cache a frozen model's hidden states for prophet training (see train/embeddings_cache.py).
+"""Cache a frozen model's hidden states for prophet training (see train/data/embeddings_cache.py).
 
     # a specdec export's main model on byte windows (task=prophet_frozen, data=enwik8_embeddings)
     python scripts/cache_embeddings.py --export DIR --data PATH --out CACHE_DIR [--top-k-logits K]
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # after argument parsing: --help stays fast
     from tqdm import tqdm
 
-    from train.embeddings_cache import build_cache
-    from train.regenerate import build_hf_cache
+    from train.data.embeddings_cache import build_cache
+    from train.data.regenerate import build_hf_cache
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -51,7 +51,7 @@ def prepare_student(args, loaded) -> None:
 
 def write_corpus(args) -> None:
     from specdec_models.hf.weights import load_tokenizer, smollm2_gguf
-    from train.regenerate import write_cache_text
+    from train.data.regenerate import write_cache_text
 
     count = write_cache_text(args.cache, load_tokenizer(args.target or smollm2_gguf(), "target"), Path(args.out),
                              args.val_windows)
@@ -144,7 +144,7 @@ def compare(args, loaded) -> dict:
 
     from specdec_models.bench.drafts import compare_drafters, greedy_matches_transformers
     from specdec_models.hf.weights import load_causal_lm, smollm2_gguf
-    from train.regenerate import read_prompts
+    from train.data.regenerate import read_prompts
 
     sets = []
     for name, path in prompt_sets(args):

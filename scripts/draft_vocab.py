@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         from specdec_models.hf.eagle3 import choose_draft_vocab
         from specdec_models.hf.weights import load_causal_lm, load_tokenizer
         from train.draft_vocab import count_greedy_tokens, write_counts
-        from train.embeddings_cache import check_cache
+        from train.data.embeddings_cache import check_cache
 
         if args.threads:
             torch.set_num_threads(args.threads)

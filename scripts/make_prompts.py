@@ -6,7 +6,7 @@
 
 Each line is {"messages": [{"role": "user", "content": ...}]}: a template ("Explain the following
 text in simple words:", "Summarize this in one or two sentences:", ...) around a snippet of the
-text (`train.regenerate.prompts_from_text`), from its training or validation split (enwik8's
+text (`train.data.regenerate.prompts_from_text`), from its training or validation split (enwik8's
 90/5/5 byte split), so prompts made for training and for evaluation never share a snippet.
 `--kind open` writes open-ended instructions instead (a story, an explanation, a list of tips:
 `train.data.prompts`, whose train and valid halves share no topic), `--kind mix` half of each.
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_models.files import check_writable_dir, os_error, write_file
     from train.data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
     from train.data.prompts import open_prompts
-    from train.regenerate import prompts_from_text
+    from train.data.regenerate import prompts_from_text
 
     out = Path(args.out).expanduser()
     try:

@@ -12,10 +12,11 @@ outputs from the last start token on predict x[t+1 .. t+L]. Decoding uses exactl
 after a verify step the target's cache ends at the anchor t, x[t+1] is the token the target just
 emitted, and the prophet drafts x[t+2], ... from it.
 
-`ProphetWindows` holds the layout and the batched window loss for every prophet; `ModelWithProphet`
-adds the main model. The joint loss is the main model's next-token loss plus `prophet_loss_weight`
-times the prophet's loss averaged over every anchor of every sequence, computed as one batched
-forward over all windows (no Python loop), or over `windows_per_seq` random anchors per sequence.
+`ProphetHead` (a `heads.DraftHead`) is the base class of every prophet head: it holds the window
+layout and the batched window loss; `ModelWithProphet` adds the main model. The joint loss is the
+main model's next-token loss plus `prophet_loss_weight` times the prophet's loss averaged over
+every anchor of every sequence, computed as one batched forward over all windows (no Python loop),
+or over `windows_per_seq` random anchors per sequence.
 
 `drafted_hits` and `simulated_tokens_per_call` give the acceptance length other trainers report
 from teacher-forced windows alone (docs/DECODING.md, section 2): window output i = 1..gamma
@@ -40,7 +41,7 @@ from .model import Decoder
 
 def drafted_hits(logits: Tensor, labels: Tensor, gamma: int) -> Tensor:
     """Teacher-forced top-1 hits of prophet windows at the drafted positions: logits (W, L, vocab)
-    and labels (W, L) as `ProphetWindows.prophet_logits` returns them; the count (gamma,) of
+    and labels (W, L) as `ProphetHead.prophet_logits` returns them; the count (gamma,) of
     windows whose argmax at output i = 1..gamma equals the label (its true token, every earlier
     one fed). Divided by W, the per-position accuracies a_1..a_gamma."""
     check(1 <= gamma < logits.shape[1], f"gamma ({gamma}) must be in [1, {logits.shape[1] - 1}]: window "
@@ -65,9 +66,9 @@ class ProphetLoss(NamedTuple):
     labels: Tensor | None = None              # (b W, L): ... and labels (for `drafted_hits`)
 
 
-class ProphetWindows(DraftHead):
-    """The prophet's window layout and loss, shared by every prophet (`ModelWithProphet` here, the
-    prophet head of a Hugging Face target in `hf.prophet`).
+class ProphetHead(DraftHead):
+    """The base class of every prophet head (`ModelWithProphet` here, the prophet head of a Hugging
+    Face target in `hf.prophet`): the window layout and loss they share.
 
     A subclass sets `prophet_cfg` (a ProphetConfig), `prophet` (a `Decoder`: its `token_emb`,
     `layers`, `rotary` and `logits` are what the windows run through) and `to_prophet_start` (the
@@ -160,7 +161,7 @@ class ProphetWindows(DraftHead):
         return start.flatten(0, 1), labels[..., :-1].flatten(0, 1), labels.flatten(0, 1)
 
 
-class ModelWithProphet(ProphetWindows):
+class ModelWithProphet(ProphetHead):
     """A main `Decoder` and its prophet, trained jointly (`forward` gives the joint loss)."""
 
     def __init__(self, main: ModelConfig, prophet: ProphetConfig) -> None:

@@ -1,4 +1,4 @@
-"""The embeddings cache (scripts/cache_embeddings.py, train.embeddings_cache): it holds exactly the
+"""The embeddings cache (scripts/cache_embeddings.py, train.data.embeddings_cache): it holds exactly the
 online path's embeddings in bfloat16 or float16 (and top-k logits), is written atomically, is refused
 when made by another main model, truncated or for another seq_len, and feeds reproducible
 training batches."""
@@ -20,7 +20,7 @@ from specdec_models.export import export_hash
 from train.data.embeddings import CachedWindows, EmbeddingsDataModule
 from train.data.enwik8 import split_bounds
 from train.data.streams import window_batch
-from train.embeddings_cache import build_cache, cache_rows, check_cache, open_cache, read_cache_meta
+from train.data.embeddings_cache import build_cache, cache_rows, check_cache, open_cache, read_cache_meta
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 

@@ -147,8 +147,9 @@ def test_eval_callback_chooses_gamma_per_temperature_and_batch_and_checkpoints_t
         assert all(profile.predicted(best) >= profile.predicted(g) for g in range(1, GAMMA + 1))
     for tag in ("t0", "t1"):
         assert math.isfinite(metrics[f"val/predicted_speedup/{tag}"]) and metrics[f"val/predicted_speedup/{tag}"] > 0
-    # the profiles travel in the checkpoint (callback state), where export_checkpoint finds them
-    from train.checkpoints import measured_speed
+    # the profiles travel in the checkpoint (callback state, and the callback's export metadata,
+    # where export_checkpoint finds them)
+    from train.checkpoints import export_metadata_of
 
     path = tmp_path / "state.ckpt"
     trainer.save_checkpoint(path)
@@ -156,8 +157,8 @@ def test_eval_callback_chooses_gamma_per_temperature_and_batch_and_checkpoints_t
     ckpt = torch.load(path, weights_only=False)
     restored.load_state_dict(ckpt["callbacks"][callback.state_key])
     assert restored.speed_profiles == callback.speed_profiles
-    assert measured_speed(ckpt) == {"speed_profiles": callback.speed_profiles}
-    assert measured_speed({"callbacks": {}}) == {}
+    assert export_metadata_of(ckpt) == callback.export_metadata() == {"speed_profiles": callback.speed_profiles}
+    assert export_metadata_of({"callbacks": {}}) == {} and SpeculativeEval().export_metadata() == {}
 
 
 def test_stored_profile_picks_the_nearest_temperature_then_batch():
@@ -224,3 +225,11 @@ def test_temperature_tags_and_argument_errors():
         SpeculativeEval(temperatures=[1, 1.0])
     with pytest.raises(SpecdecError, match="prophet_train_length"):
         SpeculativeEval(gamma=GAMMA + 2).check_model(tiny_net())
+
+
+def test_eval_callback_checks_its_module_in_setup_before_any_step(tmp_path):
+    """A Trainer built outside train.run gets the same check, from the callback's setup hook."""
+    callback = SpeculativeEval(num_prompts=2, prompt_len=12, max_new_tokens=250, gamma=GAMMA)
+    with pytest.raises(SpecdecError, match="exceeds the target's max_seq_len 256"):
+        fit(tmp_path, callback)
+    assert not (tmp_path / "csv" / "metrics.csv").exists()      # no step ran

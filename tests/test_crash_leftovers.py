@@ -134,7 +134,7 @@ def _umask() -> int:
 
 def test_cache_build_killed_midway_keeps_its_finished_shards_and_resumes_to_the_same_cache(tmp_path,
                                                                                          tiny_decoder_export):
-    from train.embeddings_cache import build_cache, check_cache, open_cache
+    from train.data.embeddings_cache import build_cache, check_cache, open_cache
 
     out, whole = tmp_path / "cache", tmp_path / "whole"
     # 12 windows, 4 per shard (a row: 65 tokens + 32 x 32 x 2 embedding bytes + offset = 2,121 bytes)

@@ -206,6 +206,6 @@ def test_a_changed_teacher_is_refused_on_resume(distill_cfg, tmp_path, teacher_e
     from train.run import validate
 
     kwargs = validate(distill_cfg(tmp_path))
-    module = DraftDistillModule(**{**kwargs, "teacher_hash": "0" * 64})
+    module = DraftDistillModule(**{**kwargs, "weights_sha256": "0" * 64})
     with pytest.raises(SpecdecError, match="has changed since this run started"):
         module.setup("fit")

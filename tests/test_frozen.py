@@ -19,7 +19,7 @@ from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError
 from specdec_models.export import export_hash, read_export_config
 from train.checkpoints import export_checkpoint
-from train.embeddings_cache import build_cache
+from train.data.embeddings_cache import build_cache
 from train.run import run, validate
 from train.tasks.prophet_frozen import FrozenProphetModule
 
@@ -127,7 +127,7 @@ def test_the_prophet_learns_and_only_it_is_optimized(online):
 def test_optimizer_holds_only_the_prophet_and_its_projection(main_export):
     prophet = ProphetConfig(model=ModelConfig(dim=16, depth=1, heads=1, dim_head=16, max_seq_len=64))
     module = FrozenProphetModule(main=MAIN.to_dict(), prophet=prophet.to_dict(), export=str(main_export),
-                                 export_sha256=export_hash(main_export))
+                                 weights_sha256=export_hash(main_export))
     trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     module.trainer = trainer
     optimizer = module.configure_optimizers()["optimizer"]
@@ -139,7 +139,7 @@ def test_optimizer_holds_only_the_prophet_and_its_projection(main_export):
 
 def test_main_stays_in_eval_mode_when_lightning_switches_to_train(main_export):
     module = FrozenProphetModule(main=MAIN.to_dict(), prophet=ProphetConfig(model=MAIN).to_dict(),
-                                 export=str(main_export), export_sha256=export_hash(main_export))
+                                 export=str(main_export), weights_sha256=export_hash(main_export))
     module.train()
     assert not any(m.training for m in module.net.model.modules())
     assert all(m.training for m in module.net.prophet.modules())
@@ -157,7 +157,7 @@ def test_export_holds_the_frozen_main_and_the_prophet_and_decodes(online, main_e
     for name, tensor in main_tensors(main_export).items():
         assert torch.equal(pair.model.state_dict()[name], tensor), name
     meta = read_export_config(result["export_dir"])["metadata"]
-    assert meta["task"] == "prophet_frozen" and meta["main_export_sha256"] == export_hash(main_export)
+    assert meta["task"] == "prophet_frozen" and meta["main_weights_sha256"] == export_hash(main_export)
     prompts = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     spec, stats = generate(pair.model, prompts, 8, prophet=pair, temperature=0)
     base, _ = generate(pair.model, prompts, 8, temperature=0)
@@ -225,7 +225,7 @@ def test_a_resumed_cached_run_continues_the_same_stream(compose, tiny_corpus, ma
 def frozen_module(export, **kwargs) -> FrozenProphetModule:
     prophet = ProphetConfig(model=ModelConfig(dim=32, depth=1, heads=2, dim_head=16, max_seq_len=64))
     module = FrozenProphetModule(main=MAIN.to_dict(), prophet=prophet.to_dict(), export=str(export),
-                                 export_sha256=export_hash(export), **kwargs)
+                                 weights_sha256=export_hash(export), **kwargs)
     module.setup("fit")
     return module
 
@@ -253,7 +253,7 @@ def test_teacher_position_i_predicts_the_token_prophet_position_i_predicts(main_
 def test_cached_top_k_teacher_is_the_main_distribution_renormalised_over_its_top_k(main_export, cache):
     import numpy as np
 
-    from train.embeddings_cache import cache_rows, open_cache, read_cache_meta
+    from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 
     module = frozen_module(main_export, distill="fkl")
     meta = read_cache_meta(cache)
@@ -305,7 +305,7 @@ def test_a_changed_export_is_refused_when_the_module_loads_it(main_export, tmp_p
     export = tmp_path / "main"
     shutil.copytree(main_export, export)
     module = FrozenProphetModule(main=MAIN.to_dict(), prophet=ProphetConfig(model=MAIN).to_dict(),
-                                 export=str(export), export_sha256=export_hash(export))
+                                 export=str(export), weights_sha256=export_hash(export))
     module.setup("fit")
     torch.manual_seed(5)
     save_export(export, Decoder(MAIN))                                     # another model, same place

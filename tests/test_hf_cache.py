@@ -1,5 +1,5 @@
-"""The hidden-state cache of a Hugging Face target (train.regenerate.build_hf_cache,
-train.embeddings_cache): several layers per row from one pass (an EAGLE-3-class head's aux layers),
+"""The hidden-state cache of a Hugging Face target (train.data.regenerate.build_hf_cache,
+train.data.embeddings_cache): several layers per row from one pass (an EAGLE-3-class head's aux layers),
 int8 scales per token and per layer, the one-line refusal of a cache lacking a layer, format-3
 caches still read, and regenerated rows that stop at the end-of-turn token with their valid_len.
 Tiny random Llama targets (4 layers, hidden 32) over a word-level tokenizer."""
@@ -21,8 +21,8 @@ from test_hf_distill import save_model
 
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import load_causal_lm
-from train.embeddings_cache import cache_rows, check_cache, open_cache, pack_embeds, read_cache_meta, unpack_embeds
-from train.regenerate import build_hf_cache, stop_token
+from train.data.embeddings_cache import cache_rows, check_cache, open_cache, pack_embeds, read_cache_meta, unpack_embeds
+from train.data.regenerate import build_hf_cache, stop_token
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 

@@ -113,7 +113,7 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
 def caches(hf, tmp_path_factory):
     """Caches of the Llama target's own continuations: the aux layers and the last (what the head
     needs), and the last layer only (what a prophet head needs)."""
-    from train.regenerate import build_hf_cache
+    from train.data.regenerate import build_hf_cache
 
     d = tmp_path_factory.mktemp("eagle3_caches")
     common = dict(seq_len=SEQ, windows=24, shard_size="64KB", batch_size=4, seed=2, prompts=hf["prompts"], chat=True,

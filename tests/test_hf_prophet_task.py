@@ -29,8 +29,8 @@ from specdec_models.decode import generate
 from specdec_models.errors import SpecdecError
 from specdec_models.export import read_export_config
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
-from train.embeddings_cache import cache_rows, open_cache, read_cache_meta
-from train.regenerate import build_hf_cache, prompts_from_text
+from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
+from train.data.regenerate import build_hf_cache, prompts_from_text
 from train.run import run
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")

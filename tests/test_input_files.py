@@ -1,5 +1,5 @@
 """Files users hand in or ask for, outside training configs: scripts/make_prompts.py's --out and
---count, a prompts file's malformed line (`train.regenerate.read_prompts`), a model source that is
+--count, a prompts file's malformed line (`train.data.regenerate.read_prompts`), a model source that is
 a plain file (`specdec_models.hf.weights.check_source`). Each mistake is one line (exit status 2
 for the script) and changes nothing. No models: milliseconds."""
 
@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import check_source
-from train.regenerate import read_prompts
+from train.data.regenerate import read_prompts
 
 
 def make_prompts():

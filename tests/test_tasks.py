@@ -26,6 +26,14 @@ def test_every_task_file_is_registered_with_its_config_and_module():
         assert task.data and all(isinstance(cls, type) for cls in task.data)
 
 
+def test_only_prophet_tasks_carry_the_prophet_objective_and_tracking():
+    from train.tasks.prophet_common import ProphetTaskModule
+
+    prophets = {name for name, task in tasks().items() if issubclass(task.module, ProphetTaskModule)}
+    assert prophets == {"prophet", "prophet_frozen", "hf_prophet"}
+    assert not any(hasattr(TaskModule, name) for name in ("prophet_objective", "track_drafted", "log_drafted"))
+
+
 def test_an_unknown_task_is_a_one_line_error_listing_the_known_ones():
     with pytest.raises(SpecdecError, match="task.name must be one of draft_distill, ") as error:
         get_task("prophet_typo")
@@ -45,3 +53,15 @@ def test_no_module_of_train_imports_run_and_none_probes_tasks():
     run_source = (TRAIN / "run.py").read_text()
     for name in tasks():
         assert f'"{name}"' not in run_source, f"run.py special-cases task {name}"
+    assert "SpeculativeEval" not in run_source, "run.py special-cases a callback"
+
+
+def test_the_data_package_imports_nothing_else_of_train():
+    """What makes the data (caches, regenerated rows) lives in train/data/ with what reads it: no
+    import loop between train/ and train/data/."""
+    for path in (TRAIN / "data").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert node.level <= 1 and not (module.startswith("train.") and not module.startswith("train.data")), \
+                    f"{path}:{node.lineno} imports {'.' * node.level}{module}"

@@ -117,7 +117,7 @@ def test_every_group_option_composes_and_validates(compose, group, option, tiny_
         return
     extra = [n.replace("EXPORT", str(tiny_decoder_export)) for n in needs]
     if any("CACHE" in n for n in extra):
-        from train.embeddings_cache import build_cache
+        from train.data.embeddings_cache import build_cache
 
         cache = tmp_path / "cache"
         build_cache(tiny_decoder_export, REPO / "README.md", cache, seq_len=64, windows=2)

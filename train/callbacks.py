@@ -27,14 +27,22 @@ default) the cost ratios c and v(1..gamma) are timed once per evaluation on the 
 (`decode.cost.measure_costs`, at batch 1 and num_prompts; v(gamma) at num_prompts from the run
 itself) and combined with each temperature's per-position acceptance into `SpeedProfile`s (M18 of
 docs/DECODING.md); the last evaluation's profiles are kept in the callback's checkpoint state and
-`train.checkpoints.export_checkpoint` writes them into the export (metadata `speed_profiles`),
-where `--gamma auto` of the decoding CLI reads them. Beside them the prophet tasks
+the callback offers them as its `export_metadata()` (metadata `speed_profiles`), which
+`train.checkpoints.export_checkpoint` writes into the export, where `--gamma auto` of the decoding
+CLI reads them. Beside them the prophet tasks
 log what other trainers report instead, from teacher-forced validation windows
-(`TaskModule.track_drafted`): `val/teacher_forced_accuracy/pos{i}` and
+(`ProphetTaskModule.track_drafted`): `val/teacher_forced_accuracy/pos{i}` and
 `val/simulated_tokens_per_call` (compare it with `val/tokens_per_call/t0`). The samples go to
 `<samples_dir>/speculative_samples.jsonl` (one line per prompt, temperature and evaluation;
 samples_dir defaults to the trainer's default_root_dir, the run's output directory), and, when a
 `WandbLogger` is attached, to a W&B table `val/samples`.
+
+`SpecdecCallback` is the base of callbacks with a say in the run beyond Lightning's hooks: it
+checks the module it will work with (`check_module`: `train.run` asks every callback before it
+creates anything, and `setup` asks again for a Trainer built elsewhere) and offers values for the
+export (`export_metadata`: copied into each checkpoint's `EXPORT_METADATA_KEY` entry, where
+`train.checkpoints.export_checkpoint` reads them). `SpeculativeEval` checks that what it decodes
+fits its settings (gamma, prompt and generation lengths) and offers its speed profiles.
 
 Decoding runs in fp32 on the module's parameters (autocast off, also under bf16-mixed), in eval
 mode under `torch.inference_mode`, with a generator seeded the same way at every evaluation so
@@ -56,12 +64,13 @@ import torch
 from torch import Tensor, nn
 
 from specdec_models import ModelWithProphet, byte_tokenizer
-from specdec_models.heads import DraftHead
 from specdec_models.decode import SpeedProfile, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.heads import DraftHead
 from specdec_models.hf import HFDecoder
 
+from .checkpoints import EXPORT_METADATA_KEY
 from .data.streams import SpecdecDataModule
 from .tasks.base import SpeculativeModels
 
@@ -80,7 +89,26 @@ def torch_modules(models: SpeculativeModels) -> list[nn.Module]:
     return [m.model if isinstance(m, HFDecoder) else m for m in found if m is not None]
 
 
-class SpeculativeEval(L.Callback):
+class SpecdecCallback(L.Callback):
+    """A callback that checks its module before any step and may add to the export (module
+    docstring). Subclasses override `check_module` and `export_metadata`; one that overrides
+    `setup` or `on_save_checkpoint` calls super()."""
+
+    def check_module(self, module: L.LightningModule) -> None:
+        """Refuse (one-line SpecdecError) a module this callback cannot work with."""
+
+    def export_metadata(self) -> dict[str, Any]:
+        """Plain JSON values the run's export records (in its metadata) from this callback."""
+        return {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.check_module(pl_module)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint.setdefault(EXPORT_METADATA_KEY, {}).update(self.export_metadata())
+
+
+class SpeculativeEval(SpecdecCallback):
     def __init__(self, num_prompts: int = 4, prompt_len: int = 64, max_new_tokens: int = 64, gamma: int = 5,
                  temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, samples_dir: str | None = None,
                  num_threads: int | None = None, choose_gamma: bool = True) -> None:
@@ -115,6 +143,14 @@ class SpeculativeEval(L.Callback):
         self.text = byte_tokenizer.decode       # tokens -> text of the samples; the DataModule's decode_text if any
 
     # -- the evaluation itself (no trainer needed: scripts/bench_train.py times it alone) --------
+
+    def check_module(self, module: L.LightningModule) -> None:
+        """What the module's `speculative_models()` decode fits this callback's settings."""
+        self.check_model(module.speculative_models())
+
+    def export_metadata(self) -> dict[str, Any]:
+        """The last evaluation's speed profiles, for `--gamma auto` of the export's users."""
+        return {"speed_profiles": self.speed_profiles} if self.speed_profiles else {}
 
     def check_model(self, models: ModelWithProphet | SpeculativeModels) -> SpeculativeModels:
         """The models to decode with, checked: a ModelWithProphet is its main model drafted by

@@ -12,6 +12,9 @@ the task registry, and `export_checkpoint` writes its export with the module's `
 - `PeriodicCheckpoint` (conf/callbacks/default.yaml) writes `last.ckpt` every `every_minutes` and
   every `every_steps` optimizer steps, between the validations that write it too, so a crash
   loses at most that much work.
+- `export_metadata_of`: what the run's callbacks offered its export (`SpecdecCallback.
+  export_metadata`, kept in each checkpoint under `EXPORT_METADATA_KEY`); `export_checkpoint`
+  copies it into the export's metadata.
 - `read_checkpoint` and `check_resumable`: a `ckpt_path` that is not a readable checkpoint, is of
   another task or does not fit the configured model is a one-line error before anything is made.
 """
@@ -90,14 +93,13 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]
     return [] if same else [(prefix[:-1], a, b)]
 
 
-def measured_speed(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """{"speed_profiles": [...]}: what the checkpoint's last speculative evaluation measured (c, v
-    and per-position acceptance per temperature and batch size; `train.callbacks.SpeculativeEval`),
-    for `--gamma auto` of the export's users; {} when no evaluation ran."""
-    for state in (ckpt.get("callbacks") or {}).values():
-        if isinstance(state, dict) and state.get("speed_profiles"):
-            return {"speed_profiles": state["speed_profiles"]}
-    return {}
+EXPORT_METADATA_KEY = "specdec_export_metadata"
+
+
+def export_metadata_of(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """What the checkpoint's callbacks offered its export (`train.callbacks.SpecdecCallback.
+    export_metadata`: the last speculative evaluation's `speed_profiles`, ...); {} when none did."""
+    return dict(ckpt.get(EXPORT_METADATA_KEY) or {})
 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict[str, Any] | None = None, *,
@@ -111,7 +113,7 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict
     replaced = module.check_export_dir(out_dir, force)
     old_weights = _weights_sha256(out_dir) if replaced else None
     meta = {**module.run_export_metadata(), "global_step": int(ckpt.get("global_step", 0)),
-            "checkpoint": str(Path(ckpt_path).resolve()), **measured_speed(ckpt), **(metadata or {})}
+            "checkpoint": str(Path(ckpt_path).resolve()), **export_metadata_of(ckpt), **(metadata or {})}
     try:
         path = Path(module.write_export(out_dir, meta, force=force))
     except OSError as error:

@@ -26,7 +26,7 @@ from specdec_models.errors import check
 from specdec_models.files import write_file
 from specdec_models.hf import tokenizer_fingerprint
 
-from .embeddings_cache import cache_rows, check_cache, open_cache
+from .data.embeddings_cache import cache_rows, check_cache, open_cache
 from .tasks.hf_eagle3 import COUNTS_FORMAT, label_mask
 
 

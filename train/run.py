@@ -5,11 +5,11 @@ keys here, the task's own through its `Task.validate`), pick the output director
 writable, not yet created, and holding no earlier run unless this resumes it or overwrite=true),
 read the checkpoint to resume from, seed, load the data (a missing or bad file stops here), build
 the task's module (checked against that checkpoint and against what `<output>/export` holds),
-the callbacks, the loggers (continuing the checkpoint's CSV file and W&B run, `train.loggers`)
-and the trainer (atomic checkpoint writes, `train.checkpoints`). Only then is the output
+the callbacks (each `SpecdecCallback` checks the module, `train.callbacks`), the loggers
+(continuing the checkpoint's CSV file and W&B run, `train.loggers`) and the trainer (atomic checkpoint writes, `train.checkpoints`). Only then is the output
 directory created, with config.yaml and train.log, so a run that fails any check leaves nothing
 behind. Then fit, save `checkpoints/last.ckpt`, and export it with
-`train.checkpoints.export_checkpoint`. Nothing here knows one task from another.
+`train.checkpoints.export_checkpoint`. Nothing here knows one task, or one callback, from another.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.files import check_writable_dir, one_line, os_error, write_file
 
-from .callbacks import SpeculativeEval
+from .callbacks import SpecdecCallback
 from .checkpoints import AtomicCheckpointIO, check_resumable, export_checkpoint, read_checkpoint
 from .loggers import STATE_KEY, LoggerState, resume_kwargs
 from .optim import OptimConfig
@@ -287,8 +287,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     module.check_export_dir(out / "export", force=cfg.overwrite)
     callbacks = build_callbacks(cfg)
     for callback in callbacks:
-        if isinstance(callback, SpeculativeEval):   # what it decodes fits its settings, before any step
-            callback.check_model(module.speculative_models())
+        if isinstance(callback, SpecdecCallback):   # each checks the module now, before anything is created
+            callback.check_module(module)
     loggers = build_loggers(cfg, out, resume)
     trainer: L.Trainer = build(cfg.trainer, "trainer", logger=loggers or False, callbacks=callbacks,
                                plugins=[AtomicCheckpointIO()])

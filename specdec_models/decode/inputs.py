@@ -10,7 +10,7 @@ from torch import Tensor
 from ..errors import check
 from ..hf import Eagle3Head, HFDecoder
 from ..model import Decoder
-from ..prophet import ModelWithProphet, ProphetWindows
+from ..prophet import ModelWithProphet, ProphetHead
 from .cost import SpeedProfile
 
 AUTO = "auto"
@@ -96,7 +96,7 @@ def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_pr
               f"({target.vocab_size}): pass vocab_size={prophet.vocab_size}")
         return "eagle3"
     if prophet is not None:
-        check(isinstance(prophet, ProphetWindows),
+        check(isinstance(prophet, ProphetHead),
               f"prophet must be a ModelWithProphet or an HFProphet, got {type(prophet).__name__}")
         if isinstance(prophet, ModelWithProphet):
             check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "

@@ -44,7 +44,7 @@ from torch import Tensor
 from ..errors import SpecdecError
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
-from ..prophet import ProphetWindows
+from ..prophet import ProphetHead
 from ..sampling import SamplingConfig, residual, sample, to_probs
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
@@ -167,7 +167,7 @@ def generate(
     prompt: Tensor | list[Tensor],
     max_new_tokens: int,
     draft: Decoder | HFDecoder | PreTrainedModel | None = None,
-    prophet: ProphetWindows | None = None,
+    prophet: ProphetHead | None = None,
     gamma: int | str = 5,
     temperature: float = 1.0,
     top_k: int | None = None,

@@ -1,6 +1,6 @@
 """A prophet head for a frozen Hugging Face target: drafts from the target's last-layer hidden states.
 
-The layout and the loss are the prophet's (`specdec_models.prophet.ProphetWindows`): for an
+The layout and the loss are the prophet's (`specdec_models.prophet.ProphetHead`): for an
 anchor t the head reads the target's hidden states h[t-S+1..t], projected to its width, as S
 leading start tokens, then the tokens x[t+1], x[t+2], ...; it predicts x[t+1 .. t+L]. In decoding
 it drafts from the hidden states the target's cache keeps (`HFDecoder.new_cache(keep_embeds=True)`)
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from ..config import JsonConfig, ModelConfig, ProphetConfig
 from ..errors import check, check_positive_int
 from ..model import Block, Decoder, RMSNorm, Rotary
-from ..prophet import ProphetWindows
+from ..prophet import ProphetHead
 from .adapter import HFDecoder, is_hf_model, logits_width, text_config
 
 
@@ -119,7 +119,7 @@ class _SharedHead(_Shared):
 class SharedVocabDecoder(Decoder):
     """A `Decoder` whose token embedding and logits head are a Hugging Face target's: the prophet
     blocks, rotary embeddings, final norm and the cached forward are `Decoder`'s own, so the
-    windows of `ProphetWindows` and the drafting code of `generate` run through it unchanged."""
+    windows of `ProphetHead` and the drafting code of `generate` run through it unchanged."""
 
     def __init__(self, cfg: ModelConfig, target: Any, target_dim: int) -> None:
         nn.Module.__init__(self)        # Decoder.__init__ would allocate a vocabulary-sized embedding and head
@@ -137,7 +137,7 @@ class SharedVocabDecoder(Decoder):
         self.reset_parameters()          # Decoder's: touches registered parameters only
 
 
-class HFProphet(ProphetWindows):
+class HFProphet(ProphetHead):
     """A prophet head for the Hugging Face causal LM `target` (frozen, shared; see the module docstring).
 
     head = HFProphet(HFProphetConfig.for_target(model, depth=1), model)

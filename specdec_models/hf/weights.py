@@ -214,7 +214,7 @@ def weights_sha256(model: torch.nn.Module) -> str:
 def target_identity(model: Any, path: str | os.PathLike | None = None) -> dict[str, Any]:
     """The identity of a Hugging Face model, what a head's export records of its target
     (`specdec_models.export`) and an embeddings cache of the model it was made by (under "kind":
-    "hf", `train.regenerate`): the file or directory it was loaded from (`path`, else its
+    "hf", `train.data.regenerate`): the file or directory it was loaded from (`path`, else its
     `name_or_path`, else None), its class, hidden size, head rows and `weights_sha256`, the field
     every reader checks a model against."""
     check(is_hf_model(model), f"the target must be a Hugging Face model, got {type(model).__name__}")

@@ -3,7 +3,7 @@
 The enwik8 DataModule (validation, test windows and prompts unchanged, so validation numbers
 compare with online runs) whose training batches are dicts {"tokens": (b, seq_len + 1) int64,
 "embeds": (b, seq_len, dim) bf16 or fp16, and when cached "topk_values" (b, seq_len, K) fp16,
-"topk_indices" (b, seq_len, K) int64} drawn from an embeddings cache (`train.embeddings_cache`,
+"topk_indices" (b, seq_len, K) int64} drawn from an embeddings cache (`train.data.embeddings_cache`,
 written by `scripts/cache_embeddings.py`). Batch k of process `rank` is a pure function of
 (seed, rank, k), as for enwik8, so a resumed run continues the same stream.
 """
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from specdec_models.errors import check
 
-from ..embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
+from .embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
 from .enwik8 import Enwik8DataModule
 from .streams import StepBatches, stream_position
 

@@ -1,10 +1,10 @@
 """The DataModule of a prophet head trained from a Hugging Face target's hidden-state cache
 (`data=hf_embeddings`, task=hf_prophet).
 
-The cache (`train.embeddings_cache`, written by `scripts/cache_embeddings.py --hf-model DIR |
+The cache (`train.data.embeddings_cache`, written by `scripts/cache_embeddings.py --hf-model DIR |
 --gguf FILE`) holds rows of token ids and the target's hidden states at the layers it was built
 with (`cache_meta()["layers"]`: `hidden_states` indices, default the last layer only): token
-windows of text, or prompts continued by the target itself (`train.regenerate`). Its last
+windows of text, or prompts continued by the target itself (`train.data.regenerate`). Its last
 `val_windows` rows are the fixed validation set (the same at every validation, so numbers compare
 across steps), the others the training rows: batch k of rank r is a pure function of (seed, r, k),
 so a resumed run continues the same stream (`train.data.embeddings.CachedWindows`). Batches are
@@ -33,8 +33,8 @@ from torch.utils.data import DataLoader, Dataset
 from specdec_models.errors import check, check_positive_int
 from specdec_models.hf import load_tokenizer
 
-from ..embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
 from .embeddings import CachedWindows
+from .embeddings_cache import HOW_TO_BUILD, cache_rows, check_cache, open_cache
 from .streams import SpecdecDataModule, evenly_spaced_windows, stream_position
 
 

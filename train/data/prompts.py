@@ -4,7 +4,7 @@ A draft head is measured on what people ask a chat model, not only on text snipp
 prompts are made from templates and topics written here, in two disjoint halves, so the ones a
 head is evaluated on ("valid") never appear in its training data ("train"). `scripts/make_prompts.py
 --kind open` writes them; `--kind text` makes prompts from snippets of a text
-(`train.regenerate.prompts_from_text`), `--kind mix` half of each.
+(`train.data.regenerate.prompts_from_text`), `--kind mix` half of each.
 """
 
 from __future__ import annotations

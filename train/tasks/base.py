@@ -9,13 +9,12 @@ tasks; `train.run` and `train.checkpoints` look them up by name and never specia
 
 `TaskModule` is the base LightningModule: the optimizer and its schedule over `trainable()`,
 seeded generators per step, the task name in every checkpoint, `speculative_models()` for the
-evaluation callback, the simulated acceptance of prophet tasks (`track_drafted`: teacher-forced
-top-1 accuracy per drafted position over a validation epoch and the tokens per call it implies,
-logged at the epoch's end beside the callback's real ones), and the export (`write_export`: a
-specdec export of `export_model()` with `export_options()`, unless a task writes another format;
-`check_export_dir`: may it replace what an export directory holds).
-It takes plain values only, so `load_from_checkpoint` and `train.checkpoints` rebuild it without
-Hydra.
+evaluation callback, per-epoch hooks for what a task tracks over a validation (`start_epoch`,
+`end_epoch`), and the export (`write_export`: a specdec export of `export_model()` with
+`export_options()`, unless a task writes another format; `check_export_dir`: may it replace what
+an export directory holds). What only the prophet tasks share, their objective and simulated
+acceptance, is `train.tasks.prophet_common.ProphetTaskModule`. It takes plain values only, so
+`load_from_checkpoint` and `train.checkpoints` rebuild it without Hydra.
 
 `FrozenModel` holds a model a task reads but never trains (a teacher, a frozen main model): loaded
 on first use, checked against the identity recorded when the run was configured, in eval mode
@@ -42,8 +41,6 @@ from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import check_export_target, describe_export
 from specdec_models.hf.prophet import HFProphet
-from specdec_models.losses import divergence, next_token_loss
-from specdec_models.prophet import ProphetWindows, drafted_hits, simulated_tokens_per_call
 
 from ..optim import OptimConfig, configure_adam
 
@@ -141,7 +138,6 @@ class TaskModule(L.LightningModule):
         self.seed = seed
         self.run_metadata = dict(metadata or {})
         self.compile_requested = compile          # the subclass compiles what is worth compiling
-        self._drafted: dict[str, tuple[torch.Tensor, int]] = {}      # prefix -> (hits (gamma,), windows)
 
     # -- what a task provides --------------------------------------------------------------------
 
@@ -203,78 +199,23 @@ class TaskModule(L.LightningModule):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.evaluate(batch, "test")
 
-    # -- prophet tasks against a frozen model ----------------------------------------------------
+    def start_epoch(self, prefix: str) -> None:
+        """A validation ("val") or test ("test") epoch starts: forget what a task tracks over one."""
 
-    def window_generator(self, windows: ProphetWindows, device: torch.device,
-                         micro: int | None) -> torch.Generator | None:
-        """Seeded generator of a prophet's window subset (None when it trains on every window):
-        per optimizer step and micro-batch in training, the same at every validation (micro
-        None), so validations compare the same windows."""
-        if windows.prophet_cfg.windows_per_seq is None:
-            return None
-        if micro is None:
-            return torch.Generator(device=device).manual_seed(self.seed)
-        return self.generator(micro, device)
-
-    def prophet_objective(self, windows: ProphetWindows, seq: torch.Tensor, hidden: torch.Tensor,
-                          micro: int | None, teacher: Callable[[torch.Tensor], torch.Tensor],
-                          prefix: str | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of a prophet trained against a frozen model (task=prophet_frozen, hf_prophet):
-        next-token cross-entropy over its windows (`ProphetWindows.anchors`, drawn by
-        `window_generator(micro)`) and, when `hparams.distill` names a divergence, that divergence toward
-        `teacher(anchors)` (the frozen model's logits (b W, L, vocab) at the windows' positions),
-        mixed by `hparams.distill_weight`. Returns (loss, {"prophet_loss", "distill_loss"}); with
-        a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
-        generator = self.window_generator(windows, seq.device, micro)
-        anchors = windows.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
-        logits, labels = windows.prophet_logits(seq, hidden, anchors)                # (b W, L, vocab)
-        ce = next_token_loss(logits, labels)
-        if prefix is not None:
-            self.track_drafted(prefix, logits, labels)
-        distill = self.hparams.distill
-        if distill is None:
-            return ce, {"prophet_loss": ce}
-        with torch.no_grad():
-            target = teacher(anchors)
-        div = divergence(distill, logits, target)
-        w = self.hparams.distill_weight
-        return (div if w == 1 else (1 - w) * ce + w * div), {"prophet_loss": ce, "distill_loss": div}
-
-    # -- simulated acceptance (prophet tasks) ----------------------------------------------------
-
-    def track_drafted(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        """Add one batch's prophet windows (logits (W, L, vocab), labels (W, L)) to the epoch's
-        teacher-forced hits at drafted positions 1..gamma (the run's gamma, at most L - 1)."""
-        length = logits.shape[1]
-        gamma = min(int(self.run_metadata.get("gamma", length - 1)), length - 1)
-        hits = drafted_hits(logits.detach(), labels, gamma)
-        old, count = self._drafted.get(prefix, (torch.zeros_like(hits), 0))
-        self._drafted[prefix] = (old + hits, count + labels.shape[0])
-
-    def log_drafted(self, prefix: str) -> None:
-        """Log `{prefix}/teacher_forced_accuracy/pos{i}` (a_i) and `{prefix}/simulated_tokens_per_call`
-        (1 + sum_k prod_{i<=k} a_i, `specdec_models.prophet`) over the epoch's windows, all ranks'."""
-        if prefix not in self._drafted:
-            return
-        hits, count = self._drafted.pop(prefix)
-        totals = torch.cat([hits.double(), hits.new_tensor([count]).double()])
-        totals = self.trainer.strategy.reduce(totals, reduce_op="sum") if self._trainer is not None else totals
-        accuracy = (totals[:-1] / totals[-1].clamp(min=1)).cpu()
-        for i, a in enumerate(accuracy.tolist(), start=1):
-            self.log(f"{prefix}/teacher_forced_accuracy/pos{i}", a)
-        self.log(f"{prefix}/simulated_tokens_per_call", simulated_tokens_per_call(accuracy))
+    def end_epoch(self, prefix: str) -> None:
+        """A validation or test epoch ends: log what the task tracked over it (all ranks')."""
 
     def on_validation_epoch_start(self) -> None:
-        self._drafted.pop("val", None)
+        self.start_epoch("val")
 
     def on_validation_epoch_end(self) -> None:
-        self.log_drafted("val")
+        self.end_epoch("val")
 
     def on_test_epoch_start(self) -> None:
-        self._drafted.pop("test", None)
+        self.start_epoch("test")
 
     def on_test_epoch_end(self) -> None:
-        self.log_drafted("test")
+        self.end_epoch("test")
 
     def configure_optimizers(self):
         return configure_adam(self.trainable(), self.optim_cfg, self.trainer.max_steps, self.time_fraction)

@@ -35,12 +35,12 @@ def teacher_config(directory: str | Path) -> ModelConfig:
     return read_main_config(directory)[0]
 
 
-def load_teacher(directory: str | Path, expected_hash: str | None = None) -> Decoder:
+def load_teacher(directory: str | Path, weights_sha256: str | None = None) -> Decoder:
     """The teacher decoder of an export, after checking its weights are the run's."""
-    if expected_hash is not None:
+    if weights_sha256 is not None:
         found = export_hash(directory)
-        check(found == expected_hash, f"teacher export {directory} has changed since this run started "
-                                      f"(weights {found[:16]}, the run's teacher {expected_hash[:16]})")
+        check(found == weights_sha256, f"teacher export {directory} has changed since this run started "
+                                       f"(weights {found[:16]}, the run's teacher {weights_sha256[:16]})")
     model = load_export(directory)
     return model.model if isinstance(model, ModelWithProphet) else model
 
@@ -67,24 +67,25 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
     objective.check_fits(seq_len, {"student": student.max_seq_len, "teacher": teacher.max_seq_len})
     warn_if_not_smaller(parameter_count(student), parameter_count(teacher))
     return dict(student=student.to_dict(), teacher_export=str(teacher_dir.resolve()),
-                teacher_hash=export_hash(teacher_dir), objective=asdict(objective))
+                weights_sha256=export_hash(teacher_dir), objective=asdict(objective))
 
 
 class DraftDistillModule(DistillModule):
     task = "draft_distill"
 
-    def __init__(self, student: dict[str, Any], teacher_export: str, teacher_hash: str,
+    def __init__(self, student: dict[str, Any], teacher_export: str, weights_sha256: str,
                  objective: dict[str, Any] | None = None, optim: dict[str, Any] | None = None, seed: int = 0,
                  metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
-        """`student`: a ModelConfig dict; `teacher_export`, `teacher_hash`: the frozen teacher
-        (loaded on first use, checked against the hash); `objective`: a DistillConfig dict."""
+        """`student`: a ModelConfig dict; `teacher_export`, `weights_sha256`: the frozen teacher
+        and the hash its weights must have (loaded on first use, checked against it); `objective`: a
+        DistillConfig dict."""
         super().__init__(optim, seed, metadata, compile)
         self.save_hyperparameters()
         self.objective = DistillConfig.from_dict(dict(objective or {}))
         self.student = Decoder(ModelConfig.from_dict(student))
         if compile:
             self.student.compile()
-        self._teacher = FrozenModel(lambda: load_teacher(teacher_export, teacher_hash))
+        self._teacher = FrozenModel(lambda: load_teacher(teacher_export, weights_sha256))
 
     @property
     def teacher(self) -> Decoder:
@@ -104,7 +105,7 @@ class DraftDistillModule(DistillModule):
         return self.student
 
     def export_metadata(self) -> dict[str, Any]:
-        return {"teacher_export": self.hparams.teacher_export, "teacher_hash": self.hparams.teacher_hash,
+        return {"teacher_export": self.hparams.teacher_export, "teacher_weights_sha256": self.hparams.weights_sha256,
                 "objective": asdict(self.objective)}
 
 

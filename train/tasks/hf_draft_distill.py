@@ -102,7 +102,7 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
         check(limit is None or seq_len <= limit, f"data.seq_len ({seq_len}) exceeds the {role}'s {limit} positions")
     objective.check_fits(seq_len, {role: max_positions(config) for role, config in configs.items()})
     warn_if_not_smaller(parameter_count(configs["student"]), parameter_count(configs["teacher"]))
-    return dict(teacher_path=str(teacher_dir.resolve()), teacher_hash=model_dir_fingerprint(teacher_dir),
+    return dict(teacher_path=str(teacher_dir.resolve()), teacher_fingerprint=model_dir_fingerprint(teacher_dir),
                 student_path=str(student_dir.resolve()), vocab_size=vocab, teacher_dtype=teacher.dtype,
                 student_dtype=student.dtype, export_dtype=student.export_dtype,
                 gradient_checkpointing=student.gradient_checkpointing, objective=asdict(objective))
@@ -111,7 +111,7 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
 class HFDraftDistillModule(DistillModule):
     task = "hf_draft_distill"
 
-    def __init__(self, teacher_path: str, teacher_hash: str, student_path: str, vocab_size: int,
+    def __init__(self, teacher_path: str, teacher_fingerprint: str, student_path: str, vocab_size: int,
                  teacher_dtype: str = "bfloat16", student_dtype: str = "float32", export_dtype: str | None = None,
                  gradient_checkpointing: bool = False, objective: dict[str, Any] | None = None,
                  optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
@@ -134,7 +134,7 @@ class HFDraftDistillModule(DistillModule):
     # -- the models ------------------------------------------------------------------------------
 
     def _load_teacher(self):
-        path, expected = self.hparams.teacher_path, self.hparams.teacher_hash
+        path, expected = self.hparams.teacher_path, self.hparams.teacher_fingerprint
         check(Path(path).is_dir(), f"the teacher {path} is gone")
         found = model_dir_fingerprint(path)
         check(found == expected, f"the teacher {path} has changed since this run started (fingerprint "
@@ -160,7 +160,7 @@ class HFDraftDistillModule(DistillModule):
     # -- evaluation, checkpoints and export ------------------------------------------------------
 
     def export_metadata(self) -> dict[str, Any]:
-        return {"teacher_path": self.hparams.teacher_path, "teacher_hash": self.hparams.teacher_hash,
+        return {"teacher_path": self.hparams.teacher_path, "teacher_fingerprint": self.hparams.teacher_fingerprint,
                 "student_init": self.hparams.student_path, "vocab_size": self.vocab_size,
                 "objective": asdict(self.objective)}
 

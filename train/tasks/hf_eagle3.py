@@ -36,20 +36,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.hf import HFDecoder, logits_width
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
-from specdec_models.hf.weights import check_same_tokenizer, check_source, load_tokenizer, tokenizer_fingerprint
+from specdec_models.hf.weights import tokenizer_fingerprint
 
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
-from ..embeddings_cache import HOW_TO_BUILD, check_cache
-from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
-from .hf_prophet import HOW_TO_GIVE, HFTarget, load_target
+from .base import FrozenModel, Task, TaskModule, required, to_plain
+from .hf_prophet import HFTargetHead, check_target
 
 COUNTS_FORMAT = "specdec-token-counts"
 
@@ -113,18 +113,9 @@ def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torc
 
 def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     """Check the target, the head, the draft vocabulary and the data before any work; loads the
-    target once (`hf_prophet.load_target`) to identify its weights."""
-    target = from_dict(HFTarget, to_plain(cfg.get("target")), "target")
-    path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
+    target once (`hf_prophet.check_target`) to identify its weights."""
     sizes = from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
-    tokenizer = load_tokenizer(path, "target.path")
-    cached = issubclass(data_class(cfg), HFEmbeddingsDataModule)
-    data_tokenizer = OmegaConf.select(cfg, "data.tokenizer", throw_on_resolution_failure=False)
-    check(cached or data_tokenizer, "data.tokenizer is not set or does not resolve: set data.tokenizer=${target.path}")
-    if data_tokenizer and Path(str(data_tokenizer)).expanduser().resolve() != path.resolve():
-        check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
-                             f"data.tokenizer {data_tokenizer}")
-    model, sha = load_target(path, target.dtype)
+    target, path, tokenizer, model, sha, cached = check_target(cfg)
     vocab = min(len(tokenizer), logits_width(model))
     draft_size = vocab if sizes.draft_vocab_size is None else sizes.draft_vocab_size
     check(draft_size <= vocab, f"head.draft_vocab_size ({draft_size}) exceeds the target's vocabulary ({vocab})")
@@ -150,9 +141,10 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
         check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {cache_layers}; the head needs "
                            f"{needed} (aux layers {head.aux_layers} and the last, {head.target_layers}): rebuild it "
                            f"with scripts/cache_embeddings.py --layers {' '.join(map(str, needed))}")
-    metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",
-                "draft_vocab_size": draft_size, "aux_layers": head.aux_layers}
-    return dict(target_path=str(path.resolve()), target_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
+    metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
+                "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
+                "aux_layers": head.aux_layers}
+    return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
                 draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, ttt_steps=options.ttt_steps,
                 ttt_decay=float(options.ttt_decay), cache_layers=cache_layers, metadata=metadata)
 
@@ -174,10 +166,10 @@ def label_mask(batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
     return mask
 
 
-class HFEagle3Module(TaskModule):
+class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
 
-    def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
+    def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  draft_ids: list[int] | None = None, train_lm_head: bool = True, ttt_steps: int = 4,
                  ttt_decay: float = 0.8, cache_layers: list[int] | None = None, optim: dict[str, Any] | None = None,
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
@@ -194,17 +186,6 @@ class HFEagle3Module(TaskModule):
         if compile:
             self.head.layers.compile()
         self._tracked: dict[str, torch.Tensor] = {}
-
-    def _load_target(self) -> Any:
-        path, expected = self.hparams.target_path, self.hparams.target_sha256
-        model, sha = load_target(path, self.hparams.target_dtype)
-        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
-                               f"target ({expected[:16]}...): restore it or start a new run")
-        return model
-
-    @property
-    def target(self) -> Any:
-        return self._target.get(self.device)
 
     def trainable(self) -> nn.Module:
         return self.head
@@ -263,33 +244,16 @@ class HFEagle3Module(TaskModule):
             self.log(f"{prefix}/ttt_accuracy/pos{k + 1}", float(chain[k] / before.clamp(min=1e-12)))
         self.log(f"{prefix}/simulated_tokens_per_call", float(1 + chain.sum()))
 
-    def on_validation_epoch_start(self) -> None:
-        self._tracked.pop("val", None)
+    def start_epoch(self, prefix: str) -> None:
+        self._tracked.pop(prefix, None)
 
-    def on_validation_epoch_end(self) -> None:
-        self._log_tracked("val")
-
-    def on_test_epoch_start(self) -> None:
-        self._tracked.pop("test", None)
-
-    def on_test_epoch_end(self) -> None:
-        self._log_tracked("test")
+    def end_epoch(self, prefix: str) -> None:
+        self._log_tracked(prefix)
 
     # -- decoding and export ---------------------------------------------------------------------
 
-    def speculative_models(self) -> SpeculativeModels:
-        """The target (on the head's vocabulary) drafted by the head."""
-        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
-
-    def export_model(self) -> Eagle3Head:
-        self.target
-        return self.head
-
-    def export_options(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path}
-
     def export_metadata(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path, "target_sha256": self.hparams.target_sha256,
+        return {"target_path": self.hparams.target_path, "target_weights_sha256": self.hparams.weights_sha256,
                 "ttt_steps": self.hparams.ttt_steps, "train_lm_head": self.hparams.train_lm_head}
 
 

@@ -2,14 +2,14 @@
 
 `python -m train experiment=hf_prophet target.path=DIR|FILE.gguf data.files=[...]` (hidden states
 online) or `... data=hf_embeddings data.cache=DIR` (from a cache). The head is
-`specdec_models.hf.prophet.HFProphet`: the prophet's window layout and loss (`ProphetWindows`,
+`specdec_models.hf.prophet.HFProphet`: the prophet's window layout and loss (`ProphetHead`,
 lucidrains' prophet idea) reading the target's last-layer hidden states after its final norm, and
 sharing (frozen) the target's token embedding and output head, as EAGLE does (Li et al. 2024), so
 its own weights are a few transformer blocks even for a 49k-token vocabulary.
 
 The hidden states come online (the target runs under no_grad at every step, `data=hf_text`) or
 from a cache (`data=hf_embeddings`, written by `scripts/cache_embeddings.py`; best from prompts
-the target continues itself, `train.regenerate`, so the head learns the target's own
+the target continues itself, `train.data.regenerate`, so the head learns the target's own
 distribution). `task.distill` (fkl, rkl, jsd or tvd; DistillSpec, Zhou et al. 2023) trains toward
 the target's full next-token distribution instead of (distill_weight 1) or besides the data's
 tokens: window output i is compared with the target's logits at anchor + i, its head applied to
@@ -21,7 +21,7 @@ the export. `validate` loads it once (`load_target`, shared with the module) to 
 a cache or a checkpoint of another target is refused in one line before any work, and a
 checkpoint reloads the target and checks the hash. Every validation logs the window loss, the
 teacher-forced accuracy per drafted position and the simulated tokens per call
-(`TaskModule.track_drafted`); the evaluation callback decodes with the target and the head at
+(`ProphetTaskModule.track_drafted`); the evaluation callback decodes with the target and the head at
 temperatures 0 and 1. The export is the head alone with its target's identity (kind hf_prophet:
 `load_export(DIR, target=model)`, the decode CLI's `--prophet DIR`).
 """
@@ -42,10 +42,11 @@ from specdec_models.hf import HFDecoder, logits_width, text_config
 from specdec_models.hf.prophet import HFProphet, HFProphetConfig
 from specdec_models.hf.weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
 
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
-from ..embeddings_cache import HOW_TO_BUILD, check_cache
-from .base import FrozenModel, SpeculativeModels, Task, TaskModule, data_class, required, to_plain
+from .base import FrozenModel, SpeculativeModels, Task, data_class, required, to_plain
+from .prophet_common import ProphetTaskModule
 from .prophet_frozen import FrozenProphetOptions
 
 HOW_TO_GIVE = "DIR or FILE.gguf (a local Hugging Face causal LM directory or a GGUF file)"
@@ -101,15 +102,43 @@ def load_target(path: str | Path, dtype: str) -> tuple[Any, str]:
     return _LOADED[key]
 
 
-def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
-    """Check the target, the head's sizes, the data's tokenizer or cache, and gamma; loads the
-    target (once, see `load_target`) to identify its weights."""
+class HFTargetHead:
+    """What a module training a head on a frozen Hugging Face target shares (mixed into the
+    TaskModules of hf_prophet and hf_eagle3): `self.head` and hyper-parameters `target_path`,
+    `weights_sha256` and `target_dtype`. `self._target = FrozenModel(self._load_target)` in
+    `__init__`."""
+
+    def _load_target(self) -> Any:
+        path, expected = self.hparams.target_path, self.hparams.weights_sha256
+        model, sha = load_target(path, self.hparams.target_dtype)
+        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
+                               f"target ({expected[:16]}...): restore it or start a new run")
+        return model
+
+    @property
+    def target(self) -> Any:
+        """The frozen target, on the module's device."""
+        return self._target.get(self.device)
+
+    def speculative_models(self) -> SpeculativeModels:
+        """The target (on the head's vocabulary) drafted by the head."""
+        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
+
+    def export_model(self) -> Any:
+        self.target                                                    # the head hashes its target's weights
+        return self.head
+
+    def export_options(self) -> dict[str, Any]:
+        return {"target_path": self.hparams.target_path}
+
+
+def check_target(cfg: DictConfig) -> tuple[HFTarget, Path, Any, Any, str, bool]:
+    """What the validate() of every head on a Hugging Face target checks: `target:`, the data's
+    tokenizer against the target's (unless the data is a cache); then it loads the target
+    (`load_target`). Returns (target config, its path, its tokenizer, the model, its weights'
+    sha256, whether the data is a cache)."""
     target = from_dict(HFTarget, to_plain(cfg.get("target")), "target")
     path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
-    sizes = from_dict(HeadSizes, to_plain(cfg.get("head")), "head")
-    check(sizes.prophet_train_length >= cfg.gamma + 1,
-          f"head.prophet_train_length ({sizes.prophet_train_length}) must be >= gamma + 1 = {cfg.gamma + 1}: the head "
-          f"drafts gamma tokens after the one the target emits")
     tokenizer = load_tokenizer(path, "target.path")
     cached = issubclass(data_class(cfg), HFEmbeddingsDataModule)
     data_tokenizer = OmegaConf.select(cfg, "data.tokenizer", throw_on_resolution_failure=False)
@@ -118,6 +147,17 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
         check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
                              f"data.tokenizer {data_tokenizer}")
     model, sha = load_target(path, target.dtype)
+    return target, path, tokenizer, model, sha, cached
+
+
+def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
+    """Check the target, the head's sizes, the data's tokenizer or cache, and gamma; loads the
+    target (once, see `load_target`) to identify its weights."""
+    sizes = from_dict(HeadSizes, to_plain(cfg.get("head")), "head")
+    check(sizes.prophet_train_length >= cfg.gamma + 1,
+          f"head.prophet_train_length ({sizes.prophet_train_length}) must be >= gamma + 1 = {cfg.gamma + 1}: the head "
+          f"drafts gamma tokens after the one the target emits")
+    target, path, tokenizer, model, sha, cached = check_target(cfg)
     vocab = min(len(tokenizer), logits_width(model))
     head = HFProphetConfig.for_target(model, dim=sizes.dim, depth=sizes.depth, heads=sizes.heads,
                                       dim_head=sizes.dim_head, ff_mult=sizes.ff_mult,
@@ -141,21 +181,21 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
         check(getattr(text_config(model.config), "final_logit_softcapping", None) is None,
               f"task.distill: {type(model).__name__} soft-caps its logits after the head, which the head of the "
               f"hidden states does not reproduce: train without task.distill")
-    metadata = {"target": str(path.resolve()), "target_sha256": sha, "embeddings": "cached" if cached else "online",
-                "distill": options.distill}
-    return dict(target_path=str(path.resolve()), target_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
+    metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
+                "embeddings": "cached" if cached else "online", "distill": options.distill}
+    return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
                 distill=options.distill, distill_weight=float(options.distill_weight), metadata=metadata,
                 cache_layers=cache_layers)
 
 
-class HFProphetModule(TaskModule):
+class HFProphetModule(HFTargetHead, ProphetTaskModule):
     task = "hf_prophet"
 
-    def __init__(self, target_path: str, target_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
+    def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  distill: str | None = None, distill_weight: float = 1.0, optim: dict[str, Any] | None = None,
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False,
                  cache_layers: list[int] | None = None) -> None:
-        """`target_path`, `target_sha256`: the target's source and the hash its weights must have
+        """`target_path`, `weights_sha256`: the target's source and the hash its weights must have
         (loaded here: the head is built on its embedding and head); `head`: an HFProphetConfig
         dict; the head trains in float32 whatever the target's `target_dtype`; `cache_layers`:
         the layers a cache's "embeds" concatenate (the head reads the last one, the target's
@@ -167,18 +207,6 @@ class HFProphetModule(TaskModule):
         if compile:
             for block in self.head.prophet.layers:
                 block.compile()
-
-    def _load_target(self) -> Any:
-        path, expected = self.hparams.target_path, self.hparams.target_sha256
-        model, sha = load_target(path, self.hparams.target_dtype)
-        check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
-                               f"target ({expected[:16]}...): restore it or start a new run")
-        return model
-
-    @property
-    def target(self) -> Any:
-        """The frozen target, on the module's device."""
-        return self._target.get(self.device)
 
     def trainable(self) -> nn.Module:
         return self.head
@@ -222,19 +250,8 @@ class HFProphetModule(TaskModule):
 
     # -- decoding and export ---------------------------------------------------------------------
 
-    def speculative_models(self) -> SpeculativeModels:
-        """The target (on the head's vocabulary) drafted by the head."""
-        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
-
-    def export_model(self) -> HFProphet:
-        self.target                                                    # the head hashes its target's weights
-        return self.head
-
-    def export_options(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path}
-
     def export_metadata(self) -> dict[str, Any]:
-        return {"target_path": self.hparams.target_path, "target_sha256": self.hparams.target_sha256,
+        return {"target_path": self.hparams.target_path, "target_weights_sha256": self.hparams.weights_sha256,
                 "distill": self.hparams.distill}
 
 

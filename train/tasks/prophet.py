@@ -20,7 +20,8 @@ from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import check
 
 from ..data.enwik8 import Enwik8DataModule
-from .base import LN2, NoOptions, SpeculativeModels, Task, TaskModule, to_plain
+from .base import LN2, NoOptions, SpeculativeModels, Task, to_plain
+from .prophet_common import ProphetTaskModule
 
 
 def check_prophet_fits(cfg: DictConfig, main: ModelConfig, prophet: ProphetConfig, main_name: str) -> None:
@@ -38,7 +39,7 @@ def check_prophet_fits(cfg: DictConfig, main: ModelConfig, prophet: ProphetConfi
           f"prophet_train_length - 1 = {prophet.window_len} positions")
 
 
-class ProphetNetModule(TaskModule):
+class ProphetNetModule(ProphetTaskModule):
     """A `ModelWithProphet` (`self.net`) and what both prophet tasks do with it."""
 
     def __init__(self, main: dict[str, Any], prophet: dict[str, Any], optim: dict[str, Any] | None, seed: int,

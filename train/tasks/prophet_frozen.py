@@ -8,7 +8,7 @@ lucidrains/speculative-decoding's; drafts are verified as in Leviathan et al. 20
 
 The main model's embeddings come either online (computed under no_grad at every step, with
 `data=enwik8`) or from an embeddings cache written once by `scripts/cache_embeddings.py`
-(`data=enwik8_embeddings data.cache=DIR`, see `train.embeddings_cache`). Validation always
+(`data=enwik8_embeddings data.cache=DIR`, see `train.data.embeddings_cache`). Validation always
 computes them online on the fixed enwik8 windows, so its numbers compare between runs and modes;
 val/main_loss and val/bpc are the frozen main model's.
 
@@ -42,8 +42,8 @@ from specdec_models.export import export_hash, load_export, read_main_config
 from specdec_models.losses import DIVERGENCES, next_token_loss
 
 from ..data.embeddings import EmbeddingsDataModule
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.enwik8 import Enwik8DataModule
-from ..embeddings_cache import HOW_TO_BUILD, check_cache
 from .base import LN2, Task, data_class, required, to_plain
 from .prophet import ProphetNetModule, check_prophet_fits
 
@@ -96,20 +96,20 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
         check(options.distill is None or meta["top_k_logits"] > 0,
               f"task.distill={options.distill} with data=enwik8_embeddings needs a cache with top-k logits: rebuild "
               f"{cfg.data.cache} with scripts/cache_embeddings.py --top-k-logits K")
-    metadata = {"main_export": str(export.resolve()), "main_export_sha256": sha,
+    metadata = {"main_export": str(export.resolve()), "main_weights_sha256": sha,
                 "embeddings": "cached" if cached else "online", "distill": options.distill}
-    return dict(main=main.to_dict(), prophet=prophet.to_dict(), export=str(export.resolve()), export_sha256=sha,
+    return dict(main=main.to_dict(), prophet=prophet.to_dict(), export=str(export.resolve()), weights_sha256=sha,
                 distill=options.distill, distill_weight=float(options.distill_weight), metadata=metadata)
 
 
 class FrozenProphetModule(ProphetNetModule):
     task = "prophet_frozen"
 
-    def __init__(self, main: dict[str, Any], prophet: dict[str, Any], export: str, export_sha256: str,
+    def __init__(self, main: dict[str, Any], prophet: dict[str, Any], export: str, weights_sha256: str,
                  distill: str | None = None, distill_weight: float = 1.0, optim: dict[str, Any] | None = None,
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
         """`main`: the ModelConfig dict of the export's main model; `prophet`: a ProphetConfig
-        dict; `export`, `export_sha256`: where `setup()` loads the main weights from and the
+        dict; `export`, `weights_sha256`: where `setup()` loads the main weights from and the
         weights hash they must have; `distill`: null or a divergence toward the main model's
         distribution, weighted `distill_weight` against the data's next-token loss; `compile`:
         torch.compile the prophet's blocks (state dicts unchanged). Training batches are token
@@ -137,9 +137,9 @@ class FrozenProphetModule(ProphetNetModule):
             sha = export_hash(path)
         except SpecdecError as error:
             raise SpecdecError(f"main.export: {error}") from None
-        check(sha == self.hparams.export_sha256,
+        check(sha == self.hparams.weights_sha256,
               f"main.export {path} now holds another model (weights sha256 {sha[:16]}...) than the one this run was "
-              f"configured with ({self.hparams.export_sha256[:16]}...): restore that export or start a new run")
+              f"configured with ({self.hparams.weights_sha256[:16]}...): restore that export or start a new run")
         loaded = load_export(path)            # re-hashes the weights file against config.json
         main = loaded.model if isinstance(loaded, ModelWithProphet) else loaded
         check(main.cfg == self.net.main_cfg, f"main.export {path}: its main model config differs from this run's")

@@ -19,7 +19,7 @@ norm, the head's input; default [depth] only), all from one forward pass:
     topk_indices  (seq_len, K) their token ids
     offset        where the row came from: a byte offset in the training split, a text window's
                   index, a prompt's index (int64)
-    prompt_len    for rows that are a prompt and the model's continuation (`train.regenerate`):
+    prompt_len    for rows that are a prompt and the model's continuation (`train.data.regenerate`):
                   the prompt's length in tokens (int32)
     valid_len     for those rows too: the real tokens among the seq_len + 1 (prompt + answer up to
                   and including its end-of-turn token); the rest is padding (int32)
@@ -31,7 +31,7 @@ number of layers); a format-3 cache (last layer only, no "layers") reads as laye
 
 What the rows are is the source's (`RowSource`): random byte windows of a text for a specdec
 export (`build_cache`), token windows of text files or prompts continued by the target itself for
-a Hugging Face model (`train.regenerate.build_hf_cache`). The model is identified by the sha256 of
+a Hugging Face model (`train.data.regenerate.build_hf_cache`). The model is identified by the sha256 of
 its weights (the export's weights file; `specdec_models.hf.weights_sha256` of a Hugging Face model): a
 cache is refused for any other model.
 
@@ -69,8 +69,8 @@ from specdec_models.errors import SpecdecError, check
 from specdec_models.export import read_json_object
 from specdec_models.files import remove_stale_temps, replace_dir, temp_path, write_file
 
-from .data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
-from .data.streams import window_batch
+from .enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
+from .streams import window_batch
 
 CACHE_FORMAT = "specdec-embeddings-cache"
 CACHE_VERSION = 4          # 4: several layers per row (int8 scales per token and layer), valid_len of regenerated rows

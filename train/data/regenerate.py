@@ -8,7 +8,7 @@ token (`stop_token`: the chat template's, else the tokenizer's EOS) and keeps ea
 continuation up to and including that token, cut to seq_len + 1 tokens; a row that ends sooner is
 padded with the stop token, and its `valid_len` column counts its real tokens. `TextWindows` takes
 plain token windows of text files instead (tokenized as `data=hf_text` does). `build_hf_cache`
-runs the target over either and writes the embeddings cache of `train.embeddings_cache` (the one
+runs the target over either and writes the embeddings cache of `train.data.embeddings_cache` (the one
 format and writer; the hidden states of any `layers`, all from one batched teacher-forced pass per
 batch of rows), tagged with the sha256 of the target's weights; `task=hf_prophet
 data=hf_embeddings` trains from it.
@@ -176,7 +176,7 @@ class TextWindows(RowSource):
 
     def __init__(self, files: Sequence[str], tokenizer_path: Path, seq_len: int, windows: int, seed: int,
                  windows_dir: str = "~/.cache/specdec/hf_text", chat: bool = False) -> None:
-        from .data.hf_text import HFTextDataModule
+        from .hf_text import HFTextDataModule
 
         data = HFTextDataModule(files=[str(f) for f in files], tokenizer=str(tokenizer_path), seq_len=seq_len,
                                 val_windows=1, windows_dir=windows_dir, chat=chat, add_eos=not chat)
