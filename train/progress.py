@@ -2,10 +2,11 @@
 
 `StepProgressBar` counts optimizer steps, what `trainer.max_steps` counts (Lightning's own bar
 counts batches: with accumulate_grad_batches=4 it shows `3/3 100%` and then `10/?`), with the
-total and an ETA from this run's pace (a resumed run starts at its checkpoint's step). On a
-terminal it is one tqdm bar; otherwise (a pipe, a file, a batch job) it logs plain lines through
-the `train.progress` logger: one every `log_every_seconds`, one after each validation and one at
-the end, so redirected output stays readable line by line.
+total and an ETA from this run's pace (a resumed run starts at its checkpoint's step) or, when
+`trainer.max_time` ends the run first, from its time left. On a terminal it is one tqdm bar;
+otherwise (a pipe, a file, a batch job) it logs plain lines through the `train.progress` logger:
+one every `log_every_seconds`, one after each validation and one at the end, so redirected output
+stays readable line by line.
 
 `run_log(out)` is the logging of one run: the `train.*` loggers print to stdout, and everything
 logged at INFO (Lightning's messages, the progress lines) also goes to `<out>/train.log`,
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ProgressBar, Timer
 
 from specdec_models.errors import check, check_positive_int
 
@@ -92,8 +93,13 @@ class StepProgressBar(ProgressBar):
         if done > 0:
             pace = (time.monotonic() - self._start_time) / done
             parts.append(f"{pace:.3g} s/step")
-            if total:
-                parts.append(f"ETA {_duration(pace * max(total - step, 0))}")
+            eta = [pace * max(total - step, 0)] if total else []
+            timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+            left = timer.time_remaining("train") if timer is not None else None
+            if left is not None:                    # max_time may end the run before max_steps
+                eta.append(max(left, 0.0))
+            if eta:
+                parts.append(f"ETA {_duration(min(eta))}")
         if event:
             parts.append(event)
         metrics = self._metrics(trainer, pl_module)
