@@ -453,6 +453,28 @@ class _Decoding:
             model, first = prophet.prophet, rows.last(1)
         kw = {} if start is None else {"start": start}
         logits = clock(DRAFT, model, first, cache=draft_cache, **kw).logits[:, -1]
+        return self._sample_drafts(logits, gamma, lambda tok: clock(DRAFT, model, tok[:, None], cache=draft_cache
+                                                                     ).logits[:, -1])
+
+    def _eagle3_round(self, gamma: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """`draft_round` for an EAGLE-3 head: d_1 from the prediction the last extension left, then
+        each step feeds the drafted token and the head's own feature (see `hf.eagle3`)."""
+        head, cache = self.prophet, self.draft_cache
+        logits, feature = self.head_next
+        state = [feature]
+
+        def step(tok: Tensor) -> Tensor:
+            def call() -> Tensor:
+                state[0] = head.extend(tok[:, None], state[0], cache)
+                return head.to_target_vocab(head.logits(state[0][:, 0]))
+            return self.clock(DRAFT, call)
+
+        return self._sample_drafts(head.to_target_vocab(logits), gamma, step)
+
+    def _sample_drafts(self, logits: Tensor, gamma: int, step) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Draw gamma drafts from the first draft logits (b, vocab) on, `step(token)` giving the
+        next logits; (drafts, q, contexts) as `draft_round` returns them."""
+        rows = self.rows
         drafts, qs = [], []
         seen, contexts = rows.seen, []                            # seen: (b, vocab + 1) or None
         for i in range(gamma):
@@ -465,30 +487,7 @@ class _Decoding:
                 contexts.append(context)
                 seen = seen.clone().scatter_(1, tok[:, None], True)
             if i + 1 < gamma:
-                logits = clock(DRAFT, model, tok[:, None], cache=draft_cache).logits[:, -1]
-        if seen is not None:
-            contexts.append(seen[:, : rows.vocab])
-        return torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(contexts, 1) if contexts else None
-
-    def _eagle3_round(self, gamma: int) -> tuple[Tensor, Tensor, Tensor | None]:
-        """`draft_round` for an EAGLE-3 head: d_1 from the prediction the last extension left, then
-        each step feeds the drafted token and the head's own feature (see `hf.eagle3`)."""
-        rows, head, cache = self.rows, self.prophet, self.draft_cache
-        logits, feature = self.head_next
-        drafts, qs = [], []
-        seen, contexts = rows.seen, []
-        for i in range(gamma):
-            context = None if seen is None else seen[:, : rows.vocab]
-            q = to_probs(head.to_target_vocab(logits), self.sampling, context)
-            tok = self.pick(q)
-            drafts.append(tok)
-            qs.append(q)
-            if seen is not None:
-                contexts.append(context)
-                seen = seen.clone().scatter_(1, tok[:, None], True)
-            if i + 1 < gamma:
-                feature = self.clock(DRAFT, head.extend, tok[:, None], feature, cache)
-                logits = head.logits(feature[:, 0])
+                logits = step(tok)
         if seen is not None:
             contexts.append(seen[:, : rows.vocab])
         return torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(contexts, 1) if contexts else None
