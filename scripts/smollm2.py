@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                "--prophet", str(runs["prophet"] / "export"), "--prompt-lookup", "10",
                "--prompts", f"text={ev_text}", "--prompts", f"open={ev_open}", "--chat", "--count",
                str(args.eval_prompts), "--batch1-count", "2", "--max-new-tokens", str(args.max_new_tokens),
-               "--rounds", "2", "--dtype", "bfloat16", "--out", str(report / "compare")]
+               "--rounds", "2", "--gamma", "4", "--dtype", "bfloat16", "--out", str(report / "compare")]
     if args.student:
         compare += ["--student", str(runs["student"] / "export")]
     step("compare", [compare], report / "compare" / "table.md")
