@@ -15,8 +15,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import _compose
 from test_hf_prophet_task import SEQ, hf  # noqa: F401  (the tiny targets, tokenizer and corpus)
+from test_hf_prophet_task import cfg as prophet_cfg
 
 import train.run as train_run
 from specdec_models.errors import SpecdecError
@@ -26,18 +26,12 @@ from train.tasks.hf_eagle3 import COUNTS_FORMAT, label_mask
 run = train_run.run
 
 
+HEAD = ("head.draft_vocab_size=null", "head.aux_layers=[0,1,2]", "task.ttt_steps=3")
+
+
 def cfg(hf, out, *extra, target="llama"):
-    text = [] if "data=hf_embeddings" in extra else [f"data.files=[{hf['corpus']}]",
-                                                      f"data.windows_dir={hf['root'] / 'windows'}"]
-    return _compose([
-        "experiment=hf_eagle3", f"target.path={hf[target]}", *text, f"output_dir={out}", "trainer=cpu",
-        f"data.seq_len={SEQ}", "data.batch_size=4", "data.val_windows=4", "data.val_batch_size=4",
-        "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0",
-        "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-        "optim.lr=3e-3", "optim.warmup_steps=1", "callbacks.progress_bar=null", "head.draft_vocab_size=null",
-        "head.aux_layers=[0,1,2]", "task.ttt_steps=3",
-        "callbacks.speculative_eval.num_prompts=2", "callbacks.speculative_eval.prompt_len=8",
-        "callbacks.speculative_eval.max_new_tokens=8", *extra])
+    """experiment=hf_eagle3 at test sizes (test_hf_prophet_task's), the whole vocabulary, 3 unrolled steps."""
+    return prophet_cfg(hf, out, *extra, target=target, experiment="hf_eagle3", head=HEAD)
 
 
 def counts_file(path, tokenizer, counts):

@@ -54,16 +54,17 @@ def hf(tmp_path_factory):
             "mismatch": save_model(d / "mismatch", build_tokenizer(d / "tok2", extra=("<sep>",)), "llama", 4)}
 
 
-def cfg(hf, out, *extra, target="llama"):
-    """experiment=hf_prophet at test sizes: text online (data=hf_text) unless `extra` picks data=hf_embeddings."""
+def cfg(hf, out, *extra, target="llama", experiment="hf_prophet", head=("head.dim_head=16",)):
+    """`experiment` (a head for a Hugging Face target) at test sizes, its `head` overrides: text online
+    (data=hf_text) unless `extra` picks data=hf_embeddings. test_hf_eagle3_task uses it too."""
     text = [] if "data=hf_embeddings" in extra else [f"data.files=[{hf['corpus']}]",
                                                       f"data.windows_dir={hf['root'] / 'windows'}"]
     return _compose([
-        "experiment=hf_prophet", f"target.path={hf[target]}", *text, f"output_dir={out}", "trainer=cpu",
+        f"experiment={experiment}", f"target.path={hf[target]}", *text, f"output_dir={out}", "trainer=cpu",
         f"data.seq_len={SEQ}", "data.batch_size=4", "data.val_windows=4", "data.val_batch_size=4",
         "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0",
         "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-        "optim.lr=3e-3", "optim.warmup_steps=1", "head.dim_head=16", "callbacks.progress_bar=null",
+        "optim.lr=3e-3", "optim.warmup_steps=1", *head, "callbacks.progress_bar=null",
         "callbacks.speculative_eval.num_prompts=2", "callbacks.speculative_eval.prompt_len=8",
         "callbacks.speculative_eval.max_new_tokens=8", *extra])
 
