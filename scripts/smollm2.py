@@ -7,12 +7,14 @@ runs again, so a killed recipe resumes at the step it was in):
 1. prompts: training prompts (half open-ended instructions, half made from text snippets) and two
    held-out evaluation sets: `text` (snippets of the text's validation split) and `open` (open-ended
    instructions on topics never trained on);
-2. cache: SmolLM2 answers the training prompts itself (greedy and sampled rows, stopped at its
-   end-of-turn token) and its hidden states of layers [2, 15, 27] and the last are cached;
+2. cache: SmolLM2, in bf16 as it decodes, answers the training prompts itself (greedy and sampled
+   rows, stopped at its end-of-turn token) and its hidden states of layers [2, 15, 27] and the last
+   are cached;
 3. draft vocabulary: the target's greedy tokens counted on the cache; coverage and c per size;
 4. training, side by side for the same wall time and one thread each: the eagle3 head
-   (experiment=smollm2_eagle3), the prophet head (experiment=smollm2_prophet) on the same cache,
-   and, with --student, the 2-layer distilled student (experiment=smollm2_student);
+   (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache;
+   then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
+   for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft, transformers' prompt-lookup decoding
    and plain decoding on both prompt sets, batch 1 and 8, T=0 and T=1, bf16, interleaved;
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
@@ -38,10 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="outputs/smollm2", help="the recipe's folder (steps resume inside it)")
     parser.add_argument("--text", default=str(TEXT), help="text for prompts (raw, .zip or .gz)")
     parser.add_argument("--prompts", type=int, default=1280, help="training prompts")
-    parser.add_argument("--rows", type=int, default=1024, help="cached rows (the target's answers)")
+    parser.add_argument("--rows", type=int, default=1536, help="cached rows (the target's answers)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--train-minutes", type=int, default=30, help="wall time of each draft's training")
-    parser.add_argument("--student", action="store_true", help="also train and compare the 2-layer student")
+    parser.add_argument("--student-minutes", type=int, default=10,
+                        help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args(argv)
@@ -80,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = out / "cache"
     step("cache", [[py, "scripts/cache_embeddings.py", "--gguf", gguf, "--prompts", str(prompts), "--chat",
                     "--temperatures", "0", "1", "--seq-len", str(args.seq_len), "--windows", str(args.rows),
-                    "--batch-size", "64", "--layers", "2", "15", "27", "30", "--out", str(cache), "--overwrite"]],
+                    "--batch-size", "64", "--layers", "2", "15", "27", "30", "--model-dtype", "bfloat16",
+                    "--out", str(cache), "--overwrite"]],
          cache / "cache.json")
     counts = out / "draft_vocab.json"
     step("draft_vocab", [[py, "scripts/draft_vocab.py", "--cache", str(cache), "--out", str(counts), "--force",
@@ -91,22 +95,24 @@ def main(argv: list[str] | None = None) -> int:
               f"data.seq_len={args.seq_len}", budget, f"output_dir={runs['eagle3']}", "overwrite=true"],
              [py, "-m", "train", "experiment=smollm2_prophet", f"data.cache={cache}", f"data.seq_len={args.seq_len}",
               budget, f"output_dir={runs['prophet']}", "overwrite=true"]]
-    if args.student:
+    step("train", train, runs["eagle3"] / "export" / "config.json", threads=1)
+    if args.student_minutes:
         student_models, corpus = out / "student_models", out / "student_corpus.jsonl"
         step("student_prep", [[py, "scripts/compare_hf_drafts.py", "student", "--out", str(student_models)],
                               [py, "scripts/compare_hf_drafts.py", "corpus", "--cache", str(cache), "--out",
                                str(corpus)]], corpus)
-        train.append([py, "-m", "train", "experiment=smollm2_student", f"teacher.path={student_models / 'target'}",
-                      f"student.path={student_models / 'student'}", f"data.files=[{corpus}]", budget,
-                      f"output_dir={runs['student']}", "overwrite=true"])
-    step("train", train, runs["eagle3"] / "export" / "config.json", threads=1)
+        step("train_student", [[py, "-m", "train", "experiment=smollm2_student",
+                                f"teacher.path={student_models / 'target'}", f"student.path={student_models / 'student'}",
+                                f"data.files=[{corpus}]", f"trainer.max_time=00:00:{args.student_minutes:02d}:00",
+                                f"output_dir={runs['student']}", "overwrite=true"]],
+             runs["student"] / "export" / "config.json")
     report = out / "report"
     compare = [py, "scripts/compare_hf_drafts.py", "compare", "--eagle3", f"specdec={runs['eagle3'] / 'export'}",
                "--prophet", str(runs["prophet"] / "export"), "--prompt-lookup", "10",
                "--prompts", f"text={ev_text}", "--prompts", f"open={ev_open}", "--chat", "--count",
                str(args.eval_prompts), "--batch1-count", "2", "--max-new-tokens", str(args.max_new_tokens),
                "--rounds", "2", "--gamma", "4", "--dtype", "bfloat16", "--out", str(report / "compare")]
-    if args.student:
+    if args.student_minutes:
         compare += ["--student", str(runs["student"] / "export")]
     step("compare", [compare], report / "compare" / "table.md")
     lines = ["| step | minutes |", "|---|---:|"] + [f"| {k} | {v / 60:.1f} |" for k, v in done.items()]
