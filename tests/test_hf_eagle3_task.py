@@ -85,12 +85,15 @@ def test_draft_vocabulary_comes_from_token_counts(hf, tmp_path):
     ("counts_missing", "head.draft_vocab is not set"),
     ("counts_other_tokenizer", "another tokenizer"),
     ("ttt_steps", "task.ttt_steps"),
+    ("other_kind", r"head.kind=prophet is trained by task=hf_prophet"),
+    ("unknown_kind", r"head.kind must be one of prophet, eagle3, got 'medusa'"),
 ])
 def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
     from train.run import validate
     extra = {"aux_out_of_range": ["head.aux_layers=[1,2,9]"],
              "counts_missing": ["head.draft_vocab_size=8"],
-             "ttt_steps": ["task.ttt_steps=0"]}.get(case, [])
+             "ttt_steps": ["task.ttt_steps=0"], "other_kind": ["head.kind=prophet"],
+             "unknown_kind": ["head.kind=medusa"]}.get(case, [])
     if case == "counts_other_tokenizer":
         other = load_tokenizer(hf["mismatch"])
         f = counts_file(tmp_path / "c.json", other, [1] * len(load_tokenizer(hf["llama"])))

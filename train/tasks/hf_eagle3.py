@@ -49,7 +49,7 @@ from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
 from .base import FrozenModel, Task, TaskModule, required, to_plain
-from .hf_prophet import HFTargetHead, check_target
+from .hf_prophet import HFTargetHead, check_head_kind, check_target
 
 COUNTS_FORMAT = "specdec-token-counts"
 
@@ -69,14 +69,16 @@ class Eagle3Options:
 
 @dataclass(frozen=True)
 class Eagle3Sizes:
-    """The `head:` node: aux layers (null: [2, L//2, L-3]), the draft vocabulary and its source."""
+    """The `head:` node: its kind, aux layers (null: [2, L//2, L-3]), the draft vocabulary and its source."""
 
+    kind: str = "eagle3"
     aux_layers: list[int] | None = None
     draft_vocab_size: int | None = 8192       # null: the target's whole vocabulary
     draft_vocab: str | None = None            # token counts (scripts/draft_vocab.py), needed below the whole vocabulary
     train_lm_head: bool = True
 
     def __post_init__(self) -> None:
+        check_head_kind(self.kind, "eagle3")
         if self.draft_vocab_size is not None:
             check_positive_int(self.draft_vocab_size, "head.draft_vocab_size")
         if self.aux_layers is not None:

@@ -63,10 +63,21 @@ class HFTarget:
         torch_dtype(self.dtype, "target.dtype")
 
 
+HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3"}    # head.kind -> the task that trains it
+
+
+def check_head_kind(kind: object, expected: str) -> None:
+    """`head.kind` names the head a Hugging Face head task trains: one line when it names another."""
+    check(kind in HEAD_TASKS, f"head.kind must be one of {', '.join(HEAD_TASKS)}, got {kind!r}")
+    check(kind == expected, f"head.kind={kind} is trained by task={HEAD_TASKS[kind]} (experiment={HEAD_TASKS[kind]}); "
+                            f"this run's task={HEAD_TASKS[expected]} trains head.kind={expected}")
+
+
 @dataclass(frozen=True)
 class HeadSizes:
-    """The `head:` node: `HFProphetConfig.for_target`'s sizes (dim null: the target's width)."""
+    """The `head:` node: its kind and `HFProphetConfig.for_target`'s sizes (dim null: the target's width)."""
 
+    kind: str = "prophet"
     dim: int | None = None
     depth: int = 1
     heads: int | None = None
@@ -77,6 +88,7 @@ class HeadSizes:
     windows_per_seq: int | None = None
 
     def __post_init__(self) -> None:
+        check_head_kind(self.kind, "prophet")
         for name in ("depth", "dim_head", "ff_mult", "prophet_train_length", "num_leading_start_tokens"):
             check_positive_int(getattr(self, name), f"head.{name}")
         for name in ("dim", "heads", "windows_per_seq"):
