@@ -66,7 +66,16 @@ def test_ttt_loss_masks_labels_and_learns(llama):
     out = head.ttt_loss(tokens, aux, last, mask, steps=3)
     assert out.step_count.tolist() == [3 * 10, 3 * 10, 3 * 10]      # labels at positions 6..15, per step
     assert bool((out.step_hits <= out.step_correct).all())
-    assert 0 < float(out.vocab_mass) < 1                    # 48 of 96 tokens
+    assert out.vocab_mass is None                           # the full head runs in validation only
+    evaluated = head.ttt_loss(tokens, aux, last, mask, steps=3, greedy_in_vocab=head.greedy_in_vocab(last[:, 1:]))
+    assert 0 < float(evaluated.vocab_mass) < 1              # 48 of 96 tokens
+    assert torch.equal(evaluated.loss, out.loss)
+    # step 0's KL is KL(p || q) over the draft vocabulary, p the target's renormalised there
+    with torch.no_grad():
+        logq = torch.log_softmax(head.ttt_logits(tokens, aux, 1)[0][:, 6 - 1:], -1)       # labels 6..15
+        logp = torch.log_softmax(head.target_draft_logits(last[:, 6:]), -1)
+        direct = (logp.exp() * (logp - logq)).sum(-1).mean()
+    torch.testing.assert_close(out.step_kl[0], direct, rtol=1e-5, atol=1e-6)
     # a masked-out label cannot move the loss
     aux2 = aux.clone()
     late = head.ttt_loss(tokens, aux2, last, mask, steps=3).loss

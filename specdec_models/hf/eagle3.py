@@ -257,7 +257,7 @@ class TTTLoss(NamedTuple):
     step_hits: Tensor             # (K,) positions whose draft argmax equals the label's argmax, all steps so far too
     step_correct: Tensor          # (K,) positions whose draft argmax equals the label's (this step alone)
     step_count: Tensor            # (K,) positions counted per step
-    vocab_mass: Tensor            # mean target probability mass inside the draft vocabulary
+    vocab_mass: Tensor | None     # mean target probability inside the draft vocabulary (with greedy_in_vocab only)
 
 
 # ------------------------------------------------------------------------------ the head
@@ -454,7 +454,7 @@ class Eagle3Head(DraftHead):
             picked = (target_logits[mask.to(target_logits.device)] if target_logits is not None
                       else self.target_draft_logits(last[:, 1:][mask.to(last.device)]))       # (M, draft)
             p = torch.softmax(picked.float().to(aux.device), -1)
-            logp = torch.log(p.clamp_min(1e-30))
+            p_logp = (p * torch.log(p.clamp_min(1e-30))).sum(-1)                     # (M,) -entropy, once
             label = picked.argmax(-1).to(aux.device)                                  # (M,) draft ids
             if greedy_in_vocab is not None:                # a greedy token outside the vocabulary: no hit
                 label = label.masked_fill(~greedy_in_vocab.to(aux.device)[mask], -1)
@@ -467,7 +467,7 @@ class Eagle3Head(DraftHead):
             sel = mask[:, k:k + valid]                                                # label t + 1 + k counts
             rows = row[:, k:k + valid][sel]
             logq = torch.log_softmax(self.logits(feature[:, :valid][sel]).float(), -1)      # (Mk, draft)
-            kl = (p[rows] * (logp[rows] - logq)).sum(-1)                             # (Mk,)
+            kl = p_logp[rows] - (p[rows] * logq).sum(-1)                             # (Mk,) KL(p || q)
             count = sel.sum().clamp_min(1)
             losses.append(kl.sum() / count * decay ** k)
             with torch.no_grad():
@@ -478,8 +478,8 @@ class Eagle3Head(DraftHead):
                 hits.append(alive.sum())
                 correct.append(right.sum())
                 counts.append(sel.sum())
-        with torch.no_grad():
-            mass = self._draft_mass(last[:, 1:], mask)
+        with torch.no_grad():        # the full head at up to 256 positions: validation only, not every step
+            mass = self._draft_mass(last[:, 1:], mask) if greedy_in_vocab is not None else None
         return TTTLoss(torch.stack(losses).sum(), torch.stack(kls), torch.stack(hits), torch.stack(correct),
                        torch.stack(counts), mass)
 
