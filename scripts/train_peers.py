@@ -66,10 +66,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def verifier_dir(model, tokenizer, out: Path) -> Path:
-    """The target as a Hugging Face model directory (fp32 safetensors, its tokenizer)."""
-    if not (out / "config.json").is_file():
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+    """The target as a Hugging Face model directory: config.json, model.safetensors (its weights as
+    loaded, fp32; a GGUF target's dequantized ones, which `save_pretrained` refuses to write) and
+    its tokenizer."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # tied weights share storage, which safetensors refuses: each tensor is written on its own
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    tokenizer.save_pretrained(out)
     return out
 
 
