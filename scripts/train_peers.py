@@ -37,8 +37,8 @@ from pathlib import Path
 from specdec_models.errors import SpecdecError, check
 
 REPO = Path(__file__).resolve().parents[1]
-PEERS = ("speculators",)
-RUNNERS = {"speculators": "train.peers.run_speculators"}
+PEERS = ("speculators", "specforge")
+RUNNERS = {"speculators": "train.peers.run_speculators", "specforge": "train.peers.run_specforge"}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -55,7 +55,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttt-steps", type=int, default=3, help="draft steps unrolled in training (speculators' default)")
     p.add_argument("--rows", type=int, help="convert only the cache's first ROWS rows")
     p.add_argument("--data-dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                   help="hidden states in the peers' data files")
+                   help="hidden states in speculators' data files (SpecForge's: the draft's float32, its "
+                        "target head's bfloat16)")
     p.add_argument("--python", default=str(REPO / ".venv-interop" / "bin" / "python"),
                    help="the interpreter with the peers' packages (make setup-interop)")
     p.add_argument("--force", action="store_true", help="write into an OUT that already holds files")
@@ -101,6 +102,10 @@ def run_peer(peer: str, a: argparse.Namespace, data: Path, verifier: Path, aux: 
         cmd += ["--aux-layers", *map(str, aux), "--mask-token-id", str(mask_id)]
         if vocab is not None:
             cmd += ["--draft-vocab-size", str(vocab["size"]), "--d2t", str(vocab["d2t"]), "--t2d", str(vocab["t2d"])]
+    else:
+        cmd += ["--aux-layers", *map(str, aux)]
+        if vocab is not None:
+            cmd += ["--draft-vocab-size", str(vocab["size"]), "--vocab-mapping", str(vocab["specforge"])]
     if a.minutes is not None:
         cmd += ["--minutes", str(a.minutes)]
     if a.max_steps is not None:
@@ -175,7 +180,7 @@ def train_peers(a: argparse.Namespace) -> dict:
             check(norm is not None, f"cannot find the final norm of {type(model).__name__}")
             converted[peer] = to_speculators(a.cache, data[peer], norm, rows=a.rows, dtype=dtype)
         else:
-            converted[peer] = to_specforge(a.cache, data[peer], rows=a.rows, dtype=dtype)
+            converted[peer] = to_specforge(a.cache, data[peer], rows=a.rows)     # its draft trains in fp32
         print(f"{peer}: converted {converted[peer]['rows']} rows ({converted[peer]['tokens']:,} tokens) to "
               f"{data[peer]}", flush=True)
     summary = {"cache": str(Path(a.cache).resolve()), "target": str(target), "aux_layers": aux,

@@ -130,7 +130,7 @@ def test_specforge_data_holds_the_post_norm_state_and_its_shifted_mask(tiny, tmp
         valid, prompt = int(batch["valid_len"][i]), int(batch["prompt_len"][i])
         T = min(valid, SEQ)
         assert torch.equal(row["input_ids"], batch["tokens"][i, :T])
-        assert torch.equal(row["hidden_state"], embeds[i, :T, 3][None])
+        assert torch.equal(row["hidden_state"], embeds[i, :T, 3][None].bfloat16())   # SpecForge's TargetHead is bf16
         assert torch.equal(row["aux_hidden_state"], embeds[i, :T, :3].reshape(1, T, -1))
         # SpecForge shifts the target's logits left by one, not the mask: loss_mask[i] weighs position i + 1
         want = [int(prompt <= j + 2 < valid) for j in range(T - 1)] + [0]
@@ -180,3 +180,45 @@ def test_speculators_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tm
     assert head.draft_ids.tolist() == list(range(meta["vocab_size"] - 24, meta["vocab_size"]))  # the most counted
     trained = load_eagle3(out / "speculators" / "head", tiny["model"]).fc.weight
     assert torch.isfinite(trained).all()
+
+
+def _train_peers(tiny, tmp_path, peers):
+    """scripts/train_peers.py on the tiny cache, draft vocabulary the 24 most counted tokens, 3 steps."""
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import train_peers
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    from specdec_models.hf.weights import load_tokenizer, tokenizer_fingerprint
+    from train.tasks.hf_eagle3 import COUNTS_FORMAT
+
+    counts = tmp_path / "counts.json"
+    meta = read_cache_meta(tiny["cache"])
+    counts.write_text(json.dumps({"format": COUNTS_FORMAT, "tokenizer_sha256": tokenizer_fingerprint(
+        load_tokenizer(tiny["target"])), "counts": list(range(meta["vocab_size"]))}))
+    out = tmp_path / "peers"
+    status = train_peers.main(["--cache", str(tiny["cache"]), "--target", str(tiny["target"]), "--draft-vocab",
+                               str(counts), "--draft-vocab-size", "24", "--max-steps", "3", "--out", str(out),
+                               "--python", sys.executable, "--data-dtype", "float32", "--peers", *peers])
+    logs = "\n".join((out / p / "train.log").read_text()[-3000:] for p in peers if (out / p / "train.log").is_file())
+    assert status == 0, logs
+    return out, meta
+
+
+def test_specforge_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tmp_path):
+    """SpecForge's own trainer, patched at run time, 3 optimizer steps; its head, exported by its
+    own SGLang exporter, loads in specdec (SGLang layout, specdec's draft vocabulary and aux layers)
+    and greedy decoding with it equals plain greedy (train_peers checks that)."""
+    pytest.importorskip("specforge")
+    from specdec_models.hf.eagle3_export import load_eagle3
+
+    out, meta = _train_peers(tiny, tmp_path, ["specforge"])
+    report = json.loads((out / "peers.json").read_text())["peers"]["specforge"]
+    assert report["steps"] == 3 and report["stopped_by"] == "max_steps" and report["tokens_per_s"] > 0
+    assert report["in_specdec"]["layout"] == "sglang" and report["in_specdec"]["drafted"] > 0
+    head = load_eagle3(out / "specforge" / "head", tiny["model"])
+    assert head.aux_layers == [1, 2, 3] and head.config.draft_vocab_size == 24
+    assert head.draft_ids.tolist() == list(range(meta["vocab_size"] - 24, meta["vocab_size"]))  # the most counted
+    assert torch.isfinite(head.fc.weight).all()

@@ -31,9 +31,9 @@ SpecForge (0.2.0, offline EAGLE-3; read from specforge/data/preprocessing.py
 algorithms/eagle3/model.py):
 
     DIR/row_{i:06d}.ckpt                  `torch.save` of {input_ids (T,) int64, loss_mask (T,)
-                                          int64, hidden_state (1, T, H) the last layer AFTER the
-                                          final norm, aux_hidden_state (1, T, 3H) the aux layers
-                                          concatenated in order}
+                                          int64, hidden_state (1, T, H) bf16 the last layer AFTER
+                                          the final norm, aux_hidden_state (1, T, 3H) the aux
+                                          layers concatenated in order, in the draft's dtype}
     DIR/vocab_mapping.pt                  {"d2t", "t2d"} of the draft vocabulary (`vocab_files`)
 
   Its trainer applies the target's LM head to `hidden_state` and shifts the logits and the
@@ -162,9 +162,12 @@ def to_speculators(cache: str | os.PathLike, out: str | os.PathLike, norm_weight
 
 
 def to_specforge(cache: str | os.PathLike, out: str | os.PathLike, *, rows: int | None = None,
-                 dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+                 dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """Write the cache's rows (the first `rows`) as SpecForge's offline EAGLE-3 `.ckpt` files in
-    `out` (module docstring). Returns a summary, also written to `out`/specdec.json."""
+    `out` (module docstring). SpecForge feeds each tensor to its consumer uncast: `aux_hidden_state`
+    to the draft, so it is written in `dtype`, the draft's (its `model.torch_dtype`), and
+    `hidden_state` to its `TargetHead`, which always runs in bf16, so it is written in bf16.
+    Returns a summary, also written to `out`/specdec.json."""
     meta = check_cache(cache)
     aux, slots = cache_layout(meta)
     out = Path(out)
@@ -177,7 +180,7 @@ def to_specforge(cache: str | os.PathLike, out: str | os.PathLike, *, rows: int 
             mask = torch.zeros(T, dtype=torch.long)
             mask[:-1] = row["mask"][1:].long()                 # loss_mask[i] weighs the prediction at i + 1
             torch.save({"input_ids": row["tokens"].long().contiguous(), "loss_mask": mask,
-                        "hidden_state": states[:, slots[3]].to(dtype)[None].contiguous(),
+                        "hidden_state": states[:, slots[3]].to(torch.bfloat16)[None].contiguous(),
                         "aux_hidden_state": states[:, slots[:3]].reshape(T, -1).to(dtype)[None].contiguous()},
                        tmp / f"row_{i:06d}.ckpt")
             count, tokens, answers = count + 1, tokens + T, answers + int(mask.sum())
