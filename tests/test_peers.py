@@ -222,3 +222,33 @@ def test_specforge_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tmp_
     assert head.aux_layers == [1, 2, 3] and head.config.draft_vocab_size == 24
     assert head.draft_ids.tolist() == list(range(meta["vocab_size"] - 24, meta["vocab_size"]))  # the most counted
     assert torch.isfinite(head.fc.weight).all()
+
+
+def test_the_torch_stand_in_for_specforges_triton_loss_computes_its_maths():
+    """train.peers.specforge_loss against the formula SpecForge's kernels compute, written out
+    position by position: per unmasked row -sum_v p_v log softmax(z)_v, masked rows 0, the mean over
+    all B T rows; and its gradient against the kernels' backward, (softmax(z) sum_v p_v - p) / (B T)
+    on unmasked rows, 0 on masked ones. Random logits with a non-finite masked row (the kernels
+    skip it)."""
+    from train.peers.specforge_loss import LogSoftmaxLoss
+
+    g = torch.Generator().manual_seed(0)
+    B, T, V = 2, 5, 11
+    logits = torch.randn(B, T, V, generator=g, dtype=torch.float64) * 3
+    target = torch.softmax(torch.randn(B, T, V, generator=g, dtype=torch.float64), -1)
+    mask = (torch.rand(B, T, 1, generator=g) < 0.6).long()
+    mask[0, 0], mask[1, 2] = 1, 0
+    logits[1, 2] = float("inf")                                         # a masked row the kernels never read
+    z = logits.clone().requires_grad_()
+    loss = LogSoftmaxLoss.apply(z, target, mask)
+    loss.backward()
+    want, grad = torch.zeros((), dtype=torch.float64), torch.zeros_like(logits)
+    for b in range(B):
+        for t in range(T):
+            if mask[b, t, 0]:
+                m = logits[b, t].max()
+                logp = logits[b, t] - m - torch.log(torch.exp(logits[b, t] - m).sum())
+                want -= (target[b, t] * logp).sum()
+                grad[b, t] = (torch.exp(logp) * target[b, t].sum() - target[b, t]) / (B * T)
+    assert torch.allclose(loss.double(), want / (B * T), rtol=1e-6, atol=0)
+    assert torch.isfinite(z.grad).all() and torch.allclose(z.grad, grad, rtol=1e-5, atol=1e-7)

@@ -22,12 +22,13 @@ from torch import Tensor
 
 def soft_cross_entropy(logits: Tensor, target_p: Tensor, position_mask: Tensor) -> Tensor:
     """The loss above: `logits` and `target_p` (B, T, V), `position_mask` (B, T) or (B, T, 1)."""
-    B, T, V = logits.shape
+    B, T, _ = logits.shape
     keep = position_mask.reshape(B, T).bool()
-    logp = torch.log_softmax(logits.float(), dim=-1)                       # (B, T, V)
-    per_position = -(target_p.float() * logp).sum(-1)                      # (B, T)
-    # where, not a product: a skipped row's non-finite logits must not reach the loss or gradient
-    return torch.where(keep, per_position, per_position.new_zeros(())).mean()
+    # a skipped row is zeroed before the softmax (where, not a product), so its logits, finite or
+    # not, reach neither the loss nor the gradient, as in the kernels
+    z = torch.where(keep[..., None], logits.float(), 0.0)                  # (B, T, V)
+    per_position = -(target_p.float() * torch.log_softmax(z, dim=-1)).sum(-1)   # (B, T)
+    return torch.where(keep, per_position, 0.0).mean()
 
 
 class LogSoftmaxLoss:
