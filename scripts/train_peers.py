@@ -11,10 +11,12 @@ cache and token counts):
    (`train.data.peer_formats`: DIR/data/<peer>), and the draft vocabulary (the `--draft-vocab-size`
    tokens most counted in COUNTS.json, as specdec chooses them; without COUNTS.json the whole
    vocabulary) into each peer's vocabulary-mapping files;
-3. each peer's trainer runs in its own process in the interop environment (`--python`, default
-   .venv-interop: `make setup-interop`), patched at run time (`train.peers.run_<peer>`), for
-   `--minutes` of training (or `--max-steps`), on `--threads` threads; its head lands in
-   DIR/<peer>/head;
+3. each peer's trainer (`--peers`, default both: speculators, then SpecForge) runs in its own
+   process in the interop environment (`--python`, default .venv-interop: `make setup-interop`),
+   patched at run time (`train.peers.run_<peer>`), for `--minutes` of training (or
+   `--max-steps`), on `--threads` threads; the peers run one after the other, so neither
+   competes with the other for the CPU; its head lands in DIR/<peer>/head (SpecForge's in the
+   SGLang layout its own exporter writes);
 4. each head is loaded into specdec (`load_eagle3(DIR/<peer>/head, target)`) and drafts a few
    tokens, so `python scripts/compare_hf_drafts.py compare --eagle3 NAME=DIR/<peer>/head ...`
    and `python -m specdec_models.decode --eagle3 DIR/<peer>/head ...` take it.

@@ -1,6 +1,6 @@
 """The peer EAGLE-3 trainers (vLLM's `speculators`, SpecForge), run live on this CPU.
 
-Each runner module (`run_speculators`) runs in the environment where its package is installed
+Each runner module (`run_speculators`, `run_specforge`) runs in the environment where its package is installed
 (`make setup-interop`: .venv-interop), one process per peer, started by `scripts/train_peers.py`.
 It applies its peer's runtime patches (no file of the package is edited), trains from the data
 `train.data.peer_formats` wrote, stops cleanly at a wall-time budget or a step limit
