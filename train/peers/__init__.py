@@ -1,0 +1,55 @@
+"""The peer EAGLE-3 trainers (vLLM's `speculators`, SpecForge), run live on this CPU.
+
+Each runner module (`run_speculators`, `run_specforge`) runs in the environment where its package is installed
+(`make setup-interop`: .venv-interop), one process per peer, started by `scripts/train_peers.py`.
+It applies its peer's runtime patches (no file of the package is edited), trains from the data
+`train.data.peer_formats` wrote, stops cleanly at a wall-time budget or a step limit
+(`Budget`), keeps the saved head where specdec loads it
+(`specdec_models.hf.eagle3_export.load_eagle3`) and writes a JSON report with the trainer's
+training throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Budget:
+    """When a peer's training stops: `minutes` of training wall time (from its first batch) or
+    `max_steps` optimizer steps, whichever comes first; None leaves either out. Counts the steps,
+    the tokens and the answer tokens trained on, and the seconds spent training."""
+
+    def __init__(self, minutes: float | None, max_steps: int | None) -> None:
+        self.limit = None if minutes is None else 60.0 * minutes
+        self.max_steps = max_steps
+        self.steps = self.tokens = self.answer_tokens = 0
+        self.seconds = 0.0
+        self.started: float | None = None
+        self.reason = "finished"
+
+    def start(self) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def spent(self) -> bool:
+        """After a step: is the budget spent? (records why)"""
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            self.reason = "max_steps"
+            return True
+        if self.limit is not None and self.started is not None and time.perf_counter() - self.started >= self.limit:
+            self.reason = "minutes"
+            return True
+        return False
+
+    def report(self, peer: str, threads: int, **extra: Any) -> dict[str, Any]:
+        per_s = (lambda n: round(n / self.seconds, 2) if self.seconds > 0 else None)
+        return {"peer": peer, "threads": threads, "stopped_by": self.reason, "steps": self.steps,
+                "tokens": self.tokens, "answer_tokens": self.answer_tokens, "train_seconds": round(self.seconds, 2),
+                "tokens_per_s": per_s(self.tokens), "answer_tokens_per_s": per_s(self.answer_tokens), **extra}
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
