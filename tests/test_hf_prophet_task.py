@@ -18,7 +18,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import StopAt, _compose
+from conftest import StopAt
+from train.run import compose
 from test_decode_cli import assert_usage_error, cli
 from test_hf_data import build_tokenizer, write_corpus
 from test_hf_distill import save_model
@@ -59,7 +60,7 @@ def cfg(hf, out, *extra, target="llama", experiment="hf_prophet", head=("head.di
     (data=hf_text) unless `extra` picks data=hf_embeddings. test_hf_eagle3_task uses it too."""
     text = [] if "data=hf_embeddings" in extra else [f"data.files=[{hf['corpus']}]",
                                                       f"data.windows_dir={hf['root'] / 'windows'}"]
-    return _compose([
+    return compose([
         f"experiment={experiment}", f"target.path={hf[target]}", *text, f"output_dir={out}", "trainer=cpu",
         f"data.seq_len={SEQ}", "data.batch_size=4", "data.val_windows=4", "data.val_batch_size=4",
         "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0",

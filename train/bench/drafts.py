@@ -14,7 +14,7 @@ own "gamma" (each drafter at the gamma that suits its cost and acceptance).
 
 `greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
 `write_report` writes results.json, table.md (`markdown_table`) and compare.png (`plot`,
-matplotlib) together. `first_layers` (`specdec_models.bench.hf`) makes the student a distilled
+matplotlib) together. `first_layers` (`train.bench.hf`) makes the student a distilled
 draft starts from (scripts/compare_hf_drafts.py).
 """
 
@@ -29,10 +29,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..decode import generate
-from ..errors import check
+from specdec_models.decode import generate
+from specdec_models.errors import check
+from specdec_models.files import staged_dir
+
 from .report import pyplot
-from ..files import staged_dir
 
 
 COUNTS = ("new_tokens", "row_calls", "drafted", "accepted", "alpha_sum", "alpha_count")
@@ -156,7 +157,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
 def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *,
                                 gamma: int = 5, max_new_tokens: int = 64) -> dict[str, bool]:
     """{method: greedy `generate` (plain, and with each drafter) gives exactly transformers' own
-    greedy `target.generate()` on every prompt} (`specdec_models.bench.hf.compare_with_hf_generate`;
+    greedy `target.generate()` on every prompt} (`train.bench.hf.compare_with_hf_generate`;
     one prompt per call: transformers' left padding would change its own numbers)."""
     from .hf import compare_with_hf_generate
 
