@@ -20,7 +20,7 @@ plainly and with each drafter, interleaved (`train.bench.drafts.compare_drafters
 checks greedy output against transformers' own `generate()`, and writes results.json, table.md
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
 one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in any layout
-(`specdec_models.hf.eagle3_export.load_eagle3`), e.g. one trained by speculators or SpecForge.
+(`specdec_models.export.eagle3.load_eagle3`), e.g. one trained by speculators or SpecForge.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def check_inputs(args) -> None:
     if args.prophet:
         check(read_export_config(args.prophet)["kind"] == "hf_prophet", f"--prophet {args.prophet} is no head export")
     if args.eagle3:
-        from specdec_models.hf.eagle3_export import detect_layout
+        from specdec_models.export.eagle3 import detect_layout
 
         for _, directory in eagle3_heads(args):
             detect_layout(directory)
@@ -117,7 +117,7 @@ def drafters_for(args, model) -> dict:
     import torch
 
     from specdec_models.export import load_export
-    from specdec_models.hf.eagle3_export import load_eagle3
+    from specdec_models.export.eagle3 import load_eagle3
     from specdec_models.hf.prophet import HFProphet
     from specdec_models.hf.weights import load_causal_lm
 

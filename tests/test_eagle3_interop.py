@@ -35,7 +35,7 @@ from specdec_models import SpecdecError
 from train.bench.hf import chat_prompts
 from specdec_models.decode import generate
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
-from specdec_models.hf.eagle3_export import detect_layout, load_eagle3, save_eagle3
+from specdec_models.export.eagle3 import detect_layout, load_eagle3, save_eagle3
 
 STEPS = 3
 DRAFT = 8192
