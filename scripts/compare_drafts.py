@@ -64,11 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     from train.bench.compare_drafts import compare, write_result
 
     try:
-        result = compare(args)
+        table = write_result(compare(args), args.out)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(write_result(result, args.out))
+    print(table)
     print(f"\nwritten: {args.out / 'compare.json'}, compare.md, compare.png")
     return 0
 

