@@ -23,6 +23,7 @@ import copy
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -147,7 +148,7 @@ def first_layers(model: Any, k: int) -> Any:
     for attr in ("layer_types",):            # per-layer lists must shrink with the depth
         if isinstance(getattr(config, attr, None), list):
             setattr(config, attr, getattr(config, attr)[:k])
-    if hasattr(config, "quantization_config"):
+    if "quantization_config" in vars(config):
         del config.quantization_config       # GGUF weights are dequantized on load: the copy is plain
     draft = type(model)(config).to(dtype=model.dtype)
     missing, _ = draft.load_state_dict(model.state_dict(), strict=False)
@@ -161,7 +162,7 @@ def chat_prompts(tokenizer: Any, batch: int) -> list[Tensor]:
     for i in range(batch):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
                                             add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids      # BatchEncoding (a UserDict) or ids
         rows.append(torch.tensor(ids, dtype=torch.long).reshape(-1))
     return rows
 
