@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
 from specdec_models.decode.inputs import parse_gamma
 from specdec_models.errors import SpecdecError
+from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -35,8 +35,8 @@ NAMES = {"prophet": "prophet (trained)", "student": "student (distilled)", "rand
 
 
 def prepare_student(args, loaded) -> None:
-    from train.bench.hf import first_layers
     from specdec_models.files import staged_dir
+    from train.bench.hf import first_layers
 
     out = Path(args.out)
     layers = loaded.model.config.num_hidden_layers
@@ -142,8 +142,8 @@ def drafters_for(args, model) -> dict:
 def compare(args, loaded) -> dict:
     import torch
 
-    from train.bench.drafts import compare_drafters, greedy_matches_transformers
     from specdec_models.hf.weights import load_causal_lm, smollm2_gguf
+    from train.bench.drafts import compare_drafters, greedy_matches_transformers
     from train.data.regenerate import read_prompts
 
     sets = []

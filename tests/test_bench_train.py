@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specdec_models import ModelWithProphet
+from specdec_models.errors import SpecdecError
 from train.bench import train_quality, train_step
 from train.bench.report import write_report
-from specdec_models.errors import SpecdecError
 
 REPO_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TINY = "32x2+32x1"          # main 32 x 2 + prophet 32 x 1, one head of 32

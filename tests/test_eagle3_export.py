@@ -22,7 +22,6 @@ from test_hf_decode_cli import VOCAB, char_tokenizer
 
 from specdec_models import SpecdecError, load_export
 from specdec_models.decode import generate
-from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
 from specdec_models.export.eagle3 import (
     detect_layout,
     layer_ids_from_sglang,
@@ -30,6 +29,7 @@ from specdec_models.export.eagle3 import (
     save_eagle3,
     sglang_layer_ids,
 )
+from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
 
 
 def export_script():

@@ -19,7 +19,6 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
 from conftest import StopAt
-from train.run import compose
 from test_decode_cli import assert_usage_error, cli
 from test_hf_cache import assert_an_interrupted_build_resumes
 from test_hf_data import build_tokenizer, text_setup
@@ -33,7 +32,7 @@ from specdec_models.export import read_export_config
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.regenerate import build_hf_cache, prompts_from_text
-from train.run import run
+from train.run import compose, run
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 

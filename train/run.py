@@ -71,7 +71,8 @@ def compose(overrides: list[str]) -> DictConfig:
     composes it (struct mode: an unknown key is an error): the config `run` takes, for tests,
     benchmarks (`train.bench`) and anything else that starts runs in-process. The one place
     that composes conf/ outside the `@hydra.main` shell."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=list(overrides))

@@ -22,9 +22,9 @@ from torch import Tensor
 
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config, read_json_object
+from ..export.eagle3 import detect_layout, load_eagle3
 from .adapter import logits_width
 from .eagle3 import Eagle3Head
-from ..export.eagle3 import detect_layout, load_eagle3
 from .prophet import HFProphet
 from .weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer
 

@@ -5,8 +5,8 @@ validation windows and prompts from that split)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ import torch
 from specdec_models.errors import check
 
 from ..data.enwik8 import FixedWindows, RandomWindows, read_bytes, split_bounds
+
 
 def data_file(path: str | None, default: Path, workdir: Path) -> tuple[Path, str]:
     """The byte file to train on: `path`, else `default` if present, else synthetic bytes in workdir."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -147,7 +149,8 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
         eval_node = cfg.callbacks.get("speculative_eval")
         cfg.callbacks.speculative_eval = None              # off for the ratio; timed alone below
         optim, clip = OmegaConf.to_container(cfg.optim, resolve=True), cfg.trainer.get("gradient_clip_val")
-        interleave = Interleave(lambda net: PlainLoop(net, optim, total, clip, precision), bench.warmup, bench.steps)
+        interleave = Interleave(functools.partial(PlainLoop, optim=optim, total_steps=total, clip=clip,
+                                                  precision=precision), bench.warmup, bench.steps)
         print(f"[{precision}] {bench.warmup} warm-up steps, then {bench.rounds} rounds of {bench.steps} steps "
               "each side", file=sys.stderr)
         run(cfg, callbacks=[interleave])
