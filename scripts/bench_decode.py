@@ -8,7 +8,7 @@
     python scripts/bench_decode.py --target-export DIR [--draft-export DIR]
 
 Settings run interleaved in one process (base, draft, prophet, ..., base, ...) and c and v come
-from the model calls timed inside the same runs (see `specdec_models.bench.decode`). Writes
+from the model calls timed inside the same runs (see `train.bench.decode`). Writes
 bench/decode.json, bench/decode.md and bench/decode.png (`--out`) and prints the table.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from specdec_models.bench.decode import METHODS, DecodeBench, markdown, run, write_report
 from specdec_models.decode.inputs import parse_gamma
 from specdec_models.errors import SpecdecError
+from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,11 +5,11 @@
     python scripts/bench_train.py --quality [--threshold 0.4] [--max-steps 200]
 
 Default: the Lightning pipeline (`model=mid`, task=prophet) against a plain PyTorch loop on the
-same batches (`train.bench`; goal >= 0.97). `--peer`: our joint train step (fp32 AdamW, seq 512,
+same batches (`train.bench.pipeline`; goal >= 0.97). `--peer`: our joint train step (fp32 AdamW, seq 512,
 batch 4) against lucidrains' `ModelWithProphetWrapper`, as published and with its feed-forward
-applied, live in the same process (`specdec_models.bench.train_step`). `--quality`: train time
+applied, live in the same process (`train.bench.train_step`). `--quality`: train time
 until the prophet's T=0 acceptance on validation prompts reaches a threshold, ours against the
-peer, trained interleaved (`specdec_models.bench.train_quality`). Reports: bench/train*.json,
+peer, trained interleaved (`train.bench.train_quality`). Reports: bench/train*.json,
 .md and .png (`--out` sets the stem). Data: `--data`, else the shared text file, else synthetic.
 """
 
@@ -24,29 +24,20 @@ from pathlib import Path
 
 import torch
 
-from specdec_models.bench import train_quality, train_step
-from specdec_models.bench.report import load_note, machine, write_report
 from specdec_models.errors import SpecdecError, check
-from train import bench as pipeline, run as train_run
-from train.data.enwik8 import FixedWindows, RandomWindows, read_bytes, split_bounds
+from train.bench import pipeline, train_quality, train_step
+from train.bench.data import byte_batches, data_file, validation_rows
+from train.bench.report import load_note, machine, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "textmix100m.gz"
 
 
-def batches(path: Path, seq_len: int, batch: int, seed: int):
-    """(batch_of(k) over the training split, the validation split) of the byte file."""
-    data = read_bytes(path)
-    train_end, valid_end, _ = split_bounds(len(data))
-    check(train_end > 4 * (seq_len + 1), f"{path} is too short for windows of {seq_len + 1} bytes")
-    return RandomWindows(data[:train_end], seq_len, batch, seed=seed, rank=0, start=0).batch, data[train_end:valid_end]
-
-
 def run_peer(args, path: Path) -> dict:
     for size in args.sizes:
         train_step.size_configs(size)             # a bad size fails before any work
-    batch_of, _ = batches(path, 512, 4, args.seed)
+    batch_of, _ = byte_batches(path, 512, 4, args.seed)
     sizes = []
     for size in args.sizes:
         print(f"[{size}] {args.warmup} warm-up + {args.steps} rounds", file=sys.stderr)
@@ -61,13 +52,9 @@ def run_quality(args, path: Path) -> dict:
                                        threshold=args.threshold, also_report=args.also_report,
                                        eval_every=args.eval_every,
                                        max_steps=args.max_steps, seed=args.seed)
-    batch_of, valid = batches(path, bench.seq_len, bench.batch_size, args.seed)
-    half = len(valid) // 2                 # windows from the first half, prompts from the second
-    windows = FixedWindows(valid[:half], bench.seq_len + 1, args.prompts)
-    prompts = FixedWindows(valid[half:], args.prompt_len, args.prompts)
-    return train_quality.bench_quality(bench, batch_of, torch.stack([windows[i] for i in range(args.prompts)]),
-                                       torch.stack([prompts[i] for i in range(args.prompts)]),
-                                       log=lambda s: print(s, file=sys.stderr))
+    batch_of, valid = byte_batches(path, bench.seq_len, bench.batch_size, args.seed)
+    windows, prompts = validation_rows(valid, bench.seq_len, args.prompts, args.prompt_len)
+    return train_quality.bench_quality(bench, batch_of, windows, prompts, log=lambda s: print(s, file=sys.stderr))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
               and (args.warmup is None or args.warmup >= 0), "--steps, --rounds, --prompts, --prompt-len must be "
               ">= 1 and --warmup >= 0")
         with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
-            path, desc = pipeline.data_file(args.data, DEFAULT_DATA, Path(tmp))
+            path, desc = data_file(args.data, DEFAULT_DATA, Path(tmp))
             if args.peer:
                 args.warmup = 1 if args.warmup is None else args.warmup
                 report, md, plot, stem = run_peer(args, path), train_step.markdown, train_step.plot, "train_peer"
@@ -123,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 bench = pipeline.PipelineBench(args.model, args.precisions, 2 if args.warmup is None else args.warmup,
                                                args.steps, args.rounds, args.override)
-                report = pipeline.bench_pipeline(bench, path, desc, Path(tmp), train_run)
+                report = pipeline.bench_pipeline(bench, path, desc, Path(tmp))
                 md, plot, stem = pipeline.markdown, None, "train"
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -4,7 +4,7 @@ decode with each and compare tokens per target call and speed-up at temperature 
     python scripts/compare_drafts.py --target-export outputs/<run>/export --data ../shared/data/textmix100m.gz
 
 The target is a `model_with_prophet` export of `python -m train`. The candidates (see
-`train.compare`): `ce` (a draft trained on corpus next tokens), `<div>/<data>` (the same draft
+`train.bench.compare_drafts`): `ce` (a draft trained on corpus next tokens), `<div>/<data>` (the same draft
 distilled with fkl, rkl, jsd or tvd on corpus windows or on-policy), `prophet/frozen` (a prophet
 trained against the frozen target) and `prophet/joint` (the target's own prophet). Every trained
 candidate sees `--steps` x batch x seq_len tokens. Each decodes `--prompts` validation prompts x
@@ -16,15 +16,10 @@ Writes `--out`/compare.json, compare.md and compare.png.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
-import torch
-
-from specdec_models.errors import SpecdecError, check
-from specdec_models.files import write_file
+from specdec_models.errors import SpecdecError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "textmix100m.gz"
@@ -33,7 +28,7 @@ POSITIVE = ("steps", "seq_len", "batch_size", "prompt_len", "gamma", "prompts", 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from train.compare import DIVERGENCES
+    from train.bench.compare_drafts import DIVERGENCES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-export", required=True, metavar="DIR", help="a model_with_prophet export")
@@ -66,59 +61,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from specdec_models import ModelWithProphet, load_export
-    from specdec_models.bench.drafts import compare_drafters
-    from train import compare
-    from train.data.enwik8 import validation_prompts
-    from train.run import run
+    from train.bench.compare_drafts import compare, write_result
 
-    budget = compare.Budget(args.data, args.student, args.steps, args.seq_len, args.batch_size, args.prompt_len,
-                            args.lr, args.gamma)
     try:
-        pair = load_export(args.target_export)
-        check(isinstance(pair, ModelWithProphet), f"{args.target_export} is a decoder export: the comparison needs "
-                                                  "a model_with_prophet export (its prophet is a candidate)")
-        prompts = list(validation_prompts(args.data, args.prompts, args.prompt_bytes))
-        args.out.mkdir(parents=True, exist_ok=True)
-        entries, n_target, draft_weights = [], compare.weights(pair.model), 0
-        for name, kind, overrides in compare.candidates(args.target_export, budget, args.divergences,
-                                                        args.data_sources, not args.no_frozen_prophet):
-            export, info = compare.train_candidate(name, overrides, args.out / "runs" / name.replace("/", "_"),
-                                                   run, args.retrain)
-            model = load_export(export).eval()
-            if kind == "draft":
-                draft_weights = n = compare.weights(model)
-            else:
-                check(torch.equal(model.model.to_logits.weight, pair.model.to_logits.weight),
-                      f"{export}: the frozen prophet's main model is not the target")
-                model.model = pair.model                      # decode with the very same target object
-                n = compare.weights(model.prophet) + compare.weights(model.to_prophet_start)
-            entries.append({"name": name, "kind": kind, "model": model, "export": str(export), **info,
-                            **compare.flops(kind, name, budget, n, n_target)})
-        entries.append({"name": "prophet/joint", "kind": "prophet", "model": pair, "export": args.target_export})
+        table = write_result(compare(args), args.out)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads or threads)
-    try:
-        drafters = {e["name"]: {"draft" if e["kind"] == "draft" else "prophet": e["model"]} for e in entries}
-        rows = compare_drafters(pair.model, prompts, drafters, gamma=args.gamma, batches={1: len(prompts)},
-                                max_new_tokens=args.max_new_tokens, rounds=args.repeats)
-    finally:
-        torch.set_num_threads(threads)
-    compare.entries_from_rows(entries, rows)
-    result = {"target": str(Path(args.target_export).resolve()), "target_weights": n_target,
-              "draft_weights": draft_weights, "args": {k: str(v) if isinstance(v, Path) else v
-                                                       for k, v in vars(args).items()},
-              "entries": [{k: v for k, v in e.items() if k != "model"} for e in entries],
-              "verdict": compare.verdict(entries),
-              "machine": {"cpus": os.cpu_count(), "threads": args.threads or threads,
-                          "load_average_1m": os.getloadavg()[0]}}
-    write_file(args.out / "compare.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
-    table = compare.markdown(result)
-    write_file(args.out / "compare.md", lambda f: f.write((table + "\n").encode()))
-    compare.plot(result, args.out / "compare.png")
     print(table)
     print(f"\nwritten: {args.out / 'compare.json'}, compare.md, compare.png")
     return 0

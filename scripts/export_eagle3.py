@@ -1,7 +1,7 @@
 """Write an EAGLE-3 head in another layout: `python scripts/export_eagle3.py HEAD_DIR OUT_DIR --layout L`.
 
 HEAD_DIR holds an eagle3 head in any layout (specdec's hf_eagle3 export, vLLM's speculators
-format, SGLang's; `specdec_models.hf.eagle3_export`); it is loaded for the target (`--hf-model DIR`
+format, SGLang's; `specdec_models.export.eagle3`); it is loaded for the target (`--hf-model DIR`
 or `--gguf FILE`; default: the target a specdec export records) and written to OUT_DIR as
 `--layout specdec | speculators | sglang`. OUT_DIR must be new, empty, or hold the same layout's
 head of the same model; `--force` replaces any folder. Bad input: one line, exit status 2,
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def export(args: argparse.Namespace):
     from specdec_models.errors import check
-    from specdec_models.hf.eagle3_export import save_eagle3
+    from specdec_models.export.eagle3 import save_eagle3
     from specdec_models.hf.run import load_hf_run
 
     check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")

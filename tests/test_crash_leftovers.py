@@ -13,7 +13,7 @@ import signal
 import pytest
 import torch
 
-import specdec_models.export as export_mod
+import specdec_models.export.specdec as export_mod
 from conftest import REPO, forked
 from specdec_models import Decoder, ModelConfig, export_hash, load_export, save_export
 from specdec_models.errors import SpecdecError

@@ -97,11 +97,11 @@ def teacher_export(tiny_decoder_export):
 
 @pytest.fixture(scope="module")
 def distill_cfg(tiny_corpus, teacher_export):
-    from conftest import _compose
+    from train.run import compose
 
     def make(output_dir, *extra):
-        return _compose(["experiment=tiny_draft_distill", f"teacher.export={teacher_export}",
-                         f"data.path={tiny_corpus}", "data.allow_short=true", f"output_dir={output_dir}", *extra])
+        return compose(["experiment=tiny_draft_distill", f"teacher.export={teacher_export}",
+                        f"data.path={tiny_corpus}", "data.allow_short=true", f"output_dir={output_dir}", *extra])
     return make
 
 

@@ -1,4 +1,4 @@
-"""An eagle3 head in its three layouts (`specdec_models.hf.eagle3_export`): specdec's hf_eagle3 export,
+"""An eagle3 head in its three layouts (`specdec_models.export.eagle3`): specdec's hf_eagle3 export,
 vLLM's speculators format and SGLang's. Each round-trips to the same drafts, the SGLang layout
 carries the names, shapes and config fields SGLang's loader reads, the decoding CLI takes each
 through `--eagle3 DIR`, and bad input is one line, exit 2, nothing written. Tiny random Llama
@@ -22,14 +22,14 @@ from test_hf_decode_cli import VOCAB, char_tokenizer
 
 from specdec_models import SpecdecError, load_export
 from specdec_models.decode import generate
-from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
-from specdec_models.hf.eagle3_export import (
+from specdec_models.export.eagle3 import (
     detect_layout,
     layer_ids_from_sglang,
     load_eagle3,
     save_eagle3,
     sglang_layer_ids,
 )
+from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
 
 
 def export_script():

@@ -30,30 +30,16 @@ from speculators.config import SpeculatorsConfig, VerifierConfig
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from speculators.proposals.greedy import GreedyTokenProposalConfig
 
-import specdec_models.hf.weights as loading
-from specdec_models import SpecdecError
-from specdec_models.bench.hf import chat_prompts
 from specdec_models.decode import generate
+from specdec_models.export.eagle3 import detect_layout, load_eagle3, save_eagle3
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
-from specdec_models.hf.eagle3_export import detect_layout, load_eagle3, save_eagle3
+from train.bench.hf import chat_prompts
 
 STEPS = 3
 DRAFT = 8192
 TOLERANCE = 1e-4
 # what Eagle3DraftModel ignores when missing from a checkpoint and specdec does not write
 IGNORED_WHEN_MISSING = {"embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight"}
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    try:
-        path = loading.check_source(loading.smollm2_gguf(), "SmolLM2")
-    except SpecdecError as error:
-        pytest.skip(f"the real weights are not installed: {error}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield loading.load_model(path)
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-import specdec_models.export as export_mod
+import specdec_models.export.specdec as export_mod
 from specdec_models import (Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError, export_hash,
                             load_export, save_export)
 

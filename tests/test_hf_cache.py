@@ -16,7 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from test_hf_data import build_tokenizer, write_corpus
+from test_hf_data import build_tokenizer, text_setup
 from test_hf_distill import save_model
 
 from specdec_models.errors import SpecdecError
@@ -33,13 +33,8 @@ COMMON = dict(seq_len=SEQ, windows=12, shard_size="8KB", batch_size=4, seed=1)
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hf_cache")
-    tok = build_tokenizer(d / "tok")
-    corpus = d / "corpus.txt"
-    write_corpus(corpus, docs=100)
-    prompts = d / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": line}]})
-                                 for line in write_corpus(d / "p.txt", docs=8, seed=1)) + "\n")
+    setup = text_setup(tmp_path_factory.mktemp("hf_cache"), docs=100, prompt_docs=8)
+    d, tok = setup["root"], setup["tok"]
     eager = save_model(d / "eager", tok, "llama", 5, depth=DEPTH)
     model = load_causal_lm(eager)
     with torch.no_grad():                  # EOS where the greedy answers' most frequent token was: rows stop
@@ -50,8 +45,7 @@ def hf(tmp_path_factory):
                              pad_token_id=0, eos_token_id=[len(tok)])[0, ids.shape[1]:]
         model.lm_head.weight[tok.eos_token_id] = 1.5 * model.lm_head.weight[int(new.mode().values)]
     model.save_pretrained(eager)
-    return {"tok": tok, "corpus": corpus, "prompts": prompts, "root": d,
-            "deep": save_model(d / "deep", tok, "llama", 1, depth=DEPTH), "eager": eager}
+    return {**setup, "deep": save_model(d / "deep", tok, "llama", 1, depth=DEPTH), "eager": eager}
 
 
 @pytest.fixture(scope="module")
@@ -260,24 +254,30 @@ def test_regenerated_rows_end_at_the_stop_token_padded_after_it_with_their_valid
             assert error.max() <= 0.5 / 127 + 1e-6
 
 
-def test_an_interrupted_several_layer_cache_resumes_to_the_uninterrupted_rows(hf, regenerated, tmp_path):
-    path, _ = regenerated
-    out = tmp_path / "regenerated"
+def assert_an_interrupted_build_resumes(target, out, expected, stop_after_tokens, **kwargs):
+    """build_hf_cache of `target` into `out`, killed (KeyboardInterrupt) once it has read
+    `stop_after_tokens`, leaves no cache but its finished shards in `out`.partial; built again, it
+    reuses them ("already written") and ends with the rows of the uninterrupted cache `expected`."""
     done = []
 
     def interrupt(tokens):                 # stops the build after its first shard, as a kill would
         done.append(tokens)
-        if sum(done) > 4 * LONG:
+        if sum(done) > stop_after_tokens:
             raise KeyboardInterrupt
 
-    kwargs = {**REGENERATED, "prompts": hf["prompts"]}
     with pytest.raises(KeyboardInterrupt):
-        build_hf_cache(hf["eager"], out, progress=interrupt, **kwargs)
-    assert not out.exists() and list((tmp_path / "regenerated.partial" / "dataset").glob("data-*.arrow"))
+        build_hf_cache(target, out, progress=interrupt, **kwargs)
+    assert not out.exists() and list((out.parent / f"{out.name}.partial" / "dataset").glob("data-*.arrow"))
     lines = []
-    build_hf_cache(hf["eager"], out, report=lines.append, **kwargs)
+    build_hf_cache(target, out, report=lines.append, **kwargs)
     assert any("already written" in line for line in lines)
-    assert open_cache(out)[:].equals(open_cache(path)[:])
+    assert open_cache(out)[:].equals(open_cache(expected)[:])
+
+
+def test_an_interrupted_several_layer_cache_resumes_to_the_uninterrupted_rows(hf, regenerated, tmp_path):
+    path, _ = regenerated
+    assert_an_interrupted_build_resumes(hf["eager"], tmp_path / "regenerated", path, 4 * LONG,
+                                        **{**REGENERATED, "prompts": hf["prompts"]})
 
 
 def test_the_stop_token_is_the_chat_templates_end_of_turn(tmp_path):

@@ -46,6 +46,19 @@ def write_corpus(path, docs=60, seed=0):
     return lines
 
 
+def text_setup(d, docs, prompt_docs) -> dict:
+    """In folder `d`: the tokenizer (tok/), a corpus of `docs` documents and a chat prompts file of
+    `prompt_docs` user messages (another seed): {"tok", "corpus", "prompts", "root"}, what the tests
+    of Hugging Face caches and heads start from."""
+    tok = build_tokenizer(d / "tok")
+    corpus = d / "corpus.txt"
+    write_corpus(corpus, docs=docs)
+    prompts = d / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": line}]})
+                                 for line in write_corpus(d / "p.txt", docs=prompt_docs, seed=1)) + "\n")
+    return {"tok": tok, "corpus": corpus, "prompts": prompts, "root": d}
+
+
 @pytest.fixture
 def setup(tmp_path):
     tok_dir = tmp_path / "tok"

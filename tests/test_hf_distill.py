@@ -62,10 +62,10 @@ def pair(tmp_path_factory):
 
 @pytest.fixture
 def hf_cfg(pair, tmp_path):
-    from conftest import _compose
+    from train.run import compose
 
     def make(*extra, student="student", teacher="teacher"):
-        return _compose([
+        return compose([
             f"experiment={TASK}", f"teacher.path={pair[teacher]}", f"student.path={pair[student]}",
             f"data.files=[{pair['corpus']}]", f"data.windows_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}",
             "trainer=cpu", "teacher.dtype=float32", "data.seq_len=32", "data.batch_size=4", "data.val_windows=4",

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from test_hf_decode import V, build, ragged_prompts
 
-import specdec_models.export as export_mod
+import specdec_models.export.specdec as export_mod
 from specdec_models import Decoder, SpecdecError, export_hash, load_export, save_export
 from specdec_models.decode import generate
 from specdec_models.export import read_export_config

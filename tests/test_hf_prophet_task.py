@@ -18,9 +18,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import StopAt, _compose
+from conftest import StopAt
 from test_decode_cli import assert_usage_error, cli
-from test_hf_data import build_tokenizer, write_corpus
+from test_hf_cache import assert_an_interrupted_build_resumes
+from test_hf_data import build_tokenizer, text_setup
 from test_hf_distill import save_model
 
 import train.run as train_run
@@ -31,7 +32,7 @@ from specdec_models.export import read_export_config
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.regenerate import build_hf_cache, prompts_from_text
-from train.run import run
+from train.run import compose, run
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -40,14 +41,9 @@ SEQ = 32
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hf_prophet")
-    tok = build_tokenizer(d / "tok")
-    corpus = d / "corpus.txt"
-    write_corpus(corpus, docs=300)
-    prompts = d / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": line}]})
-                                 for line in write_corpus(d / "p.txt", docs=12, seed=1)) + "\n")
-    return {"tok": tok, "corpus": corpus, "prompts": prompts, "root": d,
+    setup = text_setup(tmp_path_factory.mktemp("hf_prophet"), docs=300, prompt_docs=12)
+    d, tok = setup["root"], setup["tok"]
+    return {**setup,
             "llama": save_model(d / "llama", tok, "llama", 1),
             "neox": save_model(d / "neox", tok, "neox", 2, hidden=64),
             "other": save_model(d / "other", tok, "llama", 3),                       # same sizes, other weights
@@ -59,7 +55,7 @@ def cfg(hf, out, *extra, target="llama", experiment="hf_prophet", head=("head.di
     (data=hf_text) unless `extra` picks data=hf_embeddings. test_hf_eagle3_task uses it too."""
     text = [] if "data=hf_embeddings" in extra else [f"data.files=[{hf['corpus']}]",
                                                       f"data.windows_dir={hf['root'] / 'windows'}"]
-    return _compose([
+    return compose([
         f"experiment={experiment}", f"target.path={hf[target]}", *text, f"output_dir={out}", "trainer=cpu",
         f"data.seq_len={SEQ}", "data.batch_size=4", "data.val_windows=4", "data.val_batch_size=4",
         "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.num_sanity_val_steps=0",
@@ -278,23 +274,10 @@ def test_the_cache_builder_refuses_bad_input_in_one_line_before_any_work(hf, tmp
 
 
 def test_an_interrupted_regenerated_cache_resumes_to_the_uninterrupted_rows(hf, caches, tmp_path):
-    out = tmp_path / "regenerated"
     common = dict(seq_len=SEQ, windows=24, shard_size="16KB", batch_size=4, seed=2, prompts=hf["prompts"], chat=True,
                   temperatures=[0.0, 1.0])
-    done = []
-
-    def interrupt(tokens):                 # stops the build after its first shard, as a kill would
-        done.append(tokens)
-        if sum(done) > 8 * SEQ:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        build_hf_cache(hf["neox"], out, progress=interrupt, **common)
-    assert not out.exists() and list((tmp_path / "regenerated.partial" / "dataset").glob("data-*.arrow"))
-    lines = []
-    build_hf_cache(hf["neox"], out, report=lines.append, **common)
-    assert any("already written" in line for line in lines)
-    assert open_cache(out)[:].equals(open_cache(caches["dir"] / "regenerated")[:])
+    assert_an_interrupted_build_resumes(hf["neox"], tmp_path / "regenerated", caches["dir"] / "regenerated", 8 * SEQ,
+                                        **common)
 
 
 # ---------------------------------------------------------------- the SmolLM2 pipeline's scripts, on tiny targets

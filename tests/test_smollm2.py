@@ -15,20 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 import specdec_models.hf.weights as loading
 from specdec_models import SpecdecError, load_export, save_export
-from specdec_models.bench.hf import chat_prompts, compare_with_hf_generate
 from specdec_models.hf.prophet import HFProphet, HFProphetConfig
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    try:
-        path = loading.check_source(loading.smollm2_gguf(), "SmolLM2")
-    except SpecdecError as error:
-        pytest.skip(f"the real extra is not installed: {error}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)              # two threads on two shared cores stall each other
-    yield loading.load_model(path)
-    torch.set_num_threads(threads)
+from train.bench.hf import chat_prompts, compare_with_hf_generate
 
 
 @pytest.mark.real

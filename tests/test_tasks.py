@@ -40,13 +40,14 @@ def test_an_unknown_task_is_a_one_line_error_listing_the_known_ones():
     assert "\n" not in str(error.value) and "prophet_frozen" in str(error.value)
 
 
-def test_no_module_of_train_imports_run_and_none_probes_tasks():
+def test_no_module_of_train_but_the_benchmarks_imports_run_and_none_probes_tasks():
     for path in TRAIN.rglob("*.py"):
         if path.name == "__main__.py":              # the Hydra shell: it exists to call run(cfg)
             continue
+        above_run = path.parent == TRAIN / "bench"  # the benchmarks stand above run(cfg) and train through it
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
+            if isinstance(node, ast.ImportFrom) and not above_run:
                 assert not (node.module or "").endswith("run") and node.module != "train.run", path
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr":
                 raise AssertionError(f"{path}:{node.lineno} probes an object with hasattr")
@@ -65,3 +66,15 @@ def test_the_data_package_imports_nothing_else_of_train():
                 module = node.module or ""
                 assert node.level <= 1 and not (module.startswith("train.") and not module.startswith("train.data")), \
                     f"{path}:{node.lineno} imports {'.' * node.level}{module}"
+
+
+def test_the_library_imports_no_training_side():
+    """specdec_models is pure PyTorch: no module of it imports train (benchmarks included: they
+    live in train/bench/), lightning, hydra or wandb."""
+    for path in (REPO / "specdec_models").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                assert name.split(".")[0] not in ("train", "lightning", "hydra", "omegaconf", "wandb"), \
+                    f"{path}:{node.lineno} imports {name}"

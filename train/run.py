@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,18 @@ def metadata_of(cfg: DictConfig) -> dict[str, Any]:
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GLOBAL_PACKAGE = "# @package _global_"
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """conf/train.yaml with `overrides` (Hydra's override syntax), composed as `python -m train`
+    composes it (struct mode: an unknown key is an error): the config `run` takes, for tests,
+    benchmarks (`train.bench`) and anything else that starts runs in-process. The one place
+    that composes conf/ outside the `@hydra.main` shell."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=list(overrides))
 
 
 @functools.cache
@@ -252,9 +265,10 @@ def build_callbacks(cfg: DictConfig) -> list:
     return callbacks + [LoggerState()]
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any]:
     """Train, checkpoint and export. Returns output_dir, export_dir, last_ckpt, best_ckpt,
-    global_step and metrics (the final logged values).
+    global_step and metrics (the final logged values). `callbacks`: more callbacks, after the
+    config's (a benchmark's probe into the fit, `train.bench.pipeline`).
 
     Everything that can be checked is checked before anything is created (one-line
     `SpecdecError`s): the config, the output folder, the checkpoint to resume from (readable, of
@@ -285,7 +299,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         resume = ckpt.get(STATE_KEY, {})
         del ckpt                                    # Lightning reads it again in fit
     module.check_export_dir(out / "export", force=cfg.overwrite)
-    callbacks = build_callbacks(cfg)
+    callbacks = build_callbacks(cfg) + list(callbacks)
     for callback in callbacks:
         if isinstance(callback, SpecdecCallback):   # each checks the module now, before anything is created
             callback.check_module(module)

@@ -13,7 +13,7 @@ turn of its chat template), rows stopping at its EOS token unless `--ignore-eos`
 then a Hugging Face draft (a directory or a GGUF file, sharing the tokenizer) and `--prophet DIR`
 an `hf_prophet` export trained for this target (alone, it names its target by the path it records),
 and `--eagle3 DIR` an EAGLE-3 head for this target in any layout: specdec's hf_eagle3 export, vLLM's
-speculators format or SGLang's (`specdec_models.hf.eagle3_export`), e.g. one trained by another tool.
+speculators format or SGLang's (`specdec_models.export.eagle3`), e.g. one trained by another tool.
 
     python -m specdec_models.decode --export outputs/run/export --prompt "The quick brown fox" \
         --gamma 5 --temperature 0.8 --top-p 0.95 --max-new-tokens 200 --batch 4 --json

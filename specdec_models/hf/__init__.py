@@ -1,6 +1,6 @@
 """Everything about Hugging Face models, in one package: the adapter that lets `generate` decode
-with a transformers causal LM, loading and identifying real weights, the draft heads trained for a
-frozen Hugging Face target, and their exports.
+with a transformers causal LM, loading and identifying real weights, and the draft heads trained for
+a frozen Hugging Face target. Their export formats live in `specdec_models.export`.
 
 - `adapter`: `HFDecoder` (a causal LM seen through the `Decoder` protocol) with its per-row
   `HFKVCache`, `HFOutput`, `HFSizes`, `as_decoders`, `is_hf_model`; `text_config(config)` and
@@ -12,13 +12,11 @@ frozen Hugging Face target, and their exports.
   tokenizer checks (`special_tokens`, `check_same_tokenizer`).
 - `prophet`: `HFProphet`, a prophet head on the target's last-layer hidden states.
 - `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of the target's layers, and its draft vocabulary.
-- `eagle3_export`: an eagle3 head in specdec's, vLLM's (speculators) and SGLang's layouts.
 - `run`: the decoding CLI's loading of a target with a draft or a head (`load_hf_run`).
 
 transformers is imported lazily: `specdec_models` and this package import without it. The adapter
-imports no head; the heads import the adapter. `eagle3_export` and `run` read and write exports
-(`specdec_models.export`, which itself imports the heads from here), so their names load on
-first use.
+imports no head; the heads import the adapter. `run` reads exports (`specdec_models.export`,
+which itself imports the heads from here), so its names load on first use.
 """
 
 from .adapter import HFDecoder, HFKVCache, HFOutput, HFSizes, as_decoders, is_hf_model, logits_width, text_config
@@ -45,8 +43,7 @@ from .weights import (
     weights_sha256,
 )
 
-_LAZY = {"detect_layout": "eagle3_export", "load_eagle3": "eagle3_export", "save_eagle3": "eagle3_export",
-         "HFRun": "run", "encode_prompt": "run", "load_hf_run": "run"}
+_LAZY = {"HFRun": "run", "encode_prompt": "run", "load_hf_run": "run"}
 
 
 def __getattr__(name: str):
@@ -57,11 +54,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [  # HFRun, detect_layout, encode_prompt, load_eagle3, load_hf_run, save_eagle3: loaded on first use
+__all__ = [  # HFRun, encode_prompt, load_hf_run: loaded on first use
     "Eagle3Config", "Eagle3Head", "HFDecoder", "HFKVCache", "HFOutput", "HFProphet", "HFProphetConfig", "HFRun",
     "HFSizes", "LoadedModel", "as_decoders", "check_same_tokenizer", "check_source", "choose_draft_vocab",
-    "detect_layout", "encode_prompt", "head_rows", "is_hf_model", "load_causal_lm", "load_config", "load_eagle3",
+    "encode_prompt", "head_rows", "is_hf_model", "load_causal_lm", "load_config",
     "load_hf_run", "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
-    "model_dir_fingerprint", "parameter_count", "save_eagle3", "smollm2_gguf", "special_tokens", "target_identity",
+    "model_dir_fingerprint", "parameter_count", "smollm2_gguf", "special_tokens", "target_identity",
     "text_config", "tokenizer_fingerprint", "weights_sha256",
 ]

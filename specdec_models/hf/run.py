@@ -4,7 +4,7 @@ head, loaded and checked, with every bad input reported in one line before decod
 `load_hf_run(target, draft=None, prophet=None, eagle3=None)` takes a target source (a local
 `save_pretrained` directory or a GGUF file), an optional draft source (the same kinds), an optional
 `hf_prophet` export directory or an optional eagle3 head directory in any of the layouts of
-`eagle3_export` (specdec's hf_eagle3 export, vLLM's speculators format, SGLang's). Cheap checks
+`specdec_models.export.eagle3` (specdec's hf_eagle3 export, vLLM's speculators format, SGLang's). Cheap checks
 come first (paths exist, the head's config is readable), then the tokenizers (target and draft must
 share one), then the models (the head must have been made for this target: `load_export` compares
 the hash of its weights, `load_eagle3` a foreign layout's shapes). Without a target source, the
@@ -22,9 +22,9 @@ from torch import Tensor
 
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config, read_json_object
+from ..export.eagle3 import detect_layout, load_eagle3
 from .adapter import logits_width
 from .eagle3 import Eagle3Head
-from .eagle3_export import detect_layout, load_eagle3
 from .prophet import HFProphet
 from .weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer
 

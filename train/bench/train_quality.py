@@ -1,7 +1,7 @@
 """Training time-to-quality: wall time of each contender's own train steps until its prophet
 reaches a fixed acceptance at temperature 0 on validation text.
 
-The contenders (`bench.train_step`: ours, ours with `windows_per_seq`, the peer as published
+The contenders (`train.bench.train_step`: ours, ours with `windows_per_seq`, the peer as published
 and with its feed-forward applied) start from the same weights and train interleaved in one
 process, one optimizer step each per batch on the same batches (who goes first rotates, as in
 `train_step.interleave`), so load from other processes hits them alike; each accumulates its
@@ -31,9 +31,10 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..decode import generate
-from ..errors import check
-from ..prophet import ModelWithProphet, drafted_hits, simulated_tokens_per_call
+from specdec_models.decode import generate
+from specdec_models.errors import check
+from specdec_models.prophet import ModelWithProphet, drafted_hits, simulated_tokens_per_call
+
 from .peer import copy_weights_to_ours
 from .train_step import PEER_VARIANTS, TrainStep, contenders, round_order, size_configs
 

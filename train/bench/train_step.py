@@ -2,7 +2,7 @@
 
 Each contender is one `TrainStep` (a model, its optimizer, and a loss function of a batch): ours
 (`ModelWithProphet`, every prophet window or `windows_per_seq` random ones) and the peer's
-`ModelWithProphetWrapper` (`bench.peer`), as published and with its feed-forward blocks applied.
+`ModelWithProphetWrapper` (`train.bench.peer`), as published and with its feed-forward blocks applied.
 All start from the same weights (ours, copied into the peer) and train on the same batches. A
 step is forward + backward (+ gradient clipping when asked) + optimizer step, fp32.
 
@@ -30,9 +30,10 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig, ProphetConfig
-from ..errors import check
-from ..prophet import ModelWithProphet
+from specdec_models.config import ModelConfig, ProphetConfig
+from specdec_models.errors import check
+from specdec_models.prophet import ModelWithProphet
+
 from .peer import build_peer, copy_weights
 
 # the benchmarked sizes, "main dim x depth + prophet dim x depth" (the seed's is the second)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..files import write_file
+from specdec_models.files import write_file
 
 
 def machine(load_before: float | None = None) -> dict[str, Any]:

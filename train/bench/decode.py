@@ -13,7 +13,7 @@ acceptance and cache bookkeeping (their share of the wall time is reported too).
 With random weights (the default: the seed's sizes, target 512 x 10, prophet 512 x 2, draft
 256 x 2) every distribution is nearly uniform, so acceptance is high and means nothing about
 trained models: the speed-ups show what the machinery costs and gains at that acceptance.
-The peer (`bench.peer`) gets our prophet model's weights and the same temperature and top-k, so
+The peer (`train.bench.peer`) gets our prophet model's weights and the same temperature and top-k, so
 both sample from the same distributions.
 """
 
@@ -28,15 +28,17 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 
-from ..config import ModelConfig, ProphetConfig
-from ..errors import check
-from ..export import export_hash, load_export, read_export_config
-from ..model import Decoder
-from ..prophet import ModelWithProphet
-from ..decode import DecodeStats, generate
+from specdec_models.config import ModelConfig, ProphetConfig
+from specdec_models.decode import DecodeStats, generate
+from specdec_models.decode.cost import (DRAFT, TARGET, expected_tokens_from_acceptance, predicted_speedup,
+                                        stored_profile, verify_key)
+from specdec_models.errors import check
+from specdec_models.export import export_hash, load_export, read_export_config
+from specdec_models.model import Decoder
+from specdec_models.prophet import ModelWithProphet
+
 from .report import pyplot
 from .report import write_report as report_files
-from ..decode.cost import DRAFT, TARGET, stored_profile, expected_tokens_from_acceptance, predicted_speedup, verify_key
 
 SEED_TARGET = ModelConfig(vocab_size=256, dim=512, depth=10, heads=8, dim_head=64)
 SEED_PROPHET = ProphetConfig(model=ModelConfig(vocab_size=256, dim=512, depth=2, heads=8, dim_head=64))

@@ -1,38 +1,39 @@
 """Training-pipeline overhead: the Lightning pipeline against a plain PyTorch loop, interleaved.
 
-`bench_pipeline` drives `ProphetModule` (task=prophet) with a Lightning Trainer built from the
-run's config (composed from conf/ as `python -m train` does) against `PlainLoop`, a plain loop
-over a copy of the same `ModelWithProphet` (same initial weights, optimizer, schedule, gradient
-clipping, precision via `torch.autocast("cpu", torch.bfloat16)` for bf16-mixed) on the very batches
-the pipeline drew. Both run in one process, interleaved: a callback inside the pipeline's fit runs
-the plain loop on the last N batches after every N pipeline steps (warm-up first), so load on the
-machine hits both alike. Ratio = pipeline tokens/s / plain tokens/s. The speculative-decoding
-evaluation callback is off for the ratio; one evaluation (its config from conf/callbacks) is timed
-separately (`time_eval`). The peer comparison and time-to-quality live in
-`specdec_models.bench.train_step` and `specdec_models.bench.train_quality` (no Lightning there).
+`bench_pipeline` runs `python -m train`'s own `train.run.run` (task=prophet, its config composed
+by `train.run.compose`) with one more callback, `Interleave`, against `PlainLoop`, a plain loop
+over a copy of the same `ModelWithProphet` (copied when the fit starts: same initial weights;
+same optimizer, schedule, gradient clipping, precision via `torch.autocast("cpu", torch.bfloat16)`
+for bf16-mixed) on the very batches the pipeline drew. Both run in one process, interleaved:
+`Interleave` runs the plain loop on the last N batches after every N pipeline steps (warm-up
+first), so load on the machine hits both alike. Ratio = pipeline tokens/s / plain tokens/s. The
+speculative-decoding evaluation callback is off for the ratio; one evaluation (its config from
+conf/callbacks) is timed separately (`time_eval`). The peer comparison and time-to-quality live
+in `train.bench.train_step` and `train.bench.train_quality` (no Lightning there).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 
-from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
+from specdec_models import ModelWithProphet
 from specdec_models.errors import check
 
-from .optim import OptimConfig
+from ..optim import OptimConfig
+from ..run import compose, run
 
-REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
@@ -66,29 +67,24 @@ class PlainLoop:
         return float(loss.detach())
 
 
-def data_file(path: str | None, default: Path, workdir: Path) -> tuple[Path, str]:
-    """The byte file to train on: `path`, else `default` if present, else synthetic bytes in workdir."""
-    if path:
-        check(Path(path).is_file(), f"--data {path} is not a file")
-        return Path(path), str(path)
-    if default.is_file():
-        return default, str(default)
-    synthetic = workdir / "synthetic.bin"
-    synthetic.write_bytes(np.random.default_rng(0).integers(32, 127, 4_000_000, dtype=np.uint8).tobytes())
-    return synthetic, "synthetic bytes (4 MB)"
-
-
 class Interleave(L.Callback):
     """After the pipeline's warm-up and after each round of `steps` pipeline batches, run the plain
-    loop on the same batches; time both, round by round and step by step."""
+    loop on the same batches; time both, round by round and step by step. The plain loop is built
+    when the fit starts, by `make_plain(net)` on a copy of the module's network (same weights)."""
 
-    def __init__(self, plain: PlainLoop, warmup: int, steps: int) -> None:
-        self.plain, self.warmup, self.steps = plain, warmup, steps
+    def __init__(self, make_plain: Callable[[ModelWithProphet], PlainLoop], warmup: int, steps: int) -> None:
+        self.make_plain, self.warmup, self.steps = make_plain, warmup, steps
+        self.plain: PlainLoop | None = None
+        self.module, self.datamodule = None, None       # the fitted ones, for `time_eval`
         self.done, self.batches, self.start, self.last = 0, [], None, None
         self.pipeline_s: list[float] = []
         self.plain_s: list[float] = []
         self.pipeline_steps: list[float] = []
         self.plain_steps: list[float] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.module, self.datamodule = pl_module, trainer.datamodule
+        self.plain = self.make_plain(copy.deepcopy(pl_module.net))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
@@ -129,22 +125,11 @@ class PipelineBench:
             check(p in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {p!r}")
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=overrides)
-
-
-def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Path, run: ModuleType
-                   ) -> dict[str, Any]:
-    """Pipeline vs plain loop per precision on the byte file `path`; the report (a dict). `run` is
-    the `train.run` module, whose `validate`, `build_loggers` and `build_callbacks` wire the
-    pipeline as `python -m train` does (passed in: no module of train/ imports run.py)."""
-    from hydra.utils import instantiate
+def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Path) -> dict[str, Any]:
+    """Pipeline vs plain loop per precision on the byte file `path`; the report (a dict). The
+    pipeline is `run(cfg)` itself, wired as `python -m train` wires it, writing into
+    `workdir/<precision>`."""
     from omegaconf import OmegaConf
-
-    from .tasks.prophet import ProphetModule
 
     total = bench.warmup + bench.rounds * bench.steps
     rows, eval_result, cfg = [], None, None
@@ -153,36 +138,25 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
                      f"output_dir={workdir / precision}", f"trainer.max_steps={total}", f"trainer.precision={precision}",
                      "trainer.num_sanity_val_steps=0", *bench.overrides]
         cfg = compose(overrides)
+        check(cfg.task.name == "prophet", f"the plain loop trains a prophet and its main model: keep task=prophet, "
+                                          f"got task={cfg.task.name}")
         check(int(cfg.trainer.accumulate_grad_batches) == 1,
               "the benchmark counts one batch per optimizer step: keep trainer.accumulate_grad_batches=1")
+        check(cfg.model.prophet.get("windows_per_seq") is None,
+              "the plain loop draws no window subsets: benchmark windows_per_seq with --peer")
         val_interval = int(cfg.trainer.val_check_interval)
         cfg.trainer.val_check_interval = 10 ** 6           # no validation inside the timed fit
         eval_node = cfg.callbacks.get("speculative_eval")
         cfg.callbacks.speculative_eval = None              # off for the ratio; timed alone below
-        kwargs = run.validate(cfg)
-        main, prophet = ModelConfig.from_dict(kwargs["main"]), ProphetConfig.from_dict(kwargs["prophet"])
-        check(prophet.windows_per_seq is None,
-              "the plain loop draws no window subsets: benchmark windows_per_seq with --peer")
-        out = Path(cfg.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        L.seed_everything(cfg.seed, verbose=False)
-        datamodule = instantiate(cfg.data)
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        module = ProphetModule(**kwargs)
-        twin = ModelWithProphet(main, prophet)
-        twin.load_state_dict(module.net.state_dict())
-        plain = PlainLoop(twin, OmegaConf.to_container(cfg.optim, resolve=True), total,
-                          cfg.trainer.get("gradient_clip_val"), precision)
-        interleave = Interleave(plain, bench.warmup, bench.steps)
-        trainer = instantiate(cfg.trainer, logger=run.build_loggers(cfg, out) or False,
-                              callbacks=run.build_callbacks(cfg) + [interleave])
+        optim, clip = OmegaConf.to_container(cfg.optim, resolve=True), cfg.trainer.get("gradient_clip_val")
+        interleave = Interleave(functools.partial(PlainLoop, optim=optim, total_steps=total, clip=clip,
+                                                  precision=precision), bench.warmup, bench.steps)
         print(f"[{precision}] {bench.warmup} warm-up steps, then {bench.rounds} rounds of {bench.steps} steps "
               "each side", file=sys.stderr)
-        trainer.fit(module, datamodule=datamodule)
+        run(cfg, callbacks=[interleave])
         rows.append(_pipeline_row(precision, interleave, bench.steps * cfg.data.batch_size * cfg.data.seq_len))
         if eval_node is not None and eval_result is None:
-            eval_result = time_eval(eval_node, module, datamodule, val_interval,
+            eval_result = time_eval(eval_node, interleave.module, interleave.datamodule, val_interval,
                                     rows[-1]["seconds_per_step_pipeline"])
     assert cfg is not None
     return {
@@ -195,7 +169,11 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
 
 
 def _pipeline_row(precision: str, run: Interleave, tokens_per_round: int) -> dict[str, Any]:
+    """One precision's figures; `weights_max_abs_diff`: how far the two sides' weights ended apart
+    (both trained the same steps on the same batches: ~0 in fp32, rounding in bf16-mixed)."""
     per_round = [p / q for p, q in zip(run.plain_s, run.pipeline_s)]
+    pipeline_weights, plain_weights = run.module.net.state_dict(), run.plain.net.state_dict()
+    diff = max(float((pipeline_weights[k].float() - v.float()).abs().max()) for k, v in plain_weights.items())
     pipe = tokens_per_round * len(run.pipeline_s) / sum(run.pipeline_s)
     base = tokens_per_round * len(run.plain_s) / sum(run.plain_s)
     return {
@@ -207,6 +185,7 @@ def _pipeline_row(precision: str, run: Interleave, tokens_per_round: int) -> dic
         "plain_step_seconds": run.plain_steps, "pipeline_seconds_per_round": run.pipeline_s,
         "plain_seconds_per_round": run.plain_s,
         "seconds_per_step_pipeline": sum(run.pipeline_s) / (run.steps * len(run.pipeline_s)),
+        "weights_max_abs_diff": diff,
     }
 
 

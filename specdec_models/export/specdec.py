@@ -1,4 +1,4 @@
-"""The export format: what decoding loads, written atomically and read without pickle.
+"""specdec's own export format: what decoding loads, written atomically and read without pickle.
 
 An export is a directory holding
 
@@ -35,7 +35,7 @@ and load as before.)
 An `hf_eagle3` export holds an EAGLE-3 head (`hf.Eagle3Head`) the same way: "prophet" is its
 Eagle3Config dict, the weights its state_dict in the speculators names (`fc`, `layers.0.*`, `norm`,
 `lm_head`, `d2t`, `t2d`; the target's embedding is not saved), "target" its target's identity. The
-layouts vLLM (speculators) and SGLang load are written and read by `specdec_models.hf.eagle3_export`.
+layouts vLLM (speculators) and SGLang load are written and read by `specdec_models.export.eagle3`.
 
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
 (written in a temp directory of ours, fsync, rename), then config.json is replaced in one
@@ -59,9 +59,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig, ProphetConfig
-from .errors import SpecdecError, check
-from .files import (
+from ..config import ModelConfig, ProphetConfig
+from ..errors import SpecdecError, check
+from ..files import (
     TMP_PREFIX,
     check_writable_dir,
     file_mode,
@@ -71,10 +71,10 @@ from .files import (
     temp_path,
     write_file,
 )
-from .files import one_line as _one_line
-from .hf import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, is_hf_model, target_identity, weights_sha256
-from .model import Decoder
-from .prophet import ModelWithProphet
+from ..files import one_line as _one_line
+from ..hf import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, is_hf_model, target_identity, weights_sha256
+from ..model import Decoder
+from ..prophet import ModelWithProphet
 
 FORMAT = "specdec-export"
 FORMAT_VERSION = 1

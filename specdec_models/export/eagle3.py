@@ -1,9 +1,9 @@
 """EAGLE-3 heads in the three layouts that serve them: specdec's own, vLLM's (speculators) and SGLang's.
 
-An `eagle3.Eagle3Head` is written by `save_eagle3(DIR, head, layout)` and read back for a given
+An `hf.eagle3.Eagle3Head` is written by `save_eagle3(DIR, head, layout)` and read back for a given
 target by `load_eagle3(DIR, target)`, whatever the layout (`detect_layout` tells them apart):
 
-- "specdec": an export of kind `hf_eagle3` (`export.save_export`: config.json with the head's
+- "specdec": an export of kind `hf_eagle3` (`export.specdec.save_export`: config.json with the head's
   Eagle3Config and its target's identity, weights named after their hash). Loading checks the
   target by the hash of its weights.
 - "speculators", what vLLM loads (Li et al. 2025's head as vLLM's `speculators` 0.9.0 writes it):
@@ -52,10 +52,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..errors import SpecdecError, check
-from ..export import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
 from ..files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
-from .adapter import is_hf_model, logits_width, text_config
-from .eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from ..hf.adapter import is_hf_model, logits_width, text_config
+from ..hf.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from .specdec import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
 
 LAYOUTS = ("specdec", "speculators", "sglang")
 SPECULATORS_VERSION = "0.9.0"       # the speculators release whose format is written (tests/test_eagle3_interop.py)

@@ -1,4 +1,4 @@
-"""Which draft should a trained target use? The library behind `scripts/compare_drafts.py`.
+"""Which draft should a trained target use? The benchmark behind `scripts/compare_drafts.py`.
 
 The target is a `model_with_prophet` export of `python -m train` (its main model is the target;
 its jointly trained prophet is one candidate). The trained candidates (`candidates`):
@@ -9,26 +9,29 @@ its jointly trained prophet is one candidate). The trained candidates (`candidat
 and `prophet/joint`, the target's own prophet. Every trained candidate sees the same number of
 training tokens, so the student's own compute is equal; `flops` adds what distillation pays on
 top (the teacher's forward passes, on-policy sampling). Each is trained in-process through
-`train.run.run` (passed in) and reused from its folder by a later call. Decoding goes through
-`specdec_models.bench.drafts.compare_drafters` (plain decoding and every candidate interleaved,
-speed-up = median of plain / speculative wall time per round).
+`train.run.run` (the config composed by `train.run.compose`) and reused from its folder by a
+later call. Decoding goes through `train.bench.drafts.compare_drafters` (plain decoding and every
+candidate interleaved, speed-up = median of plain / speculative wall time per round).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from specdec_models.bench.report import pyplot
+from specdec_models.errors import check
 from specdec_models.files import write_file
 
-REPO = Path(__file__).resolve().parents[1]
+from ..run import compose, run
+from .report import pyplot
+
 DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 
 
@@ -72,20 +75,15 @@ def candidates(target_export: str, budget: Budget, divergences: list[str], data_
     return out
 
 
-def train_candidate(name: str, overrides: list[str], run_dir: Path, run: Callable[[Any], dict],
-                    retrain: bool = False) -> tuple[Path, dict]:
-    """Train one candidate with `run` (`train.run.run`, passed in by the caller: no module of
-    train/ imports run.py) unless its export and summary exist; return (export dir,
-    {"train_seconds", "global_step", "val": final validation metrics})."""
+def train_candidate(name: str, overrides: list[str], run_dir: Path, retrain: bool = False) -> tuple[Path, dict]:
+    """Train one candidate with `train.run.run` unless its export and summary exist; return
+    (export dir, {"train_seconds", "global_step", "val": final validation metrics})."""
     export, summary = run_dir / "export", run_dir / "summary.json"
     if export.is_dir() and summary.is_file() and not retrain:
         print(f"[{name}] reusing {export}", file=sys.stderr)
         return export, json.loads(summary.read_text())
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        # the folder is this comparison's own: a run cut short there (no summary) or retrain=True is replaced
-        cfg = compose(config_name="train", overrides=[*overrides, f"output_dir={run_dir}", "overwrite=true"])
+    # the folder is this comparison's own: a run cut short there (no summary) or retrain=True is replaced
+    cfg = compose([*overrides, f"output_dir={run_dir}", "overwrite=true"])
     print(f"[{name}] training {cfg.trainer.max_steps} steps into {run_dir}", file=sys.stderr)
     started = time.perf_counter()
     result = run(cfg)
@@ -93,6 +91,66 @@ def train_candidate(name: str, overrides: list[str], run_dir: Path, run: Callabl
             "val": {k: v for k, v in result["metrics"].items() if k.startswith("val/")}}
     write_file(summary, lambda f: f.write(json.dumps(info, indent=2).encode()))
     return Path(result["export_dir"]), info
+
+
+def compare(args: Any) -> dict[str, Any]:
+    """The whole comparison: train (or reuse) every candidate under `args.out`/runs, decode the
+    validation prompts with each, interleaved with plain decoding; the result (`markdown`, `plot`,
+    `write_result`). `args`: scripts/compare_drafts.py's arguments (target_export, data, student,
+    steps, seq_len, batch_size, prompt_len, lr, gamma, divergences, data_sources, no_frozen_prophet,
+    prompts, prompt_bytes, max_new_tokens, repeats, threads, retrain, out)."""
+    from specdec_models import ModelWithProphet, load_export
+
+    from ..data.enwik8 import validation_prompts
+    from .drafts import compare_drafters
+
+    budget = Budget(args.data, args.student, args.steps, args.seq_len, args.batch_size, args.prompt_len, args.lr,
+                    args.gamma)
+    pair = load_export(args.target_export)
+    check(isinstance(pair, ModelWithProphet), f"{args.target_export} is a decoder export: the comparison needs "
+                                              "a model_with_prophet export (its prophet is a candidate)")
+    prompts = list(validation_prompts(args.data, args.prompts, args.prompt_bytes))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    entries, n_target, draft_weights = [], weights(pair.model), 0
+    for name, kind, overrides in candidates(args.target_export, budget, args.divergences, args.data_sources,
+                                            not args.no_frozen_prophet):
+        export, info = train_candidate(name, overrides, Path(args.out) / "runs" / name.replace("/", "_"), args.retrain)
+        model = load_export(export).eval()
+        if kind == "draft":
+            draft_weights = n = weights(model)
+        else:
+            check(torch.equal(model.model.to_logits.weight, pair.model.to_logits.weight),
+                  f"{export}: the frozen prophet's main model is not the target")
+            model.model = pair.model                      # decode with the very same target object
+            n = weights(model.prophet) + weights(model.to_prophet_start)
+        entries.append({"name": name, "kind": kind, "model": model, "export": str(export), **info,
+                        **flops(kind, name, budget, n, n_target)})
+    entries.append({"name": "prophet/joint", "kind": "prophet", "model": pair, "export": args.target_export})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or threads)
+    try:
+        drafters = {e["name"]: {"draft" if e["kind"] == "draft" else "prophet": e["model"]} for e in entries}
+        rows = compare_drafters(pair.model, prompts, drafters, gamma=args.gamma, batches={1: len(prompts)},
+                                max_new_tokens=args.max_new_tokens, rounds=args.repeats)
+    finally:
+        torch.set_num_threads(threads)
+    entries_from_rows(entries, rows)
+    return {"target": str(Path(args.target_export).resolve()), "target_weights": n_target,
+            "draft_weights": draft_weights, "args": {k: str(v) if isinstance(v, Path) else v
+                                                     for k, v in vars(args).items()},
+            "entries": [{k: v for k, v in e.items() if k != "model"} for e in entries],
+            "verdict": verdict(entries),
+            "machine": {"cpus": os.cpu_count(), "threads": args.threads or threads,
+                        "load_average_1m": os.getloadavg()[0]}}
+
+
+def write_result(result: dict[str, Any], out: Path) -> str:
+    """compare.json, compare.md and compare.png into `out`, each written atomically; the table."""
+    write_file(out / "compare.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
+    table = markdown(result)
+    write_file(out / "compare.md", lambda f: f.write((table + "\n").encode()))
+    plot(result, out / "compare.png")
+    return table
 
 
 def weights(model: torch.nn.Module) -> int:

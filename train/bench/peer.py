@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig, ProphetConfig
-from ..errors import SpecdecError
-from ..prophet import ModelWithProphet
+from specdec_models.config import ModelConfig, ProphetConfig
+from specdec_models.errors import SpecdecError
+from specdec_models.prophet import ModelWithProphet
 
 PEER_PACKAGE = "speculative-decoding==0.2.0"
 

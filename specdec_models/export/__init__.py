@@ -1,0 +1,38 @@
+"""Every export format, in one package: what training writes and decoding (or another server) loads.
+
+- `specdec`: specdec's own format (`save_export` / `load_export`: config.json with a format
+  version and safetensors weights named after their hash; kinds `decoder`, `model_with_prophet`,
+  and the heads `hf_prophet` and `hf_eagle3` for a Hugging Face target);
+- `eagle3`: an EAGLE-3 head in specdec's, vLLM's (speculators) and SGLang's layouts
+  (`save_eagle3` / `load_eagle3` / `detect_layout`);
+- `hf_draft`: a draft causal LM as a Hugging Face model directory for transformers' assisted
+  generation and vLLM (`save_hf_draft`, `check_hf_draft_dir`; task=hf_draft_distill's export).
+
+Every writer is atomic: a crash leaves the previous export readable (see each module).
+"""
+
+from .eagle3 import LAYOUTS, detect_layout, load_eagle3, save_eagle3
+from .hf_draft import HF_DRAFT_METADATA, assistant_generation_config, check_hf_draft_dir, save_hf_draft
+from .specdec import (
+    CONFIG_NAME,
+    FORMAT,
+    FORMAT_VERSION,
+    HEAD_KINDS,
+    KINDS,
+    check_export_target,
+    config_sha256,
+    describe_export,
+    export_hash,
+    load_export,
+    read_export_config,
+    read_json_object,
+    read_main_config,
+    save_export,
+)
+
+__all__ = [
+    "CONFIG_NAME", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HF_DRAFT_METADATA", "KINDS", "LAYOUTS",
+    "assistant_generation_config", "check_export_target", "check_hf_draft_dir", "config_sha256", "describe_export",
+    "detect_layout", "export_hash", "load_eagle3", "load_export", "read_export_config", "read_json_object",
+    "read_main_config", "save_eagle3", "save_export", "save_hf_draft",
+]

@@ -1,0 +1,20 @@
+"""Every benchmark of specdec, one package above `train.run` (it imports `run` and `compose`,
+`train.run`'s one composition of conf/); the scripts under scripts/ are its command lines.
+
+- `decode`: plain, draft and prophet decoding side by side, c and v measured inside the same
+  runs (scripts/bench_decode.py);
+- `pipeline`: the Lightning pipeline (`run` itself) against a plain PyTorch loop; `train_step`:
+  our train step against the peer's; `train_quality`: train time to a fixed prophet acceptance;
+  `data`: the bytes they read (scripts/bench_train.py);
+- `compare_drafts`: which draft a trained target should use, candidates trained through `run`
+  (scripts/compare_drafts.py);
+- `drafts`: drafters of one Hugging Face target side by side (scripts/compare_hf_drafts.py);
+  `hf`: specdec's `generate` against transformers' `generate()` and assisted generation
+  (scripts/bench_hf.py, scripts/compare_hf.py);
+- `peer`: lucidrains' speculative-decoding package at our sizes, for comparison;
+- `report`: atomic JSON / markdown / PNG reports.
+"""
+
+from ..run import compose, run
+
+__all__ = ["compose", "run"]
