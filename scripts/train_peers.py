@@ -132,7 +132,7 @@ def check_head(head: Path, model, tokenizer) -> dict:
     import torch
 
     from specdec_models.decode import generate
-    from specdec_models.hf.eagle3_export import detect_layout, load_eagle3
+    from specdec_models.export.eagle3 import detect_layout, load_eagle3
 
     loaded = load_eagle3(head, model)
     prompt = torch.tensor(tokenizer("The")["input_ids"] or [0])

@@ -21,7 +21,8 @@ from test_hf_prophet_task import cfg as prophet_cfg
 import train.run as train_run
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import load_causal_lm, load_tokenizer, tokenizer_fingerprint
-from train.tasks.hf_eagle3 import COUNTS_FORMAT, label_mask
+from train.data.hf_embeddings import label_mask
+from train.tasks.hf_eagle3 import COUNTS_FORMAT
 
 run = train_run.run
 

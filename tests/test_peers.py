@@ -157,7 +157,7 @@ def test_speculators_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tm
         import train_peers
     finally:
         sys.path.remove(str(REPO / "scripts"))
-    from specdec_models.hf.eagle3_export import load_eagle3
+    from specdec_models.export.eagle3 import load_eagle3
 
     counts = tmp_path / "counts.json"
     from specdec_models.hf.weights import load_tokenizer, tokenizer_fingerprint
@@ -212,7 +212,7 @@ def test_specforge_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tmp_
     own SGLang exporter, loads in specdec (SGLang layout, specdec's draft vocabulary and aux layers)
     and greedy decoding with it equals plain greedy (train_peers checks that)."""
     pytest.importorskip("specforge")
-    from specdec_models.hf.eagle3_export import load_eagle3
+    from specdec_models.export.eagle3 import load_eagle3
 
     out, meta = _train_peers(tiny, tmp_path, ["specforge"])
     report = json.loads((out / "peers.json").read_text())["peers"]["specforge"]

@@ -27,7 +27,8 @@ from specdec_models.files import write_file
 from specdec_models.hf import tokenizer_fingerprint
 
 from .data.embeddings_cache import cache_rows, check_cache, open_cache
-from .tasks.hf_eagle3 import COUNTS_FORMAT, label_mask
+from .data.hf_embeddings import label_mask
+from .tasks.hf_eagle3 import COUNTS_FORMAT
 
 
 @torch.no_grad()

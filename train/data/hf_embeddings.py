@@ -133,3 +133,18 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.tokenizer_path or self.cache_meta()["model"]["path"], "tokenizer")
         return self._tokenizer.decode(tokens.tolist())
+
+
+def label_mask(batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
+    """(b, n) whether the target's prediction at position j (of token j + 1) is trained on: token
+    j + 1 lies in the row's answer (at or past `prompt_len`, before `valid_len`); None: all."""
+    if "prompt_len" not in batch and "valid_len" not in batch:
+        return None
+    b = batch["tokens"].shape[0]
+    nxt = torch.arange(1, n + 1, device=batch["tokens"].device).expand(b, n)
+    mask = torch.ones(b, n, dtype=torch.bool, device=nxt.device)
+    if "prompt_len" in batch:
+        mask &= nxt >= batch["prompt_len"].to(nxt.device)[:, None]
+    if "valid_len" in batch:
+        mask &= nxt < batch["valid_len"].to(nxt.device)[:, None]
+    return mask

@@ -69,8 +69,8 @@ SPECFORGE_VOCAB = "vocab_mapping.pt"
 
 def answer_mask(n: int, prompt_len: int | None, valid_len: int | None) -> Tensor:
     """(n,) bool: whether the target's prediction at position j (of token j + 1) is trained on,
-    as specdec's eagle3 task decides (`train.tasks.hf_eagle3.label_mask`)."""
-    from train.tasks.hf_eagle3 import label_mask
+    as specdec's eagle3 task decides (`train.data.hf_embeddings.label_mask`)."""
+    from .hf_embeddings import label_mask
 
     batch: dict[str, Tensor] = {"tokens": torch.zeros(1, n + 1, dtype=torch.long)}
     if prompt_len is not None:

@@ -5,7 +5,7 @@ Each runner module (`run_speculators`, `run_specforge`) runs in the environment 
 It applies its peer's runtime patches (no file of the package is edited), trains from the data
 `train.data.peer_formats` wrote, stops cleanly at a wall-time budget or a step limit
 (`Budget`), keeps the saved head where specdec loads it
-(`specdec_models.hf.eagle3_export.load_eagle3`) and writes a JSON report with the trainer's
+(`specdec_models.export.eagle3.load_eagle3`) and writes a JSON report with the trainer's
 training throughput.
 """
 

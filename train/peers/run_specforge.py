@@ -33,7 +33,7 @@ The target folder SpecForge reads its embedding and LM head from (`TargetHead`, 
 naming each tensor of `model.safetensors`, `lm_head.weight` included (SmolLM2 ties it to the
 embedding; `scripts/train_peers.py` writes the tied tensor under both names). The final checkpoint
 is exported with SpecForge's own `export_to_sglang` to OUT/head, the SGLang layout
-(`LlamaForCausalLMEagle3`, `midlayer.*`) `specdec_models.hf.eagle3_export.load_eagle3` reads;
+(`LlamaForCausalLMEagle3`, `midlayer.*`) `specdec_models.export.eagle3.load_eagle3` reads;
 OUT/report.json holds the throughput.
 """
 
@@ -119,7 +119,7 @@ def target_dir(verifier: Path, out: Path) -> Path:
 def draft_config(verifier: Path, aux_layers: list[int], draft_vocab_size: int | None, out: Path) -> Path:
     """SpecForge's draft config: a one-layer Llama `LlamaForCausalLMEagle3` at the target's shapes,
     the draft vocabulary, the aux layers in SGLang's numbering (`hidden_states` index - 1)."""
-    from specdec_models.hf.eagle3_export import sglang_layer_ids
+    from specdec_models.export.eagle3 import sglang_layer_ids
 
     t = json.loads((verifier / "config.json").read_text())
     t = t.get("text_config", t)

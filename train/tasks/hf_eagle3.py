@@ -46,7 +46,7 @@ from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_voca
 from specdec_models.hf.weights import tokenizer_fingerprint
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
-from ..data.hf_embeddings import HFEmbeddingsDataModule
+from ..data.hf_embeddings import HFEmbeddingsDataModule, label_mask
 from ..data.hf_text import HFTextDataModule
 from .base import FrozenModel, Task, TaskModule, required, to_plain
 from .hf_prophet import HFTargetHead, check_head_kind, check_target
@@ -152,21 +152,6 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ the module
-
-def label_mask(batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
-    """(b, n) whether the target's prediction at position j (of token j + 1) is trained on: token
-    j + 1 lies in the row's answer (at or past `prompt_len`, before `valid_len`); None: all."""
-    if "prompt_len" not in batch and "valid_len" not in batch:
-        return None
-    b = batch["tokens"].shape[0]
-    nxt = torch.arange(1, n + 1, device=batch["tokens"].device).expand(b, n)
-    mask = torch.ones(b, n, dtype=torch.bool, device=nxt.device)
-    if "prompt_len" in batch:
-        mask &= nxt >= batch["prompt_len"].to(nxt.device)[:, None]
-    if "valid_len" in batch:
-        mask &= nxt < batch["valid_len"].to(nxt.device)[:, None]
-    return mask
-
 
 class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
