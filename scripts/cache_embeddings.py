@@ -13,7 +13,8 @@
 --layers (HF only) picks the `hidden_states` indices stored (i: the input of decoder layer i, 0 the
 embedding output, -1 or L the last layer after the final norm; default: the last only). Regenerated
 rows (--prompts) end at the target's end-of-turn token (the chat template's, else its EOS) and are
-padded after it; their valid_len column counts the real tokens.
+padded after it; their valid_len column counts the real tokens. Their hidden states are those the
+generating calls computed (no second pass over the rows; train/data/regenerate.py).
 
 It prints the size the cache will take before it starts. Shards are written one by one into
 CACHE_DIR.partial and the finished cache is renamed to CACHE_DIR; a killed build keeps its

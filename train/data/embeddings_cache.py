@@ -6,7 +6,8 @@ EAGLE-3-class head also reads a few earlier layers ("aux" layers). They can be c
 fly, or once, ahead of training, by `scripts/cache_embeddings.py`, which runs the model over N rows
 and stores, per row, the hidden states of `layers` (Hugging Face `hidden_states` indices, 0..depth:
 i is the input of decoder layer i, 0 the embedding output, depth the last layer after the final
-norm, the head's input; default [depth] only), all from one forward pass:
+norm, the head's input; default [depth] only), all from one forward pass (regenerated rows:
+from the passes that generated them, `RowSource`):
 
     tokens        seq_len + 1 token ids (uint8 for bytes, uint16 up to 65,536 tokens, else int32)
     embeds        (seq_len, len(layers), dim) hidden states of tokens[:seq_len], row-major,
@@ -195,7 +196,10 @@ class CacheModel:
 class RowSource:
     """The rows a cache holds: `rows(start, count)` -> (tokens (count, seq_len + 1) int64, extra
     columns {name: (count,) array} of the types in `columns`), a pure function of the source's
-    settings (`describe()`, plain JSON) and `start`, so a resumed build recomputes the same rows."""
+    settings (`describe()`, plain JSON) and `start`, so a resumed build recomputes the same rows.
+    A source that runs the model itself (regenerated rows) may add "embeds" to the extra columns:
+    the hidden states (count, seq_len, len(layers) * dim) of tokens[:, :seq_len] at the cache's
+    layers, which `write_cache` then stores as they are, without calling the model's hidden()."""
 
     vocab_size: int
     columns: ClassVar[dict[str, str]] = {"offset": "int64"}
@@ -331,7 +335,12 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
             with torch.inference_mode():
                 for start in range(first, last, batch_size):
                     tokens, extra = source.rows(start, min(batch_size, last - start))       # (b, n + 1)
-                    hidden = model.hidden(tokens[:, :-1])                                   # (b, n, k d)
+                    hidden = extra.pop("embeds", None)                                      # (b, n, k d)
+                    if hidden is None:                  # the source computed none: one pass over its rows
+                        hidden = model.hidden(tokens[:, :-1])
+                    check(hidden.shape == (len(tokens), seq_len, len(layers) * model.dim),
+                          f"the hidden states of rows {start}.. have shape {tuple(hidden.shape)}, not "
+                          f"{(len(tokens), seq_len, len(layers) * model.dim)}")
                     packed = pack_embeds(hidden, dtype, len(layers))
                     columns = {name: _fixed_lists(v) for name, v in packed.items()}
                     columns["tokens"] = _fixed_lists(tokens.numpy().astype(token_type(model.vocab_size)))

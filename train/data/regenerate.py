@@ -1,26 +1,46 @@
-"""Training rows for a prophet of a Hugging Face target, and their cache of hidden states.
+"""Training rows for a head of a Hugging Face target, and their cache of hidden states.
 
 A head drafts well when it has learnt the target's own distribution, so its training text is best
 written by the target itself (as Medusa's and EAGLE's self-distillation data is): `Regenerated`
-reads prompts from a text or chat file (`read_prompts`), lets the target continue each one
-(`specdec_models.decode.generate`: batched, KV-cached, seeded per batch) until its end-of-turn
-token (`stop_token`: the chat template's, else the tokenizer's EOS) and keeps each row as prompt +
-continuation up to and including that token, cut to seq_len + 1 tokens; a row that ends sooner is
-padded with the stop token, and its `valid_len` column counts its real tokens. `TextWindows` takes
-plain token windows of text files instead (tokenized as `data=hf_text` does). `build_hf_cache`
-runs the target over either and writes the embeddings cache of `train.data.embeddings_cache` (the one
-format and writer; the hidden states of any `layers`, all from one batched teacher-forced pass per
-batch of rows), tagged with the sha256 of the target's weights; `task=hf_prophet
-data=hf_embeddings` trains from it.
+reads prompts from a text or chat file (`read_prompts`), lets the target continue each one until
+its end-of-turn token (`stop_token`: the chat template's, else the tokenizer's EOS) and keeps each
+row as prompt + continuation up to and including that token, cut to seq_len + 1 tokens; a row that
+ends sooner is padded with the stop token, and its `valid_len` column counts its real tokens.
+`TextWindows` takes plain token windows of text files instead (tokenized as `data=hf_text` does).
+`build_hf_cache` writes the embeddings cache of `train.data.embeddings_cache` (the one format and
+writer; the hidden states of any `layers`) of either, tagged with the sha256 of the target's
+weights; `task=hf_prophet` / `task=hf_eagle3` with `data=hf_embeddings` train from it.
 
-Why a second, teacher-forced pass over generated rows rather than the hidden states the target
-computes while it generates: that pass is one batched forward over seq_len positions for every
-layer at once, and it gives exactly the hidden states training reads online, with no change to
-decoding. Measured on tiny random Llamas, one CPU thread, seq_len 256: it took 5% (hidden 64, 4
-layers) to 15% (hidden 256, 8 layers) of a build at batch 8, 20-28% at batch 64, where generating
-is closest to compute-bound; keeping the states during generation (the target's cache with
-keep_embeds) would save at most that, and needs `generate` to hand back the states of rows it
-drops from its batch.
+No second read of regenerated rows. `continue_with_states` is a plain KV-cached sampling loop
+(`sampling.to_probs` and `sample`, seeded per batch; greedy at temperature 0) whose target cache
+keeps the hidden states of `layers` of each call's new positions (`HFKVCache.keep_layers`): the
+prompts' from the right-padded prefill (rolled back to each row's length, as `generate` does),
+each new token's from the call that feeds it. Those are exactly the states a teacher-forced pass
+over the finished row gives (fp32: within 1e-4 relative, `tests/test_regenerate.py`), so
+`Regenerated.rows` hands them to the writer, which then runs no model at all; text windows still
+get one teacher-forced pass per batch. A row's last token is never fed, so its state and those of
+the padding after it are zero: positions from valid_len - 1 on predict no real token, and the
+eagle3 task's label mask (`prompt_len`, `valid_len`) drops them. (task=hf_prophet does not read
+`valid_len` yet: it trains on those positions, with zero states where a second pass gave the
+states of the padding.)
+
+A row that ends leaves the batch at once (its cache rows too), so the long answers of a batch do
+not drag finished rows through every call; that is also the simplest loop (no finished row rides
+along). On SmolLM2-135M (bf16, 2 shared threads, greedy, answers of 19-219 tokens in 257-token
+rows, one run each on a loaded machine) a batch of 64 took 35.7 s dropping rows as they end, 40.3 s
+riding along until all were done and 41.3 s compacting as `generate` does (once 1/8 are done).
+
+Against the former path (`generate`, whose rows all ran to the shortest prompt's budget, past
+their own cut, then a teacher-forced pass for the states): 64 rows at batch 64, temperatures 0
+and 1, layers [2, 15, 27, 30], the recipe's `--kind mix` prompts, SmolLM2-135M bf16, 2 threads,
+wall seconds of `write_cache` (row tokens / s), in run order:
+    seq_len 256: former 196.7 s (83), new 249.2 s (66); then new 177.0 s (93), former 135.6 s (121)
+    seq_len 128: new 116.3 s (70), former 167.1 s (49)
+The machine was shared with other sessions' test runs at a higher priority (load 3-5 on 2 cores):
+runs of the same work differed by up to 1.5x, so these figures do not settle which is faster. A
+profile of both loops shows the same cost per model call; the new one makes fewer row-calls (no
+row runs past seq_len + 1) and no second pass (64 x 256 tokens: ~12 s at issue 16's planning
+figure of ~1,400 tokens/s). Measure again on an idle machine before quoting a speed-up.
 
 The target is loaded from a local model directory or a GGUF file (`specdec_models.hf.weights`);
 every input is checked before the weights load, the weights before any row is made.
@@ -41,10 +61,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specdec_models.decode import generate
 from specdec_models.errors import SpecdecError, check
 from specdec_models.hf import HFDecoder, logits_width, text_config
 from specdec_models.hf.weights import check_source, load_causal_lm, load_config, load_tokenizer, target_identity
+from specdec_models.sampling import SamplingConfig, sample, to_probs
 
 from .embeddings_cache import CacheModel, RowSource, check_build, normalize_layers, shard_size_bytes, write_cache
 
@@ -120,54 +140,109 @@ def stop_token(tokenizer: Any, chat: bool) -> int | None:
     return None if eos is None else int(eos)
 
 
+@torch.inference_mode()
+def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, layers: Sequence[int],
+                         temperature: float, generator: torch.Generator | None = None, eos_id: int | None = None
+                         ) -> tuple[Tensor, Tensor, Tensor]:
+    """Each prompt continued by the target, KV-cached, one token per row per call, sampled at
+    `temperature` with `generator` (greedy at 0, `sampling.to_probs`), up to and including
+    `eos_id` (None: no stop) or up to `length` tokens in all, recording the hidden states at
+    `layers` (`hidden_states` indices) of every position the target is fed: the prompt's from the
+    prefill (right-padded, rolled back to each row's length, as `generate` does), each new token's
+    from the call that feeds it. Returns tokens (b, length) padded after each row's end with
+    eos_id (0 without one), valid (b,) each row's real tokens, and states (b, length - 1,
+    len(layers) * hidden) of tokens[:, :length - 1] in the target's dtype: exactly the hidden states
+    a teacher-forced pass gives at positions < valid - 1, and zero from valid - 1 on (a row's last
+    token is never fed). A row that ends leaves the batch (the cache drops it too)."""
+    b, device = len(prompts), target.device
+    lens = torch.tensor([p.numel() for p in prompts], device=device)
+    width = int(lens.max())
+    check(width < length, f"prompts of up to {width} tokens leave no room for an answer within {length} tokens")
+    tokens = torch.full((b, length), 0 if eos_id is None else eos_id, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        tokens[i, : p.numel()] = p.to(device)
+    sampling = SamplingConfig(temperature)
+    cache = target.new_cache(b, length, keep_layers=list(layers))
+    logits = target(tokens[:, :width], cache=cache, logits_at=lens - 1).logits[:, 0]        # (b, vocab)
+    fed = cache.layer_states                                                              # (b, width, k h)
+    states = fed.new_zeros(b, length - 1, fed.shape[-1])
+    states[:, :width] = fed.masked_fill((torch.arange(width, device=device) >= lens[:, None])[..., None], 0)
+    cache.rollback(lens)
+    row = torch.arange(b, device=device)             # the output row of each row still in the batch
+    at = lens.clone()                                # the position each row's next token takes
+    valid = lens.clone()
+    while True:
+        probs = to_probs(logits, sampling)
+        nxt = probs.argmax(-1) if sampling.greedy else sample(probs, generator)           # (a,)
+        tokens[row, at], valid[row] = nxt, at + 1
+        done = (at + 1 >= length) | (False if eos_id is None else nxt == eos_id)
+        if bool(done.any()):                         # a finished row leaves at once (module docstring)
+            batch = int((~done).sum())
+            if batch == 0:
+                break
+            dst, src = done[:batch].nonzero()[:, 0], (~done[batch:]).nonzero()[:, 0] + batch
+            cache.compact_rows(dst, src, batch)      # rows src move into rows dst, the first batch stay
+            order = torch.arange(len(done), device=device)
+            order[dst] = src
+            row, at, nxt = row[order[:batch]], at[order[:batch]], nxt[order[:batch]]
+        logits = target(nxt[:, None], cache=cache).logits[:, -1]
+        states[row, at] = cache.layer_states[:, 0]
+        at = at + 1
+    return tokens, valid, states
+
+
 class Regenerated(RowSource):
     """Prompts continued by the target: row i is prompt perm[i mod P] (perm a seeded permutation,
     drawn anew for each pass over the prompts) followed by the target's tokens sampled at
-    temperatures[i mod len(temperatures)] up to and including `eos_id` (None: no stop), cut to
+    temperatures[i mod len(temperatures)] up to and including `eos_id` (None: no stop), cut at
     seq_len + 1 tokens and padded after the stop with `eos_id`; column `valid_len` counts the real
-    tokens. Prompts longer than seq_len // 2 are left out. Each generate call is seeded by (seed,
-    first row, temperature)."""
+    tokens. Prompts longer than seq_len // 2 are left out. Each batch's rows of one temperature are
+    continued together (`continue_with_states`), seeded by (seed, first row, temperature), and
+    `rows` hands back the hidden states at `layers` those very calls computed ("embeds"), so the
+    cache needs no second pass over the rows."""
 
     columns: ClassVar[dict[str, str]] = {"offset": "int64", "prompt_len": "int32", "valid_len": "int32"}
 
-    def __init__(self, target: Any, prompts: list[Tensor], vocab_size: int, seq_len: int, seed: int,
+    def __init__(self, target: HFDecoder, prompts: list[Tensor], seq_len: int, seed: int, layers: Sequence[int],
                  temperatures: Sequence[float] = (1.0,), source: str = "", eos_id: int | None = None) -> None:
         check(len(temperatures) > 0 and all(float(t) >= 0 for t in temperatures),
               f"temperatures must be numbers >= 0, got {list(temperatures)!r}")
-        check(eos_id is None or 0 <= eos_id < vocab_size, f"the stop token {eos_id} is not among the target's "
-                                                           f"{vocab_size} tokens")
+        check(eos_id is None or 0 <= eos_id < target.vocab_size,
+              f"the stop token {eos_id} is not among the target's {target.vocab_size} tokens")
         self.keep = [i for i, p in enumerate(prompts) if p.numel() <= seq_len // 2]
         check(self.keep, f"every prompt is longer than seq_len // 2 = {seq_len // 2} tokens: raise seq_len")
-        self.target, self.prompts, self.vocab_size = target, prompts, vocab_size
+        self.target, self.prompts, self.vocab_size, self.layers = target, prompts, target.vocab_size, list(layers)
         self.seq_len, self.seed, self.temperatures = seq_len, seed, [float(t) for t in temperatures]
         self.source, self.eos_id = source, eos_id
 
     def describe(self) -> dict[str, Any]:
+        # "states": the hidden states come from the generating calls (a partial build of the
+        # second-pass rows, whose sampled tokens differ, is not resumed into this one)
         return {"kind": "regenerated", "prompts": self.source, "prompt_count": len(self.keep),
-                "temperatures": self.temperatures, "eos_id": self.eos_id}
+                "temperatures": self.temperatures, "eos_id": self.eos_id, "states": "generation"}
 
     def prompt_index(self, i: int) -> int:
         n = len(self.keep)
         return self.keep[int(np.random.default_rng([self.seed, i // n]).permutation(n)[i % n])]
 
-    def rows(self, start: int, count: int) -> tuple[Tensor, dict[str, np.ndarray]]:
+    def rows(self, start: int, count: int) -> tuple[Tensor, dict[str, Any]]:
         index = np.array([self.prompt_index(start + j) for j in range(count)])
-        tokens = torch.full((count, self.seq_len + 1), 0 if self.eos_id is None else self.eos_id, dtype=torch.long)
+        tokens = torch.zeros(count, self.seq_len + 1, dtype=torch.long)
         valid = np.zeros(count, dtype=np.int32)
+        states: Tensor | None = None                              # (count, seq_len, len(layers) hidden)
         for k, temperature in enumerate(self.temperatures):
             mine = [j for j in range(count) if (start + j) % len(self.temperatures) == k]
             if not mine:
                 continue
-            prompts = [self.prompts[index[j]] for j in mine]
-            new = self.seq_len + 1 - min(p.numel() for p in prompts)
             g = torch.Generator(device=self.target.device).manual_seed(self.seed * 1_000_003 + start * 17 + k)
-            out, _ = generate(self.target, prompts, new, temperature=temperature, generator=g,
-                              vocab_size=self.vocab_size, eos_id=self.eos_id)             # cut after the stop
-            for j, p, o in zip(mine, prompts, out):
-                row = torch.cat([p, o.cpu()])[: self.seq_len + 1]
-                tokens[j, : len(row)], valid[j] = row, len(row)
+            out, n, fed = continue_with_states(self.target, [self.prompts[index[j]] for j in mine], self.seq_len + 1,
+                                               self.layers, temperature, g, self.eos_id)
+            if states is None:
+                states = fed.new_zeros(count, *fed.shape[1:])
+            tokens[mine], valid[mine], states[mine] = out.cpu(), n.cpu().numpy(), fed
         lengths = np.array([self.prompts[i].numel() for i in index])
-        return tokens, {"offset": index.astype(np.int64), "prompt_len": lengths.astype(np.int32), "valid_len": valid}
+        return tokens, {"offset": index.astype(np.int64), "prompt_len": lengths.astype(np.int32), "valid_len": valid,
+                        "embeds": states}
 
 
 class TextWindows(RowSource):
@@ -220,13 +295,13 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
     model.requires_grad_(False)
     vocab = min(len(tokenizer), logits_width(model))
     dim = int(text_config(model.config).hidden_size)
+    decoder = HFDecoder(model, vocab)
     if prompt_ids is not None:
         check(max(int(p.max()) for p in prompt_ids) < vocab, f"the prompts hold token ids >= the target's {vocab}")
-        source: RowSource = Regenerated(model, prompt_ids, vocab, seq_len, seed, temperatures,
+        source: RowSource = Regenerated(decoder, prompt_ids, seq_len, seed, layers, temperatures,
                                         str(Path(prompts).expanduser().resolve()), stop_token(tokenizer, chat))
     else:
         source = TextWindows(text, path, seq_len, windows, seed, chat=chat)
-    decoder = HFDecoder(model, vocab)
 
     def hidden(tokens: Tensor) -> Tensor:                            # (b, n) -> (b, n, len(layers) dim)
         at = torch.zeros(tokens.shape[0], dtype=torch.long)          # the head at one position only
