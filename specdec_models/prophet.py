@@ -93,8 +93,12 @@ class ProphetHead(DraftHead):
         return self.to_prophet_start(embeds)
 
     def anchors(self, seq_len: int, batch: int, generator: torch.Generator | None = None,
-                device: torch.device | None = None) -> Tensor:
-        """Anchor positions (batch, W) whose windows fit in a training sequence of seq_len + 1 tokens."""
+                device: torch.device | None = None, valid_len: Tensor | None = None) -> Tensor:
+        """Anchor positions (batch, W) whose windows fit in a training sequence of seq_len + 1 tokens.
+        With `windows_per_seq` and `valid_len` (batch,), the real tokens of each row (a regenerated
+        row is padded after its end-of-turn token), the windows whose labels all lie before
+        valid_len are drawn first: one reaching into the padding only when a row has fewer than
+        `windows_per_seq` others."""
         S, L = self.num_start_tokens, self.prophet_cfg.prophet_train_length
         first, count = S - 1, self.prophet_cfg.anchor_count(seq_len)       # anchors S-1 .. seq_len-L
         check(count >= 1, f"seq_len {seq_len} is too short for prophet windows of "
@@ -103,6 +107,9 @@ class ProphetHead(DraftHead):
         if k is None or k >= count:
             return torch.arange(first, first + count, device=device).expand(batch, count)
         scores = torch.rand(batch, count, generator=generator, device=generator.device if generator else device)
+        if valid_len is not None:            # window at anchor a: labels a + 1 .. a + L, real while < valid_len
+            anchor = first + torch.arange(count, device=scores.device)
+            scores = scores + 2.0 * (anchor + L >= valid_len.to(scores.device)[:, None])
         return scores.argsort(dim=-1)[:, :k].to(device) + first
 
     def teacher_positions(self, anchors: Tensor) -> Tensor:

@@ -113,6 +113,23 @@ def test_windows_per_seq_samples_distinct_random_anchors():
     assert not torch.equal(a, m.anchors(32, 3, generator=g))
 
 
+def test_windows_inside_each_rows_real_tokens_are_drawn_first():
+    """A regenerated row is padded after its answer: with valid_len, every window's labels (anchor
+    + 1 .. anchor + L) lie before it while the row has windows_per_seq such windows; a row with
+    fewer keeps all of them and fills up with the others."""
+    m = small_pair(windows_per_seq=4)                        # S = 2 start tokens, L = 5: anchors 1 .. 27
+    L = m.prophet_cfg.prophet_train_length
+    valid = torch.tensor([33, 12, 8])                        # whole row; 6 real windows (anchors 1..6); 2 (1..2)
+    for seed in range(20):
+        a = m.anchors(32, 3, generator=torch.Generator().manual_seed(seed), valid_len=valid)
+        assert all(len(set(row.tolist())) == 4 for row in a)
+        assert int(a[1].max()) + L < 12                      # row 1: every label real
+        assert set(range(1, 3)) <= set(a[2].tolist())        # row 2: both real windows, then two others
+    drawn = torch.cat([m.anchors(32, 3, generator=torch.Generator().manual_seed(s), valid_len=valid)[0]
+                       for s in range(20)])
+    assert int(drawn.max()) > 12                             # a full row still draws from all its windows
+
+
 def test_sequence_too_short_for_a_window_is_an_error():
     m = small_pair(S=2, L=5)
     with pytest.raises(SpecdecError, match="too short"):

@@ -225,37 +225,42 @@ class HFProphetModule(HFTargetHead, ProphetTaskModule):
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def _inputs(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tokens (b, n + 1), the target's hidden states (b, n, dim)): cached, or computed now."""
+    def _inputs(self, batch: torch.Tensor | dict[str, torch.Tensor],
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(tokens (b, n + 1), the target's hidden states (b, n, dim), each row's real tokens (b,)
+        or None): cached, or computed now."""
         if isinstance(batch, dict):
             layers = self.hparams.cache_layers
+            valid = batch.get("valid_len")
             if not layers or len(layers) == 1:
-                return batch["tokens"], batch["embeds"]
+                return batch["tokens"], batch["embeds"], valid
             parts = batch["embeds"].unflatten(-1, (len(layers), -1))
-            return batch["tokens"], parts[..., layers.index(max(layers)), :]
+            return batch["tokens"], parts[..., layers.index(max(layers)), :], valid
         self.target                                                    # on the module's device
-        return batch, self.head.target_hidden(batch[:, :-1], logits=False)[0]
+        return batch, self.head.target_hidden(batch[:, :-1], logits=False)[0], None
 
     def _losses(self, seq: torch.Tensor, hidden: torch.Tensor, micro: int | None, prefix: str | None = None,
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                valid: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, {"prophet_loss": next-token loss, "distill_loss": divergence if task.distill});
-        with a `prefix` the windows' drafted accuracy is tracked too."""
+        with a `prefix` the windows' drafted accuracy is tracked too; windows inside each row's
+        `valid` tokens are drawn first (the padding after a regenerated answer holds no states)."""
         head = self.head
 
         def teacher(anchors: torch.Tensor) -> torch.Tensor:
             rows = torch.arange(seq.shape[0], device=seq.device)[:, None, None]
             return head.target_logits(hidden[rows, head.teacher_positions(anchors)]).flatten(0, 1)  # (b W, L, vocab)
 
-        return self.prophet_objective(head, seq, hidden, micro, teacher, prefix)
+        return self.prophet_objective(head, seq, hidden, micro, teacher, prefix, valid)
 
     def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss, parts = self._losses(*self._inputs(batch), self.micro_batch(batch_idx))
+        seq, hidden, valid = self._inputs(batch)
+        loss, parts = self._losses(seq, hidden, self.micro_batch(batch_idx), valid=valid)
         self.log_train(loss, parts)
         return loss
 
     def evaluate(self, batch: torch.Tensor | dict[str, torch.Tensor], prefix: str) -> None:
-        seq, hidden = self._inputs(batch)
-        _, parts = self._losses(seq, hidden, None, prefix)
+        seq, hidden, valid = self._inputs(batch)
+        _, parts = self._losses(seq, hidden, None, prefix, valid)
         b = seq.shape[0]
         self.log(f"{prefix}/prophet_loss", parts.pop("prophet_loss"), prog_bar=True, sync_dist=True, batch_size=b)
         self.log_dict({f"{prefix}/{k}": v for k, v in parts.items()}, sync_dist=True, batch_size=b)

@@ -44,15 +44,17 @@ class ProphetTaskModule(TaskModule):
 
     def prophet_objective(self, head: ProphetHead, seq: torch.Tensor, hidden: torch.Tensor,
                           micro: int | None, teacher: Callable[[torch.Tensor], torch.Tensor],
-                          prefix: str | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                          prefix: str | None = None, valid_len: torch.Tensor | None = None,
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of a prophet trained against a frozen model (task=prophet_frozen, hf_prophet):
         next-token cross-entropy over the head's windows (`ProphetHead.anchors`, drawn by
         `window_generator(micro)`) and, when `hparams.distill` names a divergence, that divergence toward
         `teacher(anchors)` (the frozen model's logits (b W, L, vocab) at the windows' positions),
         mixed by `hparams.distill_weight`. Returns (loss, {"prophet_loss", "distill_loss"}); with
-        a `prefix` ("val", "test") the windows' drafted accuracy is tracked too."""
+        a `prefix` ("val", "test") the windows' drafted accuracy is tracked too. `valid_len` (b,):
+        each row's real tokens (regenerated rows), whose windows are drawn before the padding's."""
         generator = self.window_generator(head, seq.device, micro)
-        anchors = head.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device)
+        anchors = head.anchors(seq.shape[1] - 1, seq.shape[0], generator, seq.device, valid_len)
         logits, labels = head.prophet_logits(seq, hidden, anchors)                # (b W, L, vocab)
         ce = next_token_loss(logits, labels)
         if prefix is not None:
