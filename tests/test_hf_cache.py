@@ -16,7 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from test_hf_data import build_tokenizer, text_setup
+from test_hf_data import build_tokenizer, stopping_target, text_setup
 from test_hf_distill import save_model
 
 from specdec_models.errors import SpecdecError
@@ -35,16 +35,8 @@ COMMON = dict(seq_len=SEQ, windows=12, shard_size="8KB", batch_size=4, seed=1)
 def hf(tmp_path_factory):
     setup = text_setup(tmp_path_factory.mktemp("hf_cache"), docs=100, prompt_docs=8)
     d, tok = setup["root"], setup["tok"]
-    eager = save_model(d / "eager", tok, "llama", 5, depth=DEPTH)
-    model = load_causal_lm(eager)
-    with torch.no_grad():                  # EOS where the greedy answers' most frequent token was: rows stop
-        text = tok.apply_chat_template([{"role": "user", "content": "the quick fox"}], add_generation_prompt=True,
-                                       tokenize=False)
-        ids = torch.tensor(tok(text)["input_ids"])[None]
-        new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-                             pad_token_id=0, eos_token_id=[len(tok)])[0, ids.shape[1]:]
-        model.lm_head.weight[tok.eos_token_id] = 1.5 * model.lm_head.weight[int(new.mode().values)]
-    model.save_pretrained(eager)
+    eager = d / "eager"
+    stopping_target(eager, tok, depth=DEPTH)               # its rows stop at EOS
     return {**setup, "deep": save_model(d / "deep", tok, "llama", 1, depth=DEPTH), "eager": eager}
 
 
@@ -189,8 +181,9 @@ def test_hf_prophet_trains_from_a_cache_of_several_layers_reading_the_last(hf, c
     module = HFProphetModule.load_from_checkpoint(result["last_ckpt"], weights_only=False)
     assert module.hparams.cache_layers == [2, 4, 0]
     batch = HFEmbeddingsDataModule(cache=str(d / "bfloat16"), seq_len=SEQ, val_windows=2).validation_batch()
-    tokens, hidden = module._inputs(batch)
+    tokens, hidden, valid = module._inputs(batch)
     torch.testing.assert_close(hidden, batch["embeds"].unflatten(-1, (3, -1))[..., 1, :])
+    assert valid is None                                       # text windows: every token is real
 
 
 def test_a_format_3_cache_reads_as_its_last_layer(caches, tmp_path):

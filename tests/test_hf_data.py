@@ -59,6 +59,26 @@ def text_setup(d, docs, prompt_docs) -> dict:
     return {"tok": tok, "corpus": corpus, "prompts": prompts, "root": d}
 
 
+def stopping_target(path, tok, **model) -> None:
+    """Save at `path` a tiny random Llama (test_hf_distill.save_model) whose EOS logit copies the
+    row of the token its greedy chat answers emit most, so regenerated rows stop at EOS."""
+    import torch
+    from test_hf_distill import save_model
+
+    from specdec_models.hf.weights import load_causal_lm
+
+    save_model(path, tok, "llama", 5, **model)
+    target = load_causal_lm(path)
+    with torch.no_grad():
+        text = tok.apply_chat_template([{"role": "user", "content": "the quick fox"}], add_generation_prompt=True,
+                                       tokenize=False)
+        ids = torch.tensor(tok(text)["input_ids"])[None]
+        new = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                              pad_token_id=0, eos_token_id=[len(tok)])[0, ids.shape[1]:]
+        target.lm_head.weight[tok.eos_token_id] = 1.5 * target.lm_head.weight[int(new.mode().values)]
+    target.save_pretrained(path)
+
+
 @pytest.fixture
 def setup(tmp_path):
     tok_dir = tmp_path / "tok"

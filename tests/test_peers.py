@@ -150,28 +150,9 @@ def test_speculators_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tm
     """speculators' own trainer, patched at run time, 3 optimizer steps; its head loads in specdec
     (speculators layout, its draft vocabulary) and greedy decoding with it equals plain greedy."""
     pytest.importorskip("speculators")
-    from conftest import REPO
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import train_peers
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
     from specdec_models.export.eagle3 import load_eagle3
 
-    counts = tmp_path / "counts.json"
-    from specdec_models.hf.weights import load_tokenizer, tokenizer_fingerprint
-    from train.tasks.hf_eagle3 import COUNTS_FORMAT
-
-    tok = load_tokenizer(tiny["target"])
-    meta = read_cache_meta(tiny["cache"])
-    counts.write_text(json.dumps({"format": COUNTS_FORMAT, "tokenizer_sha256": tokenizer_fingerprint(tok),
-                                  "counts": list(range(meta["vocab_size"]))}))
-    out = tmp_path / "peers"
-    status = train_peers.main(["--cache", str(tiny["cache"]), "--target", str(tiny["target"]), "--draft-vocab",
-                               str(counts), "--draft-vocab-size", "24", "--max-steps", "3", "--out", str(out),
-                               "--python", sys.executable, "--data-dtype", "float32"])
-    assert status == 0, (out / "speculators" / "train.log").read_text()[-3000:]
+    out, meta = _train_peers(tiny, tmp_path, ["speculators"])
     report = json.loads((out / "peers.json").read_text())["peers"]["speculators"]
     assert report["steps"] == 3 and report["stopped_by"] == "max_steps" and report["tokens_per_s"] > 0
     assert report["in_specdec"]["layout"] == "speculators" and report["in_specdec"]["drafted"] > 0

@@ -17,8 +17,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
 from conftest import forked
-from test_hf_data import build_tokenizer, write_corpus
-from test_hf_distill import save_model
+from test_hf_data import build_tokenizer, stopping_target, write_corpus
 
 from specdec_models.decode import generate
 from specdec_models.hf import HFDecoder
@@ -43,16 +42,8 @@ def hf(tmp_path_factory):
     prompts = d / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": line}]})
                                  for line in write_corpus(d / "p.txt", docs=8, seed=1)) + "\n")
-    path = save_model(d / "target", tok, "llama", 5, depth=DEPTH)
-    model = load_causal_lm(path)
-    with torch.no_grad():                  # EOS where the greedy answers' most frequent token was: rows stop
-        text = tok.apply_chat_template([{"role": "user", "content": "the quick fox"}], add_generation_prompt=True,
-                                       tokenize=False)
-        ids = torch.tensor(tok(text)["input_ids"])[None]
-        new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-                             pad_token_id=0, eos_token_id=[len(tok)])[0, ids.shape[1]:]
-        model.lm_head.weight[tok.eos_token_id] = 1.5 * model.lm_head.weight[int(new.mode().values)]
-    model.save_pretrained(path)
+    path = d / "target"
+    stopping_target(path, tok, depth=DEPTH)               # its rows stop at EOS
     model = load_causal_lm(path).requires_grad_(False)
     return {"tok": tok, "root": d, "prompts": prompts, "path": path, "model": model, "eos": tok.eos_token_id,
             "ids": read_prompts(prompts, tok, chat=True), "corpus": d / "corpus.txt"}

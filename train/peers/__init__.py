@@ -11,6 +11,7 @@ training throughput.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -53,3 +54,24 @@ class Budget:
 
 def write_report(path: str | Path, report: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def add_budget_args(p: argparse.ArgumentParser, seed: int) -> None:
+    """The arguments every peer runner takes: its budget (minutes or steps), threads, TTT steps,
+    an epoch bound, the seed, and the trainer's own flags after `--`."""
+    p.add_argument("--minutes", type=float)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ttt-steps", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=1000, help="an upper bound: the budget stops the run")
+    p.add_argument("--seed", type=int, default=seed)
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more of the trainer's own settings")
+
+
+def parse_budget_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse; the `--` before the trainer's own settings goes; a budget is required."""
+    a = p.parse_args(argv)
+    a.extra = a.extra[1:] if a.extra[:1] == ["--"] else a.extra
+    if a.minutes is None and a.max_steps is None:
+        p.error("give --minutes or --max-steps")
+    return a

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from . import Budget, write_report
+from . import Budget, add_budget_args, parse_budget_args, write_report
 
 LOSS_MODULE = "specforge.core.loss"
 
@@ -178,19 +178,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--aux-layers", type=int, nargs=3, required=True, help="hidden_states indices")
     p.add_argument("--draft-vocab-size", type=int)
     p.add_argument("--vocab-mapping", type=Path, help='{"d2t", "t2d"} of the draft vocabulary')
-    p.add_argument("--minutes", type=float)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-4, help="SpecForge's default")
     p.add_argument("--max-length", type=int, default=2048)
-    p.add_argument("--epochs", type=int, default=1000, help="an upper bound: the budget stops the run")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more section.field=value overrides")
-    a = p.parse_args(argv)
-    a.extra = a.extra[1:] if a.extra[:1] == ["--"] else a.extra
-    if a.minutes is None and a.max_steps is None:
-        p.error("give --minutes or --max-steps")
+    add_budget_args(p, seed=42)                            # extra: more section.field=value overrides
+    a = parse_budget_args(p, argv)
     if (a.draft_vocab_size is None) != (a.vocab_mapping is None):
         p.error("--draft-vocab-size and --vocab-mapping go together")
     return a

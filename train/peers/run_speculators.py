@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from . import Budget, write_report
+from . import Budget, add_budget_args, parse_budget_args, write_report
 
 
 class _Counting:
@@ -123,19 +123,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-vocab-size", type=int)
     p.add_argument("--d2t", type=Path)
     p.add_argument("--t2d", type=Path)
-    p.add_argument("--minutes", type=float)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--total-seq-len", type=int, default=2048, help="tokens packed per step")
-    p.add_argument("--epochs", type=int, default=1000, help="an upper bound: the budget stops the run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more `speculators train` flags")
-    a = p.parse_args(argv)
-    a.extra = a.extra[1:] if a.extra[:1] == ["--"] else a.extra
-    if a.minutes is None and a.max_steps is None:
-        p.error("give --minutes or --max-steps")
-    return a
+    add_budget_args(p, seed=0)                             # extra: more `speculators train` flags
+    return parse_budget_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
