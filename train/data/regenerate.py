@@ -20,9 +20,8 @@ over the finished row gives (fp32: within 1e-4 relative, `tests/test_regenerate.
 `Regenerated.rows` hands them to the writer, which then runs no model at all; text windows still
 get one teacher-forced pass per batch. A row's last token is never fed, so its state and those of
 the padding after it are zero: positions from valid_len - 1 on predict no real token, and the
-eagle3 task's label mask (`prompt_len`, `valid_len`) drops them. (task=hf_prophet does not read
-`valid_len` yet: it trains on those positions, with zero states where a second pass gave the
-states of the padding.)
+eagle3 task's label mask (`prompt_len`, `valid_len`) drops them, and task=hf_prophet draws its
+windows inside `valid_len` first (`ProphetHead.anchors`).
 
 A row that ends leaves the batch at once (its cache rows too), so the long answers of a batch do
 not drag finished rows through every call; that is also the simplest loop (no finished row rides
