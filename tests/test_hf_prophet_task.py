@@ -331,6 +331,8 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
             "--max-new-tokens", "6", "--rounds", "2", "--check-count", "2", "--random-head", "--prompt-lookup", "3",
             "--dtype", "float32", "--out", str(out)]
     assert compare(argv) == 0, capsys.readouterr().err
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[prompts] T=")]
+    assert len(progress) == 4 and "prophet (trained)" in progress[0]      # a line per (T, batch) as it ends
     report = json.loads((out / "results.json").read_text())
     methods = ["plain", "prophet (trained)", "student (distilled)", "prompt lookup (transformers, n=3)",
                "random head (untrained)"]
