@@ -126,7 +126,7 @@ def compare(args, loaded) -> dict:
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
     result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=args.dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
-                        check_count=args.check_count)
+                        check_count=args.check_count, batch8=not args.batch1_only)
     return {"settings": {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}, **result}
 
 
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")
     parser.add_argument("--count", type=int, default=16, help="compare: prompts decoded at batch 8")
     parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")
+    parser.add_argument("--batch1-only", action="store_true", help="compare: leave out the batch-8 decoding")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every method")

@@ -279,10 +279,11 @@ class HFDrafters:
 
 
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
-               dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int
-               ) -> dict[str, Any]:
+               dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
+               batch8: bool = True) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
-    `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all),
+    `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all; not
+    without `batch8`),
     then greedy exactness against transformers' own `generate()` in fp32 on the first set's first
     `check_count` prompts (the target reloaded from `target`: bf16's multi-token verify may round
     differently from a 1-token step, and the rows' greedy_equal_plain say how often it did).
@@ -294,7 +295,8 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     rows = []
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
-                                    batches={1: batch1_count, 8: len(prompts)}, vocab_size=len(loaded.tokenizer),
+                                    batches={1: batch1_count, **({8: len(prompts)} if batch8 else {})},
+                                    vocab_size=len(loaded.tokenizer),
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
     del model, built
