@@ -146,23 +146,6 @@ def test_a_cache_without_the_last_layer_or_three_aux_layers_is_refused_in_one_li
         assert "\n" not in str(err.value)
 
 
-def test_speculators_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tmp_path):
-    """speculators' own trainer, patched at run time, 3 optimizer steps; its head loads in specdec
-    (speculators layout, its draft vocabulary) and greedy decoding with it equals plain greedy."""
-    pytest.importorskip("speculators")
-    from specdec_models.export.eagle3 import load_eagle3
-
-    out, meta = _train_peers(tiny, tmp_path, ["speculators"])
-    report = json.loads((out / "peers.json").read_text())["peers"]["speculators"]
-    assert report["steps"] == 3 and report["stopped_by"] == "max_steps" and report["tokens_per_s"] > 0
-    assert report["in_specdec"]["layout"] == "speculators" and report["in_specdec"]["drafted"] > 0
-    head = load_eagle3(out / "speculators" / "head", tiny["model"])
-    assert head.aux_layers == [1, 2, 3] and head.config.draft_vocab_size == 24
-    assert head.draft_ids.tolist() == list(range(meta["vocab_size"] - 24, meta["vocab_size"]))  # the most counted
-    trained = load_eagle3(out / "speculators" / "head", tiny["model"]).fc.weight
-    assert torch.isfinite(trained).all()
-
-
 def _train_peers(tiny, tmp_path, peers):
     """scripts/train_peers.py on the tiny cache, draft vocabulary the 24 most counted tokens, 3 steps."""
     from conftest import REPO
@@ -188,18 +171,20 @@ def _train_peers(tiny, tmp_path, peers):
     return out, meta
 
 
-def test_specforge_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tmp_path):
-    """SpecForge's own trainer, patched at run time, 3 optimizer steps; its head, exported by its
-    own SGLang exporter, loads in specdec (SGLang layout, specdec's draft vocabulary and aux layers)
-    and greedy decoding with it equals plain greedy (train_peers checks that)."""
-    pytest.importorskip("specforge")
+@pytest.mark.parametrize("peer, layout", [("speculators", "speculators"), ("specforge", "sglang")])
+def test_a_peers_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tmp_path, peer, layout):
+    """The peer's own trainer, patched at run time, 3 optimizer steps; its head (speculators':
+    its own layout; SpecForge's: exported by its own SGLang exporter) loads in specdec with
+    specdec's draft vocabulary and aux layers, and greedy decoding with it equals plain greedy
+    (train_peers checks that)."""
+    pytest.importorskip(peer)
     from specdec_models.export.eagle3 import load_eagle3
 
-    out, meta = _train_peers(tiny, tmp_path, ["specforge"])
-    report = json.loads((out / "peers.json").read_text())["peers"]["specforge"]
+    out, meta = _train_peers(tiny, tmp_path, [peer])
+    report = json.loads((out / "peers.json").read_text())["peers"][peer]
     assert report["steps"] == 3 and report["stopped_by"] == "max_steps" and report["tokens_per_s"] > 0
-    assert report["in_specdec"]["layout"] == "sglang" and report["in_specdec"]["drafted"] > 0
-    head = load_eagle3(out / "specforge" / "head", tiny["model"])
+    assert report["in_specdec"]["layout"] == layout and report["in_specdec"]["drafted"] > 0
+    head = load_eagle3(out / peer / "head", tiny["model"])
     assert head.aux_layers == [1, 2, 3] and head.config.draft_vocab_size == 24
     assert head.draft_ids.tolist() == list(range(meta["vocab_size"] - 24, meta["vocab_size"]))  # the most counted
     assert torch.isfinite(head.fc.weight).all()
