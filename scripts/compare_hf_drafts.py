@@ -122,7 +122,10 @@ def compare(args, loaded) -> dict:
         check(len(prompts) >= max(args.count, args.batch1_count),
               f"{path} holds {len(prompts)} prompts, fewer than --count {args.count} / --batch1-count")
         sets.append((name, prompts[: args.count]))
-    drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma, prophet=args.prophet,
+    from specdec_models.decode import TreeSpec
+
+    drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
+                          trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
     result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=args.dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
@@ -153,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
     parser.add_argument("--eagle3-gamma", type=int, default=None,
                         help="compare: the eagle3 heads' gamma (default --gamma; a cheap head pays at another gamma)")
+    parser.add_argument("--tree", action="append", metavar="DEPTH,TOPK,WIDTH",
+                        help="compare: each eagle3 head also drafts this tree (batch 1; repeatable)")
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")
     parser.add_argument("--count", type=int, default=16, help="compare: prompts decoded at batch 8")
     parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")

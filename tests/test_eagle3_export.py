@@ -233,6 +233,12 @@ def test_the_decoding_cli_takes_an_eagle3_head_in_each_layout(setup, capsys, lay
     status, plain, err = cli(capsys, *common)
     assert status == 0, err
     assert json.loads(plain)["continuations"] == result["continuations"]
+    status, tree, err = cli(capsys, *common, "--eagle3", out, "--tree", "3,2,1")      # tree drafting, same output
+    assert status == 0, err
+    assert json.loads(tree)["stats"]["method"] == "eagle3_tree"
+    assert json.loads(tree)["continuations"] == result["continuations"]
+    status, _, err = cli(capsys, *common, "--tree", "3,2,1")
+    assert status == 2 and "give --eagle3 DIR" in err and err.count("\n") == 1
 
 
 def _write(directory, config, tensors):

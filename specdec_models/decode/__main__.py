@@ -41,6 +41,7 @@ from ..sampling import SamplingConfig
 from . import generate
 from .cost import stored_profile
 from .inputs import parse_gamma
+from .tree import TreeSpec
 
 METHODS = ("base", "draft", "prophet", "eagle3")
 
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eagle3", metavar="DIR",
                         help="Hugging Face target: an EAGLE-3 head for it (specdec hf_eagle3 export, speculators or "
                              "SGLang layout)")
+    parser.add_argument("--tree", metavar="DEPTH,TOPK,WIDTH", default=None,
+                        help="with --eagle3: draft a tree instead of a chain (e.g. 3,2,1: 3 steps, 2 children per "
+                             "expanded node, 1 node expanded per step; gamma is then unused)")
     parser.add_argument("--method", choices=METHODS,
                         help="default: draft with --draft, prophet with --prophet or a model_with_prophet export, "
                              "else base")
@@ -124,6 +128,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
     check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
     check(len(args.prompt) > 0, "--prompt is empty: give at least one character")
+    if args.tree is not None:
+        TreeSpec.parse(args.tree)
+        check(args.eagle3, "--tree drafts with an EAGLE-3 head: give --eagle3 DIR")
     given = [flag for flag, value in (("--export", args.export), ("--hf-model", args.hf_model), ("--gguf", args.gguf))
              if value is not None]
     check(len(given) <= 1, f"give one target, not {' and '.join(given)}")
@@ -198,7 +205,8 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
                              prophet=hf.prophet, gamma=args.gamma, temperature=sampling.temperature,
                              top_k=sampling.top_k, top_p=sampling.top_p,
                              repetition_penalty=sampling.repetition_penalty, eos_id=eos, vocab_size=hf.vocab_size,
-                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
+                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed),
+                             tree=None if args.tree is None else TreeSpec.parse(args.tree))
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
 

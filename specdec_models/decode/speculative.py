@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..errors import SpecdecError
+from ..errors import SpecdecError, check
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..prophet import ProphetHead
@@ -49,6 +49,7 @@ from ..sampling import SamplingConfig, residual, sample, to_probs
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
 from .stats import DecodeStats
+from .tree import TreeSpec, tree_generate
 
 AUTO_GAMMA_MAX = 8          # gamma="auto" chooses among 1..8 (fewer when a prophet was trained for fewer)
 CALIBRATION_STEPS = 3       # plain target steps timed as the unit of c and v
@@ -178,6 +179,7 @@ def generate(
     timing: bool = False,
     speed_profile: SpeedProfile | None = None,
     repetition_penalty: float | None = None,
+    tree: TreeSpec | None = None,
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
@@ -203,6 +205,10 @@ def generate(
     `repetition_penalty` (transformers' semantics, see `sampling.penalise`) stays lossless: every
     position, drafted ones included, is processed with the context before it (draft position i
     and the target's verify position that predicts it both see prompt + emitted + d_1..d_{i-1}).
+    `tree=TreeSpec(depth, topk, width)` (an EAGLE-3 head only) drafts a tree of candidates instead
+    of a chain and verifies it in one call (`decode.tree`: lossless at every temperature, rows one
+    after another); the tree's depth takes gamma's place, so gamma must not be "auto".
+
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
     target, draft = as_decoders(target, draft, vocab_size)
@@ -212,6 +218,17 @@ def generate(
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
     gamma_max = (AUTO_GAMMA_MAX if limit is None else min(AUTO_GAMMA_MAX, limit)) if gamma == AUTO else gamma
+    if tree is not None:
+        check(method == "eagle3", f"tree drafting needs an EAGLE-3 head (prophet=Eagle3Head), not method {method!r}")
+        check(gamma != AUTO and speed_profile is None, "tree drafting has its own depth: pass an integer gamma "
+                                                       "(unused) and no speed_profile")
+        check(not sampling.penalised and not timing, "tree drafting does not take a repetition penalty or timing=True")
+        stats = DecodeStats(method="eagle3_tree", batch=len(rows_in), gamma=tree.depth)
+        t0 = time.perf_counter()
+        tokens = tree_generate(target, prophet, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats)
+        stats.wall_seconds = time.perf_counter() - t0
+        stats.new_tokens = sum(t.numel() for t in tokens)
+        return tokens, stats.finish()
     stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma_max if method != "base" else 0,
                         step_times=StepTimes() if timing else None)
     t0 = time.perf_counter()

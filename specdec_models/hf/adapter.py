@@ -127,9 +127,14 @@ class HFKVCache:
         return self.valid.shape[1]
 
     def forward(self, model: Any, tokens: Tensor, window: int | None, *, keep: Tensor | None = None,
-                embeds: bool = False) -> Any:
+                embeds: bool = False, tree: tuple[Tensor, Tensor] | None = None) -> Any:
         """Append tokens (b, n) to every row; return the model's output (logits (b, n, head rows),
-        or at the positions `keep` (k,) of every row; hidden_states when embeds or keep_embeds)."""
+        or at the positions `keep` (k,) of every row; hidden_states when embeds or keep_embeds).
+
+        tree = (offsets (n,), allowed (n, n) bool): the new tokens are a draft tree (`decode.tree`):
+        token i sits at position length + offsets[i] and attends to the valid slots and to the new
+        tokens j with allowed[i, j] (its ancestors and itself), through a 4-D mask; `keep_new` then
+        keeps the accepted path."""
         b, n = tokens.shape
         check(b == self.batch, f"cache holds {self.batch} rows, got {b}")
         check(int(self.lengths.max()) + n <= self.capacity,
@@ -140,12 +145,21 @@ class HFKVCache:
                   f"{self.slots + n}, which this adapter does not support")
         valid = torch.cat([self.valid, torch.ones(b, n, dtype=torch.bool, device=self.valid.device)], 1)
         pos = self.lengths[:, None] + torch.arange(n, device=self.lengths.device)         # (b, n)
+        mask: Tensor = valid
+        if tree is not None:
+            offsets, allowed = tree
+            pos = self.lengths[:, None] + offsets.to(self.lengths.device)[None]
+            seen = torch.cat([self.valid[:, None, :].expand(b, n, self.slots),
+                              allowed.to(self.valid.device)[None].expand(b, n, n)], -1)          # (b, n, slots + n)
+            dtype = model.get_input_embeddings().weight.dtype
+            mask = torch.zeros(b, 1, n, self.slots + n, dtype=dtype, device=self.valid.device)
+            mask.masked_fill_(~seen[:, None], torch.finfo(dtype).min)       # additive: any attention backend
         # a bool mask is what transformers converts any 2-D mask to; with no hole it builds none
         # at all (SDPA's own causal path) for one new token or an empty cache
         extra = {} if keep is None else {"logits_to_keep": keep}
         if embeds or self.keep_embeds or self.keep_layers:
             extra["output_hidden_states"] = True
-        out = model(input_ids=tokens, attention_mask=valid, position_ids=pos,
+        out = model(input_ids=tokens, attention_mask=mask, position_ids=pos,
                     past_key_values=self.kv, use_cache=True, **extra)
         check(out.past_key_values is self.kv,
               f"{type(model).__name__} did not use the DynamicCache it was given: its cache cannot be rolled back per row")
@@ -157,6 +171,13 @@ class HFKVCache:
         self.valid = valid
         self.lengths = self.lengths + n
         return out
+
+    def keep_new(self, keep: Tensor) -> None:
+        """Of the last call's n slots, keep those marked in keep (b, n) (a draft tree's accepted
+        path, in order) and forget the others: the kept ones become each row's next positions."""
+        n = keep.shape[1]
+        self.valid[:, -n:] &= keep.to(self.valid.device)
+        self.rollback(self.lengths - n + keep.sum(1).to(self.lengths.device))
 
     def last_embeds(self, count: int) -> Tensor:
         """The hidden states of each row's last `count` logical positions: (batch, count, hidden)."""
@@ -268,12 +289,14 @@ class HFDecoder:
 
     @torch.no_grad()
     def __call__(self, tokens: Tensor, *, cache: HFKVCache | None = None, logits_at: Tensor | None = None,
-                 embeds: bool = False, layers: Sequence[int] = (-1,)) -> HFOutput:
+                 embeds: bool = False, layers: Sequence[int] = (-1,),
+                 tree: tuple[Tensor, Tensor] | None = None) -> HFOutput:
         """Logits (b, n, vocab_size) of tokens (b, n): appended to each row of `cache`, or a fresh
         causal sequence from position 0 without one.
 
         logits_at (b,): compute the logits of one position per row only, (b, 1, vocab_size): the
-        head of a 49k-token vocabulary costs as much as several layers per position. embeds: also
+        head of a 49k-token vocabulary costs as much as several layers per position. tree: the new
+        tokens are a draft tree (`HFKVCache.forward`; with a cache only). embeds: also
         return the hidden states of `layers` (transformers' `hidden_states` indices: i is the input
         of decoder layer i, 0 the embedding output, -1 the last layer after the final norm, the
         head's input), concatenated in that order: (b, n, hidden * len(layers)), one forward pass."""
@@ -282,11 +305,12 @@ class HFDecoder:
         if logits_at is not None and self._keeps_logits:
             # transformers keeps the same positions in every row: the distinct ones, then pick per row
             keep, inverse = torch.unique(logits_at.to(self.device), return_inverse=True)
+        check(tree is None or cache is not None, "a draft tree is verified against a cache: pass cache=")
         if cache is None:
             extra = {} if keep is None else {"logits_to_keep": keep}
             out = self.model(input_ids=tokens, use_cache=False, output_hidden_states=embeds, **extra)
         else:
-            out = cache.forward(self.model, tokens, self.window, keep=keep, embeds=embeds)
+            out = cache.forward(self.model, tokens, self.window, keep=keep, embeds=embeds, tree=tree)
         logits = out.logits
         if logits_at is not None:
             rows = torch.arange(tokens.shape[0], device=logits.device)

@@ -3,7 +3,8 @@
 `compare_drafters(target, prompts, drafters)` decodes the same prompts plainly and with each
 drafter (`generate`'s keyword arguments: {"prophet": head} or {"draft": model}, or
 {"prompt_lookup": n}: transformers' own prompt-lookup decoding, `generate(prompt_lookup_num_tokens=n)`,
-which needs no training and decodes one row at a time, so it runs at batch 1 only), at each
+which needs no training and decodes one row at a time, so it runs at batch 1 only, as does tree
+drafting, {"prophet": head, "tree": TreeSpec(...)}), at each
 temperature and batch size, interleaved round by round (base, A, B, ..., base, A, B, ...) in one
 process, so each speed-up is a ratio of runs that saw the same machine load: the median over
 rounds of (plain seconds / drafter seconds). Tokens per call, per-position acceptance, acceptance
@@ -64,6 +65,11 @@ def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, An
     return time.perf_counter() - t0, counts, rows
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b share before their first difference."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _add(a: list[int], b: list[int]) -> list[int]:
     width = max(len(a), len(b))
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(width)]
@@ -112,7 +118,9 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     seconds (median over rounds), tokens_per_second, speedup over plain decoding (median of the
     per-round ratios), at temperature 0 greedy_equal_plain (every row's tokens equal plain
     decoding's, every round), and the counts summed over the rounds (new_tokens, row_calls,
-    drafted, accepted: tokens_per_call = new_tokens / row_calls). `batches`: batch size -> how many of `prompts` are decoded at that
+    drafted, accepted: tokens_per_call = new_tokens / row_calls), and at temperature 0
+    greedy_agreement, the mean fraction of a row emitted before its first difference from plain
+    decoding (in bf16 a multi-token verify may round differently from a 1-token step). `batches`: batch size -> how many of `prompts` are decoded at that
     size (default {1: 4, 8: all}). `report` gets a line per (temperature, batch size) when it is
     done: each method's tokens per call and speed-up so far (a comparison runs for minutes)."""
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
@@ -124,14 +132,16 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     for temperature in temperatures:
         for batch, count in batches.items():
             chosen = prompts[:count]
-            # prompt lookup decodes one row at a time: batch 1 only
-            methods = {name: kw for name, kw in every.items() if batch == 1 or "prompt_lookup" not in kw}
+            # prompt lookup and tree drafting decode one row at a time: batch 1 only
+            methods = {name: kw for name, kw in every.items()
+                       if batch == 1 or not ({"prompt_lookup", "tree"} & set(kw))}
             for kwargs in methods.values():        # warm-up: first calls at a shape pay one-time costs
                 _decode(target, chosen[:batch], batch, kwargs, seed, temperature=temperature,
                         **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
             seconds: dict[str, list[float]] = {name: [] for name in methods}
             totals: dict[str, dict[str, float]] = {}
             equal, plain = dict.fromkeys(methods, True), []
+            agree: dict[str, list[float]] = {name: [] for name in methods}
             for r in range(rounds):
                 for name, kwargs in methods.items():
                     s, counts, tokens = _decode(target, chosen, batch, kwargs, seed + 1000 * r,
@@ -142,6 +152,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                                     for k, v in counts.items()}
                     plain = tokens if name == "plain" else plain
                     equal[name] = equal[name] and tokens == plain
+                    agree[name] += [_common_prefix(a, b) / max(len(b), 1) for a, b in zip(tokens, plain)]
             for name in methods:
                 c = totals[name]
                 rows.append({
@@ -154,6 +165,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "tokens_per_second": count * max_new_tokens / statistics.median(seconds[name]),
                     "speedup": statistics.median(b / s for b, s in zip(seconds["plain"], seconds[name])),
                     "greedy_equal_plain": equal[name] if temperature == 0 else None,
+                    "greedy_agreement": statistics.mean(agree[name]) if temperature == 0 else None,
                     # the exact counts the rates come from, over every round
                     **{k: int(c[k]) for k in ("new_tokens", "row_calls", "drafted", "accepted")},
                 })
@@ -231,6 +243,11 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     lines = markdown_table(report["rows"])
     greedy = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in report["greedy_equals_transformers_generate"].items())
     lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
+    agree = [f"{r.get('prompt_set', '')} b{r['batch']} {r['method']}: {r['greedy_agreement']:.2f}"
+             for r in report["rows"] if r.get("greedy_agreement") is not None and r["method"] != "plain"]
+    if agree:
+        lines += ["", "Greedy agreement with plain decoding in the comparison's dtype (mean fraction of a row "
+                      "emitted before its first difference): " + "; ".join(agree)]
     with staged_dir(out) as tmp:
         (tmp / "results.json").write_text(json.dumps(report, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
@@ -244,11 +261,13 @@ NAMES = {"prophet": "prophet (trained)", "student": "student (distilled)", "rand
 @dataclass(frozen=True)
 class HFDrafters:
     """The drafters of one Hugging Face target to compare: eagle3 heads (name, directory) in any
-    layout, an hf_prophet export, a student model directory, transformers' prompt lookup proposing
+    layout (each also with tree drafting for every `decode.TreeSpec` in `trees`), an hf_prophet
+    export, a student model directory, transformers' prompt lookup proposing
     `prompt_lookup` tokens (0: none), and an untrained head of the prophet's config (seed 0)."""
 
     eagle3: list[tuple[str, str]] = field(default_factory=list)
     eagle3_gamma: int | None = None        # None: the comparison's gamma
+    trees: list[Any] = field(default_factory=list)   # decode.TreeSpec: each eagle3 head also drafts these trees
     prophet: str | None = None
     student: str | None = None
     prompt_lookup: int = 0
@@ -263,8 +282,10 @@ class HFDrafters:
         dtype = next(model.parameters()).dtype
         drafters = {}
         for name, directory in self.eagle3:
-            drafters[f"eagle3 {name}"] = {"prophet": load_eagle3(directory, model).to(dtype),
-                                          **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
+            head = load_eagle3(directory, model).to(dtype)
+            drafters[f"eagle3 {name}"] = {"prophet": head, **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
+            for tree in self.trees:
+                drafters[f"eagle3 {name} tree {tree.depth},{tree.topk},{tree.width}"] = {"prophet": head, "tree": tree}
         if self.prophet:
             head = load_export(self.prophet, target=model).to(dtype)
             drafters[NAMES["prophet"]] = {"prophet": head}

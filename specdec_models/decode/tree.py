@@ -1,0 +1,285 @@
+"""Tree drafting for an EAGLE-3 head: several candidates per position, one target call to verify them.
+
+A chain draft loses the whole round at its first miss. A head that is right 45-55% of the time
+at its first guess is right far more often within its top 2-3, so EAGLE-2 and EAGLE-3 draft a
+tree: the head expands the most probable nodes of each depth with several children each, and the
+target scores every node in one call, each node attending to the committed context and its own
+ancestors only (a tree attention mask; its position is the committed length + its depth). The
+longest accepted path is kept, plus one target token. On a CPU where verifying 16-40 tokens costs
+little more than a 1-token step (bf16), the extra nodes are nearly free.
+
+The tree (`TreeSpec(depth, topk, width)`): the root is the pending token; its `topk` children come
+from the head's prediction the last extension left; at each further depth the `width` frontier
+nodes of highest cumulative draft log-probability are run through the head (one batched call over
+the committed cache plus their ancestors' keys) and get `topk` children each. Nodes:
+topk + (depth - 1) * width * topk at most.
+
+Lossless at every temperature.
+- T = 0: the children of a node are the head's top-k; the walk follows the child equal to the
+  target's argmax, so the output is the target's greedy output, whatever the tree.
+- T > 0: the children of a node are drawn from the head's q at that node *without replacement*
+  (sequentially, each from q with the earlier ones removed), and the walk runs recursive rejection
+  sampling (Jeon et al. 2024, "Recursive Speculative Decoding"): child i is accepted with
+  probability min(1, p_i(x_i) / q_i(x_i)); after a rejection p_{i+1} = norm(max(0, p_i - q_i)) and
+  q_{i+1} = q_i without x_i; after the last rejection the token is drawn from p_{k+1}. Given the
+  rejections so far, x_i is distributed as q_i (whatever the earlier children were), so each test is
+  the standard one and the token emitted at the node is distributed exactly as p. Which nodes get
+  children, and how many, depends only on their ancestors' values, never on the children's own:
+  no candidate is dropped for being unlikely after it was drawn (that would bias the test).
+
+Rows of a batch are decoded one after another (the tree's verify already fills the target call);
+`stats.per_position_acceptance[k]` is the fraction of rounds that accepted at least k + 1 tokens
+of the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import check, check_positive_int
+from ..hf import HFDecoder
+from ..sampling import SamplingConfig, residual, sample, to_probs
+from .stats import DecodeStats
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """The shape of a draft tree: `depth` draft steps (the longest path), `topk` children per
+    expanded node, `width` nodes expanded per depth after the first."""
+
+    # the default is the best of the shapes measured on a 2-core CPU (README, "Tree drafting"), where
+    # a verify call's cost grows with its tokens; where verifying many tokens is nearly free (a GPU),
+    # larger trees (e.g. 5,3,3) pay
+    depth: int = 3
+    topk: int = 2
+    width: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "topk", "width"):
+            check_positive_int(getattr(self, name), f"tree {name}")
+
+    @classmethod
+    def parse(cls, text: str) -> TreeSpec:
+        """'DEPTH,TOPK,WIDTH' (e.g. '5,3,3')."""
+        parts = text.split(",")
+        check(len(parts) == 3 and all(p.strip().isdigit() for p in parts),
+              f"a tree is DEPTH,TOPK,WIDTH (three positive integers, e.g. 5,3,3), got {text!r}")
+        return cls(*(int(p) for p in parts))
+
+    @property
+    def max_nodes(self) -> int:
+        return self.topk + (self.depth - 1) * self.width * self.topk
+
+
+def _without(q: Tensor, x: int) -> Tensor | None:
+    """q with token x removed, renormalised (None when nothing is left): the next child's q."""
+    rest = q.clone()
+    rest[x] = 0
+    mass = rest.sum()
+    return None if float(mass) <= 0 else rest / mass
+
+
+class _Tree:
+    """The nodes of one round: token, parent (-1: the root), depth, cumulative draft log-prob."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parent: list[int] = []
+        self.depth: list[int] = []
+        self.score: list[float] = []
+        self.children: dict[int, list[int]] = {}
+        self.q: dict[int, Tensor] = {}           # node -> the distribution its children were drawn from
+
+    def add(self, parent: int, tokens: list[int], scores: list[float], q: Tensor | None) -> list[int]:
+        start = len(self.tokens)
+        depth = 1 if parent < 0 else self.depth[parent] + 1
+        self.tokens += tokens
+        self.parent += [parent] * len(tokens)
+        self.depth += [depth] * len(tokens)
+        self.score += scores
+        ids = list(range(start, len(self.tokens)))
+        self.children[parent] = ids
+        if q is not None:
+            self.q[parent] = q
+        return ids
+
+    def ancestry(self) -> Tensor:
+        """(n, n) bool: node j is node i or one of its ancestors."""
+        n = len(self.tokens)
+        allowed = torch.eye(n, dtype=torch.bool)
+        for i in range(n):
+            if self.parent[i] >= 0:
+                allowed[i] |= allowed[self.parent[i]]
+        return allowed
+
+
+class _TreeDecoding:
+    def __init__(self, target: HFDecoder, head, spec: TreeSpec, sampling: SamplingConfig, eos_id: int | None,
+                 generator: torch.Generator | None, stats: DecodeStats) -> None:
+        self.target, self.head, self.spec = target, head, spec
+        self.sampling, self.eos_id, self.generator, self.stats = sampling, eos_id, generator, stats
+        self.vocab = target.vocab_size
+
+    def pick(self, probs: Tensor) -> int:
+        return int(probs.argmax(-1)) if self.sampling.greedy else int(sample(probs, self.generator))
+
+    def draft_probs(self, logits: Tensor) -> Tensor:
+        """The head's distribution q over the target vocabulary (zero outside the draft vocabulary)."""
+        return to_probs(self.head.to_target_vocab(logits)[..., : self.vocab], self.sampling)
+
+    def children(self, logits: Tensor, k: int) -> tuple[list[int], list[float], Tensor | None]:
+        """k children of a node whose head logits are `logits` (draft,): (tokens, log q, q drawn from)."""
+        if self.sampling.greedy:
+            logq = torch.log_softmax(self.head.to_target_vocab(logits.float())[: self.vocab], -1)
+            top = logq.topk(min(k, int(torch.isfinite(logq).sum())))
+            return top.indices.tolist(), top.values.tolist(), None
+        q = self.draft_probs(logits.float())
+        rest, tokens, scores = q.clone(), [], []
+        for _ in range(k):                       # without replacement: each from q without the earlier ones
+            mass = float(rest.sum())
+            if mass <= 0:
+                break
+            x = int(sample(rest / mass, self.generator))
+            tokens.append(x)
+            scores.append(float(torch.log(q[x])))
+            rest[x] = 0
+        return tokens, scores, q
+
+    def draft(self, hcache, root_logits: Tensor, root_feature: Tensor) -> _Tree:
+        """Grow the round's tree from the head's prediction at the root (`root_logits` (draft,),
+        `root_feature` (H,)); see the module docstring."""
+        head, spec, tree = self.head, self.spec, _Tree()
+        layer = head.layers[0]
+        L = int(hcache.lengths[0])
+        ck, cv = hcache.k[0, :, :, :L], hcache.v[0, :, :, :L]           # (1, kv, L, d) committed positions
+        tokens, scores, q = self.children(root_logits, spec.topk)
+        frontier = tree.add(-1, tokens, scores, q)
+        feature = {-1: root_feature}
+        done_k: list[Tensor] = []
+        done_v: list[Tensor] = []
+        processed: list[int] = []
+        for _ in range(spec.depth - 1):
+            chosen = sorted(frontier, key=lambda i: -tree.score[i])[: spec.width]
+            if not chosen:
+                break
+            m = len(chosen)
+            toks = torch.tensor([tree.tokens[i] for i in chosen], device=head.device)
+            feats = torch.stack([feature[tree.parent[i]] for i in chosen])[None]          # (1, m, H)
+            pos = torch.tensor([[L + tree.depth[i] - 1 for i in chosen]], device=head.device)
+            cos, sin = head.rotary(pos, feats.dtype)
+            qq, kk, vv = layer.qkv(head.embed(toks[None]), feats, cos, sin)
+            keys = torch.cat([ck, *done_k, kk], 2)
+            values = torch.cat([cv, *done_v, vv], 2)
+            allowed = tree.ancestry()
+            mask = torch.cat([torch.ones(m, L, dtype=torch.bool),
+                              allowed[chosen][:, processed + chosen]], 1).to(head.device)
+            attended = F.scaled_dot_product_attention(qq, keys, values, attn_mask=mask[None, None],
+                                                      enable_gqa=qq.shape[1] != kk.shape[1])
+            out = layer.finish(feats, attended)[0]                                        # (m, H)
+            logits = head.logits(out)                                                     # (m, draft)
+            done_k.append(kk)
+            done_v.append(vv)
+            processed += chosen
+            frontier = []
+            for j, i in enumerate(chosen):
+                feature[i] = out[j]
+                tokens, scores, q = self.children(logits[j], spec.topk)
+                frontier += tree.add(i, [t for t in tokens], [tree.score[i] + s for s in scores], q)
+        return tree
+
+    def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
+        """The accepted path (node ids) and the token after it, from the target's distributions p
+        (1 + nodes, vocab): row 0 at the root (the pending token), row i + 1 at node i."""
+        path: list[int] = []
+        node = -1
+        while True:
+            probs = p[node + 1]
+            kids = tree.children.get(node, [])
+            if not kids:
+                return path, self.pick(probs)                                  # a leaf: the bonus token
+            if self.sampling.greedy:
+                best = int(probs.argmax())
+                match = [c for c in kids if tree.tokens[c] == best]
+                if not match:
+                    return path, best
+                node = match[0]
+                path.append(node)
+                continue
+            q = tree.q[node]
+            accepted = None
+            for c in kids:                                                     # recursive rejection sampling
+                x = tree.tokens[c]
+                u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
+                if u * float(q[x]) < float(probs[x]):
+                    accepted = c
+                    break
+                probs = residual(probs, q)
+                q = _without(q, x)
+                if q is None:
+                    break
+            if accepted is None:
+                return path, self.pick(probs)
+            node = accepted
+            path.append(node)
+
+    def row(self, prompt: Tensor, max_new: int) -> list[int]:
+        """Decode one prompt (n,) to at most max_new tokens (cut after EOS)."""
+        target, head, stats = self.target, self.head, self.stats
+        device = target.device
+        n = prompt.numel()
+        capacity = n + max_new + self.spec.max_nodes + 2
+        cache = target.new_cache(1, capacity, keep_layers=head.aux_layers)
+        logits = target(prompt[None].to(device), cache=cache, logits_at=torch.tensor([n - 1], device=device)).logits
+        stats.target_calls += 1
+        stats.row_calls += 1
+        out = [self.pick(to_probs(logits[0, 0], self.sampling))]
+        hcache = head.new_cache(1, capacity)
+        follow = torch.cat([prompt[1:].to(device), torch.tensor(out, device=device)])[None]
+        h = head.extend(follow, head.fuse(cache.layer_states), hcache)[0, -1]
+        while len(out) < max_new and (self.eos_id is None or out[-1] != self.eos_id):
+            tree = self.draft(hcache, head.logits(h), h)
+            ids = torch.tensor([[out[-1]] + tree.tokens], device=device)
+            allowed = torch.zeros(ids.shape[1], ids.shape[1], dtype=torch.bool)
+            allowed[:, 0] = True
+            allowed[1:, 1:] = tree.ancestry()
+            allowed[0, 0] = True
+            offsets = torch.tensor([0] + tree.depth, device=device)
+            logits = target(ids, cache=cache, tree=(offsets, allowed.to(device))).logits[0]     # (1 + nodes, vocab)
+            stats.target_calls += 1
+            stats.row_calls += 1
+            path, last = self.walk(tree, to_probs(logits.float(), self.sampling))
+            keep = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=device)
+            keep[0, 0] = True
+            keep[0, [i + 1 for i in path]] = True
+            cache.keep_new(keep)
+            new = [tree.tokens[i] for i in path] + [last]
+            states = cache.layer_states[:, [0] + [i + 1 for i in path]]
+            h = head.extend(torch.tensor([new], device=device), head.fuse(states), hcache)[0, -1]
+            for k in range(self.spec.depth):
+                stats.drafted_at[k] += 1
+                stats.accepted_at[k] += int(k < len(path))
+            out += new
+            if self.eos_id is not None and self.eos_id in out:
+                out = out[: out.index(self.eos_id) + 1]
+        return out[:max_new]
+
+
+def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: int, spec: TreeSpec,
+                  sampling: SamplingConfig, eos_id: int | None, generator: torch.Generator | None,
+                  stats: DecodeStats) -> list[Tensor]:
+    """Decode each row with tree drafting (module docstring); fills `stats`' counters. Called by
+    `generate(..., tree=TreeSpec(...))`, which has checked its arguments."""
+    check(isinstance(spec, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(spec).__name__}")
+    stats.accepted_at = [0] * spec.depth
+    stats.drafted_at = [0] * spec.depth
+    run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats)
+    out = []
+    for row in rows:
+        tokens = run.row(row, max_new_tokens) if max_new_tokens > 0 else []
+        out.append(torch.tensor(tokens, dtype=torch.long, device=row.device))
+    stats.drafted, stats.accepted = sum(stats.drafted_at), sum(stats.accepted_at)
+    return out

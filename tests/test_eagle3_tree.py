@@ -1,0 +1,170 @@
+"""Tree drafting for EAGLE-3 heads (`decode.tree`): the tree's verify call scores every node as
+its own path, greedy output is the target's at any tree shape, sampling is lossless (chi-square,
+recursive rejection sampling), and bad input is one line. Tiny random targets built from configs."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_decode import chi_square_p_value
+from test_eagle3 import _samples, head_for
+from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
+from test_hf_decode import V, build, hf_greedy, ragged_prompts
+
+from specdec_models import SpecdecError
+from specdec_models.decode import TreeSpec, generate
+from specdec_models.hf import HFDecoder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tree")
+    return {"llama": build(d / "llama", "llama", 1, 30.0), "neox": build(d / "neox", "neox", 2, 30.0)}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """An 8-token target and a head over 5 of its tokens (as test_eagle3's toy): with 3 children
+    per node the target's choice is often among them, so long paths are accepted."""
+    target = build(tmp_path_factory.mktemp("toy") / "t", "neox", 11, 6.0, vocab=8)
+    head = head_for(target, seed=3, draft=5, ids=torch.tensor([0, 2, 3, 5, 6]))
+    with torch.no_grad():
+        head.lm_head.weight.mul_(3.0)
+    return target, head
+
+
+@pytest.mark.parametrize("arch", ["llama", "neox"])
+def test_the_tree_verify_scores_every_node_as_its_own_path(models, arch):
+    # a tree of 7 nodes after a 5-token context: each node's logits equal a plain forward pass of
+    # context + its path, and after keeping one path the cache continues as if only it was fed
+    model = models[arch]
+    target = HFDecoder(model)
+    context = torch.randint(0, V, (5,))
+    tokens = torch.randint(0, V, (8,))                    # the pending token, then 7 nodes
+    parent = [-1, -1, 0, 0, 1, 2, 5]                      # node i's parent (-1: the pending token)
+    depth = []
+    for p in parent:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    allowed = torch.eye(8, dtype=torch.bool)
+    allowed[:, 0] = True
+    for i, p in enumerate(parent):
+        if p >= 0:
+            allowed[i + 1] |= allowed[p + 1]
+    cache = target.new_cache(1, 32)
+    target(context[None], cache=cache)
+    logits = target(tokens[None], cache=cache, tree=(torch.tensor([0] + depth), allowed)).logits[0]
+
+    def path(i):                                           # verify index i -> its tokens from the pending one
+        out = []
+        while i > 0:
+            out.append(i)
+            i = parent[i - 1] + 1
+        return [0] + out[::-1]
+
+    with torch.no_grad():
+        for i in range(8):
+            plain = model(torch.cat([context, tokens[path(i)]])[None]).logits[0, -1]
+            torch.testing.assert_close(logits[i], plain, rtol=1e-4, atol=1e-4)
+    keep = torch.zeros(1, 8, dtype=torch.bool)
+    assert path(7) == [0, 1, 3, 6, 7]                      # pending, nodes 0, 2, 5, 6: not contiguous
+    keep[0, path(7)] = True
+    cache.keep_new(keep)
+    assert cache.lengths.tolist() == [5 + 5]
+    nxt = torch.randint(0, V, (1, 2))
+    got = target(nxt, cache=cache).logits[0]
+    with torch.no_grad():
+        plain = model(torch.cat([context, tokens[path(7)], nxt[0]])[None]).logits[0, -2:]
+    torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch, draft", [("llama", None), ("llama", 60), ("neox", 50)])
+def test_greedy_tree_decoding_equals_the_targets_generate(models, arch, draft):
+    model = models[arch]
+    head = head_for(model, draft=draft, layers=[1, 2, 0] if arch == "llama" else None)
+    prompts = ragged_prompts()
+    alone, _ = hf_greedy(model, prompts, 16)
+    for spec in (TreeSpec(1, 1, 1), TreeSpec(3, 2, 2), TreeSpec(5, 3, 3)):
+        got, stats = generate(model, prompts, 16, prophet=head, temperature=0, tree=spec)
+        assert [t.tolist() for t in got] == alone, spec
+        assert stats.method == "eagle3_tree" and stats.drafted == spec.depth * (stats.target_calls - len(prompts))
+
+
+def test_greedy_tree_accepts_long_paths_and_stays_exact(toy):
+    # a head over 5 of the 8 tokens, holding the ones the target's greedy output loops on: its top
+    # 3 often hold the target's choice, rounds accept paths of several nodes whose slots are not
+    # contiguous in the verify call, and the output stays exact (deterministic: seeded, greedy)
+    target, _ = toy
+    head = head_for(target, seed=4, draft=5, ids=torch.tensor([1, 2, 3, 4, 5]))
+    with torch.no_grad():
+        head.lm_head.weight.mul_(3.0)
+    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    alone, _ = hf_greedy(target, prompts, 24)
+    chain, chain_stats = generate(target, prompts, 24, prophet=head, temperature=0, gamma=4)
+    got, stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3))
+    assert [t.tolist() for t in got] == alone == [t.tolist() for t in chain]
+    assert stats.tokens_per_call > chain_stats.tokens_per_call
+    assert stats.per_position_acceptance[1] > 0.2             # two or more accepted in >20% of rounds
+    assert stats.per_position_acceptance == sorted(stats.per_position_acceptance, reverse=True)
+
+
+@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+def test_tree_sampling_is_lossless_chi_square(toy, setting):
+    # 3 tokens of an 8-token target (512 joint outcomes), 3,000 samples, a tree of depth 2 with 3
+    # children per node drawn without replacement. Threshold p < 1e-4: a correct sampler fails at
+    # most once in 10^4 runs (the seeds are fixed); the broken variants below give p < 1e-20 from
+    # 1,000 samples (measured: about 1e-280 from 3,000).
+    target, head = toy
+    observed, exact, stats = _samples(target, head, 3000, tree=TreeSpec(2, 3, 2), **setting)
+    assert stats.method == "eagle3_tree"
+    assert 0.05 < stats.acceptance_rate < 0.95, "the toy head must be neither perfect nor useless"
+    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+
+
+@pytest.mark.parametrize("broken", ["correction from p", "q not updated"])
+def test_tree_chi_square_catches_a_broken_rejection_step(toy, monkeypatch, broken):
+    import specdec_models.decode.tree as tree
+
+    if broken == "correction from p":
+        monkeypatch.setattr(tree, "residual", lambda p, q: p)
+    else:                       # the later children tested against the first one's q: biased
+        monkeypatch.setattr(tree, "_without", lambda q, x: q)
+    target, head = toy
+    observed, exact, _ = _samples(target, head, 1000, tree=TreeSpec(2, 3, 2), temperature=1.0)
+    assert chi_square_p_value(observed, exact, 1000) < 1e-20
+
+
+def test_tree_spec_and_bad_input(models):
+    assert TreeSpec.parse("5,3,2") == TreeSpec(5, 3, 2) and TreeSpec(5, 3, 2).max_nodes == 3 + 4 * 6
+    model = models["llama"]
+    head = head_for(model, draft=40)
+    prompt = [torch.tensor([1, 2, 3])]
+    cases = [
+        (lambda: TreeSpec.parse("5,3"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec(0, 2, 2), "tree depth"),
+        (lambda: generate(model, prompt, 4, tree=TreeSpec()), "EAGLE-3 head"),
+        (lambda: generate(model, prompt, 4, prophet=head, gamma="auto", tree=TreeSpec()), "own depth"),
+        (lambda: generate(model, prompt, 4, prophet=head, repetition_penalty=1.2, tree=TreeSpec()), "repetition"),
+    ]
+    for call, message in cases:
+        with pytest.raises(SpecdecError, match=message) as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_the_comparison_runs_trees_at_batch_1_and_reports_greedy_agreement(models):
+    from train.bench.drafts import compare_drafters
+
+    model = models["llama"]
+    head = head_for(model, draft=60, layers=[1, 2, 0])
+    drafters = {"eagle3": {"prophet": head}, "tree": {"prophet": head, "tree": TreeSpec(3, 2, 2)}}
+    rows = compare_drafters(model, ragged_prompts(lengths=(3, 9, 6)), drafters, gamma=3, batches={1: 2, 8: 3},
+                            max_new_tokens=6, rounds=1)
+    assert [(r["temperature"], r["batch"], r["method"]) for r in rows] == [
+        (t, b, m) for t in (0.0, 1.0) for b in (1, 8) for m in ("plain", "eagle3", "tree") if b == 1 or m != "tree"]
+    for r in rows:
+        assert r["new_tokens"] == r["prompts"] * 6
+        if r["temperature"] == 0:               # fp32: every method is plain greedy decoding, token for token
+            assert r["greedy_equal_plain"] is True and r["greedy_agreement"] == 1.0
+        else:
+            assert r["greedy_agreement"] is None
