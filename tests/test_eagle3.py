@@ -13,7 +13,8 @@ from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
 from specdec_models import SpecdecError
 from specdec_models.decode import generate
-from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, vocab_maps
+from specdec_models.hf.eagle3 import (Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, needed_chains,
+                                      vocab_maps)
 from specdec_models.sampling import SamplingConfig, to_probs
 
 
@@ -91,6 +92,30 @@ def test_ttt_loss_masks_labels_and_learns(llama):
         loss.backward()
         opt.step()
     assert float(loss.detach()) < 0.5 * first
+
+
+def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama):
+    # steps 1.. computed for the needed chains only give exactly the full computation's outputs there
+    head = head_for(llama, draft=48, layers=[0, 1, 2])
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tokens = torch.randint(0, V, (3, 31))
+    aux, _ = aux_states(llama, tokens[:, :-1], head.aux_layers)
+    mask = torch.zeros(3, 29, dtype=torch.bool)            # label t + 1 counts (T = 29 head positions)
+    mask[0, 10:20] = True
+    mask[1, 3:29] = True
+    chains, real = needed_chains(mask, 4)
+    assert real.sum(1).tolist() == [12, 28, 0]               # labels 1..3 steps ahead: t in 7..18, 0..27
+    assert chains[0, :12].tolist() == list(range(7, 19)) and chains[1, :28].tolist() == list(range(28))
+    with torch.no_grad():
+        full = head.ttt_features(tokens, aux, 4)
+        some = head.ttt_features(tokens, aux, 4, chains)
+    torch.testing.assert_close(some[0], full[0])
+    for k in (1, 2, 3):
+        for r in range(3):
+            n = int(real[r].sum())
+            torch.testing.assert_close(some[k][r, :n], full[k][r, chains[r, :n]], rtol=1e-5, atol=1e-5)
 
 
 def test_the_target_embedding_is_shared_and_frozen(llama):

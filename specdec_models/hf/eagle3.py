@@ -31,7 +31,8 @@ shifted by the step. The tokens fed are the row's (teacher forcing: a draft step
 the drafts before it were accepted, and then they equal the target's tokens). The loss of step k
 is the forward KL from the target's next-token distribution, renormalised over the draft
 vocabulary, to the head's, weighted by `ttt_decay`^k, over the positions whose label is an answer
-token (`label_mask`). Renormalising is the right handling of the mass outside the draft
+token (`label_mask`). Steps 1..K-1 run only the chains with such a label ahead (`needed_chains`):
+a prompt position feeds step 0's keys but no later step. Renormalising is the right handling of the mass outside the draft
 vocabulary: among distributions q supported on the draft vocabulary V, the expected acceptance
 sum_x min(p(x), q(x)) is at most p(V), and q = p / p(V) attains it; the KL toward p / p(V) has
 exactly that q as its minimum.
@@ -231,24 +232,46 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
-    """Attention of training-time-test step len(ks): queries q (b, h, T, d) see the step-0 keys
+def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, ks: list[Tensor], vs: list[Tensor],
+                  query_pos: Tensor | None = None) -> Tensor:
+    """Attention of training-time-test step len(ks): queries q (b, h, M, d) see the step-0 keys
     k0 (b, kv, T, d) at positions <= their own (causal) and, at their own position only, the keys of
-    the steps 1..len(ks) (`ks`, each (b, kv, T, d)): what draft step len(ks) + 1 sees in decoding.
-    Returns (b, h, T, d)."""
+    the steps 1..len(ks) (`ks`, each (b, kv, M, d)): what draft step len(ks) + 1 sees in decoding.
+    The queries are those of positions 0..T-1 (M = T), or of the positions `query_pos` (b, M) when
+    only some chains are computed (`Eagle3Head.ttt_features`). Returns (b, h, M, d)."""
     groups = q.shape[1] // k0.shape[1]
     expand = (lambda t: t.repeat_interleave(groups, dim=1)) if groups > 1 else (lambda t: t)  # noqa: E731
     scale = q.shape[-1] ** -0.5
-    T = q.shape[2]
-    scores = torch.matmul(q, expand(k0).transpose(-1, -2)) * scale                     # (b, h, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    T = k0.shape[2]
+    scores = torch.matmul(q, expand(k0).transpose(-1, -2)) * scale                     # (b, h, M, T)
+    keys = torch.arange(T, device=q.device)
+    if query_pos is None:
+        causal = keys[None, :] <= keys[:, None]                                           # (T, T)
+    else:
+        causal = (keys[None, None, :] <= query_pos[:, :, None])[:, None]                  # (b, 1, M, T)
     scores = scores.masked_fill(~causal, float("-inf"))
-    diag = [(q * expand(k)).sum(-1, keepdim=True) * scale for k in ks]                 # each (b, h, T, 1)
+    diag = [(q * expand(k)).sum(-1, keepdim=True) * scale for k in ks]                 # each (b, h, M, 1)
     weights = torch.softmax(torch.cat([scores, *diag], -1).float(), -1).to(q.dtype)
     out = torch.matmul(weights[..., :T], expand(v0))
     for j, v in enumerate(vs):
         out = out + weights[..., T + j:T + j + 1] * expand(v)
     return out
+
+
+def needed_chains(mask: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """The chains (head positions t) that unrolled steps 1..steps-1 must compute, given the label
+    mask (b, T) (mask[b, t]: the label at position t + 1 counts): those whose label of some step
+    k >= 1, at position t + 1 + k, counts. Returns (positions (b, M), real (b, M)): each row's
+    chains in order, padded to the longest row's count with other positions (real False). A chain
+    reads only its own earlier steps and the step-0 keys, so leaving the others out changes nothing."""
+    b, T = mask.shape
+    need = torch.zeros_like(mask)
+    for k in range(1, steps):
+        need[:, : T - k] |= mask[:, k:]
+    counts = need.sum(1)
+    width = max(int(counts.max()), 1) if b else 1
+    order = (~need).to(torch.uint8).argsort(dim=1, stable=True)[:, :width]
+    return order, torch.arange(width, device=mask.device) < counts[:, None]
 
 
 class TTTLoss(NamedTuple):
@@ -396,9 +419,11 @@ class Eagle3Head(DraftHead):
 
     # -- training --------------------------------------------------------------------------------
 
-    def ttt_features(self, tokens: Tensor, aux: Tensor, steps: int) -> list[Tensor]:
+    def ttt_features(self, tokens: Tensor, aux: Tensor, steps: int, chains: Tensor | None = None) -> list[Tensor]:
         """The layer's outputs (b, n - 1, H) of each training-time-test step on rows tokens (b, n + 1)
-        with the target's aux hidden states aux (b, n, A*H) of tokens[:, :n] (see `ttt_logits`)."""
+        with the target's aux hidden states aux (b, n, A*H) of tokens[:, :n] (see `ttt_logits`).
+        chains (b, M): compute steps 1.. for these head positions only (`needed_chains`); those
+        steps' outputs are then (b, M, H), row m being chain chains[:, m]."""
         check_positive_int(steps, "ttt steps")
         b, n = aux.shape[:2]
         T = n - 1                                    # head positions 0..T-1 (x_{t+1} and a label at t+1)
@@ -408,18 +433,22 @@ class Eagle3Head(DraftHead):
         padded = torch.cat([tokens, tokens.new_zeros(b, steps)], 1)
         layer = self.layers[0]
         cos, sin = self.rotary(T + steps, dtype)
-        k0 = v0 = None
+        q, k0, v0 = layer.qkv(self.embed(padded[:, 1:1 + T]), feature, cos[:T], sin[:T])
+        feature = layer.finish(feature, ttt_attention(q, k0, v0, [], []))            # (b, T, H)
+        out = [feature]
+        if chains is not None and steps > 1:
+            feature = feature.gather(1, chains[..., None].expand(-1, -1, feature.shape[-1]))     # (b, M, H)
         ks: list[Tensor] = []
         vs: list[Tensor] = []
-        out = []
-        for k in range(steps):
-            q, kk, vv = layer.qkv(self.embed(padded[:, 1 + k:1 + k + T]), feature, cos[k:k + T], sin[k:k + T])
-            if k == 0:
-                k0, v0 = kk, vv
+        for k in range(1, steps):
+            if chains is None:
+                fed, c, s, at = padded[:, 1 + k:1 + k + T], cos[k:k + T], sin[k:k + T], None
             else:
-                ks.append(kk)
-                vs.append(vv)
-            feature = layer.finish(feature, ttt_attention(q, k0, v0, ks, vs))      # (b, T, H)
+                fed, c, s, at = padded.gather(1, chains + 1 + k), cos[chains + k][:, None], sin[chains + k][:, None], chains
+            q, kk, vv = layer.qkv(self.embed(fed), feature, c, s)
+            ks.append(kk)
+            vs.append(vv)
+            feature = layer.finish(feature, ttt_attention(q, k0, v0, ks, vs, query_pos=at))
             out.append(feature)
         return out
 
@@ -461,21 +490,27 @@ class Eagle3Head(DraftHead):
             row = torch.full((b, T), -1, dtype=torch.long, device=aux.device)        # (b, t) -> row of p
             row[mask] = torch.arange(int(mask.sum()), device=aux.device)
         losses, kls, hits, correct, counts = [], [], [], [], []
+        # steps 1.. run only the chains with a counted label ahead (not the prompt's, not past EOS)
+        chains, real = needed_chains(mask, steps)
+        every = torch.arange(T, device=aux.device).expand(b, T)
         alive = mask
-        for k, feature in enumerate(self.ttt_features(tokens, aux, steps)):
-            valid = T - k
-            sel = mask[:, k:k + valid]                                                # label t + 1 + k counts
-            rows = row[:, k:k + valid][sel]
-            logq = torch.log_softmax(self.logits(feature[:, :valid][sel]).float(), -1)      # (Mk, draft)
+        for k, feature in enumerate(self.ttt_features(tokens, aux, steps, chains)):
+            at, ok = (every, torch.ones_like(mask)) if k == 0 else (chains, real)   # chain positions t
+            label_at = (at + k).clamp(max=T - 1)                                      # label t + 1 + k
+            sel = ok & (at + k < T) & mask.gather(1, label_at)
+            rows = row.gather(1, label_at)[sel]
+            logq = torch.log_softmax(self.logits(feature[sel]).float(), -1)                    # (Mk, draft)
             kl = p_logp[rows] - (p[rows] * logq).sum(-1)                             # (Mk,) KL(p || q)
             count = sel.sum().clamp_min(1)
             losses.append(kl.sum() / count * decay ** k)
             with torch.no_grad():
                 right = torch.zeros_like(sel)
                 right[sel] = logq.argmax(-1) == label[rows]
-                alive = alive[:, :valid] & right
-                kls.append(kl.sum() / count)
+                alive = right if k == 0 else alive & right                            # every step so far right
                 hits.append(alive.sum())
+                if k == 0:                                                            # followed along the chains
+                    alive = alive.gather(1, chains) & real
+                kls.append(kl.sum() / count)
                 correct.append(right.sum())
                 counts.append(sel.sum())
         with torch.no_grad():        # the full head at up to 256 positions: validation only, not every step
@@ -535,4 +570,4 @@ def target_hidden_states(target: Any, tokens: Tensor, layers: list[int], *, cach
 
 
 __all__ = ["Eagle3Config", "Eagle3Head", "TTTLoss", "choose_draft_vocab", "coverage", "default_aux_layers",
-           "target_hidden_states", "ttt_attention", "vocab_maps"]
+           "needed_chains", "target_hidden_states", "ttt_attention", "vocab_maps"]
