@@ -229,9 +229,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         if name:
             ax_calls.set_title(f"{name} prompts", fontsize=10)
             ax_speed.set_title(f"{name} prompts", fontsize=10)
-    axes[0][0].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(methods), 3), fontsize=8, frameon=False)
     fig.suptitle("Drafts for SmolLM2-135M-Instruct on 2 CPU cores")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * ((len(methods) - 1) // 3), 1, 1))   # room for the legend below
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
