@@ -133,10 +133,9 @@ class _TreeDecoding:
 
     def children(self, logits: Tensor, k: int) -> tuple[list[int], list[float], Tensor | None]:
         """k children of a node whose head logits are `logits` (draft,): (tokens, log q, q drawn from)."""
-        if self.sampling.greedy:
-            logq = torch.log_softmax(self.head.to_target_vocab(logits.float())[: self.vocab], -1)
-            top = logq.topk(min(k, int(torch.isfinite(logq).sum())))
-            return top.indices.tolist(), top.values.tolist(), None
+        if self.sampling.greedy:                 # the head's top-k, over its own vocabulary
+            top = torch.log_softmax(logits.float(), -1).topk(min(k, logits.shape[-1]))
+            return self.head.draft_ids[top.indices].tolist(), top.values.tolist(), None
         q = self.draft_probs(logits.float())
         rest, tokens, scores = q.clone(), [], []
         for _ in range(k):                       # without replacement: each from q without the earlier ones
