@@ -5,6 +5,7 @@ side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tok
     python scripts/bench_hf.py --draft-layers 8 --gamma 4       # with an 8-layer draft
     python scripts/bench_hf.py --prophet HEAD_DIR               # a trained hf_prophet head
     python scripts/bench_hf.py --hf-model DIR --batch 8 --json out.json
+    python scripts/bench_hf.py --verify-cost 5 9 16 28 --dtype bfloat16   # a call on n tokens / a 1-token step
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--verify-cost", type=int, nargs="+", metavar="N",
+                        help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
+                             "chain's verify and through a tree's 4-D mask (train.bench.hf.verify_costs)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the target's dtype")
+    parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args(argv)
     try:
@@ -44,7 +50,17 @@ def main(argv: list[str] | None = None) -> int:
             check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
         check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
+        if args.verify_cost:
+            check(args.context >= 1, f"--context must be >= 1, got {args.context}")
+            check(all(n >= 1 for n in args.verify_cost), f"--verify-cost sizes must be >= 1, got {args.verify_cost}")
         loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
+        loaded.model.to(getattr(torch, args.dtype))
+        if args.verify_cost:
+            from train.bench.hf import verify_costs
+
+            costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats)
+            print(json.dumps({"model": str(loaded.source), "dtype": args.dtype, "context": args.context, **costs}))
+            return 0
         check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
               "give one of --draft-layers, --prophet, --prophet-layers")
         draft = first_layers(loaded.model, args.draft_layers) if args.draft_layers else None

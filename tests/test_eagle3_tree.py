@@ -168,3 +168,13 @@ def test_the_comparison_runs_trees_at_batch_1_and_reports_greedy_agreement(model
             assert r["greedy_equal_plain"] is True and r["greedy_agreement"] == 1.0
         else:
             assert r["greedy_agreement"] is None
+
+
+def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
+    from train.bench.hf import verify_costs
+
+    costs = verify_costs(models["llama"], 8, [1, 3], repeats=2)
+    assert set(costs) == {"chain", "tree"} and costs["chain"][1] == 1.0
+    assert all(set(c) == {1, 3} and all(v > 0 for v in c.values()) for c in costs.values())
+    with pytest.raises(SpecdecError, match="include 1"):
+        verify_costs(models["llama"], 8, [3])
