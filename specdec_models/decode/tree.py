@@ -187,7 +187,7 @@ class _TreeDecoding:
             for j, i in enumerate(chosen):
                 feature[i] = out[j]
                 tokens, scores, q = self.children(logits[j], spec.topk)
-                frontier += tree.add(i, [t for t in tokens], [tree.score[i] + s for s in scores], q)
+                frontier += tree.add(i, tokens, [tree.score[i] + s for s in scores], q)
         return tree
 
     def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
