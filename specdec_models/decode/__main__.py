@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
     check(len(args.prompt) > 0, "--prompt is empty: give at least one character")
     if args.tree is not None:
-        TreeSpec.parse(args.tree)
+        args.tree = TreeSpec.parse(args.tree)          # parsed once, before any model is loaded
         check(args.eagle3, "--tree drafts with an EAGLE-3 head: give --eagle3 DIR")
     given = [flag for flag, value in (("--export", args.export), ("--hf-model", args.hf_model), ("--gguf", args.gguf))
              if value is not None]
@@ -206,7 +206,7 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
                              top_k=sampling.top_k, top_p=sampling.top_p,
                              repetition_penalty=sampling.repetition_penalty, eos_id=eos, vocab_size=hf.vocab_size,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed),
-                             tree=None if args.tree is None else TreeSpec.parse(args.tree))
+                             tree=args.tree)
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
 

@@ -245,7 +245,6 @@ class _TreeDecoding:
             allowed = torch.zeros(ids.shape[1], ids.shape[1], dtype=torch.bool)
             allowed[:, 0] = True
             allowed[1:, 1:] = tree.ancestry()
-            allowed[0, 0] = True
             offsets = torch.tensor([0] + tree.depth, device=device)
             logits = target(ids, cache=cache, tree=(offsets, allowed.to(device))).logits[0]     # (1 + nodes, vocab)
             stats.target_calls += 1
