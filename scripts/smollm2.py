@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/smollm2", help="the recipe's folder (steps resume inside it)")
     parser.add_argument("--text", default=str(TEXT), help="text for prompts (raw, .zip or .gz)")
-    parser.add_argument("--prompts", type=int, default=1280, help="training prompts")
-    parser.add_argument("--rows", type=int, default=1536, help="cached rows (the target's answers)")
+    parser.add_argument("--prompts", type=int, default=3072, help="training prompts")
+    parser.add_argument("--rows", type=int, default=3072, help="cached rows (the target's answers)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--train-minutes", type=int, default=30, help="wall time of each draft's training")
     parser.add_argument("--student-minutes", type=int, default=10,
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = out / "cache"
     step("cache", [[py, "scripts/cache_embeddings.py", "--gguf", gguf, "--prompts", str(prompts), "--chat",
                     "--temperatures", "0", "1", "--seq-len", str(args.seq_len), "--windows", str(args.rows),
-                    "--batch-size", "64", "--layers", "2", "15", "27", "30", "--model-dtype", "bfloat16",
+                    "--batch-size", "256", "--layers", "2", "15", "27", "30", "--model-dtype", "bfloat16",
                     "--out", str(cache), "--overwrite"]],
          cache / "cache.json")
     counts = out / "draft_vocab.json"

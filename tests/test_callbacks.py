@@ -225,6 +225,10 @@ def test_temperature_tags_and_argument_errors():
         SpeculativeEval(temperatures=[1, 1.0])
     with pytest.raises(SpecdecError, match="prophet_train_length"):
         SpeculativeEval(gamma=GAMMA + 2).check_model(tiny_net())
+    with pytest.raises(SpecdecError, match="DEPTH,TOPK,WIDTH"):
+        SpeculativeEval(tree="3x2")
+    with pytest.raises(SpecdecError, match="EAGLE-3 head only"):
+        SpeculativeEval(gamma=GAMMA, tree="2,2,1").check_model(tiny_net())
 
 
 def test_eval_callback_checks_its_module_in_setup_before_any_step(tmp_path):

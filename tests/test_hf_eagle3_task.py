@@ -43,7 +43,7 @@ def counts_file(path, tokenizer, counts):
 
 @pytest.fixture(scope="module")
 def online(hf, tmp_path_factory):
-    return run(cfg(hf, tmp_path_factory.mktemp("eagle3") / "run"))
+    return run(cfg(hf, tmp_path_factory.mktemp("eagle3") / "run", "callbacks.speculative_eval.tree='2,2,1'"))
 
 
 def test_online_run_trains_evaluates_and_logs_simulated_acceptance(online):
@@ -56,6 +56,9 @@ def test_online_run_trains_evaluates_and_logs_simulated_acceptance(online):
                 "val/tokens_per_call/t0", "val/tokens_per_call/t1", "val/per_position_acceptance/pos1/t0"):
         assert math.isfinite(m[key]), key
     assert 1.0 <= m["val/simulated_tokens_per_call"] <= 4.0          # 3 unrolled steps
+    for t in ("t0", "t1"):                                            # the 2,2,1 tree beside the chain
+        assert 1.0 <= m[f"val/tree/tokens_per_call/{t}"] <= 3.0 and m[f"val/tree/speedup/{t}"] > 0
+        assert 1.0 >= m[f"val/tree/per_position_acceptance/pos1/{t}"] >= m[f"val/tree/per_position_acceptance/pos2/{t}"]
     rows = [json.loads(line) for line in (online["output_dir"] / "speculative_samples.jsonl").read_text().splitlines()]
     assert all(r["matches_base"] for r in rows if r["temperature"] == 0)
 

@@ -22,6 +22,13 @@ docs/DECODING.md):
     val/best_predicted_speedup/b{B}/t{T}     at batch B = 1 and B = num_prompts (`choose_gamma`)
     val/spec_eval_seconds                    wall time of the whole evaluation (not training time)
 
+With `tree="depth,topk,width"` (an EAGLE-3 head), the same prompts are also decoded with that draft
+tree (`specdec_models.decode.tree`, rows one after another) and plainly one row at a time:
+
+    val/tree/tokens_per_call/t{T}                     emitted tokens / target calls
+    val/tree/per_position_acceptance/pos{i}/t{T}      fraction of rounds that accepted >= i tokens
+    val/tree/speedup/t{T}                             wall time of plain / tree decoding, row by row
+
 T is the temperature written with `{:g}`: t0 (greedy), t1, t0.7. With `choose_gamma` (the
 default) the cost ratios c and v(1..gamma) are timed once per evaluation on the models' KV caches
 (`decode.cost.measure_costs`, at batch 1 and num_prompts; v(gamma) at num_prompts from the run
@@ -66,9 +73,10 @@ from torch import Tensor, nn
 from specdec_models import ModelWithProphet, byte_tokenizer
 from specdec_models.decode import SpeedProfile, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
+from specdec_models.decode.tree import TreeSpec
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.heads import DraftHead
-from specdec_models.hf import HFDecoder
+from specdec_models.hf import Eagle3Head, HFDecoder
 
 from .checkpoints import EXPORT_METADATA_KEY
 from .data.streams import SpecdecDataModule
@@ -111,14 +119,16 @@ class SpecdecCallback(L.Callback):
 class SpeculativeEval(SpecdecCallback):
     def __init__(self, num_prompts: int = 4, prompt_len: int = 64, max_new_tokens: int = 64, gamma: int = 5,
                  temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, samples_dir: str | None = None,
-                 num_threads: int | None = None, choose_gamma: bool = True) -> None:
+                 num_threads: int | None = None, choose_gamma: bool = True, tree: str | None = None) -> None:
         """`num_prompts` fixed prompts of `prompt_len` bytes from `trainer.datamodule.prompts`,
         `max_new_tokens` new bytes each, `gamma` drafts per round, one decoding per temperature.
         `num_threads`: CPU threads while decoding (None: the process's setting). Decoding a few
         rows is a chain of small latency-bound ops: on a CPU shared with other work, one thread
         can be many times faster than two that wait for each other. `choose_gamma`: time the
         cost ratios and pick the best gamma in 1..gamma per temperature and batch size (module
-        docstring)."""
+        docstring). `tree` ("depth,topk,width", an EAGLE-3 head only): also decode with that draft
+        tree (`decode.tree`), rows one after another as tree drafting runs, and log it beside the
+        chain (module docstring)."""
         super().__init__()
         for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),
                             ("max_new_tokens", max_new_tokens), ("gamma", gamma)]:
@@ -136,6 +146,9 @@ class SpeculativeEval(SpecdecCallback):
         self.num_threads = num_threads
         check(isinstance(choose_gamma, bool), f"speculative_eval.choose_gamma must be true or false, got {choose_gamma!r}")
         self.choose_gamma = choose_gamma
+        check(tree is None or isinstance(tree, str), f"speculative_eval.tree must be \"depth,topk,width\" or null, "
+                                                     f"got {tree!r}")
+        self.tree = None if tree is None else TreeSpec.parse(tree)
         # the last evaluation's speed profiles, one per temperature and batch size (checkpointed)
         self.speed_profiles: list[dict[str, Any]] = []
         self._prompts: Tensor | list[Tensor] | None = None
@@ -164,6 +177,11 @@ class SpeculativeEval(SpecdecCallback):
             check(isinstance(models.prophet, DraftHead),
                   f"SpeculativeEval: a prophet must be a ModelWithProphet, an HFProphet or an Eagle3Head, got "
                   f"{type(models.prophet).__name__}")
+            check(self.tree is None or isinstance(models.prophet, Eagle3Head),
+                  f"speculative_eval.tree drafts with an EAGLE-3 head only, not a {type(models.prophet).__name__}")
+            check(self.tree is None or models.prophet.max_gamma >= self.tree.depth,
+                  f"speculative_eval.tree's depth ({self.tree.depth if self.tree else 0}) exceeds what the head drafts "
+                  f"({models.prophet.max_gamma})")
             check(models.prophet.max_gamma >= self.gamma,
                   f"speculative_eval.gamma ({self.gamma}) needs a head that drafts gamma tokens per round: "
                   f"it drafts {models.prophet.max_gamma} (a prophet's prophet_train_length - 1)")
@@ -271,6 +289,8 @@ class SpeculativeEval(SpecdecCallback):
         }
         for i, rate in enumerate(spec["per_position_acceptance"], start=1):
             metrics[f"val/per_position_acceptance/pos{i}/{tag}"] = rate
+        if self.tree is not None:
+            metrics.update(self._evaluate_tree(models, prompts, temperature, device, tag))
         profiles: list[dict[str, Any]] = []
         if costs:
             try:
@@ -294,6 +314,28 @@ class SpeculativeEval(SpecdecCallback):
                 "speedup": metrics[f"val/speedup/{tag}"],
             })
         return metrics, samples, profiles
+
+    def _evaluate_tree(self, models: SpeculativeModels, prompts: Tensor | list[Tensor], temperature: float,
+                       device: torch.device, tag: str) -> dict[str, float]:
+        """Tree drafting on the same prompts, rows one after another (as `decode.tree` runs them),
+        against plain decoding also one row at a time: tokens per call, the fraction of rounds
+        that accepted at least i tokens, and the wall-time ratio."""
+        rows = [p for p in prompts]
+        decode = dict(max_new_tokens=self.max_new_tokens, temperature=temperature)
+        warm = dict(decode, max_new_tokens=min(self.max_new_tokens, 2 * self.tree.depth + 2))
+        generate(models.target, rows[:1], prophet=models.prophet, tree=self.tree, gamma=self.tree.depth,
+                 generator=self._generator(device, temperature), **warm)
+        _, tree = generate(models.target, rows, prophet=models.prophet, tree=self.tree, gamma=self.tree.depth,
+                           generator=self._generator(device, temperature), **decode)
+        t0 = time.perf_counter()
+        for row in rows:
+            generate(models.target, [row], generator=self._generator(device, temperature), **decode)
+        base_seconds = time.perf_counter() - t0
+        metrics = {f"val/tree/tokens_per_call/{tag}": tree.tokens_per_call,
+                   f"val/tree/speedup/{tag}": base_seconds / max(tree.wall_seconds, 1e-12)}
+        for i, rate in enumerate(tree.per_position_acceptance, start=1):
+            metrics[f"val/tree/per_position_acceptance/pos{i}/{tag}"] = rate
+        return metrics
 
     # -- Lightning hooks -------------------------------------------------------------------------
 
