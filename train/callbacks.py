@@ -177,11 +177,12 @@ class SpeculativeEval(SpecdecCallback):
             check(isinstance(models.prophet, DraftHead),
                   f"SpeculativeEval: a prophet must be a ModelWithProphet, an HFProphet or an Eagle3Head, got "
                   f"{type(models.prophet).__name__}")
-            check(self.tree is None or isinstance(models.prophet, Eagle3Head),
-                  f"speculative_eval.tree drafts with an EAGLE-3 head only, not a {type(models.prophet).__name__}")
-            check(self.tree is None or models.prophet.max_gamma >= self.tree.depth,
-                  f"speculative_eval.tree's depth ({self.tree.depth if self.tree else 0}) exceeds what the head drafts "
-                  f"({models.prophet.max_gamma})")
+            if self.tree is not None:
+                check(isinstance(models.prophet, Eagle3Head),
+                      f"speculative_eval.tree drafts with an EAGLE-3 head only, not a {type(models.prophet).__name__}")
+                check(models.prophet.max_gamma >= self.tree.depth,
+                      f"speculative_eval.tree's depth ({self.tree.depth}) exceeds what the head drafts "
+                      f"({models.prophet.max_gamma})")
             check(models.prophet.max_gamma >= self.gamma,
                   f"speculative_eval.gamma ({self.gamma}) needs a head that drafts gamma tokens per round: "
                   f"it drafts {models.prophet.max_gamma} (a prophet's prophet_train_length - 1)")
@@ -320,7 +321,7 @@ class SpeculativeEval(SpecdecCallback):
         """Tree drafting on the same prompts, rows one after another (as `decode.tree` runs them),
         against plain decoding also one row at a time: tokens per call, the fraction of rounds
         that accepted at least i tokens, and the wall-time ratio."""
-        rows = [p for p in prompts]
+        rows = list(prompts)
         decode = dict(max_new_tokens=self.max_new_tokens, temperature=temperature)
         warm = dict(decode, max_new_tokens=min(self.max_new_tokens, 2 * self.tree.depth + 2))
         generate(models.target, rows[:1], prophet=models.prophet, tree=self.tree, gamma=self.tree.depth,
