@@ -1,6 +1,7 @@
 """Tree drafting for EAGLE-3 heads (`decode.tree`): the tree's verify call scores every node as
-its own path, greedy output is the target's at any tree shape, sampling is lossless (chi-square,
-recursive rejection sampling), and bad input is one line. Tiny random targets built from configs."""
+its own path, greedy output is the target's at any tree shape, with or without a prompt-lookup
+path, sampling is lossless (chi-square, recursive rejection sampling, looked-up tokens as
+point-mass candidates), and bad input is one line. Tiny random targets built from configs."""
 
 import pytest
 import torch
@@ -14,7 +15,11 @@ from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
 from specdec_models import SpecdecError
 from specdec_models.decode import TreeSpec, generate
+from specdec_models.decode.tree import _Tree, lookup_continuation
 from specdec_models.hf import HFDecoder
+
+
+LOOP = (3, 2, 0, 4, 5, 4, 5)          # a prompt ending in a loop: prompt lookup proposes 4, 5, 4, 5
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +89,46 @@ def test_greedy_tree_decoding_equals_the_targets_generate(models, arch, draft):
     head = head_for(model, draft=draft, layers=[1, 2, 0] if arch == "llama" else None)
     prompts = ragged_prompts()
     alone, _ = hf_greedy(model, prompts, 16)
-    for spec in (TreeSpec(1, 1, 1), TreeSpec(3, 2, 2), TreeSpec(5, 3, 3)):
+    for spec in (TreeSpec(1, 1, 1), TreeSpec(3, 2, 2), TreeSpec(5, 3, 3), TreeSpec(3, 2, 1, 5), TreeSpec(1, 1, 1, 2)):
         got, stats = generate(model, prompts, 16, prophet=head, temperature=0, tree=spec)
         assert [t.tolist() for t in got] == alone, spec
-        assert stats.method == "eagle3_tree" and stats.drafted == spec.depth * (stats.target_calls - len(prompts))
+        assert stats.method == "eagle3_tree" and stats.drafted == spec.max_depth * (stats.target_calls - len(prompts))
+
+
+def test_lookup_continues_the_latest_longest_match():
+    # the last 3 tokens (5, 6, 7) occur once before: what followed them; a 2-token tail matching
+    # twice: the later occurrence; no earlier occurrence of the last token: nothing
+    assert lookup_continuation([5, 6, 7, 8, 9, 1, 5, 6, 7], 3) == [8, 9, 1]
+    assert lookup_continuation([5, 6, 7, 8, 9, 1, 5, 6, 7], 9) == [8, 9, 1, 5, 6, 7, 8, 9, 1]   # read as a loop
+    assert lookup_continuation([1, 2, 3, 1, 2, 4, 9, 1, 2], 2) == [4, 9]
+    assert lookup_continuation([0, 4, 5, 4, 5, 4], 5) == [5, 4, 5, 4, 5]               # a loop of period 2
+    assert lookup_continuation([3, 9, 1, 2, 3, 9, 4, 2, 3, 9], 2) == [4, 2]     # 3-gram 2,3,9 beats 3,9 later
+    assert lookup_continuation([1, 2, 3], 4) == [] and lookup_continuation([1, 2, 1], 0) == []
+    assert lookup_continuation([7], 4) == [] and lookup_continuation([], 4) == []
+
+
+def test_a_looked_up_path_goes_beneath_head_nodes_with_its_tokens():
+    tree = _Tree()
+    tree.add(-1, [4, 6], [-0.1, -0.5], None)             # the head's two children of the root
+    tree.add(0, [8], [-0.3], None)                       # and one grandchild under token 4
+    tree.add_path([4, 8, 1, 2])
+    assert tree.tokens == [4, 6, 8, 1, 2] and tree.parent == [-1, -1, 0, 2, 3]
+    assert tree.looked_up == {3, 4} and tree.depth == [1, 1, 2, 3, 4]
+    tree.add_path([6, 3])                                # another round's path: beside the head's grandchild
+    assert tree.children[1] == [5] and tree.looked_up == {3, 4, 5}
+
+
+def test_greedy_lookup_accepts_the_targets_loops_and_stays_exact(toy):
+    # the toy target's greedy output loops: copying its earlier turns adds accepted tokens to the
+    # head's tree (seeded, greedy: deterministic), and the output is the target's token for token
+    target, head = toy
+    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    alone, _ = hf_greedy(target, prompts, 32)
+    plain_tree, base = generate(target, prompts, 32, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1))
+    got, stats = generate(target, prompts, 32, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 6))
+    assert [t.tolist() for t in got] == alone == [t.tolist() for t in plain_tree]
+    assert stats.tokens_per_call > base.tokens_per_call + 0.5
+    assert len(stats.per_position_acceptance) == 6 and stats.per_position_acceptance[4] > 0.2
 
 
 def test_greedy_tree_accepts_long_paths_and_stays_exact(toy):
@@ -121,6 +162,28 @@ def test_tree_sampling_is_lossless_chi_square(toy, setting):
     assert chi_square_p_value(observed, exact, 3000) > 1e-4
 
 
+@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+def test_tree_with_lookup_sampling_is_lossless_chi_square(toy, setting):
+    # as above, after a prompt that ends in a loop (4, 5, 4, 5), so every round has a looked-up
+    # path; its 4s lie outside the head's vocabulary, so they are tested as point masses after the
+    # head's drawn children. Threshold p < 1e-4: a correct sampler fails at most once in 10^4 runs
+    # (fixed seeds); the broken variant below gives p ~ 1e-24 from 1,000 samples (measured)
+    target, head = toy
+    assert lookup_continuation(list(LOOP), 4) == [4, 5, 4, 5] and 4 not in head.draft_ids.tolist()
+    observed, exact, stats = _samples(target, head, 3000, tree=TreeSpec(2, 2, 1, 4), prompt=LOOP, **setting)
+    assert stats.method == "eagle3_tree" and len(stats.per_position_acceptance) == 4
+    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+
+
+def test_lookup_chi_square_catches_a_rejected_token_left_in_p(toy, monkeypatch):
+    import specdec_models.decode.tree as tree
+
+    monkeypatch.setattr(tree, "_rejected", lambda p, x: p)     # the rejected looked-up token drawn again
+    target, head = toy
+    observed, exact, _ = _samples(target, head, 1000, tree=TreeSpec(2, 1, 1, 4), prompt=LOOP, temperature=1.0)
+    assert chi_square_p_value(observed, exact, 1000) < 1e-12
+
+
 @pytest.mark.parametrize("broken", ["correction from p", "q not updated"])
 def test_tree_chi_square_catches_a_broken_rejection_step(toy, monkeypatch, broken):
     import specdec_models.decode.tree as tree
@@ -136,12 +199,16 @@ def test_tree_chi_square_catches_a_broken_rejection_step(toy, monkeypatch, broke
 
 def test_tree_spec_and_bad_input(models):
     assert TreeSpec.parse("5,3,2") == TreeSpec(5, 3, 2) and TreeSpec(5, 3, 2).max_nodes == 3 + 4 * 6
+    assert TreeSpec.parse("3,2,1,6") == TreeSpec(3, 2, 1, 6) and TreeSpec(3, 2, 1, 6).max_nodes == 2 + 2 * 2 + 6
+    assert TreeSpec(3, 2, 1, 6).label == "3,2,1 + lookup 6" and TreeSpec(3, 2, 1, 6).max_depth == 6
     model = models["llama"]
     head = head_for(model, draft=40)
     prompt = [torch.tensor([1, 2, 3])]
     cases = [
         (lambda: TreeSpec.parse("5,3"), "DEPTH,TOPK,WIDTH"),
         (lambda: TreeSpec(0, 2, 2), "tree depth"),
+        (lambda: TreeSpec.parse("3,2,1,6,1"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec(3, 2, 1, -1), "tree lookup"),
         (lambda: generate(model, prompt, 4, tree=TreeSpec()), "EAGLE-3 head"),
         (lambda: generate(model, prompt, 4, prophet=head, gamma="auto", tree=TreeSpec()), "own depth"),
         (lambda: generate(model, prompt, 4, prophet=head, repetition_penalty=1.2, tree=TreeSpec()), "repetition"),

@@ -205,9 +205,10 @@ def generate(
     `repetition_penalty` (transformers' semantics, see `sampling.penalise`) stays lossless: every
     position, drafted ones included, is processed with the context before it (draft position i
     and the target's verify position that predicts it both see prompt + emitted + d_1..d_{i-1}).
-    `tree=TreeSpec(depth, topk, width)` (an EAGLE-3 head only) drafts a tree of candidates instead
-    of a chain and verifies it in one call (`decode.tree`: lossless at every temperature, rows one
-    after another); the tree's depth takes gamma's place, so gamma must not be "auto".
+    `tree=TreeSpec(depth, topk, width, lookup)` (an EAGLE-3 head only) drafts a tree of candidates
+    instead of a chain, with `lookup` prompt-lookup tokens as one more path, and verifies it in one
+    call (`decode.tree`: lossless at every temperature, rows one after another); the tree's depth
+    takes gamma's place, so gamma must not be "auto".
 
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""

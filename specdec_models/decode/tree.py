@@ -27,6 +27,17 @@ Lossless at every temperature.
   children, and how many, depends only on their ancestors' values, never on the children's own:
   no candidate is dropped for being unlikely after it was drawn (that would bias the test).
 
+Prompt lookup in the tree (`TreeSpec(..., lookup=N)`): besides the head's nodes, the round's tree
+holds up to N tokens that followed the latest earlier occurrence of the context's last 3 (else 2,
+else 1) tokens (prompt-lookup decoding, Saxena 2023), as one more path from the root. Where a head
+node at that place already holds the token, the path goes on beneath it rather than beside it. A
+small model's greedy answers repeat their own words, and there the head, trained for minutes,
+predicts them worse than the copy does; the copy costs no draft compute, only its nodes in the
+verify call. Lossless too: a looked-up node is a deterministic candidate (q a point mass), tested
+after the node's drawn children: accepted with probability p'(x) under the residual p' those left,
+else the token is drawn from p' without x, renormalised; together these draw exactly from p' (for
+any x not chosen from the target's own draws), so the emitted token is still distributed as p.
+
 Rows of a batch are decoded one after another (the tree's verify already fills the target call);
 `stats.per_position_acceptance[k]` is the fraction of rounds that accepted at least k + 1 tokens
 of the tree.
@@ -48,8 +59,9 @@ from .stats import DecodeStats
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """The shape of a draft tree: `depth` draft steps (the longest path), `topk` children per
-    expanded node, `width` nodes expanded per depth after the first."""
+    """The shape of a draft tree: `depth` draft steps of the head, `topk` children per expanded
+    node, `width` nodes expanded per depth after the first, and `lookup` tokens of prompt lookup
+    (0: none; module docstring) as one more path."""
 
     # the default is the best of the shapes measured on a 2-core CPU (README, "Tree drafting"), where
     # a verify call's cost grows with its tokens; where verifying many tokens is nearly free (a GPU),
@@ -57,22 +69,53 @@ class TreeSpec:
     depth: int = 3
     topk: int = 2
     width: int = 1
+    lookup: int = 0
 
     def __post_init__(self) -> None:
         for name in ("depth", "topk", "width"):
             check_positive_int(getattr(self, name), f"tree {name}")
+        check(isinstance(self.lookup, int) and not isinstance(self.lookup, bool) and self.lookup >= 0,
+              f"tree lookup must be a non-negative integer, got {self.lookup!r}")
 
     @classmethod
     def parse(cls, text: str) -> TreeSpec:
-        """'DEPTH,TOPK,WIDTH' (e.g. '5,3,3')."""
+        """'DEPTH,TOPK,WIDTH' or 'DEPTH,TOPK,WIDTH,LOOKUP' (e.g. '5,3,3' or '3,2,1,6')."""
         parts = text.split(",")
-        check(len(parts) == 3 and all(p.strip().isdigit() for p in parts),
-              f"a tree is DEPTH,TOPK,WIDTH (three positive integers, e.g. 5,3,3), got {text!r}")
+        check(len(parts) in (3, 4) and all(p.strip().isdigit() for p in parts),
+              f"a tree is DEPTH,TOPK,WIDTH[,LOOKUP] (positive integers, e.g. 5,3,3 or 3,2,1,6), got {text!r}")
         return cls(*(int(p) for p in parts))
 
     @property
+    def label(self) -> str:
+        """'3,2,1', or '3,2,1 + lookup 6'."""
+        shape = f"{self.depth},{self.topk},{self.width}"
+        return f"{shape} + lookup {self.lookup}" if self.lookup else shape
+
+    @property
     def max_nodes(self) -> int:
-        return self.topk + (self.depth - 1) * self.width * self.topk
+        return self.topk + (self.depth - 1) * self.width * self.topk + self.lookup
+
+    @property
+    def max_depth(self) -> int:
+        """The longest path a round can accept: the head's depth or the lookup's."""
+        return max(self.depth, self.lookup)
+
+
+def lookup_continuation(context: list[int], length: int, max_ngram: int = 3) -> list[int]:
+    """Prompt lookup: `length` tokens that followed the latest earlier occurrence of the last n
+    tokens of `context`, for the largest n <= max_ngram that occurs earlier ([] if none does).
+    Where what followed runs into the end of the context, the context is read as a loop: the
+    d tokens between the occurrence and the end repeat (a small model's greedy loops)."""
+    end = len(context)
+    if length <= 0:
+        return []
+    for n in range(min(max_ngram, end - 1), 0, -1):
+        tail = context[end - n:]
+        for start in range(end - n - 1, -1, -1):         # latest first: in a loop, its last turn
+            if context[start:start + n] == tail:
+                period = end - (start + n)
+                return [context[start + n + i % period] for i in range(length)]
+    return []
 
 
 def _without(q: Tensor, x: int) -> Tensor | None:
@@ -83,8 +126,15 @@ def _without(q: Tensor, x: int) -> Tensor | None:
     return None if float(mass) <= 0 else rest / mass
 
 
+def _rejected(p: Tensor, x: int) -> Tensor:
+    """The target's distribution after its test of a looked-up token x failed: p without x,
+    renormalised (the test accepts with probability p(x) < 1 here, so some mass is left)."""
+    return _without(p, x)
+
+
 class _Tree:
-    """The nodes of one round: token, parent (-1: the root), depth, cumulative draft log-prob."""
+    """The nodes of one round: token, parent (-1: the root), depth, cumulative draft log-prob;
+    `looked_up` holds the nodes prompt lookup added (deterministic candidates)."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
@@ -93,6 +143,7 @@ class _Tree:
         self.score: list[float] = []
         self.children: dict[int, list[int]] = {}
         self.q: dict[int, Tensor] = {}           # node -> the distribution its children were drawn from
+        self.looked_up: set[int] = set()
 
     def add(self, parent: int, tokens: list[int], scores: list[float], q: Tensor | None) -> list[int]:
         start = len(self.tokens)
@@ -102,10 +153,22 @@ class _Tree:
         self.depth += [depth] * len(tokens)
         self.score += scores
         ids = list(range(start, len(self.tokens)))
-        self.children[parent] = ids
+        self.children[parent] = self.children.get(parent, []) + ids
         if q is not None:
             self.q[parent] = q
         return ids
+
+    def add_path(self, tokens: list[int]) -> None:
+        """A looked-up path from the root: each token goes beneath the node holding the one before
+        (an existing child with the same token is followed, not duplicated)."""
+        node = -1
+        for token in tokens:
+            same = [c for c in self.children.get(node, []) if self.tokens[c] == token]
+            if same:
+                node = same[0]
+                continue
+            node = self.add(node, [token], [0.0], None)[0]
+            self.looked_up.add(node)
 
     def ancestry(self) -> Tensor:
         """(n, n) bool: node j is node i or one of its ancestors."""
@@ -148,9 +211,10 @@ class _TreeDecoding:
             rest[x] = 0
         return tokens, scores, q
 
-    def draft(self, hcache, root_logits: Tensor, root_feature: Tensor) -> _Tree:
+    def draft(self, hcache, root_logits: Tensor, root_feature: Tensor, context: list[int]) -> _Tree:
         """Grow the round's tree from the head's prediction at the root (`root_logits` (draft,),
-        `root_feature` (H,)); see the module docstring."""
+        `root_feature` (H,)), then add the lookup path found in `context` (the prompt and the
+        tokens emitted so far, the root last); see the module docstring."""
         head, spec, tree = self.head, self.spec, _Tree()
         layer = head.layers[0]
         L = int(hcache.lengths[0])
@@ -188,6 +252,7 @@ class _TreeDecoding:
                 feature[i] = out[j]
                 tokens, scores, q = self.children(logits[j], spec.topk)
                 frontier += tree.add(i, tokens, [tree.score[i] + s for s in scores], q)
+        tree.add_path(lookup_continuation(context, spec.lookup))
         return tree
 
     def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
@@ -208,9 +273,9 @@ class _TreeDecoding:
                 node = match[0]
                 path.append(node)
                 continue
-            q = tree.q[node]
+            q = tree.q.get(node)
             accepted = None
-            for c in kids:                                                     # recursive rejection sampling
+            for c in (c for c in kids if c not in tree.looked_up):            # recursive rejection sampling
                 x = tree.tokens[c]
                 u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
                 if u * float(q[x]) < float(probs[x]):
@@ -220,6 +285,13 @@ class _TreeDecoding:
                 q = _without(q, x)
                 if q is None:
                     break
+            for c in (c for c in kids if c in tree.looked_up and accepted is None):   # at most one
+                x = tree.tokens[c]                   # a point-mass candidate, last: accepted with p'(x)
+                u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
+                if u < float(probs[x]):
+                    accepted = c
+                else:
+                    probs = _rejected(probs, x)
             if accepted is None:
                 return path, self.pick(probs)
             node = accepted
@@ -230,6 +302,7 @@ class _TreeDecoding:
         target, head, stats = self.target, self.head, self.stats
         device = target.device
         n = prompt.numel()
+        context = prompt.tolist()
         capacity = n + max_new + self.spec.max_nodes + 2
         cache = target.new_cache(1, capacity, keep_layers=head.aux_layers)
         logits = target(prompt[None].to(device), cache=cache, logits_at=torch.tensor([n - 1], device=device)).logits
@@ -240,7 +313,7 @@ class _TreeDecoding:
         follow = torch.cat([prompt[1:].to(device), torch.tensor(out, device=device)])[None]
         h = head.extend(follow, head.fuse(cache.layer_states), hcache)[0, -1]
         while len(out) < max_new and (self.eos_id is None or out[-1] != self.eos_id):
-            tree = self.draft(hcache, head.logits(h), h)
+            tree = self.draft(hcache, head.logits(h), h, context + out)
             ids = torch.tensor([[out[-1]] + tree.tokens], device=device)
             allowed = torch.zeros(ids.shape[1], ids.shape[1], dtype=torch.bool)
             allowed[:, 0] = True
@@ -257,7 +330,7 @@ class _TreeDecoding:
             new = [tree.tokens[i] for i in path] + [last]
             states = cache.layer_states[:, [0] + [i + 1 for i in path]]
             h = head.extend(torch.tensor([new], device=device), head.fuse(states), hcache)[0, -1]
-            for k in range(self.spec.depth):
+            for k in range(self.spec.max_depth):
                 stats.drafted_at[k] += 1
                 stats.accepted_at[k] += int(k < len(path))
             out += new
@@ -272,8 +345,8 @@ def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: i
     """Decode each row with tree drafting (module docstring); fills `stats`' counters. Called by
     `generate(..., tree=TreeSpec(...))`, which has checked its arguments."""
     check(isinstance(spec, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(spec).__name__}")
-    stats.accepted_at = [0] * spec.depth
-    stats.drafted_at = [0] * spec.depth
+    stats.accepted_at = [0] * spec.max_depth
+    stats.drafted_at = [0] * spec.max_depth
     run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats)
     out = []
     for row in rows:

@@ -286,7 +286,7 @@ class HFDrafters:
             head = load_eagle3(directory, model).to(dtype)
             drafters[f"eagle3 {name}"] = {"prophet": head, **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
             for tree in self.trees:
-                drafters[f"eagle3 {name} tree {tree.depth},{tree.topk},{tree.width}"] = {"prophet": head, "tree": tree}
+                drafters[f"eagle3 {name} tree {tree.label}"] = {"prophet": head, "tree": tree}
         if self.prophet:
             head = load_export(self.prophet, target=model).to(dtype)
             drafters[NAMES["prophet"]] = {"prophet": head}
