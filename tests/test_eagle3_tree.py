@@ -18,7 +18,6 @@ from specdec_models.decode import TreeSpec, generate
 from specdec_models.decode.tree import _Tree, lookup_continuation
 from specdec_models.hf import HFDecoder
 
-
 LOOP = (3, 2, 0, 4, 5, 4, 5)          # a prompt ending in a loop: prompt lookup proposes 4, 5, 4, 5
 
 
@@ -176,7 +175,7 @@ def test_tree_with_lookup_sampling_is_lossless_chi_square(toy, setting):
 
 
 def test_lookup_chi_square_catches_a_rejected_token_left_in_p(toy, monkeypatch):
-    import specdec_models.decode.tree as tree
+    from specdec_models.decode import tree
 
     monkeypatch.setattr(tree, "_rejected", lambda p, x: p)     # the rejected looked-up token drawn again
     target, head = toy
@@ -186,7 +185,7 @@ def test_lookup_chi_square_catches_a_rejected_token_left_in_p(toy, monkeypatch):
 
 @pytest.mark.parametrize("broken", ["correction from p", "q not updated"])
 def test_tree_chi_square_catches_a_broken_rejection_step(toy, monkeypatch, broken):
-    import specdec_models.decode.tree as tree
+    from specdec_models.decode import tree
 
     if broken == "correction from p":
         monkeypatch.setattr(tree, "residual", lambda p, q: p)
