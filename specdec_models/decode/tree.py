@@ -126,7 +126,7 @@ def _without(q: Tensor, x: int) -> Tensor | None:
     return None if float(mass) <= 0 else rest / mass
 
 
-def _rejected(p: Tensor, x: int) -> Tensor:
+def _rejected(p: Tensor, x: int) -> Tensor | None:
     """The target's distribution after its test of a looked-up token x failed: p without x,
     renormalised (the test accepts with probability p(x) < 1 here, so some mass is left)."""
     return _without(p, x)
@@ -285,11 +285,12 @@ class _TreeDecoding:
                 q = _without(q, x)
                 if q is None:
                     break
-            for c in (c for c in kids if c in tree.looked_up and accepted is None):   # at most one
-                x = tree.tokens[c]                   # a point-mass candidate, last: accepted with p'(x)
+            looked = [c for c in kids if c in tree.looked_up]                  # at most one per node
+            if accepted is None and looked:          # a point-mass candidate, last: accepted with p'(x)
+                x = tree.tokens[looked[0]]
                 u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
                 if u < float(probs[x]):
-                    accepted = c
+                    accepted = looked[0]
                 else:
                     probs = _rejected(probs, x)
             if accepted is None:
