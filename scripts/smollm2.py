@@ -16,8 +16,9 @@ runs again, so a killed recipe resumes at the step it was in):
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also with a 3,2,1 draft
-   tree, and that tree with 4 prompt-lookup tokens as one more path, at batch 1), transformers'
-   prompt-lookup decoding and plain decoding on both prompt sets,
+   tree, and with a 6,3,1 tree grown only where its draft probability stays >= 0.3 plus an adaptive
+   prompt-lookup path of 4..16 tokens, at batch 1), transformers' prompt-lookup decoding and plain
+   decoding on both prompt sets,
    batch 1 and 8, T=0 and T=1, bf16, interleaved;
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
@@ -110,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
              runs["student"] / "export" / "config.json")
     report = out / "report"
     compare = [py, "scripts/compare_hf_drafts.py", "compare", "--eagle3", f"specdec={runs['eagle3'] / 'export'}",
-               "--tree", "3,2,1", "--tree", "3,2,1,4", "--prophet", str(runs["prophet"] / "export"), "--prompt-lookup", "10",
-               "--prompts", f"text={ev_text}", "--prompts", f"open={ev_open}", "--chat", "--count",
-               str(args.eval_prompts), "--batch1-count", "2", "--max-new-tokens", str(args.max_new_tokens),
+               "--tree", "3,2,1", "--tree", "6,3,1,4..16,0.3", "--prophet", str(runs["prophet"] / "export"),
+               "--prompt-lookup", "10", "--prompts", f"text={ev_text}", "--prompts", f"open={ev_open}", "--chat",
+               "--count", str(args.eval_prompts), "--batch1-count", "2", "--max-new-tokens", str(args.max_new_tokens),
                "--rounds", "2", "--gamma", "4", "--dtype", "bfloat16", "--out", str(report / "compare")]
     if args.student_minutes:
         compare += ["--student", str(runs["student"] / "export")]

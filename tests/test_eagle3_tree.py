@@ -88,7 +88,9 @@ def test_greedy_tree_decoding_equals_the_targets_generate(models, arch, draft):
     head = head_for(model, draft=draft, layers=[1, 2, 0] if arch == "llama" else None)
     prompts = ragged_prompts()
     alone, _ = hf_greedy(model, prompts, 16)
-    for spec in (TreeSpec(1, 1, 1), TreeSpec(3, 2, 2), TreeSpec(5, 3, 3), TreeSpec(3, 2, 1, 5), TreeSpec(1, 1, 1, 2)):
+    specs = (TreeSpec(1, 1, 1), TreeSpec(3, 2, 2), TreeSpec(5, 3, 3), TreeSpec(3, 2, 1, 5), TreeSpec(1, 1, 1, 2),
+             TreeSpec(5, 3, 3, min_prob=0.3), TreeSpec(4, 2, 2, 2, lookup_max=8, min_prob=0.2))
+    for spec in specs:
         got, stats = generate(model, prompts, 16, prophet=head, temperature=0, tree=spec)
         assert [t.tolist() for t in got] == alone, spec
         assert stats.method == "eagle3_tree" and stats.drafted == spec.max_depth * (stats.target_calls - len(prompts))
@@ -130,14 +132,56 @@ def test_greedy_lookup_accepts_the_targets_loops_and_stays_exact(toy):
     assert len(stats.per_position_acceptance) == 6 and stats.per_position_acceptance[4] > 0.2
 
 
+def test_an_adaptive_lookup_doubles_after_a_full_accept_and_falls_back_after_a_miss():
+    spec = TreeSpec(3, 2, 1, 4, lookup_max=16)
+    assert [spec.next_lookup(4, 4, 4), spec.next_lookup(16, 16, 16), spec.next_lookup(8, 3, 5)] == [8, 16, 4]
+    assert spec.next_lookup(8, 0, 8) == 4 and spec.next_lookup(4, 2, 2) == 8     # found 2 of 4 asked, both accepted
+    assert spec.next_lookup(8, 0, 0) == 8                         # nothing was looked up: no evidence
+    assert TreeSpec(3, 2, 1, 4).next_lookup(4, 4, 4) == 4          # a fixed lookup stays fixed
+    assert spec.max_nodes == 2 + 2 * 2 + 16 and spec.max_depth == 16
+
+
+def test_greedy_adaptive_lookup_follows_the_targets_loops_further(toy):
+    # the toy target's greedy output loops: a lookup that doubles after each fully accepted path
+    # accepts more per call than a fixed 2-token lookup, and the output stays the target's
+    # (seeded, greedy: deterministic)
+    target, head = toy
+    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    alone, _ = hf_greedy(target, prompts, 48)
+    fixed, base = generate(target, prompts, 48, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 2))
+    got, stats = generate(target, prompts, 48, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 2, lookup_max=12))
+    assert [t.tolist() for t in got] == alone == [t.tolist() for t in fixed]
+    assert stats.tokens_per_call > base.tokens_per_call + 0.5
+    assert stats.per_position_acceptance[4] > 0.1                # paths beyond the fixed lookup's 2 + 1
+
+
+def test_min_prob_stops_the_tree_where_the_head_is_unsure(toy):
+    # no node of this toy head reaches q = 0.999, so the tree never grows past the root's children:
+    # no round accepts two head nodes; without the floor some do. Output exact either way
+    # (seeded, greedy: deterministic)
+    target, head = toy[0], _long_path_head(toy[0])
+    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    alone, _ = hf_greedy(target, prompts, 24)
+    deep, deep_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3))
+    cut, cut_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, min_prob=0.999))
+    assert [t.tolist() for t in cut] == alone == [t.tolist() for t in deep]
+    assert deep_stats.per_position_acceptance[1] > 0.2 and cut_stats.per_position_acceptance[1:] == [0.0] * 3
+
+
+def _long_path_head(target):
+    """A head over 5 of the toy's 8 tokens holding the ones its greedy output loops on."""
+    head = head_for(target, seed=4, draft=5, ids=torch.tensor([1, 2, 3, 4, 5]))
+    with torch.no_grad():
+        head.lm_head.weight.mul_(3.0)
+    return head
+
+
 def test_greedy_tree_accepts_long_paths_and_stays_exact(toy):
     # a head over 5 of the 8 tokens, holding the ones the target's greedy output loops on: its top
     # 3 often hold the target's choice, rounds accept paths of several nodes whose slots are not
     # contiguous in the verify call, and the output stays exact (deterministic: seeded, greedy)
     target, _ = toy
-    head = head_for(target, seed=4, draft=5, ids=torch.tensor([1, 2, 3, 4, 5]))
-    with torch.no_grad():
-        head.lm_head.weight.mul_(3.0)
+    head = _long_path_head(target)
     prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
     alone, _ = hf_greedy(target, prompts, 24)
     chain, chain_stats = generate(target, prompts, 24, prophet=head, temperature=0, gamma=4)
@@ -174,6 +218,17 @@ def test_tree_with_lookup_sampling_is_lossless_chi_square(toy, setting):
     assert chi_square_p_value(observed, exact, 3000) > 1e-4
 
 
+def test_adaptive_lookup_and_min_prob_sampling_is_lossless_chi_square(toy):
+    # the round's lookup length depends on earlier rounds' outcomes and the tree's depth on the
+    # drafted nodes' own q: neither may bias the output. Same test and threshold as above (p < 1e-4:
+    # a correct sampler fails at most once in 10^4 runs; fixed seeds), at T=1
+    target, head = toy
+    spec = TreeSpec(3, 2, 1, 1, lookup_max=4, min_prob=0.2)
+    observed, exact, stats = _samples(target, head, 3000, tree=spec, prompt=LOOP, temperature=1.0)
+    assert len(stats.per_position_acceptance) == 4 and stats.per_position_acceptance[1] > 0
+    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+
+
 def test_lookup_chi_square_catches_a_rejected_token_left_in_p(toy, monkeypatch):
     from specdec_models.decode import tree
 
@@ -200,6 +255,9 @@ def test_tree_spec_and_bad_input(models):
     assert TreeSpec.parse("5,3,2") == TreeSpec(5, 3, 2) and TreeSpec(5, 3, 2).max_nodes == 3 + 4 * 6
     assert TreeSpec.parse("3,2,1,6") == TreeSpec(3, 2, 1, 6) and TreeSpec(3, 2, 1, 6).max_nodes == 2 + 2 * 2 + 6
     assert TreeSpec(3, 2, 1, 6).label == "3,2,1 + lookup 6" and TreeSpec(3, 2, 1, 6).max_depth == 6
+    assert TreeSpec.parse("6,2,1,4..16,0.2") == TreeSpec(6, 2, 1, 4, lookup_max=16, min_prob=0.2)
+    assert TreeSpec.parse("6, 2, 1, 0.25") == TreeSpec(6, 2, 1, min_prob=0.25)
+    assert TreeSpec(6, 2, 1, 4, 16, 0.2).label == "6,2,1 + lookup 4..16, q >= 0.2"
     model = models["llama"]
     head = head_for(model, draft=40)
     prompt = [torch.tensor([1, 2, 3])]
@@ -208,6 +266,11 @@ def test_tree_spec_and_bad_input(models):
         (lambda: TreeSpec(0, 2, 2), "tree depth"),
         (lambda: TreeSpec.parse("3,2,1,6,1"), "DEPTH,TOPK,WIDTH"),
         (lambda: TreeSpec(3, 2, 1, -1), "tree lookup"),
+        (lambda: TreeSpec.parse("3,2,1,16..4"), "adaptive lookup needs"),
+        (lambda: TreeSpec.parse("3,2,1,0..4"), "adaptive lookup needs"),
+        (lambda: TreeSpec.parse("3,2,1,4..8..9"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec.parse("3,2,1,4,1.5"), "min_prob must be in"),
+        (lambda: TreeSpec.parse("3,2,1,4,0.x"), "DEPTH,TOPK,WIDTH"),
         (lambda: generate(model, prompt, 4, tree=TreeSpec()), "EAGLE-3 head"),
         (lambda: generate(model, prompt, 4, prophet=head, gamma="auto", tree=TreeSpec()), "own depth"),
         (lambda: generate(model, prompt, 4, prophet=head, repetition_penalty=1.2, tree=TreeSpec()), "repetition"),

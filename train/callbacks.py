@@ -22,8 +22,9 @@ docs/DECODING.md):
     val/best_predicted_speedup/b{B}/t{T}     at batch B = 1 and B = num_prompts (`choose_gamma`)
     val/spec_eval_seconds                    wall time of the whole evaluation (not training time)
 
-With `tree="depth,topk,width[,lookup]"` (an EAGLE-3 head), the same prompts are also decoded with that draft
-tree (`specdec_models.decode.tree`, rows one after another) and plainly one row at a time:
+With `tree="depth,topk,width[,lookup[..max]][,min_prob]"` (an EAGLE-3 head), the same prompts are also
+decoded with that draft tree (`specdec_models.decode.tree`, rows one after another) and plainly one row at
+a time:
 
     val/tree/tokens_per_call/t{T}                     emitted tokens / target calls
     val/tree/per_position_acceptance/pos{i}/t{T}      fraction of rounds that accepted >= i tokens
@@ -126,9 +127,9 @@ class SpeculativeEval(SpecdecCallback):
         rows is a chain of small latency-bound ops: on a CPU shared with other work, one thread
         can be many times faster than two that wait for each other. `choose_gamma`: time the
         cost ratios and pick the best gamma in 1..gamma per temperature and batch size (module
-        docstring). `tree` ("depth,topk,width[,lookup]", an EAGLE-3 head only): also decode with that draft
-        tree (`decode.tree`), rows one after another as tree drafting runs, and log it beside the
-        chain (module docstring)."""
+        docstring). `tree` ("depth,topk,width[,lookup[..max]][,min_prob]", an EAGLE-3 head only):
+        also decode with that draft tree (`decode.tree`), rows one after another as tree drafting
+        runs, and log it beside the chain (module docstring)."""
         super().__init__()
         for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),
                             ("max_new_tokens", max_new_tokens), ("gamma", gamma)]:
@@ -146,8 +147,8 @@ class SpeculativeEval(SpecdecCallback):
         self.num_threads = num_threads
         check(isinstance(choose_gamma, bool), f"speculative_eval.choose_gamma must be true or false, got {choose_gamma!r}")
         self.choose_gamma = choose_gamma
-        check(tree is None or isinstance(tree, str), f"speculative_eval.tree must be \"depth,topk,width[,lookup]\" or null, "
-                                                     f"got {tree!r}")
+        check(tree is None or isinstance(tree, str),
+              f"speculative_eval.tree must be \"depth,topk,width[,lookup[..max]][,min_prob]\" or null, got {tree!r}")
         self.tree = None if tree is None else TreeSpec.parse(tree)
         # the last evaluation's speed profiles, one per temperature and batch size (checkpointed)
         self.speed_profiles: list[dict[str, Any]] = []

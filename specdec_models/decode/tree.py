@@ -38,6 +38,18 @@ after the node's drawn children: accepted with probability p'(x) under the resid
 else the token is drawn from p' without x, renormalised; together these draw exactly from p' (for
 any x not chosen from the target's own draws), so the emitted token is still distributed as p.
 
+Two knobs make the tree fit each round rather than the worst one:
+- `min_prob` (EAGLE-2's observation: the head's draft probability tracks acceptance): a depth is
+  expanded only from frontier nodes whose cumulative draft probability is at least `min_prob`, so
+  `TreeSpec(6, 3, 1, min_prob=0.3)` goes 6 deep along a path the head is sure of and stops at the
+  root's children where it is not. On a CPU, each head step and each verified node costs time
+  whether or not it is accepted: the floor spends them where they pay. Lossless: whether a node
+  gets children depends on its own value and its ancestors', never on the children's.
+- `lookup_max` (adaptive lookup): the looked-up path doubles after a round that accepted all of it
+  (up to `lookup_max`) and falls back to `lookup` after a miss, so a long copy is followed in a few
+  rounds without paying for long paths where copying fails. The length depends only on earlier
+  rounds, so it cannot bias this round's test.
+
 Rows of a batch are decoded one after another (the tree's verify already fills the target call);
 `stats.per_position_acceptance[k]` is the fraction of rounds that accepted at least k + 1 tokens
 of the tree.
@@ -45,6 +57,7 @@ of the tree.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +74,9 @@ from .stats import DecodeStats
 class TreeSpec:
     """The shape of a draft tree: `depth` draft steps of the head, `topk` children per expanded
     node, `width` nodes expanded per depth after the first, and `lookup` tokens of prompt lookup
-    (0: none; module docstring) as one more path."""
+    (0: none) as one more path; `lookup_max` > 0 makes the lookup adaptive (from `lookup` up to
+    `lookup_max`), `min_prob` > 0 expands only nodes whose cumulative draft probability reaches it
+    (module docstring)."""
 
     # the default is the best of the shapes measured on a 2-core CPU (README, "Tree drafting"), where
     # a verify call's cost grows with its tokens; where verifying many tokens is nearly free (a GPU),
@@ -70,35 +85,74 @@ class TreeSpec:
     topk: int = 2
     width: int = 1
     lookup: int = 0
+    lookup_max: int = 0
+    min_prob: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("depth", "topk", "width"):
             check_positive_int(getattr(self, name), f"tree {name}")
-        check(isinstance(self.lookup, int) and not isinstance(self.lookup, bool) and self.lookup >= 0,
-              f"tree lookup must be a non-negative integer, got {self.lookup!r}")
+        for name in ("lookup", "lookup_max"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                  f"tree {name} must be a non-negative integer, got {value!r}")
+        check(self.lookup_max == 0 or self.lookup_max >= self.lookup >= 1,
+              f"an adaptive lookup needs 1 <= lookup <= lookup_max, got lookup {self.lookup}, "
+              f"lookup_max {self.lookup_max}")
+        check(isinstance(self.min_prob, (int, float)) and 0 <= self.min_prob < 1,
+              f"tree min_prob must be in [0, 1), got {self.min_prob!r}")
 
     @classmethod
     def parse(cls, text: str) -> TreeSpec:
-        """'DEPTH,TOPK,WIDTH' or 'DEPTH,TOPK,WIDTH,LOOKUP' (e.g. '5,3,3' or '3,2,1,6')."""
-        parts = text.split(",")
-        check(len(parts) in (3, 4) and all(p.strip().isdigit() for p in parts),
-              f"a tree is DEPTH,TOPK,WIDTH[,LOOKUP] (positive integers, e.g. 5,3,3 or 3,2,1,6), got {text!r}")
-        return cls(*(int(p) for p in parts))
+        """'DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB]', e.g. '5,3,3', '3,2,1,4',
+        '3,2,1,4..16' (lookup adapting up to 16) or '6,2,1,4..16,0.2' (depth up to 6 while the best
+        path's draft probability stays >= 0.2)."""
+        usage = ("a tree is DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB] (positive integers, "
+                 f"MIN_PROB in [0, 1); e.g. 5,3,3 or 3,2,1,4..16 or 6,2,1,4,0.2), got {text!r}")
+        parts = [p.strip() for p in text.split(",")]
+        min_prob = 0.0
+        if len(parts) > 3 and "." in parts[-1] and ".." not in parts[-1]:
+            try:
+                min_prob = float(parts.pop())
+            except ValueError:
+                check(False, usage)
+        lookup = parts[3].split("..") if len(parts) == 4 else ["0"]
+        check(len(parts) in (3, 4) and all(p.isdigit() for p in parts[:3] + lookup) and len(lookup) <= 2, usage)
+        return cls(*(int(p) for p in parts[:3]), lookup=int(lookup[0]),
+                   lookup_max=int(lookup[1]) if len(lookup) == 2 else 0, min_prob=min_prob)
 
     @property
     def label(self) -> str:
-        """'3,2,1', or '3,2,1 + lookup 6'."""
-        shape = f"{self.depth},{self.topk},{self.width}"
-        return f"{shape} + lookup {self.lookup}" if self.lookup else shape
+        """'3,2,1', '3,2,1 + lookup 6', '6,2,1 + lookup 4..16, q >= 0.2'."""
+        text = f"{self.depth},{self.topk},{self.width}"
+        if self.lookup:
+            text += f" + lookup {self.lookup}" + (f"..{self.lookup_max}" if self.adaptive else "")
+        return text + (f", q >= {self.min_prob:g}" if self.min_prob else "")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.lookup_max > 0
+
+    @property
+    def longest_lookup(self) -> int:
+        return self.lookup_max or self.lookup
 
     @property
     def max_nodes(self) -> int:
-        return self.topk + (self.depth - 1) * self.width * self.topk + self.lookup
+        return self.topk + (self.depth - 1) * self.width * self.topk + self.longest_lookup
 
     @property
     def max_depth(self) -> int:
         """The longest path a round can accept: the head's depth or the lookup's."""
-        return max(self.depth, self.lookup)
+        return max(self.depth, self.longest_lookup)
+
+    def next_lookup(self, length: int, accepted: int, found: int) -> int:
+        """The next round's lookup length after a round that looked up `found` tokens of the
+        `length` asked for, of which the target accepted the first `accepted`: an adaptive lookup
+        doubles after a fully accepted one (up to lookup_max) and falls back to `lookup` after a
+        miss; a fixed one, or a round that found nothing, keeps its length."""
+        if not self.adaptive or found == 0:
+            return length
+        return min(2 * length, self.lookup_max) if accepted >= found else self.lookup
 
 
 def lookup_continuation(context: list[int], length: int, max_ngram: int = 3) -> list[int]:
@@ -144,6 +198,7 @@ class _Tree:
         self.children: dict[int, list[int]] = {}
         self.q: dict[int, Tensor] = {}           # node -> the distribution its children were drawn from
         self.looked_up: set[int] = set()
+        self.lookup_path: list[int] = []        # the looked-up tokens' nodes, root first (shared ones too)
 
     def add(self, parent: int, tokens: list[int], scores: list[float], q: Tensor | None) -> list[int]:
         start = len(self.tokens)
@@ -166,9 +221,10 @@ class _Tree:
             same = [c for c in self.children.get(node, []) if self.tokens[c] == token]
             if same:
                 node = same[0]
-                continue
-            node = self.add(node, [token], [0.0], None)[0]
-            self.looked_up.add(node)
+            else:
+                node = self.add(node, [token], [0.0], None)[0]
+                self.looked_up.add(node)
+            self.lookup_path.append(node)
 
     def ancestry(self) -> Tensor:
         """(n, n) bool: node j is node i or one of its ancestors."""
@@ -211,7 +267,7 @@ class _TreeDecoding:
             rest[x] = 0
         return tokens, scores, q
 
-    def draft(self, hcache, root_logits: Tensor, root_feature: Tensor, context: list[int]) -> _Tree:
+    def draft(self, hcache, root_logits: Tensor, root_feature: Tensor, context: list[int], lookup: int) -> _Tree:
         """Grow the round's tree from the head's prediction at the root (`root_logits` (draft,),
         `root_feature` (H,)), then add the lookup path found in `context` (the prompt and the
         tokens emitted so far, the root last); see the module docstring."""
@@ -225,8 +281,9 @@ class _TreeDecoding:
         done_k: list[Tensor] = []
         done_v: list[Tensor] = []
         processed: list[int] = []
+        floor = math.log(spec.min_prob) if spec.min_prob > 0 else -math.inf
         for _ in range(spec.depth - 1):
-            chosen = sorted(frontier, key=lambda i: -tree.score[i])[: spec.width]
+            chosen = [i for i in sorted(frontier, key=lambda i: -tree.score[i])[: spec.width] if tree.score[i] >= floor]
             if not chosen:
                 break
             m = len(chosen)
@@ -252,7 +309,7 @@ class _TreeDecoding:
                 feature[i] = out[j]
                 tokens, scores, q = self.children(logits[j], spec.topk)
                 frontier += tree.add(i, tokens, [tree.score[i] + s for s in scores], q)
-        tree.add_path(lookup_continuation(context, spec.lookup))
+        tree.add_path(lookup_continuation(context, lookup))
         return tree
 
     def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
@@ -313,8 +370,9 @@ class _TreeDecoding:
         hcache = head.new_cache(1, capacity)
         follow = torch.cat([prompt[1:].to(device), torch.tensor(out, device=device)])[None]
         h = head.extend(follow, head.fuse(cache.layer_states), hcache)[0, -1]
+        lookup = self.spec.lookup
         while len(out) < max_new and (self.eos_id is None or out[-1] != self.eos_id):
-            tree = self.draft(hcache, head.logits(h), h, context + out)
+            tree = self.draft(hcache, head.logits(h), h, context + out, lookup)
             ids = torch.tensor([[out[-1]] + tree.tokens], device=device)
             allowed = torch.zeros(ids.shape[1], ids.shape[1], dtype=torch.bool)
             allowed[:, 0] = True
@@ -324,6 +382,9 @@ class _TreeDecoding:
             stats.target_calls += 1
             stats.row_calls += 1
             path, last = self.walk(tree, to_probs(logits.float(), self.sampling))
+            shared = next((k for k, (a, b) in enumerate(zip(path, tree.lookup_path)) if a != b),
+                          min(len(path), len(tree.lookup_path)))
+            lookup = self.spec.next_lookup(lookup, shared, len(tree.lookup_path))
             keep = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=device)
             keep[0, 0] = True
             keep[0, [i + 1 for i in path]] = True

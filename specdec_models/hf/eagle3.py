@@ -327,8 +327,8 @@ class Eagle3Head(DraftHead):
     # -- construction ----------------------------------------------------------------------------
 
     def reset_parameters(self, init_from_target: bool = True) -> None:
-        """Small normal weights, norms at 1; then (init_from_target) the LM head's rows and the
-        final norm from the target, the fc as the mean of the aux layers' identity maps."""
+        """Small normal weights (the fc too, as EAGLE-3's and speculators' heads start), norms at 1;
+        then (init_from_target) the LM head's rows and the final norm from the target's."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)

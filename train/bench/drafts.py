@@ -212,6 +212,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     pick = {(r.get("prompt_set", ""), r["method"], r["temperature"], r["batch"]): r for r in rows}
     fig, axes = plt.subplots(len(sets), 2, figsize=(12, 3.8 * len(sets)), squeeze=False)
     width = 0.8 / max(len(methods), 1)
+    colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")      # one colour per method
     for row, name in enumerate(sets):
         keys = sorted({(r["temperature"], r["batch"]) for r in rows if r.get("prompt_set", "") == name})
         temps = sorted({t for t, _ in keys})
@@ -219,8 +220,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         for i, m in enumerate(methods):
             calls = [(j, pick[name, m, t, 1]["tokens_per_call"]) for j, t in enumerate(temps) if (name, m, t, 1) in pick]
             speed = [(j, pick[(name, m, *k)]["speedup"]) for j, k in enumerate(keys) if (name, m, *k) in pick]
-            ax_calls.bar([j + i * width for j, _ in calls], [v for _, v in calls], width, label=m)
-            ax_speed.bar([j + i * width for j, _ in speed], [v for _, v in speed], width, label=m)
+            ax_calls.bar([j + i * width for j, _ in calls], [v for _, v in calls], width, label=m, color=colors(i))
+            ax_speed.bar([j + i * width for j, _ in speed], [v for _, v in speed], width, label=m, color=colors(i))
         ax_calls.set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
         ax_calls.set_ylabel("tokens per target call, batch 1")
         ax_speed.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, b{b}" for t, b in keys])
