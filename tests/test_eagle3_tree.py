@@ -134,10 +134,10 @@ def test_greedy_lookup_accepts_the_targets_loops_and_stays_exact(toy):
 
 def test_an_adaptive_lookup_doubles_after_a_full_accept_and_falls_back_after_a_miss():
     spec = TreeSpec(3, 2, 1, 4, lookup_max=16)
-    assert [spec.next_lookup(4, 4, 4), spec.next_lookup(16, 16, 16), spec.next_lookup(8, 3, 5)] == [8, 16, 4]
-    assert spec.next_lookup(8, 0, 8) == 4 and spec.next_lookup(4, 2, 2) == 8     # found 2 of 4 asked, both accepted
-    assert spec.next_lookup(8, 0, 0) == 8                         # nothing was looked up: no evidence
-    assert TreeSpec(3, 2, 1, 4).next_lookup(4, 4, 4) == 4          # a fixed lookup stays fixed
+    assert [spec.next_lookup(4, True), spec.next_lookup(16, True), spec.next_lookup(8, False)] == [8, 16, 4]
+    assert spec.next_lookup(2, False) == 4 and spec.next_lookup(4, True) == 8
+    assert spec.next_lookup(8, None) == 8                         # nothing was looked up: no evidence
+    assert TreeSpec(3, 2, 1, 4).next_lookup(4, True) == 4          # a fixed lookup stays fixed
     assert spec.max_nodes == 2 + 2 * 2 + 16 and spec.max_depth == 16
 
 

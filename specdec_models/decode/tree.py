@@ -145,14 +145,14 @@ class TreeSpec:
         """The longest path a round can accept: the head's depth or the lookup's."""
         return max(self.depth, self.longest_lookup)
 
-    def next_lookup(self, length: int, accepted: int, found: int) -> int:
-        """The next round's lookup length after a round that looked up `found` tokens of the
-        `length` asked for, of which the target accepted the first `accepted`: an adaptive lookup
-        doubles after a fully accepted one (up to lookup_max) and falls back to `lookup` after a
-        miss; a fixed one, or a round that found nothing, keeps its length."""
-        if not self.adaptive or found == 0:
+    def next_lookup(self, length: int, accepted_all: bool | None) -> int:
+        """The next round's lookup length after a round with `length` whose looked-up path the
+        target accepted whole (True), missed (False) or that found nothing to look up (None): an
+        adaptive lookup doubles after a whole one (up to lookup_max) and falls back to `lookup`
+        after a miss; a fixed one, or a round without evidence, keeps its length."""
+        if not self.adaptive or accepted_all is None:
             return length
-        return min(2 * length, self.lookup_max) if accepted >= found else self.lookup
+        return min(2 * length, self.lookup_max) if accepted_all else self.lookup
 
 
 def lookup_continuation(context: list[int], length: int, max_ngram: int = 3) -> list[int]:
@@ -382,9 +382,8 @@ class _TreeDecoding:
             stats.target_calls += 1
             stats.row_calls += 1
             path, last = self.walk(tree, to_probs(logits.float(), self.sampling))
-            shared = next((k for k, (a, b) in enumerate(zip(path, tree.lookup_path)) if a != b),
-                          min(len(path), len(tree.lookup_path)))
-            lookup = self.spec.next_lookup(lookup, shared, len(tree.lookup_path))
+            looked = tree.lookup_path
+            lookup = self.spec.next_lookup(lookup, path[: len(looked)] == looked if looked else None)
             keep = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=device)
             keep[0, 0] = True
             keep[0, [i + 1 for i in path]] = True
