@@ -83,7 +83,8 @@ class StubData(SpecdecDataModule):
 
 
 def fit(tmp_path, callback: SpeculativeEval, precision: str = "32-true", **trainer_kwargs):
-    trainer = L.Trainer(max_steps=3, val_check_interval=3, limit_val_batches=1, num_sanity_val_steps=1,
+    trainer_kwargs = {"max_steps": 3, "val_check_interval": 3, **trainer_kwargs}
+    trainer = L.Trainer(limit_val_batches=1, num_sanity_val_steps=1,
                         logger=CSVLogger(tmp_path, name="csv", version=""), enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
                         precision=precision, default_root_dir=tmp_path, log_every_n_steps=1, callbacks=[callback],
@@ -127,6 +128,53 @@ def test_eval_callback_logs_acceptance_metrics_and_writes_samples_after_validati
     assert all(len(r["continuation"]) > 0 for r in lines)
     # greedy speculative decoding is exact (fp32): its samples equal plain greedy decoding's
     assert all(r["matches_base"] for r in lines if r["temperature"] == 0.0)
+
+
+def test_eval_callback_every_n_validations_decodes_at_every_nth_and_the_last(tmp_path):
+    """every=2 over 5 validations (after steps 1..5): decodes after the 2nd, the 4th and the one
+    that ends training (max_steps), and its count of validations is checkpointed."""
+    callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=4, gamma=GAMMA, temperatures=[0.0],
+                               every=2)
+    fit(tmp_path, callback, max_steps=5, val_check_interval=1)
+    lines = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
+    assert [r["step"] for r in lines] == [2, 4, 5]
+    assert callback.state_dict()["validations"] == 5
+    resumed = SpeculativeEval(every=2)
+    resumed.load_state_dict(callback.state_dict())
+    assert resumed._validations == 5
+    with pytest.raises(SpecdecError, match="speculative_eval.every"):
+        SpeculativeEval(every=0)
+
+
+class StopAt(L.Callback):
+    """Signals a stop after optimizer step `step`, as Lightning's Timer does when max_time runs out."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def test_eval_callback_every_n_decodes_at_a_signalled_stop(tmp_path):
+    """every=10, stopped after step 3 (a max_time stop): the validation at that stop decodes."""
+    callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=4, gamma=GAMMA, temperatures=[0.0],
+                               every=10)
+    trainer, _ = fit(tmp_path, callback, max_steps=8, val_check_interval=1)
+    assert trainer.global_step == 8                         # without the stop: 8 steps, no decoding before the last
+    lines = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
+    assert [r["step"] for r in lines] == [8]
+    (tmp_path / SAMPLES_FILE).unlink()
+    stopped = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=4, gamma=GAMMA, temperatures=[0.0],
+                              every=10)
+    trainer = L.Trainer(max_steps=8, val_check_interval=1, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1, default_root_dir=tmp_path, callbacks=[StopAt(3), stopped])
+    trainer.fit(StubModule(), datamodule=StubData())
+    assert trainer.global_step == 3
+    lines = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
+    assert [r["step"] for r in lines] == [3]
 
 
 def test_eval_callback_chooses_gamma_per_temperature_and_batch_and_checkpoints_the_profiles(tmp_path):

@@ -1,13 +1,13 @@
 """The speculative-decoding evaluation callback: what a draft buys, measured while it trains.
 
-At the end of every validation epoch (not the sanity check) `SpeculativeEval` decodes from K
-fixed validation prompts with real speculative decoding (`specdec_models.decode.generate`,
-Leviathan et al. 2022 / Chen et al. 2023) and with plain KV-cached decoding of the same target,
-at each temperature. What it decodes with comes from the LightningModule's
-`speculative_models()`: {"target": Decoder, "prophet": ModelWithProphet} (a prophet drafts),
-{"target": Decoder, "draft": Decoder} (a draft model drafts), or a Hugging Face target with its
-draft or its prophet head (`specdec_models.hf.HFProphet`). It logs (names as in
-docs/DECODING.md):
+At the end of every validation epoch (not the sanity check; with `every=N`, of every N-th and of
+the one that ends training) `SpeculativeEval` decodes from K fixed validation prompts with real
+speculative decoding (`specdec_models.decode.generate`, Leviathan et al. 2022 / Chen et al. 2023)
+and with plain KV-cached decoding of the same target, at each temperature. What it decodes with
+comes from the LightningModule's `speculative_models()`: {"target": Decoder, "prophet":
+ModelWithProphet} (a prophet drafts), {"target": Decoder, "draft": Decoder} (a draft model
+drafts), or a Hugging Face target with its draft or its prophet head
+(`specdec_models.hf.HFProphet`). It logs (names as in docs/DECODING.md):
 
     val/acceptance_rate/t{T}                 accepted drafts / drafted tokens
     val/tokens_per_call/t{T}                 emitted tokens / target calls (bonus/correction included)
@@ -120,7 +120,8 @@ class SpecdecCallback(L.Callback):
 class SpeculativeEval(SpecdecCallback):
     def __init__(self, num_prompts: int = 4, prompt_len: int = 64, max_new_tokens: int = 64, gamma: int = 5,
                  temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, samples_dir: str | None = None,
-                 num_threads: int | None = None, choose_gamma: bool = True, tree: str | None = None) -> None:
+                 num_threads: int | None = None, choose_gamma: bool = True, tree: str | None = None,
+                 every: int = 1) -> None:
         """`num_prompts` fixed prompts of `prompt_len` bytes from `trainer.datamodule.prompts`,
         `max_new_tokens` new bytes each, `gamma` drafts per round, one decoding per temperature.
         `num_threads`: CPU threads while decoding (None: the process's setting). Decoding a few
@@ -129,7 +130,9 @@ class SpeculativeEval(SpecdecCallback):
         cost ratios and pick the best gamma in 1..gamma per temperature and batch size (module
         docstring). `tree` ("depth,topk,width[,lookup[..max]][,min_prob]", an EAGLE-3 head only):
         also decode with that draft tree (`decode.tree`), rows one after another as tree drafting
-        runs, and log it beside the chain (module docstring)."""
+        runs, and log it beside the chain (module docstring). `every`: decode at every `every`-th
+        validation, and at the one that ends training; a run stopped by `max_time` counts the
+        decoding in its budget, so a short run spends fewer of its minutes on it."""
         super().__init__()
         for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),
                             ("max_new_tokens", max_new_tokens), ("gamma", gamma)]:
@@ -150,6 +153,9 @@ class SpeculativeEval(SpecdecCallback):
         check(tree is None or isinstance(tree, str),
               f"speculative_eval.tree must be \"depth,topk,width[,lookup[..max]][,min_prob]\" or null, got {tree!r}")
         self.tree = None if tree is None else TreeSpec.parse(tree)
+        check_positive_int(every, "speculative_eval.every")
+        self.every = every
+        self._validations = 0                   # validations seen (checkpointed, so a resumed run keeps the rhythm)
         # the last evaluation's speed profiles, one per temperature and batch size (checkpointed)
         self.speed_profiles: list[dict[str, Any]] = []
         self._prompts: Tensor | list[Tensor] | None = None
@@ -356,13 +362,26 @@ class SpeculativeEval(SpecdecCallback):
         return self._prompts
 
     def state_dict(self) -> dict[str, Any]:
-        return {"speed_profiles": self.speed_profiles}
+        return {"speed_profiles": self.speed_profiles, "validations": self._validations}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.speed_profiles = list(state_dict.get("speed_profiles", []))
+        self._validations = int(state_dict.get("validations", 0))
+
+    def due(self, trainer: L.Trainer) -> bool:
+        """Whether this validation decodes: every `every`-th one, and the one that ends training
+        (a stop signalled by `max_time` or a callback, the step budget reached, or the last batch
+        of the last epoch)."""
+        self._validations += 1
+        if self.every == 1 or self._validations % self.every == 0 or trainer.should_stop:
+            return True
+        if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:
+            return True
+        last_epoch = trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1
+        return last_epoch and bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or not self.due(trainer):
             return
         if trainer.is_global_zero:
             metrics, samples = self.evaluate(pl_module.speculative_models(), self.prompts(trainer))
