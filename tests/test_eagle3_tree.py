@@ -93,7 +93,11 @@ def test_greedy_tree_decoding_equals_the_targets_generate(models, arch, draft):
     for spec in specs:
         got, stats = generate(model, prompts, 16, prophet=head, temperature=0, tree=spec)
         assert [t.tolist() for t in got] == alone, spec
-        assert stats.method == "eagle3_tree" and stats.drafted == spec.max_depth * (stats.target_calls - len(prompts))
+        rounds = stats.target_calls - len(prompts)
+        assert stats.method == "eagle3_tree" and sum(stats.drafted_at) == spec.max_depth * rounds
+        # drafted/accepted count nodes: each round verifies 1..max_nodes of them and accepts its path
+        assert rounds <= stats.drafted <= spec.max_nodes * rounds and stats.accepted == sum(stats.accepted_at)
+        assert stats.acceptance_rate == stats.accepted / stats.drafted
 
 
 def test_lookup_continues_the_latest_longest_match():
@@ -201,7 +205,7 @@ def test_tree_sampling_is_lossless_chi_square(toy, setting):
     target, head = toy
     observed, exact, stats = _samples(target, head, 3000, tree=TreeSpec(2, 3, 2), **setting)
     assert stats.method == "eagle3_tree"
-    assert 0.05 < stats.acceptance_rate < 0.95, "the toy head must be neither perfect nor useless"
+    assert 0.05 < stats.per_position_acceptance[0] < 0.95, "the toy head must be neither perfect nor useless"
     assert chi_square_p_value(observed, exact, 3000) > 1e-4
 
 

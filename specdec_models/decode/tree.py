@@ -52,7 +52,8 @@ Two knobs make the tree fit each round rather than the worst one:
 
 Rows of a batch are decoded one after another (the tree's verify already fills the target call);
 `stats.per_position_acceptance[k]` is the fraction of rounds that accepted at least k + 1 tokens
-of the tree.
+of the tree; `stats.drafted` counts the draft nodes the target verified (the lookup's included) and
+`stats.accepted` those it accepted, so `acceptance_rate` is the share of a tree that pays.
 """
 
 from __future__ import annotations
@@ -394,6 +395,8 @@ class _TreeDecoding:
             for k in range(self.spec.max_depth):
                 stats.drafted_at[k] += 1
                 stats.accepted_at[k] += int(k < len(path))
+            stats.drafted += len(tree.tokens)
+            stats.accepted += len(path)
             out += new
             if self.eos_id is not None and self.eos_id in out:
                 out = out[: out.index(self.eos_id) + 1]
@@ -408,10 +411,10 @@ def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: i
     check(isinstance(spec, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(spec).__name__}")
     stats.accepted_at = [0] * spec.max_depth
     stats.drafted_at = [0] * spec.max_depth
+    stats.drafted = stats.accepted = 0
     run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats)
     out = []
     for row in rows:
         tokens = run.row(row, max_new_tokens) if max_new_tokens > 0 else []
         out.append(torch.tensor(tokens, dtype=torch.long, device=row.device))
-    stats.drafted, stats.accepted = sum(stats.drafted_at), sum(stats.accepted_at)
     return out
