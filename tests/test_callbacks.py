@@ -10,6 +10,7 @@ import math
 import lightning as L
 import pytest
 import torch
+from conftest import StopAt
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
@@ -146,19 +147,9 @@ def test_eval_callback_every_n_validations_decodes_at_every_nth_and_the_last(tmp
         SpeculativeEval(every=0)
 
 
-class StopAt(L.Callback):
-    """Signals a stop after optimizer step `step`, as Lightning's Timer does when max_time runs out."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
-
-
 def test_eval_callback_every_n_decodes_at_a_signalled_stop(tmp_path):
-    """every=10, stopped after step 3 (a max_time stop): the validation at that stop decodes."""
+    """every=10, stopped after step 3 (conftest's StopAt sets should_stop as Lightning's Timer does
+    when max_time runs out): the validation at that stop decodes."""
     callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=4, gamma=GAMMA, temperatures=[0.0],
                                every=10)
     trainer, _ = fit(tmp_path, callback, max_steps=8, val_check_interval=1)
