@@ -156,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
     parser.add_argument("--eagle3-gamma", type=int, default=None,
                         help="compare: the eagle3 heads' gamma (default --gamma; a cheap head pays at another gamma)")
-    parser.add_argument("--tree", action="append", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB]",
+    parser.add_argument("--tree", action="append", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,nodes=N]",
                         help="compare: each eagle3 head also drafts this tree, with LOOKUP prompt-lookup tokens as "
                              "one more path if given (LOOKUP..MAX: adaptive up to MAX), expanding only nodes of draft "
-                             "probability >= MIN_PROB if given, e.g. 6,3,1,4..16,0.3 (batch 1; repeatable)")
+                             "probability >= MIN_PROB if given, verifying only the N most probable of the head's nodes if "
+                             "nodes=N is given, e.g. 6,3,1,4..16,0.3 or 6,3,2,4..16,0.3,nodes=12 (batch 1; repeatable)")
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")
     parser.add_argument("--count", type=int, default=16, help="compare: prompts decoded at batch 8")
     parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")

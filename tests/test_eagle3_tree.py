@@ -172,6 +172,71 @@ def test_min_prob_stops_the_tree_where_the_head_is_unsure(toy):
     assert deep_stats.per_position_acceptance[1] > 0.2 and cut_stats.per_position_acceptance[1:] == [0.0] * 3
 
 
+def test_pruning_keeps_the_most_probable_nodes_as_a_tree():
+    tree = _Tree()
+    q_root, q_4, q_8 = torch.full((3,), 1 / 3), torch.full((2,), 0.5), torch.ones(1)
+    tree.add(-1, [4, 6, 7], [-0.1, -0.5, -2.0], q_root)     # nodes 0-2, cumulative log-probs
+    tree.add(0, [8, 9], [-0.3, -1.0], q_4)                   # nodes 3-4 beneath token 4
+    tree.add(3, [2], [-0.4], q_8)                            # node 5 beneath token 8
+    kept = tree.pruned(4)                                    # nodes 0, 3, 5, 1: the best four
+    assert kept.tokens == [4, 6, 8, 2] and kept.parent == [-1, -1, 0, 2] and kept.depth == [1, 1, 2, 3]
+    assert kept.score == [-0.1, -0.5, -0.3, -0.4] and kept.children == {-1: [0, 1], 0: [2], 2: [3]}
+    assert kept.q[-1] is q_root and kept.q[0] is q_4 and kept.q[2] is q_8
+    assert tree.pruned(0) is tree and tree.pruned(6) is tree
+    sure = _Tree()                                           # ties (q = 1): the earlier node, so the parent
+    sure.add(-1, [1, 3], [0.0, 0.0], None)
+    sure.add(0, [2], [0.0], None)
+    assert sure.pruned(2).tokens == [1, 3] and sure.pruned(2).parent == [-1, -1]
+
+
+def test_a_node_budget_verifies_at_most_its_nodes_and_stays_exact(toy):
+    # 4,3,3 grows 30 nodes a round: a budget of 5 verifies at most 5 and the output is still the
+    # target's; a budget of the whole tree changes nothing (seeded, greedy: deterministic). Which
+    # 5 are kept: the next test. (This toy head is untrained: its deep chains are surer than its
+    # root's third child, so acceptance per call is no measure of the choice.)
+    target, head = toy[0], _long_path_head(toy[0])
+    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    alone, _ = hf_greedy(target, prompts, 24)
+    full, full_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3))
+    cut, cut_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, nodes=5))
+    same, same_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, nodes=30))
+    assert [t.tolist() for t in cut] == alone == [t.tolist() for t in full] == [t.tolist() for t in same]
+    assert cut_stats.drafted <= 5 * (cut_stats.row_calls - len(prompts)) < full_stats.drafted
+    assert full_stats.drafted == 30 * (full_stats.row_calls - len(prompts))
+    assert (same_stats.drafted, same_stats.per_position_acceptance) == (full_stats.drafted, full_stats.per_position_acceptance)
+
+
+def test_a_budget_skips_head_steps_whose_children_cannot_enter_it(toy, monkeypatch):
+    # greedy: a frontier node ranking below the budget's last node is not expanded. Each round's
+    # verified tree equals the full tree's top 5, and the head runs fewer times (deterministic)
+    from specdec_models.decode import tree as tree_module
+
+    target, head = toy[0], _long_path_head(toy[0])
+    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    trees, calls = [], [0]
+    draft, logits = tree_module._TreeDecoding.draft, head.logits
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return logits(*args, **kwargs)
+
+    def recorded(self, *args, **kwargs):
+        tree = draft(self, *args, **kwargs).pruned(5)          # the full tree's top 5 (the budget's: as is)
+        trees.append((tree.tokens, tree.parent))
+        return tree
+
+    monkeypatch.setattr(head, "logits", counted)
+    monkeypatch.setattr(tree_module._TreeDecoding, "draft", recorded)
+    runs = {}
+    for spec in (TreeSpec(4, 3, 3, nodes=5), TreeSpec(4, 3, 3)):
+        trees.clear()
+        calls[0] = 0
+        out, _ = generate(target, prompts, 24, prophet=head, temperature=0, tree=spec)
+        runs[spec.nodes] = ([t.tolist() for t in out], list(trees), calls[0])
+    assert runs[5][:2] == runs[0][:2]
+    assert runs[5][2] < runs[0][2]
+
+
 def _long_path_head(target):
     """A head over 5 of the toy's 8 tokens holding the ones its greedy output loops on."""
     head = head_for(target, seed=4, draft=5, ids=torch.tensor([1, 2, 3, 4, 5]))
@@ -233,6 +298,19 @@ def test_adaptive_lookup_and_min_prob_sampling_is_lossless_chi_square(toy):
     assert chi_square_p_value(observed, exact, 3000) > 1e-4
 
 
+@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+def test_node_budget_sampling_is_lossless_chi_square(toy, setting):
+    # sampling spends the budget as the tree grows (4 of the up to 3 + 2 * 2 * 3 nodes of a 3,3,2
+    # tree): the later children of a node are cut by the budget left, never for their own draws.
+    # Same test and threshold as above (p < 1e-4: a correct sampler fails at most once in 10^4
+    # runs; fixed seeds)
+    target, head = toy
+    observed, exact, stats = _samples(target, head, 3000, tree=TreeSpec(3, 3, 2, nodes=4), **setting)
+    assert stats.drafted <= 4 * (stats.row_calls - 3000)
+    assert stats.per_position_acceptance[1] > 0
+    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+
+
 def test_lookup_chi_square_catches_a_rejected_token_left_in_p(toy, monkeypatch):
     from specdec_models.decode import tree
 
@@ -262,6 +340,10 @@ def test_tree_spec_and_bad_input(models):
     assert TreeSpec.parse("6,2,1,4..16,0.2") == TreeSpec(6, 2, 1, 4, lookup_max=16, min_prob=0.2)
     assert TreeSpec.parse("6, 2, 1, 0.25") == TreeSpec(6, 2, 1, min_prob=0.25)
     assert TreeSpec(6, 2, 1, 4, 16, 0.2).label == "6,2,1 + lookup 4..16, q >= 0.2"
+    assert TreeSpec.parse("6,3,2,4..16,0.3,nodes=12") == TreeSpec(6, 3, 2, 4, 16, 0.3, nodes=12)
+    assert TreeSpec.parse("6,3,2, nodes=12") == TreeSpec(6, 3, 2, nodes=12)
+    assert TreeSpec(6, 3, 2, 4, nodes=12).label == "6,3,2 + lookup 4, 12 nodes"
+    assert TreeSpec(6, 3, 2, 4, nodes=12).max_nodes == 12 + 4 and TreeSpec(2, 2, 1, nodes=9).max_nodes == 4
     model = models["llama"]
     head = head_for(model, draft=40)
     prompt = [torch.tensor([1, 2, 3])]
@@ -275,6 +357,9 @@ def test_tree_spec_and_bad_input(models):
         (lambda: TreeSpec.parse("3,2,1,4..8..9"), "DEPTH,TOPK,WIDTH"),
         (lambda: TreeSpec.parse("3,2,1,4,1.5"), "min_prob must be in"),
         (lambda: TreeSpec.parse("3,2,1,4,0.x"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec.parse("3,2,1,nodes=x"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec.parse("3,2,1,nodes=4,0.3"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec(3, 2, 1, nodes=-1), "tree nodes"),
         (lambda: generate(model, prompt, 4, tree=TreeSpec()), "EAGLE-3 head"),
         (lambda: generate(model, prompt, 4, prophet=head, gamma="auto", tree=TreeSpec()), "own depth"),
         (lambda: generate(model, prompt, 4, prophet=head, repetition_penalty=1.2, tree=TreeSpec()), "repetition"),

@@ -49,6 +49,19 @@ Two knobs make the tree fit each round rather than the worst one:
   (up to `lookup_max`) and falls back to `lookup` after a miss, so a long copy is followed in a few
   rounds without paying for long paths where copying fails. The length depends only on earlier
   rounds, so it cannot bias this round's test.
+- `nodes` (a budget of verified head nodes, EAGLE-2's reranking): the lookup path comes on top.
+  - Greedy decoding grows the tree as above, then verifies only its `nodes` nodes of highest
+    cumulative draft probability. A node's is at most its parent's (ties go to the earlier node,
+    and a parent is added before its children), so the kept nodes form a tree; the walk follows
+    the target's argmax, so the output is exact whatever is kept. For the same reason a frontier
+    node that ranks below the budget's last node cannot have a child in it: it is not expanded,
+    which saves head steps.
+  - Sampling cannot drop a drawn child for its own value (above), nor by a rank that its value can
+    change through the tree's growth, so there the budget caps the growth instead: each expanded
+    node draws min(`topk`, the nodes left) children, and the tree stops when none are left. How
+    many children a node draws then depends only on nodes drawn before them.
+  On a CPU a verified node costs ~2% of a target step whether or not it is accepted: the budget
+  drops the unlikely leaves that a wide tree verifies for little return.
 
 Rows of a batch are decoded one after another (the tree's verify already fills the target call);
 `stats.per_position_acceptance[k]` is the fraction of rounds that accepted at least k + 1 tokens
@@ -88,11 +101,12 @@ class TreeSpec:
     lookup: int = 0
     lookup_max: int = 0
     min_prob: float = 0.0
+    nodes: int = 0                # the head's nodes verified per round, most probable first (0: all)
 
     def __post_init__(self) -> None:
         for name in ("depth", "topk", "width"):
             check_positive_int(getattr(self, name), f"tree {name}")
-        for name in ("lookup", "lookup_max"):
+        for name in ("lookup", "lookup_max", "nodes"):
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                   f"tree {name} must be a non-negative integer, got {value!r}")
@@ -104,12 +118,18 @@ class TreeSpec:
 
     @classmethod
     def parse(cls, text: str) -> TreeSpec:
-        """'DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB]', e.g. '5,3,3', '3,2,1,4',
-        '3,2,1,4..16' (lookup adapting up to 16) or '6,2,1,4..16,0.2' (depth up to 6 while the best
-        path's draft probability stays >= 0.2)."""
-        usage = ("a tree is DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB] (positive integers, "
-                 f"MIN_PROB in [0, 1); e.g. 5,3,3 or 3,2,1,4..16 or 6,2,1,4,0.2), got {text!r}")
+        """'DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB][,nodes=N]', e.g. '5,3,3', '3,2,1,4',
+        '3,2,1,4..16' (lookup adapting up to 16), '6,2,1,4..16,0.2' (depth up to 6 while the best
+        path's draft probability stays >= 0.2) or '6,3,2,4..16,0.3,nodes=12' (the 12 most probable
+        of the head's nodes verified)."""
+        usage = ("a tree is DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB][,nodes=N] (positive integers, "
+                 f"MIN_PROB in [0, 1); e.g. 5,3,3 or 3,2,1,4..16 or 6,3,2,4,0.2,nodes=12), got {text!r}")
         parts = [p.strip() for p in text.split(",")]
+        nodes = 0
+        if len(parts) > 3 and parts[-1].startswith("nodes="):
+            value = parts.pop()[len("nodes="):]
+            check(value.isdigit(), usage)
+            nodes = int(value)
         min_prob = 0.0
         if len(parts) > 3 and "." in parts[-1] and ".." not in parts[-1]:
             try:
@@ -119,15 +139,16 @@ class TreeSpec:
         lookup = parts[3].split("..") if len(parts) == 4 else ["0"]
         check(len(parts) in (3, 4) and all(p.isdigit() for p in parts[:3] + lookup) and len(lookup) <= 2, usage)
         return cls(*(int(p) for p in parts[:3]), lookup=int(lookup[0]),
-                   lookup_max=int(lookup[1]) if len(lookup) == 2 else 0, min_prob=min_prob)
+                   lookup_max=int(lookup[1]) if len(lookup) == 2 else 0, min_prob=min_prob, nodes=nodes)
 
     @property
     def label(self) -> str:
-        """'3,2,1', '3,2,1 + lookup 6', '6,2,1 + lookup 4..16, q >= 0.2'."""
+        """'3,2,1', '3,2,1 + lookup 6', '6,2,1 + lookup 4..16, q >= 0.2', '6,3,2, 12 nodes'."""
         text = f"{self.depth},{self.topk},{self.width}"
         if self.lookup:
             text += f" + lookup {self.lookup}" + (f"..{self.lookup_max}" if self.adaptive else "")
-        return text + (f", q >= {self.min_prob:g}" if self.min_prob else "")
+        text += f", q >= {self.min_prob:g}" if self.min_prob else ""
+        return text + (f", {self.nodes} nodes" if self.nodes else "")
 
     @property
     def adaptive(self) -> bool:
@@ -139,7 +160,8 @@ class TreeSpec:
 
     @property
     def max_nodes(self) -> int:
-        return self.topk + (self.depth - 1) * self.width * self.topk + self.longest_lookup
+        grown = self.topk + (self.depth - 1) * self.width * self.topk
+        return (min(grown, self.nodes) if self.nodes else grown) + self.longest_lookup
 
     @property
     def max_depth(self) -> int:
@@ -227,6 +249,21 @@ class _Tree:
                 self.looked_up.add(node)
             self.lookup_path.append(node)
 
+    def pruned(self, budget: int) -> _Tree:
+        """The `budget` nodes of highest cumulative draft log-probability, as a tree of their own
+        (ids renumbered in order; all of them when budget is 0 or not smaller than the tree); ties
+        go to the earlier node, so every kept node's parent is kept. Greedy decoding only (module
+        docstring), before any lookup path."""
+        n = len(self.tokens)
+        if budget <= 0 or n <= budget:
+            return self
+        keep = sorted(sorted(range(n), key=lambda i: (-self.score[i], i))[:budget])
+        tree, new = _Tree(), {-1: -1}
+        for i in keep:                          # a parent ranks before its children, so it is in `new`
+            new[i] = tree.add(new[self.parent[i]], [self.tokens[i]], [self.score[i]], None)[0]
+        tree.q = {new[i]: q for i, q in self.q.items() if i in new}
+        return tree
+
     def ancestry(self) -> Tensor:
         """(n, n) bool: node j is node i or one of its ancestors."""
         n = len(self.tokens)
@@ -276,7 +313,10 @@ class _TreeDecoding:
         layer = head.layers[0]
         L = int(hcache.lengths[0])
         ck, cv = hcache.k[0, :, :, :L], hcache.v[0, :, :, :L]           # (1, kv, L, d) committed positions
-        tokens, scores, q = self.children(root_logits, spec.topk)
+        # sampling spends a node budget as the tree grows; greedy decoding prunes the grown tree
+        left = spec.nodes if spec.nodes and not self.sampling.greedy else math.inf
+        tokens, scores, q = self.children(root_logits, min(spec.topk, left))
+        left -= len(tokens)
         frontier = tree.add(-1, tokens, scores, q)
         feature = {-1: root_feature}
         done_k: list[Tensor] = []
@@ -285,6 +325,12 @@ class _TreeDecoding:
         floor = math.log(spec.min_prob) if spec.min_prob > 0 else -math.inf
         for _ in range(spec.depth - 1):
             chosen = [i for i in sorted(frontier, key=lambda i: -tree.score[i])[: spec.width] if tree.score[i] >= floor]
+            chosen = chosen[: math.ceil(left / spec.topk)] if left < math.inf else chosen     # ones the budget reaches
+            if spec.nodes and self.sampling.greedy and len(tree.tokens) >= spec.nodes:
+                # a child ranks below its parent, so it enters the budget only under a parent
+                # that ranks above the budget's last node: the others' children are not computed
+                last = sorted(tree.score, reverse=True)[spec.nodes - 1]
+                chosen = [i for i in chosen if tree.score[i] > last]
             if not chosen:
                 break
             m = len(chosen)
@@ -308,8 +354,11 @@ class _TreeDecoding:
             frontier = []
             for j, i in enumerate(chosen):
                 feature[i] = out[j]
-                tokens, scores, q = self.children(logits[j], spec.topk)
+                tokens, scores, q = self.children(logits[j], min(spec.topk, left))
+                left -= len(tokens)
                 frontier += tree.add(i, tokens, [tree.score[i] + s for s in scores], q)
+        if self.sampling.greedy:
+            tree = tree.pruned(spec.nodes)
         tree.add_path(lookup_continuation(context, lookup))
         return tree
 
