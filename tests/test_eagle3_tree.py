@@ -18,7 +18,18 @@ from specdec_models.decode import TreeSpec, generate
 from specdec_models.decode.tree import _Tree, lookup_continuation
 from specdec_models.hf import HFDecoder
 
-LOOP = (3, 2, 0, 4, 5, 4, 5)          # a prompt ending in a loop: prompt lookup proposes 4, 5, 4, 5
+LOOP = (3, 2, 0, 4, 5, 4, 5)
+
+
+def toy_prompts() -> list[torch.Tensor]:
+    """The toy's four prompts of the greedy tests."""
+    return [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+
+
+def _greedy(target, head, prompts, n, *specs):
+    """(tokens as lists, stats) of greedy tree decoding with each spec."""
+    runs = [generate(target, prompts, n, prophet=head, temperature=0, tree=spec) for spec in specs]
+    return [([t.tolist() for t in out], stats) for out, stats in runs]          # a prompt ending in a loop: prompt lookup proposes 4, 5, 4, 5
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +138,7 @@ def test_greedy_lookup_accepts_the_targets_loops_and_stays_exact(toy):
     # the toy target's greedy output loops: copying its earlier turns adds accepted tokens to the
     # head's tree (seeded, greedy: deterministic), and the output is the target's token for token
     target, head = toy
-    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 32)
     plain_tree, base = generate(target, prompts, 32, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1))
     got, stats = generate(target, prompts, 32, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 6))
@@ -150,7 +161,7 @@ def test_greedy_adaptive_lookup_follows_the_targets_loops_further(toy):
     # accepts more per call than a fixed 2-token lookup, and the output stays the target's
     # (seeded, greedy: deterministic)
     target, head = toy
-    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 48)
     fixed, base = generate(target, prompts, 48, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 2))
     got, stats = generate(target, prompts, 48, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 2, lookup_max=12))
@@ -164,11 +175,11 @@ def test_min_prob_stops_the_tree_where_the_head_is_unsure(toy):
     # no round accepts two head nodes; without the floor some do. Output exact either way
     # (seeded, greedy: deterministic)
     target, head = toy[0], _long_path_head(toy[0])
-    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 24)
-    deep, deep_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3))
-    cut, cut_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, min_prob=0.999))
-    assert [t.tolist() for t in cut] == alone == [t.tolist() for t in deep]
+    (deep, deep_stats), (cut, cut_stats) = _greedy(target, head, prompts, 24, TreeSpec(4, 3, 3),
+                                                   TreeSpec(4, 3, 3, min_prob=0.999))
+    assert cut == alone == deep
     assert deep_stats.per_position_acceptance[1] > 0.2 and cut_stats.per_position_acceptance[1:] == [0.0] * 3
 
 
@@ -195,12 +206,11 @@ def test_a_node_budget_verifies_at_most_its_nodes_and_stays_exact(toy):
     # 5 are kept: the next test. (This toy head is untrained: its deep chains are surer than its
     # root's third child, so acceptance per call is no measure of the choice.)
     target, head = toy[0], _long_path_head(toy[0])
-    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 24)
-    full, full_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3))
-    cut, cut_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, nodes=5))
-    same, same_stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, nodes=30))
-    assert [t.tolist() for t in cut] == alone == [t.tolist() for t in full] == [t.tolist() for t in same]
+    (full, full_stats), (cut, cut_stats), (same, same_stats) = _greedy(
+        target, head, prompts, 24, TreeSpec(4, 3, 3), TreeSpec(4, 3, 3, nodes=5), TreeSpec(4, 3, 3, nodes=30))
+    assert cut == alone == full == same
     assert cut_stats.drafted <= 5 * (cut_stats.row_calls - len(prompts)) < full_stats.drafted
     assert full_stats.drafted == 30 * (full_stats.row_calls - len(prompts))
     assert (same_stats.drafted, same_stats.per_position_acceptance) == (full_stats.drafted, full_stats.per_position_acceptance)
@@ -212,7 +222,7 @@ def test_a_budget_skips_head_steps_whose_children_cannot_enter_it(toy, monkeypat
     from specdec_models.decode import tree as tree_module
 
     target, head = toy[0], _long_path_head(toy[0])
-    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    prompts = toy_prompts()
     trees, calls = [], [0]
     draft, logits = tree_module._TreeDecoding.draft, head.logits
 
@@ -251,7 +261,7 @@ def test_greedy_tree_accepts_long_paths_and_stays_exact(toy):
     # contiguous in the verify call, and the output stays exact (deterministic: seeded, greedy)
     target, _ = toy
     head = _long_path_head(target)
-    prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 3, 0, 7, 1]), torch.tensor([6]), torch.tensor([7, 7, 2, 1])]
+    prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 24)
     chain, chain_stats = generate(target, prompts, 24, prophet=head, temperature=0, gamma=4)
     got, stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3))
