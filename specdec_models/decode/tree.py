@@ -60,8 +60,9 @@ Two knobs make the tree fit each round rather than the worst one:
     change through the tree's growth, so there the budget caps the growth instead: each expanded
     node draws min(`topk`, the nodes left) children, and the tree stops when none are left. How
     many children a node draws then depends only on nodes drawn before them.
-  On a CPU a verified node costs ~2% of a target step whether or not it is accepted: the budget
-  drops the unlikely leaves that a wide tree verifies for little return.
+  It is for hardware where a verify of many nodes costs about one step (a GPU). On 2 CPU cores,
+  where the recipe's floored tree verifies 6-7 nodes, a budget did not pay (README, "A node
+  budget"): the extra depth it affords costs head steps the extra tokens do not repay.
 
 Rows of a batch are decoded one after another (the tree's verify already fills the target call);
 `stats.per_position_acceptance[k]` is the fraction of rounds that accepted at least k + 1 tokens
@@ -89,8 +90,8 @@ class TreeSpec:
     """The shape of a draft tree: `depth` draft steps of the head, `topk` children per expanded
     node, `width` nodes expanded per depth after the first, and `lookup` tokens of prompt lookup
     (0: none) as one more path; `lookup_max` > 0 makes the lookup adaptive (from `lookup` up to
-    `lookup_max`), `min_prob` > 0 expands only nodes whose cumulative draft probability reaches it
-    (module docstring)."""
+    `lookup_max`), `min_prob` > 0 expands only nodes whose cumulative draft probability reaches it,
+    `nodes` > 0 verifies at most that many head nodes, the most probable (module docstring)."""
 
     # the default is the best of the shapes measured on a 2-core CPU (README, "Tree drafting"), where
     # a verify call's cost grows with its tokens; where verifying many tokens is nearly free (a GPU),
