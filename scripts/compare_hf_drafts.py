@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", action="append", metavar="[NAME=]FILE",
                         help="compare: a prompts file (.txt, .jsonl with messages); repeat for several prompt sets")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
-                        help="compare: the target's and drafters' dtype (bf16 is faster on CPU); default bfloat16; "
+                        help="compare: the target's and drafters' dtype (bf16 is faster on CPUs with fast bf16 matmuls, not on every host: README); default bfloat16; "
                              "greedy exactness against transformers is checked in float32")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
