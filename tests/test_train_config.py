@@ -201,3 +201,23 @@ def test_no_experiment_inherits_from_another():
             assert isinstance(entry, dict), (name, entry)
             group = next(iter(entry)).replace("override ", "").strip("/")
             assert group != "experiment" and group not in EXPERIMENTS, (name, entry)
+
+
+@pytest.mark.parametrize("precision", [None, "32-true"])
+def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compose, tmp_path, precision):
+    # scripts/smollm2.py --precision: both heads get it (the same minutes, the same precision),
+    # and their commands compose as `python -m train` would read them
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_recipe", REPO / "scripts" / "smollm2.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision)
+    runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
+    commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
+    assert [c[3] for c in commands] == ["experiment=smollm2_eagle3", "experiment=smollm2_prophet"]
+    for command in commands:
+        cfg = compose(command[3:])
+        assert cfg.trainer.precision == (precision or "bf16-mixed")
+        assert cfg.trainer.max_time == "00:00:30:00" and cfg.data.seq_len == 256
