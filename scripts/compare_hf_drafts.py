@@ -149,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", action="append", metavar="[NAME=]FILE",
                         help="compare: a prompts file (.txt, .jsonl with messages); repeat for several prompt sets")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
-                        help="compare: the target's and drafters' dtype (bf16 is faster on CPUs with fast bf16 matmuls, not on every host: README); default bfloat16; "
-                             "greedy exactness against transformers is checked in float32")
+                        help="compare: the target's and drafters' dtype (bf16 is faster on CPUs with fast bf16 "
+                             "matmuls, not on every host: README); default bfloat16; greedy exactness against "
+                             "transformers is checked in float32")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")

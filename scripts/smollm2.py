@@ -41,10 +41,12 @@ TEXT = REPO.parent / "shared" / "data" / "textmix100m.gz"
 PRECISIONS = ("bf16-mixed", "32-true")
 
 
-def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path, runs: dict[str, Path]) -> list[list[str]]:
+def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
+                  runs: dict[str, Path]) -> list[list[str]]:
     """The commands that train the eagle3 and prophet heads side by side on the cache, for the
     same wall time (and the same precision when --precision is given)."""
-    same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}", f"trainer.max_time=00:00:{args.train_minutes:02d}:00"]
+    same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
+            f"trainer.max_time=00:00:{args.train_minutes:02d}:00"]
     if args.precision:
         same.append(f"trainer.precision={args.precision}")
     return [[py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",

@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                         help="Hugging Face target: the dtype of the target and its draft or head; default bfloat16 on "
                              "CPU (about twice as fast per step at batch 1 where the CPU has fast bf16 matmuls; on a "
-                             "host without AMX float32 decoded 1.17x as fast: README), float32 elsewhere; greedy output is "
-                             "exactly transformers' in float32")
+                             "host without AMX float32 decoded 1.17x as fast: README), float32 elsewhere; greedy "
+                             "output is exactly transformers' in float32")
     return parser
 
 
