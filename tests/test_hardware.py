@@ -1,0 +1,51 @@
+"""train/hardware.py: the training precision a config resolves to is decided by the machine's
+flags (AMX on a CPU, bf16 support on CUDA), never by a clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from train import hardware
+
+XEON_NO_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+XEON_AMX = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+
+
+def test_cpu_flags_are_the_first_cpus_and_empty_without_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text(XEON_NO_AMX)
+    assert hardware.cpu_flags(info) == {"fpu", "sse", "avx2", "avx512f", "avx512_bf16", "avx512_fp16"}
+    assert hardware.cpu_flags(tmp_path / "missing") == frozenset()
+
+
+@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (XEON_NO_AMX, "32-true"), ("", "32-true")])
+@pytest.mark.parametrize("accelerator", ["cpu", "auto"])
+def test_a_cpu_trains_in_bf16_mixed_only_with_amx(monkeypatch, tmp_path, cpuinfo, expected, accelerator):
+    info = tmp_path / "cpuinfo"
+    info.write_text(cpuinfo)
+    monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
+    assert hardware.fast_precision(accelerator) == expected
+
+
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
+def test_a_cuda_device_trains_in_bf16_mixed_where_it_has_bf16(monkeypatch, tmp_path, bf16, expected):
+    info = tmp_path / "cpuinfo"
+    info.write_text(XEON_NO_AMX)                     # the host CPU does not matter on a GPU
+    monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hardware.torch.cuda, "is_bf16_supported", lambda: bf16)
+    assert hardware.fast_precision("gpu") == expected
+    assert hardware.fast_precision("cpu") == "32-true"   # trainer=cpu trains on the CPU even beside a GPU
+
+
+@pytest.mark.parametrize("experiment", ["smollm2_eagle3", "smollm2_prophet"])
+@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (XEON_NO_AMX, "32-true")])
+def test_the_smollm2_experiments_resolve_their_precision_from_the_machine(compose, monkeypatch, tmp_path,
+                                                                          experiment, cpuinfo, expected):
+    info = tmp_path / "cpuinfo"
+    info.write_text(cpuinfo)
+    monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+    cfg = compose([f"experiment={experiment}"])
+    assert cfg.trainer.accelerator == "cpu" and cfg.trainer.precision == expected
+    assert compose([f"experiment={experiment}", "trainer.precision=32-true"]).trainer.precision == "32-true"
