@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import lightning as L
 import numpy as np
@@ -14,6 +15,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 TEXTMIX = REPO.parent / "shared" / "data" / "textmix100m.gz"   # 10^8 bytes of text; never committed
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py as a module (scripts/ is not a package): a test calls its main(argv) in-process."""
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")

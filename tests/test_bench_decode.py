@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
+from conftest import load_script
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError, save_export
 from train.bench.decode import DecodeBench, markdown, run, write_report
 
-REPO_SCRIPTS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scripts"
 peer_installed = importlib.util.find_spec("speculative_decoding") is not None
 MAIN = ModelConfig(vocab_size=256, dim=32, depth=2, heads=2, dim_head=16, max_seq_len=256)
 PROPHET = ProphetConfig(model=ModelConfig(vocab_size=256, dim=32, depth=1, heads=2, dim_head=16, max_seq_len=16),
@@ -99,11 +99,7 @@ def test_bad_bench_settings_are_refused(kwargs, match):
 
 
 def test_bench_script_reports_and_refuses_bad_input(exports, tmp_path, capsys):
-    sys.path.insert(0, str(REPO_SCRIPTS))
-    try:
-        import bench_decode
-    finally:
-        sys.path.remove(str(REPO_SCRIPTS))
+    bench_decode = load_script("bench_decode")
     out = tmp_path / "b" / "decode.json"
     status = bench_decode.main(["--target-export", str(exports / "pair"), "--batch", "1", "--max-new-tokens", "6",
                                 "--repeats", "1", "--methods", "base", "prophet", "--gamma", "2", "--out", str(out)])

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 from specdec_models import ModelWithProphet
 from specdec_models.errors import SpecdecError
 from train.bench import train_quality, train_step
 from train.bench.report import write_report
 
-REPO_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TINY = "32x2+32x1"          # main 32 x 2 + prophet 32 x 1, one head of 32
 SEQ = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -156,11 +154,7 @@ def test_bad_quality_settings_are_refused(kwargs, match):
     (["--precisions", "fp8"], "precision must be one of"),
 ])
 def test_bench_script_refuses_bad_arguments_in_one_line(argv, match, capsys, tmp_path):
-    sys.path.insert(0, str(REPO_SCRIPTS))
-    try:
-        import bench_train
-    finally:
-        sys.path.remove(str(REPO_SCRIPTS))
+    bench_train = load_script("bench_train")
     assert bench_train.main([*argv, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and match in err and err.count("\n") == 1

@@ -3,22 +3,14 @@ and lands in the table, JSON and plot; scripts/acceptance.py on the same target.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("offline")
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("compare_drafts", REPO / "scripts" / "compare_drafts.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 @pytest.mark.filterwarnings("ignore:Found .* module\\(s\\) in eval mode")
@@ -30,7 +22,7 @@ def test_compare_drafts_at_test_sizes(tiny_cfg, tiny_corpus, tmp_path, capsys):
     try:
         target = run(tiny_cfg(tmp_path / "target", "trainer.max_steps=10", "trainer.val_check_interval=10",
                               "callbacks.speculative_eval=null"))
-        script = load_script()
+        script = load_script("compare_drafts")
         args = ["--target-export", str(target["export_dir"]), "--data", str(tiny_corpus), "--student", "tiny",
                 "--steps", "2", "--seq-len", "32", "--prompt-len", "8", "--divergences", "tvd",
                 "--prompts", "2", "--prompt-bytes", "8", "--max-new-tokens", "8", "--repeats", "1",
@@ -65,9 +57,7 @@ def test_compare_drafts_at_test_sizes(tiny_cfg, tiny_corpus, tmp_path, capsys):
     assert "reusing" in capsys.readouterr().err
 
     # scripts/acceptance.py on the same target: one row per temperature, rates in [0, 1]
-    spec = importlib.util.spec_from_file_location("acceptance", REPO / "scripts" / "acceptance.py")
-    acceptance = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(acceptance)
+    acceptance = load_script("acceptance")
     assert acceptance.main(["--export", str(target["export_dir"]), "--data", str(tiny_corpus), "--prompts", "2",
                             "--prompt-len", "8", "--max-new-tokens", "8"]) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]

@@ -5,9 +5,7 @@ through `--eagle3 DIR`, and bad input is one line, exit 2, nothing written. Tiny
 targets built in the test; the parity against the real `speculators` package is
 tests/test_eagle3_interop.py."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+from conftest import load_script
 from safetensors.torch import load_file, save_file
 from test_decode_cli import cli
 from test_hf_decode import hf_greedy, ragged_prompts
@@ -33,11 +32,7 @@ from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
 
 
 def export_script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "export_eagle3.py"
-    spec = importlib.util.spec_from_file_location("export_eagle3", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("export_eagle3")
 
 
 @pytest.fixture(autouse=True)

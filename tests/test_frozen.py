@@ -5,13 +5,12 @@ export is a model_with_prophet that decodes; bad input stops a run in one line b
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import lightning as L
 import pytest
 import torch
-from conftest import REPO, StopAt
+from conftest import StopAt, load_script
 from safetensors.torch import load_file
 
 import train.run as train_run
@@ -176,9 +175,7 @@ def test_export_checkpoint_and_the_export_script_rebuild_this_task(online, tmp_p
     a, b = load_export(again).state_dict(), load_export(result["export_dir"]).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    spec = importlib.util.spec_from_file_location("export_script", REPO / "scripts" / "export.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("export")
     assert script.main([str(result["last_ckpt"]), str(tmp_path / "script")]) == 0
     assert isinstance(load_export(tmp_path / "script"), ModelWithProphet)
     capsys.readouterr()

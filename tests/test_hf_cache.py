@@ -149,13 +149,9 @@ def test_bad_layers_are_refused_in_one_line_before_any_work(hf, tmp_path, layers
 
 
 def test_the_script_takes_layers_for_a_target_only(hf, tmp_path, capsys):
-    import importlib.util
+    from conftest import load_script
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("cache_script", REPO / "scripts" / "cache_embeddings.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("cache_embeddings")
     out = tmp_path / "c"
     assert script.main(["--export", str(tmp_path), "--data", str(hf["corpus"]), "--layers", "1", "--out", str(out)]) == 2
     assert "--layers" in capsys.readouterr().err and not out.exists()

@@ -324,16 +324,13 @@ def test_specdec_models_imports_without_transformers():
 
 
 def test_compare_hf_script_runs_on_tiny_local_models(tmp_path, capsys):
-    import importlib.util
     import json
 
-    from conftest import REPO
+    from conftest import load_script
 
     target = build(tmp_path / "target", "neox", 0, 20.0)
     build(tmp_path / "draft", None, 4, None, noise=(target, 0.002))
-    spec = importlib.util.spec_from_file_location("compare_hf", REPO / "scripts" / "compare_hf.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("compare_hf")
     out = tmp_path / "compare.json"
     assert script.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
                         "--max-new-tokens", "8", "--repeats", "1", "--batch", "3", "--device", "cpu",

@@ -250,13 +250,9 @@ def test_bad_input_fails_in_one_line_before_any_work(hf, caches, tmp_path, extra
 
 
 def test_the_cache_builder_refuses_bad_input_in_one_line_before_any_work(hf, tmp_path, capsys):
-    import importlib.util
+    from conftest import load_script
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("cache_script", REPO / "scripts" / "cache_embeddings.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("cache_embeddings")
     out = tmp_path / "c"
     for argv, message in [(["--gguf", "/nonexistent/m.gguf", "--prompts", str(hf["prompts"])], "does not exist"),
                           (["--hf-model", str(hf["llama"])], "give either text files or a prompts file"),
@@ -283,14 +279,9 @@ def test_an_interrupted_regenerated_cache_resumes_to_the_uninterrupted_rows(hf, 
 # ---------------------------------------------------------------- the SmolLM2 pipeline's scripts, on tiny targets
 
 def _script(name):
-    import importlib.util
+    from conftest import load_script
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_script(name).main
 
 
 def test_make_prompts_writes_chat_prompts_from_disjoint_splits(tmp_path, capsys):

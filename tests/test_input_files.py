@@ -5,22 +5,18 @@ for the script) and changes nothing. No models: milliseconds."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from conftest import REPO
+from conftest import load_script
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import check_source
 from train.data.regenerate import read_prompts
 
 
 def make_prompts():
-    spec = importlib.util.spec_from_file_location("make_prompts", REPO / "scripts" / "make_prompts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_script("make_prompts").main
 
 
 @pytest.fixture

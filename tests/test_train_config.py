@@ -7,7 +7,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from conftest import CONF, REPO
+from conftest import CONF, REPO, load_script
 from specdec_models import ModelConfig, ProphetConfig
 from specdec_models.errors import SpecdecError
 from train.run import run, validate
@@ -208,13 +208,10 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
     # scripts/smollm2.py --precision: both heads get it (the same minutes, the same precision),
     # and their commands compose as `python -m train` would read them
     import argparse
-    import importlib.util
 
     from train.hardware import fast_precision
 
-    spec = importlib.util.spec_from_file_location("smollm2_recipe", REPO / "scripts" / "smollm2.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_script("smollm2")
     args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision)
     runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
     commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)

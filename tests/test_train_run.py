@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, StopAt, TEXTMIX
+from conftest import TEXTMIX, StopAt, load_script
 from train.tasks.prophet import ProphetModule
 import train.run as train_run
 from train.run import run
@@ -125,9 +125,7 @@ def test_resume_from_last_ckpt_continues_the_same_run(trained, tiny_cfg, tmp_pat
 def test_export_script_writes_a_loadable_export(trained, tmp_path, capsys):
     from specdec_models.export import load_export
 
-    spec = importlib.util.spec_from_file_location("export_script", REPO / "scripts" / "export.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("export")
     assert script.main([str(trained["last_ckpt"]), str(tmp_path / "exp")]) == 0
     assert str(tmp_path / "exp") in capsys.readouterr().out
     load_export(tmp_path / "exp")
