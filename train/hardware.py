@@ -22,7 +22,6 @@ import os
 
 import torch
 
-PRECISIONS = ("bf16-mixed", "32-true")
 _CPUINFO = "/proc/cpuinfo"
 
 
