@@ -11,6 +11,16 @@ XEON_NO_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx51
 XEON_AMX = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
 
 
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """machine(text): train.hardware reads `text` as this machine's /proc/cpuinfo."""
+    def use(text: str) -> None:
+        info = tmp_path / "cpuinfo"
+        info.write_text(text)
+        monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+    return use
+
+
 def test_cpu_flags_are_the_first_cpus_and_empty_without_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text(XEON_NO_AMX)
@@ -20,19 +30,15 @@ def test_cpu_flags_are_the_first_cpus_and_empty_without_cpuinfo(tmp_path):
 
 @pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (XEON_NO_AMX, "32-true"), ("", "32-true")])
 @pytest.mark.parametrize("accelerator", ["cpu", "auto"])
-def test_a_cpu_trains_in_bf16_mixed_only_with_amx(monkeypatch, tmp_path, cpuinfo, expected, accelerator):
-    info = tmp_path / "cpuinfo"
-    info.write_text(cpuinfo)
-    monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+def test_a_cpu_trains_in_bf16_mixed_only_with_amx(monkeypatch, machine, cpuinfo, expected, accelerator):
+    machine(cpuinfo)
     monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
     assert hardware.fast_precision(accelerator) == expected
 
 
 @pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
-def test_a_cuda_device_trains_in_bf16_mixed_where_it_has_bf16(monkeypatch, tmp_path, bf16, expected):
-    info = tmp_path / "cpuinfo"
-    info.write_text(XEON_NO_AMX)                     # the host CPU does not matter on a GPU
-    monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+def test_a_cuda_device_trains_in_bf16_mixed_where_it_has_bf16(monkeypatch, machine, bf16, expected):
+    machine(XEON_NO_AMX)                             # the host CPU does not matter on a GPU
     monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(hardware.torch.cuda, "is_bf16_supported", lambda: bf16)
     assert hardware.fast_precision("gpu") == expected
@@ -41,11 +47,9 @@ def test_a_cuda_device_trains_in_bf16_mixed_where_it_has_bf16(monkeypatch, tmp_p
 
 @pytest.mark.parametrize("experiment", ["smollm2_eagle3", "smollm2_prophet"])
 @pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (XEON_NO_AMX, "32-true")])
-def test_the_smollm2_experiments_resolve_their_precision_from_the_machine(compose, monkeypatch, tmp_path,
-                                                                          experiment, cpuinfo, expected):
-    info = tmp_path / "cpuinfo"
-    info.write_text(cpuinfo)
-    monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+def test_the_smollm2_experiments_resolve_their_precision_from_the_machine(compose, machine, experiment, cpuinfo,
+                                                                          expected):
+    machine(cpuinfo)
     cfg = compose([f"experiment={experiment}"])
     assert cfg.trainer.accelerator == "cpu" and cfg.trainer.precision == expected
     assert compose([f"experiment={experiment}", "trainer.precision=32-true"]).trainer.precision == "32-true"
