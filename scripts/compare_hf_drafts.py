@@ -67,6 +67,7 @@ def check_inputs(args) -> None:
         check(args.cache and Path(args.cache, "cache.json").is_file(), f"corpus needs --cache CACHE_DIR, got {args.cache}")
     if args.command != "compare":
         return
+    check_device(args.device)
     check(args.prompts, "compare needs --prompts FILE (repeatable: NAME=FILE)")
     for _, path in prompt_sets(args):
         check(Path(path).is_file(), f"--prompts {path} does not exist")
@@ -87,6 +88,18 @@ def check_inputs(args) -> None:
         target = args.target or smollm2_gguf()
         check_same_tokenizer(load_tokenizer(target, "target"), load_tokenizer(args.student, "student"), "target",
                              f"student {args.student}")
+
+
+def check_device(device: str) -> None:
+    """Refuse, in one line, a device this machine does not have (before the target loads)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise SpecdecError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1)") from None
+    check(kind in ("cpu", "cuda"), f"--device {device!r}: the comparison runs on cpu or cuda")
+    check(kind == "cpu" or torch.cuda.is_available(), f"--device {device}: no CUDA device is available here")
 
 
 def eagle3_heads(args) -> list[tuple[str, str]]:
@@ -127,10 +140,14 @@ def compare(args, loaded) -> dict:
     drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
-    result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=args.dtype, gamma=args.gamma,
+    from specdec_models.hardware import resolve_dtype
+
+    dtype = str(resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
+    result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
-                        check_count=args.check_count, batch8=not args.batch1_only)
-    return {"settings": {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}, **result}
+                        check_count=args.check_count, batch8=not args.batch1_only, device=args.device)
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
+    return {"settings": {**settings, "dtype": dtype}, **result}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--student", help="compare: a draft model directory (task=hf_draft_distill's export)")
     parser.add_argument("--prompts", action="append", metavar="[NAME=]FILE",
                         help="compare: a prompts file (.txt, .jsonl with messages); repeat for several prompt sets")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
-                        help="compare: the target's and drafters' dtype (bf16 is faster on CPUs with fast bf16 "
-                             "matmuls, not on every host: README); default bfloat16; greedy exactness against "
-                             "transformers is checked in float32")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="compare: the target's and drafters' dtype; default auto: bfloat16 on a CUDA device "
+                             "with bf16 or a CPU with AMX, else float32 (specdec_models/hardware.py); greedy "
+                             "exactness against transformers is checked in float32")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
@@ -171,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every method")
     parser.add_argument("--check-count", type=int, default=2, help="compare: prompts checked against transformers")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="compare: the torch device the target and drafters run on "
+                                                        "(cpu, cuda, cuda:1); default cpu")
     args = parser.parse_args(argv)
 
     import torch

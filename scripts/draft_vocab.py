@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768])
     parser.add_argument("--val-windows", type=int, default=16, help="the cache's last rows, held out for coverage")
     parser.add_argument("--positions", type=int, default=65536, help="answer positions counted, spread over the rows")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16", help="for the timing of c")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="for the timing of c; default auto: the dtype decoding runs in here (bfloat16 with AMX, "
+                             "else float32: specdec_models/hardware.py)")
     parser.add_argument("--no-timing", action="store_true", help="skip measuring c")
     parser.add_argument("--report", help="also write coverage and c as JSON here")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
@@ -88,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from specdec_models.hf.eagle3 import choose_draft_vocab
         from specdec_models.hf.weights import load_causal_lm, load_tokenizer
-        from train.draft_vocab import count_greedy_tokens, write_counts
         from train.data.embeddings_cache import check_cache
+        from train.draft_vocab import count_greedy_tokens, write_counts
 
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -98,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         target_path = args.target or meta["model"].get("path")
         check(target_path, "the cache records no target path: give --target")
         tokenizer = load_tokenizer(target_path, "target")
-        dtype = getattr(torch, args.dtype)
+        from specdec_models.hardware import resolve_dtype
+
+        dtype = resolve_dtype(args.dtype, "cpu")
         target = load_causal_lm(target_path, dtype=dtype, what="target")
         train_rows = np.arange(meta["windows"] - args.val_windows)
         val_rows = np.arange(meta["windows"] - args.val_windows, meta["windows"])
@@ -120,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{int(counts.sum()):,} greedy tokens counted on {len(train_rows)} rows, {int(held.sum()):,} held out "
           f"on {len(val_rows)} -> {args.out}")
-    print("| draft vocabulary | coverage of held-out greedy tokens | c (bf16 step ratio) |" if args.dtype == "bfloat16"
-          else "| draft vocabulary | coverage of held-out greedy tokens | c (fp32 step ratio) |")
+    print(f"| draft vocabulary | coverage of held-out greedy tokens | c ({'bf16' if dtype == torch.bfloat16 else 'fp32'} "
+          "step ratio) |")
     print("|---|---|---|")
     for r in rows:
         c = "" if r["c"] is None else f"{r['c']:.3f}"
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         from specdec_models.files import write_file
 
-        text = json.dumps({"dtype": args.dtype, "rows": rows}, indent=2)
+        text = json.dumps({"dtype": str(dtype).removeprefix("torch."), "rows": rows}, indent=2)
         write_file(Path(args.report), lambda f: f.write(text.encode("utf-8")))
     return 0
 

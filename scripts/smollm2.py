@@ -23,6 +23,11 @@ runs again, so a killed recipe resumes at the step it was in):
    batch 1 and 8, T=0 and T=1, bf16, interleaved;
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
+
+On a machine with a CUDA GPU, `--device cuda` runs the cache, the heads' training and the comparison
+there (GPU_DEFAULTS: larger generation and training batches, validation every 500 steps; `--train-args`
+adds Hydra overrides to both heads' runs); `--heads eagle3` trains the eagle3 head alone and
+`--until STEP` stops after STEP (e.g. `--until train`, to compare elsewhere).
 """
 
 from __future__ import annotations
@@ -40,20 +45,31 @@ TEXT = REPO.parent / "shared" / "data" / "textmix100m.gz"
 
 
 PRECISIONS = ("bf16-mixed", "32-true")
+STEPS = ("prompts", "prompts_eval", "cache", "draft_vocab", "train", "student_prep", "train_student", "compare")
+HEADS = ("eagle3", "prophet")
+# what --device cuda changes: rows generated per call, and the heads' training (rows per step, loader
+# workers, validation every 500 steps rather than 100: a GPU makes hundreds of steps a minute)
+GPU_DEFAULTS = {"cache_batch": 1024,
+                "train": ["trainer.accelerator=gpu", "data.batch_size=32", "data.num_workers=4",
+                          "trainer.val_check_interval=500"]}
 
 
 def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
                   runs: dict[str, Path]) -> list[list[str]]:
-    """The commands that train the eagle3 and prophet heads side by side on the cache, for the
-    same wall time at the same precision (--precision, else the one faster on this CPU)."""
+    """The commands that train the heads (--heads: eagle3 and prophet) side by side on the cache,
+    for the same wall time at the same precision (--precision, else the one faster on the device)."""
     from train.hardware import fast_precision
 
+    gpu = args.device == "cuda"
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
             f"trainer.max_time=00:00:{args.train_minutes:02d}:00",
-            f"trainer.precision={args.precision or fast_precision('cpu')}"]
-    return [[py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",
-             f"output_dir={runs['eagle3']}", "overwrite=true"],
-            [py, "-m", "train", "experiment=smollm2_prophet", *same, f"output_dir={runs['prophet']}", "overwrite=true"]]
+            f"trainer.precision={args.precision or fast_precision('gpu' if gpu else 'cpu')}",
+            *(GPU_DEFAULTS["train"] if gpu else []), *args.train_args]
+    commands = {"eagle3": [py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",
+                           f"output_dir={runs['eagle3']}", "overwrite=true"],
+                "prophet": [py, "-m", "train", "experiment=smollm2_prophet", *same, f"output_dir={runs['prophet']}",
+                            "overwrite=true"]}
+    return [commands[h] for h in HEADS if h in args.heads]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +90,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the cache, the heads' training and the comparison run (the student trains on "
+                             "the CPU); default cpu")
+    parser.add_argument("--heads", nargs="+", choices=HEADS, default=list(HEADS), help="the heads to train and compare")
+    parser.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE",
+                        help="Hydra overrides added to each head's training run, e.g. task.ttt_steps=6")
+    parser.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA device is available here")
 
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -85,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     done: dict[str, float] = json.loads(steps_file.read_text()) if steps_file.is_file() else {}
 
     def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2) -> None:
+        if STEPS.index(name) > STEPS.index(args.until):
+            return
         if name in done and marker.exists():
             print(f"[{name}] done before ({done[name] / 60:.1f} min): {marker}")
             return
@@ -110,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = out / "cache"
     step("cache", [[py, "scripts/cache_embeddings.py", "--gguf", gguf, "--prompts", str(prompts), "--chat",
                     "--temperatures", "0", "1", "--seq-len", str(args.seq_len), "--windows", str(args.rows),
-                    "--batch-size", "256", "--layers", "2", "15", "27", "30", "--model-dtype", "bfloat16",
+                    "--batch-size", str(GPU_DEFAULTS["cache_batch"] if args.device == "cuda" else 256),
+                    "--layers", "2", "15", "27", "30", "--model-dtype", "auto", "--device", args.device,
                     "--out", str(cache), "--overwrite"]],
          cache / "cache.json")
     counts = out / "draft_vocab.json"
@@ -118,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                           "--report", str(out / "draft_vocab_report.json")]], counts)
     runs = {"eagle3": out / "eagle3", "prophet": out / "prophet", "student": out / "student"}
     train = head_training(py, args, cache, counts, runs)
-    step("train", train, runs["eagle3"] / "export" / "config.json", threads=1)
+    step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1)
     if args.student_minutes:
         student_models, corpus = out / "student_models", out / "student_corpus.jsonl"
         step("student_prep", [[py, "scripts/compare_hf_drafts.py", "student", "--out", str(student_models)],
@@ -130,14 +161,18 @@ def main(argv: list[str] | None = None) -> int:
                                 f"output_dir={runs['student']}", "overwrite=true"]],
              runs["student"] / "export" / "config.json")
     report = out / "report"
-    compare = [py, "scripts/compare_hf_drafts.py", "compare", "--eagle3", f"specdec={runs['eagle3'] / 'export'}",
-               "--tree", "3,2,1", "--tree", "6,3,1,4..16,0.3", "--prophet", str(runs["prophet"] / "export"),
-               "--prompt-lookup", "10", "--prompts", f"text={ev_text}", "--prompts", f"open={ev_open}", "--chat",
-               "--count", str(args.eval_prompts), "--batch1-count", "2", "--max-new-tokens", str(args.max_new_tokens),
-               "--rounds", "2", "--gamma", "4", "--dtype", "bfloat16", "--out", str(report / "compare")]
+    compare = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
+               "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
+               "--max-new-tokens", str(args.max_new_tokens), "--rounds", "2", "--gamma", "4", "--dtype", "auto",
+               "--device", args.device, "--out", str(report / "compare")]
+    if "eagle3" in args.heads:
+        compare += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "3,2,1", "--tree", "6,3,1,4..16,0.3"]
+    if "prophet" in args.heads:
+        compare += ["--prophet", str(runs["prophet"] / "export")]
     if args.student_minutes:
         compare += ["--student", str(runs["student"] / "export")]
     step("compare", [compare], report / "compare" / "table.md")
+    report.mkdir(parents=True, exist_ok=True)
     lines = ["| step | minutes |", "|---|---:|"] + [f"| {k} | {v / 60:.1f} |" for k, v in done.items()]
     lines.append(f"| total | {sum(done.values()) / 60:.1f} |")
     (report / "steps.md").write_text("\n".join(lines) + "\n")

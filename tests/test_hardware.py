@@ -1,14 +1,18 @@
-"""train/hardware.py: the training precision a config resolves to is decided by the machine's
-flags (AMX on a CPU, bf16 support on CUDA), never by a clock."""
+"""specdec_models/hardware.py and train/hardware.py: the dtype decoding and caching run in and the
+training precision a config resolves to are decided by the machine's flags (AMX on a CPU, bf16
+support on CUDA), never by a clock."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from specdec_models import hardware as specdec_hardware
 from train import hardware
 
 XEON_NO_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
 XEON_AMX = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+EPYC_AVX2 = "processor\t: 0\nflags\t\t: fpu sse avx avx2 fma f16c\n"
 
 
 @pytest.fixture
@@ -17,7 +21,7 @@ def machine(monkeypatch, tmp_path):
     def use(text: str) -> None:
         info = tmp_path / "cpuinfo"
         info.write_text(text)
-        monkeypatch.setattr(hardware, "_CPUINFO", str(info))
+        monkeypatch.setattr(specdec_hardware, "_CPUINFO", str(info))
     return use
 
 
@@ -32,15 +36,36 @@ def test_cpu_flags_are_the_first_cpus_and_empty_without_cpuinfo(tmp_path):
 @pytest.mark.parametrize("accelerator", ["cpu", "auto"])
 def test_a_cpu_trains_in_bf16_mixed_only_with_amx(monkeypatch, machine, cpuinfo, expected, accelerator):
     machine(cpuinfo)
-    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
     assert hardware.fast_precision(accelerator) == expected
+
+
+@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, torch.bfloat16), (XEON_NO_AMX, torch.float32),
+                                               (EPYC_AVX2, torch.float32), ("", torch.float32)])
+def test_decoding_and_caching_on_a_cpu_run_in_bf16_only_with_amx(monkeypatch, machine, cpuinfo, expected):
+    machine(cpuinfo)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
+    assert specdec_hardware.fast_dtype("cpu") == specdec_hardware.resolve_dtype("auto") == expected
+    assert specdec_hardware.resolve_dtype("float32") == torch.float32       # a named dtype is taken as given
+    assert specdec_hardware.resolve_dtype("bfloat16") == torch.bfloat16
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_a_cuda_device_decodes_in_bf16_where_it_has_bf16_whatever_the_host_cpu(monkeypatch, machine, bf16):
+    machine(EPYC_AVX2)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_bf16_supported", lambda: bf16)
+    expected = torch.bfloat16 if bf16 else torch.float32
+    assert specdec_hardware.fast_dtype("cuda") == specdec_hardware.fast_dtype("cuda:0") == expected
+    assert specdec_hardware.resolve_dtype("auto", "cuda") == expected
+    assert specdec_hardware.fast_dtype("cpu") == torch.float32              # the CPU beside it has no AMX
 
 
 @pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
 def test_a_cuda_device_trains_in_bf16_mixed_where_it_has_bf16(monkeypatch, machine, bf16, expected):
     machine(XEON_NO_AMX)                             # the host CPU does not matter on a GPU
-    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(hardware.torch.cuda, "is_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_bf16_supported", lambda: bf16)
     assert hardware.fast_precision("gpu") == expected
     assert hardware.fast_precision("cpu") == "32-true"   # trainer=cpu trains on the CPU even beside a GPU
 

@@ -353,13 +353,18 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     ("other_target", "trained for another target"),
     ("no_drafter", "give --eagle3 NAME=DIR, --prophet, --student and/or --prompt-lookup N"),
     ("mismatch_student", "tokenizers differ"),
+    ("bad_device", "is not a torch device"),
+    ("absent_device", "no CUDA device is available here" if not torch.cuda.is_available() else "runs on cpu or cuda"),
 ])
 def test_compare_hf_drafts_refuses_bad_input_in_one_line(online, hf, tmp_path, capsys, case, message):
     compare = _script("compare_hf_drafts")
     drafter = {"missing_prophet": ["--prophet", str(tmp_path / "nothing")],
                "other_target": ["--prophet", str(online["export_dir"])],
                "no_drafter": [],
-               "mismatch_student": ["--student", str(hf["mismatch"])]}[case]
+               "mismatch_student": ["--student", str(hf["mismatch"])],
+               "bad_device": ["--prompt-lookup", "3", "--device", "gpu0"],
+               "absent_device": ["--prompt-lookup", "3",
+                                 "--device", "cuda" if not torch.cuda.is_available() else "meta"]}[case]
     target_dir = hf["other"] if case == "other_target" else hf["llama"]
     status = compare(["compare", "--target", str(target_dir), *drafter, "--prompts", str(hf["prompts"]), "--chat",
                       "--count", "2", "--batch1-count", "1", "--out", str(tmp_path / "report")])

@@ -4,10 +4,10 @@ with a one-line error before anything is created."""
 from __future__ import annotations
 
 import pytest
+from conftest import CONF, REPO, load_script
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from conftest import CONF, REPO, load_script
 from specdec_models import ModelConfig, ProphetConfig
 from specdec_models.errors import SpecdecError
 from train.run import run, validate
@@ -212,7 +212,8 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
     from train.hardware import fast_precision
 
     recipe = load_script("smollm2")
-    args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision)
+    args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision, device="cpu",
+                              heads=["eagle3", "prophet"], train_args=[])
     runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
     commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
     assert [c[3] for c in commands] == ["experiment=smollm2_eagle3", "experiment=smollm2_prophet"]
@@ -220,3 +221,20 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
         cfg = compose(command[3:])
         assert cfg.trainer.precision == (precision or fast_precision("cpu"))
         assert cfg.trainer.max_time == "00:00:30:00" and cfg.data.seq_len == 256
+        assert cfg.trainer.accelerator == "cpu" and not any(c.startswith("data.batch_size") for c in command)
+
+
+def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overrides_asked(compose, tmp_path):
+    # --device cuda --heads eagle3 --train-args ...: the eagle3 head alone, on the GPU, with the
+    # recipe's GPU settings and the overrides given (composed as `python -m train` reads them)
+    import argparse
+
+    recipe = load_script("smollm2")
+    args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
+                              train_args=["task.ttt_steps=6"])
+    runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
+    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
+    cfg = compose(command[3:])
+    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.data.batch_size == 32 and cfg.data.num_workers == 4 and cfg.trainer.val_check_interval == 500
+    assert cfg.task.ttt_steps == 6 and cfg.trainer.max_time == "00:00:05:00"

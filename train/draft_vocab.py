@@ -35,8 +35,11 @@ from .tasks.hf_eagle3 import COUNTS_FORMAT
 def count_greedy_tokens(cache: str | os.PathLike, target: Any, rows: np.ndarray, *, positions: int = 65536,
                         batch: int = 16, progress=None) -> torch.Tensor:
     """Counts (vocab,) of the target's greedy tokens at the answer positions of cache rows `rows`
-    (every position of text windows), at most `positions` of them (every k-th)."""
+    (every position of text windows), at most `positions` of them (every k-th). Of a cache with
+    more than 4 x `positions` token positions only every j-th row is read (evenly spaced, at least
+    4 x `positions` positions): a large cache costs no more than a small one."""
     meta = check_cache(cache)
+    rows = np.asarray(rows)[:: max(1, len(rows) * int(meta["seq_len"]) // (4 * positions))]
     layers = [int(i) for i in meta["layers"]]
     depth = int(meta.get("depth", layers[-1]))
     check(depth in layers, f"{cache} holds hidden states of layers {layers}, not the last one ({depth}): the "

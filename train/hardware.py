@@ -10,40 +10,23 @@ forward, backward and AdamW on one thread; README, "The same recipe on a host wi
 
 AMX is the CPU feature that gives bf16 matmuls their speed (its tiles are what oneDNN's bf16
 kernels use), so `fast_precision("cpu")` returns "bf16-mixed" where /proc/cpuinfo lists `amx_bf16`
-and "32-true" elsewhere. The earlier host's flags were not recorded: that it had AMX is the
-inference from its speed, not a reading. On a CUDA device that supports bf16 it returns
+and "32-true" elsewhere: the rule of `specdec_models.hardware.fast_bf16`, which also picks the
+dtype decoding and caching run in. The earlier host's flags were not recorded: that it had AMX is
+the inference from its speed, not a reading. On a CUDA device that supports bf16 it returns
 "bf16-mixed". The rule reads flags, never a clock, so a config resolves the same way on one
-machine every time (a timing probe would flip with the machine's load).
+machine every time (a timing probe would flip with the machine's load). On a third host, an AMD
+EPYC with AVX2 only, the rule gives 32-true; bf16-mixed training was not timed there.
 """
 
 from __future__ import annotations
 
-import os
-
-import torch
-
-_CPUINFO = "/proc/cpuinfo"
-
-
-def cpu_flags(path: str | os.PathLike | None = None) -> frozenset[str]:
-    """The feature flags of the first CPU in /proc/cpuinfo (empty where there is no such file)."""
-    try:
-        with open(path or _CPUINFO, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
+from specdec_models.hardware import cpu_flags, fast_bf16
 
 
 def fast_precision(accelerator: str = "cpu") -> str:
     """Lightning's precision for the faster training on `accelerator` ("cpu", "gpu", "cuda" or
     "auto"): "bf16-mixed" on a CUDA device with bf16 and on a CPU with AMX, else "32-true"."""
-    accelerator = str(accelerator).lower()
-    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-    if accelerator in ("cpu", "auto"):
-        return "bf16-mixed" if "amx_bf16" in cpu_flags() else "32-true"
-    return "32-true"
+    return "bf16-mixed" if fast_bf16(accelerator) else "32-true"
+
+
+__all__ = ["cpu_flags", "fast_precision"]

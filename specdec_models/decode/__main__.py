@@ -35,6 +35,7 @@ import torch
 from .. import byte_tokenizer
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config
+from ..hardware import resolve_dtype
 from ..hf import HFDecoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
@@ -101,11 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop a row after this token (Hugging Face target: default its tokenizer's EOS)")
     parser.add_argument("--ignore-eos", action="store_true", help="Hugging Face target: do not stop at EOS")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                        help="Hugging Face target: the dtype of the target and its draft or head; default bfloat16 on "
-                             "CPU (about twice as fast per step at batch 1 where the CPU has fast bf16 matmuls; on a "
-                             "host without AMX float32 decoded 1.17x as fast: README), float32 elsewhere; greedy "
-                             "output is exactly transformers' in float32")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="Hugging Face target: the dtype of the target and its draft or head; default auto: "
+                             "bfloat16 where the CPU has AMX, else float32 (without native bf16 matmuls a bf16 "
+                             "verify of many tokens is slow: specdec_models/hardware.py); greedy output is exactly "
+                             "transformers' in float32")
     return parser
 
 
@@ -199,9 +200,8 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
         check(value is None or method == used_by, f"{flag} is only used by --method {used_by}, not --method {method}")
     check(not (args.ignore_eos and args.eos_id is not None), "give --eos-id or --ignore-eos, not both")
     _quiet_transformers()
-    dtype = args.dtype or ("bfloat16" if not torch.cuda.is_available() else "float32")
     hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3,
-                     dtype=getattr(torch, dtype))
+                     dtype=resolve_dtype(args.dtype, "cpu"))
     max_len = HFDecoder(hf.target).cfg.max_seq_len
     prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len)
     eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id

@@ -285,6 +285,12 @@ class _TreeDecoding:
     def pick(self, probs: Tensor) -> int:
         return int(probs.argmax(-1)) if self.sampling.greedy else int(sample(probs, self.generator))
 
+    def uniform(self) -> float:
+        """One uniform draw in [0, 1) from the decoding's generator (on the generator's device: a
+        CUDA generator draws CUDA tensors)."""
+        device = self.generator.device if self.generator is not None else None
+        return float(torch.rand((), dtype=torch.float64, device=device, generator=self.generator))
+
     def draft_probs(self, logits: Tensor) -> Tensor:
         """The head's distribution q over the target vocabulary (zero outside the draft vocabulary)."""
         return to_probs(self.head.to_target_vocab(logits)[..., : self.vocab], self.sampling)
@@ -385,7 +391,7 @@ class _TreeDecoding:
             accepted = None
             for c in (c for c in kids if c not in tree.looked_up):            # recursive rejection sampling
                 x = tree.tokens[c]
-                u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
+                u = self.uniform()
                 if u * float(q[x]) < float(probs[x]):
                     accepted = c
                     break
@@ -396,7 +402,7 @@ class _TreeDecoding:
             looked = [c for c in kids if c in tree.looked_up]                  # at most one per node
             if accepted is None and looked:          # a point-mass candidate, last: accepted with p'(x)
                 x = tree.tokens[looked[0]]
-                u = float(torch.rand((), dtype=torch.float64, generator=self.generator))
+                u = self.uniform()
                 if u < float(probs[x]):
                     accepted = looked[0]
                 else:

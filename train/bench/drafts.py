@@ -202,7 +202,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> None:
     """Per prompt set: tokens per target call at batch 1 and the speed-up per (temperature, batch)
     of each drafter (a method absent at a setting, prompt lookup at batch 8, gets no bar)."""
     plt = pyplot()
@@ -232,7 +232,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax_speed.set_title(f"{name} prompts", fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(methods), 3), fontsize=8, frameon=False)
-    fig.suptitle("Drafts for SmolLM2-135M-Instruct on 2 CPU cores")
+    fig.suptitle(f"Drafts for SmolLM2-135M-Instruct on {where}")
     fig.tight_layout(rect=(0, 0.03 + 0.03 * ((len(methods) - 1) // 3), 1, 1))   # room for the legend below
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -253,8 +253,16 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     with staged_dir(out) as tmp:
         (tmp / "results.json").write_text(json.dumps(report, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
-        plot(report["rows"], tmp / "compare.png")
+        device = report.get("settings", {}).get("device", "cpu")
+        plot(report["rows"], tmp / "compare.png", "2 CPU cores" if device == "cpu" else device_name(device))
     return lines
+
+
+def device_name(device: str) -> str:
+    """A CUDA device's name ("NVIDIA H200"), else the device string."""
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device
 
 
 NAMES = {"prophet": "prophet (trained)", "student": "student (distilled)", "random": "random head (untrained)"}
@@ -281,39 +289,42 @@ class HFDrafters:
         from specdec_models.hf.prophet import HFProphet
         from specdec_models.hf.weights import load_causal_lm
 
-        dtype = next(model.parameters()).dtype
+        weight = next(model.parameters())
+        dtype, device = weight.dtype, weight.device
         drafters = {}
         for name, directory in self.eagle3:
-            head = load_eagle3(directory, model).to(dtype)
+            head = load_eagle3(directory, model).to(device=device, dtype=dtype)
             drafters[f"eagle3 {name}"] = {"prophet": head, **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
             for tree in self.trees:
                 drafters[f"eagle3 {name} tree {tree.label}"] = {"prophet": head, "tree": tree}
         if self.prophet:
-            head = load_export(self.prophet, target=model).to(dtype)
+            head = load_export(self.prophet, target=model).to(device=device, dtype=dtype)
             drafters[NAMES["prophet"]] = {"prophet": head}
         if self.student:
-            drafters[NAMES["student"]] = {"draft": load_causal_lm(self.student, dtype=dtype, what="student")}
+            drafters[NAMES["student"]] = {"draft": load_causal_lm(self.student, dtype=dtype, what="student").to(device)}
         if self.prompt_lookup:
             drafters[f"prompt lookup (transformers, n={self.prompt_lookup})"] = {"prompt_lookup": self.prompt_lookup}
         if self.prophet and self.random_head:
             torch.manual_seed(0)
-            drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, model).to(dtype).eval()}
+            drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, model).to(device=device, dtype=dtype).eval()}
         return drafters
 
 
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
-               batch8: bool = True) -> dict[str, Any]:
+               batch8: bool = True, device: str = "cpu") -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
     `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all; not
     without `batch8`),
     then greedy exactness against transformers' own `generate()` in fp32 on the first set's first
     `check_count` prompts (the target reloaded from `target`: bf16's multi-token verify may round
     differently from a 1-token step, and the rows' greedy_equal_plain say how often it did).
+    Everything runs on `device` ("cpu", "cuda"); each method's time ends with its tokens copied to
+    the host, so a GPU's queued work is inside it.
     Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
     from specdec_models.hf.weights import load_causal_lm
 
-    model = loaded.model.to(getattr(torch, dtype))
+    model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
     built = drafters.build(model)
     rows = []
     for name, prompts in prompt_sets:
@@ -323,8 +334,8 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
     del model, built
-    fp32 = load_causal_lm(target, dtype=torch.float32, what="target")
+    fp32 = load_causal_lm(target, dtype=torch.float32, what="target").to(device)
     checked = {k: v for k, v in drafters.build(fp32).items() if "prompt_lookup" not in v}
     greedy = greedy_matches_transformers(fp32, prompt_sets[0][1][:check_count], checked, gamma=gamma,
                                          max_new_tokens=max_new_tokens)
-    return {"rows": rows, "greedy_equals_transformers_generate": greedy}
+    return {"rows": rows, "greedy_equals_transformers_generate": greedy, "device_name": device_name(device)}
