@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--model-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="HF: the dtype the target runs in; default auto: bfloat16 on a CUDA device with bf16 or "
-                             "a CPU with AMX (1.6-1.8x fp32's speed there), else float32 (specdec_models/hardware.py)")
+                             "a CPU with bf16 instructions (with AMX 1.6-1.8x fp32's speed), else float32 "
+                             "(specdec_models/hardware.py)")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="HF: a time budget for making the rows once the target is loaded; when it runs out the "
+                             "cache holds the rows made so far (the first rows of the full build)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing cache at --out")
     args = parser.parse_args(argv)
 
@@ -85,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
               "seed": args.seed, "batch_size": args.batch_size, "device": device, "overwrite": args.overwrite,
               "progress": progress, "report": print}
     try:
+        if args.max_minutes is not None and not args.max_minutes > 0:
+            raise SpecdecError(f"--max-minutes must be > 0, got {args.max_minutes}")
         if args.export:
-            if args.data is None or args.text or args.prompts or args.layers:
-                raise SpecdecError("--export reads --data PATH (not --text, --prompts or --layers)")
+            if args.data is None or args.text or args.prompts or args.layers or args.max_minutes:
+                raise SpecdecError("--export reads --data PATH (not --text, --prompts, --layers or --max-minutes)")
             meta = build_cache(args.export, args.data, args.out, top_k_logits=args.top_k_logits, **common)
         else:
             if args.data is not None or args.top_k_logits:
@@ -95,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "--text FILE ... or --prompts FILE")
             meta = build_hf_cache(args.hf_model or args.gguf, args.out, text=args.text, prompts=args.prompts,
                                   chat=args.chat, temperatures=args.temperatures, layers=args.layers,
-                                  model_dtype=resolve_dtype(args.model_dtype, device), **common)
+                                  model_dtype=resolve_dtype(args.model_dtype, device),
+                                  max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, **common)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -103,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         for bar in bars:
             bar.close()
     mb_per_million = meta["bytes"] / meta["tokens"]        # bytes per token = MB per million tokens
-    print(f"cache: {args.out} ({meta['windows']} windows, {meta['tokens']:,} tokens, {meta['bytes'] / 1e6:,.1f} MB, "
+    rows = f"{meta['windows']} windows"
+    if "requested_windows" in meta:
+        rows += f" of the {meta['requested_windows']} asked: --max-minutes ran out"
+    print(f"cache: {args.out} ({rows}, {meta['tokens']:,} tokens, {meta['bytes'] / 1e6:,.1f} MB, "
           f"{mb_per_million:,.1f} MB per million tokens, {meta['tokens'] / meta['seconds']:,.0f} tokens/s)")
     return 0
 

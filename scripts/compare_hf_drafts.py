@@ -75,6 +75,8 @@ def check_inputs(args) -> None:
           "give --eagle3 NAME=DIR, --prophet, --student and/or --prompt-lookup N")
     check(min(args.count, args.batch1_count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
           "--count, --batch1-count, --check-count, --rounds and --max-new-tokens must be >= 1")
+    check(all(t >= 0 for t in args.temperatures) and len(set(args.temperatures)) == len(args.temperatures),
+          f"--temperatures must be distinct numbers >= 0, got {args.temperatures}")
     if args.prophet:
         check(read_export_config(args.prophet)["kind"] == "hf_prophet", f"--prophet {args.prophet} is no head export")
     if args.eagle3:
@@ -145,7 +147,8 @@ def compare(args, loaded) -> dict:
     dtype = str(resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
     result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
-                        check_count=args.check_count, batch8=not args.batch1_only, device=args.device)
+                        check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
+                        temperatures=tuple(args.temperatures))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     return {"settings": {**settings, "dtype": dtype}, **result}
 
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare: a prompts file (.txt, .jsonl with messages); repeat for several prompt sets")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="compare: the target's and drafters' dtype; default auto: bfloat16 on a CUDA device "
-                             "with bf16 or a CPU with AMX, else float32 (specdec_models/hardware.py); greedy "
+                             "with bf16 or a CPU with bf16 instructions, else float32 (specdec_models/hardware.py); greedy "
                              "exactness against transformers is checked in float32")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
@@ -186,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every method")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T",
+                        help="compare: the sampling temperatures (0: greedy); default 0 1")
     parser.add_argument("--check-count", type=int, default=2, help="compare: prompts checked against transformers")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="compare: the torch device the target and drafters run on "

@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-windows", type=int, default=16, help="the cache's last rows, held out for coverage")
     parser.add_argument("--positions", type=int, default=65536, help="answer positions counted, spread over the rows")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                        help="for the timing of c; default auto: the dtype decoding runs in here (bfloat16 with AMX, "
-                             "else float32: specdec_models/hardware.py)")
+                        help="for the timing of c; default auto: the dtype decoding runs in here (bfloat16 with bf16 "
+                             "instructions, else float32: specdec_models/hardware.py)")
     parser.add_argument("--no-timing", action="store_true", help="skip measuring c")
     parser.add_argument("--report", help="also write coverage and c as JSON here")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")

@@ -7,9 +7,10 @@ runs again, so a killed recipe resumes at the step it was in):
 1. prompts: training prompts (half open-ended instructions, half made from text snippets) and two
    held-out evaluation sets: `text` (snippets of the text's validation split) and `open` (open-ended
    instructions on topics never trained on);
-2. cache: SmolLM2, in bf16 as it decodes, answers the training prompts itself (greedy and sampled
-   rows, stopped at its end-of-turn token) and its hidden states of layers [2, 15, 27] and the last
-   are cached;
+2. cache: SmolLM2, in the dtype it decodes in here (bf16 with bf16 instructions or on a GPU, else
+   fp32: specdec_models/hardware.py), answers the training prompts itself (greedy and sampled rows,
+   stopped at its end-of-turn token) and its hidden states of layers [2, 15, 27] and the last are
+   cached: --rows of them, or as many as --cache-minutes allows;
 3. draft vocabulary: the target's greedy tokens counted on the cache; coverage and c per size;
 4. training, side by side for the same wall time, at the same precision (--precision; by default
    the one faster on this CPU: train/hardware.py) and one thread each: the eagle3 head
@@ -19,8 +20,8 @@ runs again, so a killed recipe resumes at the step it was in):
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also with a 3,2,1 draft
    tree, and with a 6,3,1 tree grown only where its draft probability stays >= 0.3 plus an adaptive
    prompt-lookup path of 4..16 tokens, at batch 1), transformers' prompt-lookup decoding and plain
-   decoding on both prompt sets,
-   batch 1 and 8, T=0 and T=1, bf16, interleaved;
+   decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
+   interleaved;
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     # of 3,072 rows took 38.9 minutes (README, "The same recipe on a host without AMX")
     parser.add_argument("--prompts", type=int, default=2048, help="training prompts")
     parser.add_argument("--rows", type=int, default=2048, help="cached rows (the target's answers)")
+    parser.add_argument("--cache-minutes", type=float, default=24,
+                        help="time budget of making the rows (the target loaded): a slower machine caches fewer than "
+                             "--rows rather than overrun the recipe's 90 minutes; 0: no budget")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--train-minutes", type=int, default=30, help="wall time of each draft's training")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--temperatures", "0", "1", "--seq-len", str(args.seq_len), "--windows", str(args.rows),
                     "--batch-size", str(GPU_DEFAULTS["cache_batch"] if args.device == "cuda" else 256),
                     "--layers", "2", "15", "27", "30", "--model-dtype", "auto", "--device", args.device,
+                    *(["--max-minutes", str(args.cache_minutes)] if args.cache_minutes else []),
                     "--out", str(cache), "--overwrite"]],
          cache / "cache.json")
     counts = out / "draft_vocab.json"

@@ -1,23 +1,27 @@
-"""Which dtype is fast on this machine: bf16 where the hardware multiplies bf16 matrices natively.
+"""Which dtype is fast on this machine: bf16 where the hardware has bf16 dot-product instructions.
 
-bf16 halves the bytes a matmul reads, but only hardware with bf16 matrix instructions also
-computes it fast. Elsewhere a bf16 matmul is converted and computed slowly, which a 1-token
-decoding step hides (it is bound by reading the weights) and every call on many tokens shows (a
-verify, a tree, a batch of rows being generated). Measured on SmolLM2-135M, 2 CPU threads
-(README, "Which dtype, on which host"):
+bf16 halves the bytes a matmul reads, but only hardware with bf16 instructions also computes it
+fast. Elsewhere a bf16 matmul is converted and computed slowly, which a 1-token decoding step
+hides (it is bound by reading the weights) and every call on many tokens shows: a verify, a tree,
+a batch of rows being generated. Measured on SmolLM2-135M, 2 CPU threads (README, "Which dtype,
+on which host"):
 - a host with AMX (the earlier rounds' host): bf16 decoded a step in 22.7 ms against 43.6 in fp32,
   a 6-token verify cost 1.10 steps, and bf16 generated a cache 1.6-1.8x as fast;
-- an Intel Xeon with AVX-512 and its bf16 instructions but no AMX: fp32 decoded a step faster
-  (33.8 against 39.5 ms), a bf16 verify of 5 / 28 tokens cost 1.34 / 2.52 steps, and bf16 and
-  fp32 generated a cache alike;
-- an AMD EPYC with AVX2 only: bf16 decoded a step faster (65 against 88 ms), but a verify of 5 /
-  28 tokens cost 2.31 / 9.20 bf16 steps against 1.52 / 2.03 fp32 steps, so every drafted method
-  ran slower than plain decoding in bf16.
+- an Intel Xeon with AVX-512 and its bf16 instructions (avx512_bf16) but no AMX: a bf16 verify
+  of 5 / 28 tokens cost 1.34 / 2.52 steps; the eagle3 tree decoded text at 34.1 tokens/s in
+  bf16 against 29.8 in fp32 (open prompts: 29.7 against 28.9), and bf16 and fp32 generated a
+  cache alike (fp32 plain decoding was the faster plain decoding there, 33.8 against 39.5 ms);
+- an AMD EPYC with AVX2 only: a verify of 5 / 28 tokens cost 2.31 / 9.20 bf16 steps against
+  1.52 / 2.03 fp32 steps, so in bf16 every drafted method ran slower than plain decoding
+  (0.58-0.73x), in fp32 the tree did not (plain decoding alone was faster in bf16 there: 65
+  against 88 ms a token).
 
-So `fast_dtype("cpu")` is bf16 where /proc/cpuinfo lists `amx_bf16` and fp32 elsewhere, and on a
-CUDA device bf16 where it is supported. The rule reads flags, never a clock, so one machine always
-answers the same (a timing probe would flip with the machine's load). `train.hardware` derives
-the training precision from the same rule.
+So `fast_dtype("cpu")`, the dtype decoding and caching run in by default ("auto"), is bf16 where
+/proc/cpuinfo lists `avx512_bf16` or `amx_bf16` and fp32 elsewhere; on a CUDA device, bf16
+where it is supported. The rule reads flags, never a clock, so one machine always answers the
+same (a timing probe would flip with the machine's load). Training has its own rule
+(`train.hardware.fast_precision`: bf16-mixed needs AMX, since backward passes in bf16 autocast
+ran 0.68x fp32's speed on the Xeon above).
 """
 
 from __future__ import annotations
@@ -42,23 +46,25 @@ def cpu_flags(path: str | os.PathLike | None = None) -> frozenset[str]:
     return frozenset()
 
 
-def fast_bf16(device: str | torch.device = "cpu") -> bool:
-    """Whether `device` ("cpu", "cuda", "cuda:1", or "gpu"/"auto" as Lightning names accelerators:
-    a CUDA device when there is one) multiplies bf16 matrices natively: a CUDA device that supports
-    bf16, or a CPU with AMX."""
+BF16_INSTRUCTIONS = frozenset({"avx512_bf16", "amx_bf16"})      # bf16 dot products on a CPU
+
+
+def cuda_device(device: str | torch.device) -> bool | None:
+    """For `device` ("cpu", "cuda", "cuda:1", or "gpu"/"auto" as Lightning names accelerators):
+    True for a CUDA device that is there, False for the CPU, None for "gpu" without CUDA."""
     name = str(device).lower()
     if name in ("gpu", "auto"):
-        if torch.cuda.is_available():
-            return torch.cuda.is_bf16_supported()
-        return name == "auto" and "amx_bf16" in cpu_flags()
-    if torch.device(name).type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return "amx_bf16" in cpu_flags()
+        return True if torch.cuda.is_available() else (False if name == "auto" else None)
+    return torch.device(name).type == "cuda" and torch.cuda.is_available()
 
 
 def fast_dtype(device: str | torch.device = "cpu") -> torch.dtype:
-    """torch.bfloat16 where `device` multiplies bf16 natively (`fast_bf16`), else torch.float32."""
-    return torch.bfloat16 if fast_bf16(device) else torch.float32
+    """The dtype decoding and caching run faster in on `device` (module docstring): torch.bfloat16
+    on a CUDA device that supports it or a CPU with bf16 instructions, else torch.float32."""
+    cuda = cuda_device(device)
+    if cuda:
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cuda is False and BF16_INSTRUCTIONS & cpu_flags() else torch.float32
 
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
@@ -66,4 +72,4 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     return fast_dtype(device) if name == "auto" else getattr(torch, name)
 
 
-__all__ = ["cpu_flags", "fast_bf16", "fast_dtype", "resolve_dtype"]
+__all__ = ["BF16_INSTRUCTIONS", "cpu_flags", "cuda_device", "fast_dtype", "resolve_dtype"]

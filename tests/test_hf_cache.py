@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
+from conftest import load_script
 from test_hf_data import build_tokenizer, stopping_target, text_setup
 from test_hf_distill import save_model
 
@@ -267,6 +269,33 @@ def test_an_interrupted_several_layer_cache_resumes_to_the_uninterrupted_rows(hf
     path, _ = regenerated
     assert_an_interrupted_build_resumes(hf["eager"], tmp_path / "regenerated", path, 4 * LONG,
                                         **{**REGENERATED, "prompts": hf["prompts"]})
+
+
+def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, tmp_path, monkeypatch):
+    # the writer's clock moves 10 s per batch written, so a 15 s budget lets two batches through
+    # (a batch is 4 rows or a shard's, whichever is fewer): the third starts past it, and the cache
+    # holds the first rows, those of the full build
+    import train.data.embeddings_cache as writer
+
+    path, _ = regenerated
+    clock = [0.0]
+    monkeypatch.setattr(writer, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    lines = []
+    meta = build_hf_cache(hf["eager"], tmp_path / "budget", **{**REGENERATED, "prompts": hf["prompts"]},
+                          progress=lambda tokens: clock.__setitem__(0, clock[0] + 10.0), report=lines.append,
+                          max_seconds=15)
+    rows = 2 * min(4, meta["rows_per_shard"])
+    assert (meta["windows"], meta["requested_windows"], meta["tokens"]) == (rows, 12, rows * LONG) and rows < 12
+    assert any(f"ran out after {rows} of 12 rows" in line for line in lines)
+    assert check_cache(tmp_path / "budget")["windows"] == rows and not (tmp_path / "budget.partial").exists()
+    assert open_cache(tmp_path / "budget")[:].equals(open_cache(path)[:rows])
+
+
+def test_the_scripts_time_budget_must_be_positive(hf, tmp_path, capsys):
+    status = load_script("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
+                                                   "--out", str(tmp_path / "c"), "--max-minutes", "0"])
+    err = capsys.readouterr().err
+    assert status == 2 and err == "error: --max-minutes must be > 0, got 0.0\n" and not (tmp_path / "c").exists()
 
 
 def test_the_stop_token_is_the_chat_templates_end_of_turn(tmp_path):

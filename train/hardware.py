@@ -10,9 +10,9 @@ forward, backward and AdamW on one thread; README, "The same recipe on a host wi
 
 AMX is the CPU feature that gives bf16 matmuls their speed (its tiles are what oneDNN's bf16
 kernels use), so `fast_precision("cpu")` returns "bf16-mixed" where /proc/cpuinfo lists `amx_bf16`
-and "32-true" elsewhere: the rule of `specdec_models.hardware.fast_bf16`, which also picks the
-dtype decoding and caching run in. The earlier host's flags were not recorded: that it had AMX is
-the inference from its speed, not a reading. On a CUDA device that supports bf16 it returns
+and "32-true" elsewhere. (Decoding and caching have a rule of their own,
+`specdec_models.hardware.fast_dtype`: bf16 instructions of either kind suffice there.) The earlier
+host's flags were not recorded: that it had AMX is the inference from its speed, not a reading. On a CUDA device that supports bf16 it returns
 "bf16-mixed". The rule reads flags, never a clock, so a config resolves the same way on one
 machine every time (a timing probe would flip with the machine's load). On a third host, an AMD
 EPYC with AVX2 only, the rule gives 32-true; bf16-mixed training was not timed there.
@@ -20,13 +20,18 @@ EPYC with AVX2 only, the rule gives 32-true; bf16-mixed training was not timed t
 
 from __future__ import annotations
 
-from specdec_models.hardware import cpu_flags, fast_bf16
+import torch
+
+from specdec_models.hardware import cpu_flags, cuda_device
 
 
 def fast_precision(accelerator: str = "cpu") -> str:
     """Lightning's precision for the faster training on `accelerator` ("cpu", "gpu", "cuda" or
     "auto"): "bf16-mixed" on a CUDA device with bf16 and on a CPU with AMX, else "32-true"."""
-    return "bf16-mixed" if fast_bf16(accelerator) else "32-true"
+    cuda = cuda_device(accelerator)
+    if cuda:
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if cuda is False and "amx_bf16" in cpu_flags() else "32-true"
 
 
 __all__ = ["cpu_flags", "fast_precision"]

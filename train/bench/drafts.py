@@ -312,7 +312,8 @@ class HFDrafters:
 
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
-               batch8: bool = True, device: str = "cpu") -> dict[str, Any]:
+               batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0)
+               ) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
     `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all; not
     without `batch8`),
@@ -329,6 +330,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     rows = []
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
+                                    temperatures=tuple(temperatures),
                                     batches={1: batch1_count, **({8: len(prompts)} if batch8 else {})},
                                     vocab_size=len(loaded.tokenizer),
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):

@@ -273,13 +273,17 @@ def check_build(out: str | os.PathLike, *, seq_len: int, windows: int, dtype: st
 
 def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int, windows: int, dtype: str,
                 top_k_logits: int, shard_size: str | int, seed: int, batch_size: int, overwrite: bool = False,
-                progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None
-                ) -> dict[str, Any]:
+                progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None,
+                max_seconds: float | None = None) -> dict[str, Any]:
     """Run `model` over `windows` rows of `source` and write the cache to `out` (see the module
     docstring), resuming a killed build of the same settings. `report(line)` hears the size the
     cache will take before any work, and what a resume keeps; `progress(tokens)` follows each batch.
-    Returns cache.json's contents, with the seconds this call took."""
+    `max_seconds`: a time budget for this call; when it runs out, the batch in progress is the
+    last, and the cache holds the rows written so far, the first rows of the full build (cache.json
+    records "windows" written and "requested_windows"): a slow machine gets fewer rows rather than
+    a longer build. Returns cache.json's contents, with the seconds this call took."""
     t0 = time.perf_counter()
+    check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     say = report or (lambda line: None)
     check(model.logits is not None or not top_k_logits,
           "top-k logits are cached for specdec exports only: a Hugging Face target's logits are its head applied "
@@ -324,6 +328,7 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     from datasets.arrow_writer import ArrowWriter
 
     features = _features(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
+    written = windows                                    # rows in the cache: fewer when the time budget runs out
     for k in range(shards):
         if k in kept:
             continue
@@ -334,6 +339,9 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
             first, last = k * per_shard, min((k + 1) * per_shard, windows)
             with torch.inference_mode():
                 for start in range(first, last, batch_size):
+                    if max_seconds is not None and time.perf_counter() - t0 >= max_seconds and start > 0:
+                        written = start                 # out of time: rows 0..start-1 are the cache
+                        break
                     tokens, extra = source.rows(start, min(batch_size, last - start))       # (b, n + 1)
                     hidden = extra.pop("embeds", None)                                      # (b, n, k d)
                     if hidden is None:                  # the source computed none: one pass over its rows
@@ -354,13 +362,20 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
                     writer.write_table(pa.table({name: columns[name] for name in features}))
                     if progress is not None:
                         progress(len(tokens) * seq_len)
-            writer.finalize()
-            os.replace(tmp, final)                      # the shard is complete: a resume keeps it
+            if written > first:                         # the shard holds rows: a resume keeps it
+                writer.finalize()
+                os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-
-    files = {_shard_name(k): (partial / _shard_name(k)).stat().st_size for k in range(shards)}
-    meta = {**build, "tokens": windows * seq_len, "files": files, "bytes": sum(files.values())}
+        if written < windows:
+            break
+    if written < windows:                               # (shards are written in order: none lies past it)
+        say(f"the time budget ({max_seconds / 60:.1f} min) ran out after {written:,} of {windows:,} rows: "
+            f"the cache holds those")
+    files = {_shard_name(k): (partial / _shard_name(k)).stat().st_size for k in range(-(-written // per_shard))}
+    meta = {**build, "windows": written, "tokens": written * seq_len, "files": files, "bytes": sum(files.values())}
+    if written < windows:
+        meta["requested_windows"] = windows
     write_file(partial / META_NAME, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
     replace_dir(partial, out)
     meta["seconds"] = time.perf_counter() - t0

@@ -281,13 +281,15 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
                    layers: Sequence[int] | None = None, device: str | torch.device = "cpu",
                    model_dtype: torch.dtype = torch.float32, overwrite: bool = False,
                    progress: Callable[[int], Any] | None = None,
-                   report: Callable[[str], Any] | None = None) -> dict[str, Any]:
+                   report: Callable[[str], Any] | None = None, max_seconds: float | None = None) -> dict[str, Any]:
     """Cache a Hugging Face target's hidden states at `layers` (`hidden_states` indices, negative
     ones from the end; None: the last layer, after its final norm) of `windows` rows: token
     windows of the `text` files, or the target's continuations of the `prompts` file (see the
-    module docstring); `write_cache` writes (and resumes) the cache."""
+    module docstring); `write_cache` writes (and resumes) the cache, within `max_seconds` of
+    work once the target is loaded when given (fewer rows if it runs out)."""
     out = check_build(out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0, batch_size=batch_size,
                       overwrite=overwrite)
+    check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     shard_size_bytes(shard_size)
     check((text is None) != (prompts is None), "give either text files or a prompts file")
     path = check_source(target, "target")
@@ -316,7 +318,7 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
     cached = CacheModel(identity, dim, vocab, limit, hidden, depth=depth, layers=tuple(layers))
     return write_cache(cached, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0,
                        shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
-                       progress=progress, report=report)
+                       progress=progress, report=report, max_seconds=max_seconds)
 
 
 def write_cache_text(cache: str | os.PathLike, tokenizer: Any, out: str | os.PathLike, val_windows: int) -> int:
