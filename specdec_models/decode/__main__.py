@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                         help="Hugging Face target: the dtype of the target and its draft or head; default auto: "
-                             "bfloat16 where the CPU has AMX, else float32 (without native bf16 matmuls a bf16 "
+                             "bfloat16 where the CPU has bf16 instructions, else float32 (without them a bf16 "
                              "verify of many tokens is slow: specdec_models/hardware.py); greedy output is exactly "
                              "transformers' in float32")
     return parser
