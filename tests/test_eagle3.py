@@ -132,6 +132,32 @@ def test_the_target_embedding_is_shared_and_frozen(llama):
     torch.testing.assert_close(head.norm.weight, llama.model.norm.weight)
 
 
+def test_a_head_started_from_the_targets_layer_computes_that_layer(llama):
+    # fc = identity on the highest aux layer (hidden_states[0], the embeddings, here) and the layer
+    # copied from the target's layer 0: with the embedding's half of q/k/v at zero, the head's
+    # output at every position is the target's hidden_states[1], attention over the context included
+    torch.manual_seed(0)
+    cfg = Eagle3Config.for_target(llama, draft_vocab_size=32, aux_layers=[1, 0])
+    head = Eagle3Head(cfg, llama, init_layer_from_target=True).eval()
+    H = cfg.hidden_size
+    attn = head.layers[0].self_attn
+    assert attn.q_proj.weight[:, :H].abs().max() > 0                  # the embedding's half stays random
+    with torch.no_grad():
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            proj.weight[:, :H] = 0
+    tokens = torch.randint(0, V, (2, 12))
+    aux, _ = aux_states(llama, tokens[:, :-1], head.aux_layers)
+    with torch.no_grad():
+        out = llama(input_ids=tokens[:, :-1], output_hidden_states=True)
+        h = head.extend(tokens[:, 1:], head.fuse(aux), head.new_cache(2, 32))
+    torch.testing.assert_close(h, out.hidden_states[1], rtol=1e-4, atol=1e-4)
+    # without the copy the head computes something else
+    plain = head_for(llama, draft=32, layers=[1, 0])
+    with torch.no_grad():
+        other = plain.extend(tokens[:, 1:], plain.fuse(aux), plain.new_cache(2, 32))
+    assert (other - out.hidden_states[1]).abs().max() > 1e-2
+
+
 def test_vocab_maps_follow_the_d2t_convention():
     counts = torch.tensor([5, 0, 9, 9, 1, 7, 0, 2])
     ids = choose_draft_vocab(counts, 4)

@@ -84,12 +84,33 @@ def test_draft_vocabulary_comes_from_token_counts(hf, tmp_path):
     assert kwargs["draft_ids"] == [5, 9, 11]
 
 
+def test_head_init_layer_starts_the_heads_layer_from_the_targets(hf, tmp_path):
+    # head.init_layer=true reaches the module: its decoder layer starts as the target's layer that
+    # reads the highest aux layer (hidden_states[2]: the last of the 2-layer target's layers, 1),
+    # the fc as the identity on that aux layer
+    from train.run import validate
+    from train.tasks.hf_eagle3 import HFEagle3Module
+
+    kwargs = validate(cfg(hf, tmp_path / "r", "head.init_layer=true"))
+    assert kwargs["init_layer"] is True
+    head = HFEagle3Module(**kwargs).head
+    target = load_causal_lm(hf["llama"])
+    assert len(target.model.layers) == 2
+    layer = target.model.layers[1]
+    torch.testing.assert_close(head.layers[0].mlp.down_proj.weight, layer.mlp.down_proj.weight)
+    H = head.config.hidden_size
+    torch.testing.assert_close(head.layers[0].self_attn.q_proj.weight[:, H:], layer.self_attn.q_proj.weight)
+    torch.testing.assert_close(head.fc.weight[:, 2 * H:], torch.eye(H))
+    assert not validate(cfg(hf, tmp_path / "s"))["init_layer"]                   # off unless asked
+
+
 @pytest.mark.parametrize("case, message", [
     ("aux_out_of_range", "out of range"),
     ("counts_missing", "head.draft_vocab is not set"),
     ("counts_other_tokenizer", "another tokenizer"),
     ("ttt_steps", "task.ttt_steps"),
     ("other_kind", r"head.kind=prophet is trained by task=hf_prophet"),
+    ("init_layer", "head.init_layer must be true or false"),
     ("unknown_kind", r"head.kind must be one of prophet, eagle3, got 'medusa'"),
 ])
 def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
@@ -97,6 +118,7 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
     extra = {"aux_out_of_range": ["head.aux_layers=[1,2,9]"],
              "counts_missing": ["head.draft_vocab_size=8"],
              "ttt_steps": ["task.ttt_steps=0"], "other_kind": ["head.kind=prophet"],
+             "init_layer": ["head.init_layer=3"],
              "unknown_kind": ["head.kind=medusa"]}.get(case, [])
     if case == "counts_other_tokenizer":
         other = load_tokenizer(hf["mismatch"])

@@ -300,7 +300,7 @@ class Eagle3Head(DraftHead):
     """
 
     def __init__(self, config: Eagle3Config, target: Any, draft_ids: Tensor | None = None, *,
-                 init_from_target: bool = True) -> None:
+                 init_from_target: bool = True, init_layer_from_target: bool = False) -> None:
         super().__init__()
         check(isinstance(config, Eagle3Config), f"config must be an Eagle3Config, got {type(config).__name__}")
         check(is_hf_model(target), f"target must be a Hugging Face causal LM, got {type(target).__name__}")
@@ -320,15 +320,16 @@ class Eagle3Head(DraftHead):
         d2t, t2d = vocab_maps(draft_ids, config.target_vocab_size)
         self.register_buffer("d2t", d2t)
         self.register_buffer("t2d", t2d)
-        self.reset_parameters(init_from_target)
+        self.reset_parameters(init_from_target, init_layer_from_target)
         weight = target.get_input_embeddings().weight
         self.to(device=weight.device, dtype=weight.dtype)
 
     # -- construction ----------------------------------------------------------------------------
 
-    def reset_parameters(self, init_from_target: bool = True) -> None:
+    def reset_parameters(self, init_from_target: bool = True, init_layer_from_target: bool = False) -> None:
         """Small normal weights (the fc too, as EAGLE-3's and speculators' heads start), norms at 1;
-        then (init_from_target) the LM head's rows and the final norm from the target's."""
+        then (init_from_target) the LM head's rows and the final norm from the target's, and
+        (init_layer_from_target) the decoder layer from the target's (`init_layer_from`)."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
@@ -342,6 +343,43 @@ class Eagle3Head(DraftHead):
             final_norm = _final_norm_weight(self.target)
             if final_norm is not None:
                 self.norm.weight.copy_(final_norm.to(self.norm.weight))
+        if init_layer_from_target:
+            self.init_layer_from()
+
+    @torch.no_grad()
+    def init_layer_from(self, index: int | None = None) -> None:
+        """Start the decoder layer as the target's layer `index` (default: the layer that reads the
+        highest aux layer, `hidden_states[aux_layers[-1]]`) and the fc as the identity on that aux
+        layer: the untrained head then computes that target layer's output from the target's
+        features, a point inside the target's residual stream rather than noise. The embedding's
+        half of q/k/v keeps its small random start (the target's layer has no such input). A
+        target whose layer does not have the head's (Llama) shapes is refused in one line."""
+        H = self.config.hidden_size
+        index = min(self.config.aux_layers[-1], self.config.target_layers - 1) if index is None else index
+        source = _decoder_layer(self.target, index)
+        ours = self.layers[0]
+        pairs = [(ours.self_attn.o_proj, "self_attn.o_proj"), (ours.mlp.gate_proj, "mlp.gate_proj"),
+                 (ours.mlp.up_proj, "mlp.up_proj"), (ours.mlp.down_proj, "mlp.down_proj"),
+                 (ours.post_attention_layernorm, "post_attention_layernorm"), (ours.hidden_norm, "input_layernorm")]
+        halves = [(ours.self_attn.q_proj, "self_attn.q_proj"), (ours.self_attn.k_proj, "self_attn.k_proj"),
+                  (ours.self_attn.v_proj, "self_attn.v_proj")]
+        weights = {name: _submodule_weight(source, name) for _, name in pairs + halves}
+        bad = [name for name, w in weights.items() if w is None]
+        check(not bad, f"the target's decoder layer {index} lacks {', '.join(bad)}: it is not a Llama-shaped layer "
+                       f"to start the head's layer from")
+        for module, name in pairs:
+            check(module.weight.shape == weights[name].shape,
+                  f"the target's layer {index} {name} is {tuple(weights[name].shape)}, the head's "
+                  f"{tuple(module.weight.shape)}")
+            module.weight.copy_(weights[name].to(module.weight))
+        for module, name in halves:
+            check(module.weight[:, H:].shape == weights[name].shape,
+                  f"the target's layer {index} {name} is {tuple(weights[name].shape)}, the head's feature half "
+                  f"{tuple(module.weight[:, H:].shape)}")
+            module.weight[:, H:].copy_(weights[name].to(module.weight))
+        self.fc.weight.zero_()
+        slot = len(self.config.aux_layers) - 1
+        self.fc.weight[:, slot * H:(slot + 1) * H].copy_(torch.eye(H))
 
     @property
     def target(self) -> Any:
@@ -558,6 +596,24 @@ def _final_norm_weight(target: Any) -> Tensor | None:
     norm = next((getattr(base, name) for name in ("norm", "final_layernorm", "final_layer_norm", "ln_f")
                  if getattr(base, name, None) is not None), None)
     weight = getattr(norm, "weight", None)
+    return weight if isinstance(weight, Tensor) else None
+
+
+def _decoder_layer(target: Any, index: int) -> nn.Module:
+    """The target's decoder layer `index` (`model.layers[index]` of a Hugging Face causal LM)."""
+    base = getattr(target, "base_model", target)
+    layers = getattr(base, "layers", None)
+    check(isinstance(layers, nn.ModuleList) and 0 <= index < len(layers),
+          f"the target has no decoder layer {index} to start the head's layer from")
+    return layers[index]
+
+
+def _submodule_weight(module: nn.Module, name: str) -> Tensor | None:
+    for part in name.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    weight = getattr(module, "weight", None)
     return weight if isinstance(weight, Tensor) else None
 
 

@@ -19,7 +19,9 @@ on the training data, from a token-count file written by `scripts/draft_vocab.py
 reports coverage and the draft cost c per size); the file records the tokenizer it counted with,
 and another target's is refused in one line. `head.draft_vocab_size: null` keeps the whole
 vocabulary (no file needed). `head.train_lm_head`: the LM head's rows start from the target's and
-train, or stay frozen.
+train, or stay frozen. `head.init_layer`: the decoder layer starts as the target's layer that reads
+the highest aux layer, the fc as the identity on it (`Eagle3Head.init_layer_from`; off by default:
+README, "Starting the head's layer from the target's").
 
 Validation logs per step k the KL, the teacher-forced accuracy given every earlier step right
 (`val/ttt_accuracy/pos{k+1}`: exact for greedy decoding, a greedy token outside the draft
@@ -76,6 +78,7 @@ class Eagle3Sizes:
     draft_vocab_size: int | None = 8192       # null: the target's whole vocabulary
     draft_vocab: str | None = None            # token counts (scripts/draft_vocab.py), needed below the whole vocabulary
     train_lm_head: bool = True
+    init_layer: bool = False                  # start the decoder layer (and fc) from the target's layer
 
     def __post_init__(self) -> None:
         check_head_kind(self.kind, "eagle3")
@@ -86,6 +89,7 @@ class Eagle3Sizes:
                   and all(isinstance(i, int) and not isinstance(i, bool) for i in self.aux_layers),
                   f"head.aux_layers must be a list of layer indices or null, got {self.aux_layers!r}")
         check(isinstance(self.train_lm_head, bool), f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
+        check(isinstance(self.init_layer, bool), f"head.init_layer must be true or false, got {self.init_layer!r}")
 
 
 # ------------------------------------------------------------------------------ token counts
@@ -147,8 +151,9 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
                 "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
                 "aux_layers": head.aux_layers}
     return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
-                draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, ttt_steps=options.ttt_steps,
-                ttt_decay=float(options.ttt_decay), cache_layers=cache_layers, metadata=metadata)
+                draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, init_layer=sizes.init_layer,
+                ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), cache_layers=cache_layers,
+                metadata=metadata)
 
 
 # ------------------------------------------------------------------------------ the module
@@ -157,9 +162,10 @@ class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
 
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
-                 draft_ids: list[int] | None = None, train_lm_head: bool = True, ttt_steps: int = 4,
-                 ttt_decay: float = 0.8, cache_layers: list[int] | None = None, optim: dict[str, Any] | None = None,
-                 seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
+                 draft_ids: list[int] | None = None, train_lm_head: bool = True, init_layer: bool = False,
+                 ttt_steps: int = 4, ttt_decay: float = 0.8, cache_layers: list[int] | None = None,
+                 optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
+                 compile: bool = False) -> None:
         """`head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the
         first draft_vocab_size, the whole vocabulary); `cache_layers`: the layers a cache's
         "embeds" concatenate, in order (None: hidden states online). The head trains in float32
@@ -168,7 +174,8 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         self.save_hyperparameters()
         self._target = FrozenModel(self._load_target)
         ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
-        self.head = Eagle3Head(Eagle3Config.from_dict(head), self._target.get(torch.device("cpu")), ids).float()
+        self.head = Eagle3Head(Eagle3Config.from_dict(head), self._target.get(torch.device("cpu")), ids,
+                               init_layer_from_target=init_layer).float()
         self.head.lm_head.weight.requires_grad_(train_lm_head)
         if compile:
             self.head.layers.compile()
