@@ -6,6 +6,7 @@ side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tok
     python scripts/bench_hf.py --prophet HEAD_DIR               # a trained hf_prophet head
     python scripts/bench_hf.py --hf-model DIR --batch 8 --json out.json
     python scripts/bench_hf.py --verify-cost 5 9 16 28 --dtype bfloat16   # a call on n tokens / a 1-token step
+    python scripts/bench_hf.py --verify-cost 4 8 16 --few-rows            # also with specdec_models/few_rows.py
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
                              "chain's verify and through a tree's 4-D mask (train.bench.hf.verify_costs)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the target's dtype")
+    parser.add_argument("--few-rows", action="store_true",
+                        help="--verify-cost: also time the calls with few-row linear layers (specdec_models/few_rows.py)")
     parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args(argv)
@@ -58,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify_cost:
             from train.bench.hf import verify_costs
 
-            costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats)
+            costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats,
+                                 few_rows=args.few_rows)
             print(json.dumps({"model": str(loaded.source), "dtype": args.dtype, "context": args.context, **costs}))
             return 0
         check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,

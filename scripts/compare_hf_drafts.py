@@ -144,13 +144,17 @@ def compare(args, loaded) -> dict:
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
     from specdec_models.hardware import resolve_dtype
 
-    dtype = str(resolve_dtype(args.dtype, args.device)).removeprefix("torch.")
+    from specdec_models.few_rows import resolve_few_rows
+
+    torch_dtype = resolve_dtype(args.dtype, args.device)
+    dtype = str(torch_dtype).removeprefix("torch.")
+    few_rows = resolve_few_rows(args.few_rows, args.device, torch_dtype)
     result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
                         check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
-                        temperatures=tuple(args.temperatures))
+                        temperatures=tuple(args.temperatures), few_rows=few_rows)
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
-    return {"settings": {**settings, "dtype": dtype}, **result}
+    return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows}, **result}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare: the target's and drafters' dtype; default auto: bfloat16 on a CUDA device "
                              "with bf16 or a CPU with bf16 instructions, else float32 (specdec_models/hardware.py); greedy "
                              "exactness against transformers is checked in float32")
+    parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
+                        help="compare: compute the models' linear layers on 1-32 rows as W @ x.T "
+                             "(specdec_models/few_rows.py); default auto: on in float32 on a CPU")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")

@@ -18,8 +18,10 @@ runs again, so a killed recipe resumes at the step it was in):
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also with a 3,2,1 draft
-   tree, and with a 6,3,1 tree grown only where its draft probability stays >= 0.3 plus an adaptive
-   prompt-lookup path of 4..16 tokens, at batch 1), transformers' prompt-lookup decoding and plain
+   tree, with a 6,3,1 tree grown only where its draft probability stays >= 0.3 plus an adaptive
+   prompt-lookup path of 4..16 tokens, and with a 5-deep chain grown while it stays >= 0.4 plus a
+   2..4-token lookup, the fastest in fp32 on a CPU: README "Few-row fp32 matmuls"; at batch 1),
+   transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
    interleaved;
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                "--max-new-tokens", str(args.max_new_tokens), "--rounds", "2", "--gamma", "4", "--dtype", "auto",
                "--device", args.device, "--out", str(report / "compare")]
     if "eagle3" in args.heads:
-        compare += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "3,2,1", "--tree", "6,3,1,4..16,0.3"]
+        compare += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "3,2,1", "--tree", "6,3,1,4..16,0.3",
+                    "--tree", "5,1,1,2..4,0.4"]
     if "prophet" in args.heads:
         compare += ["--prophet", str(runs["prophet"] / "export")]
     if args.student_minutes:

@@ -406,3 +406,9 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     assert all(set(c) == {1, 3} and all(v > 0 for v in c.values()) for c in costs.values())
     with pytest.raises(SpecdecError, match="include 1"):
         verify_costs(models["llama"], 8, [3])
+    from specdec_models.few_rows import FewRowsLinear
+
+    costs = verify_costs(models["llama"], 8, [1, 3], repeats=2, few_rows=True)
+    assert set(costs) == {"chain", "tree", "chain, few rows", "tree, few rows"} and costs["chain"][1] == 1.0
+    assert all(v > 0 for c in costs.values() for v in c.values())
+    assert not any(isinstance(m, FewRowsLinear) for m in models["llama"].modules())     # switched back

@@ -91,6 +91,10 @@ def test_plain_draft_and_prophet_decoding_equal_the_targets_own_generate(dirs, c
     assert head["continuations"] == [expected] and recorded["continuations"] == [expected]
     assert draft["stats"]["drafted"] > 0 and head["stats"]["drafted"] > 0
     assert plain["stats"]["new_tokens"] == 12
+    # float32 on the CPU: few-row linear layers by default; torch's own give the same tokens
+    for setting in ("off", "on"):
+        again = run_json(capsys, "--hf-model", dirs / "target", "--prompt", "The fox", "--few-rows", setting, *COMMON)
+        assert again["continuations"] == [expected]
 
 
 def test_chat_wraps_the_prompt_in_the_chat_template_and_rows_stop_at_eos(dirs, capsys):
@@ -119,6 +123,7 @@ def test_chat_wraps_the_prompt_in_the_chat_template_and_rows_stop_at_eos(dirs, c
     ("prophet_method_without_head", "needs --prophet"),
     ("recorded_target_missing", "does not exist"),
     ("not_a_model_dir", "holds no config.json"),
+    ("few_rows_bad", "--few-rows: invalid choice"),
 ])
 def test_bad_hf_input_exits_2_with_one_line_before_loading_a_model(dirs, capsys, monkeypatch, tmp_path, case, match):
     loaded = []
@@ -141,6 +146,7 @@ def test_bad_hf_input_exits_2_with_one_line_before_loading_a_model(dirs, capsys,
         "prophet_method_without_head": (*target, "--method", "prophet"),
         "recorded_target_missing": ("--prophet", dirs / "head_elsewhere"),
         "not_a_model_dir": ("--hf-model", tmp_path),
+        "few_rows_bad": (*target, "--few-rows", "maybe"),
     }[case]
     if case == "native_export_as_head":
         from specdec_models import Decoder, ModelConfig

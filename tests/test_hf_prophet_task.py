@@ -324,9 +324,12 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     assert compare(argv) == 0, capsys.readouterr().err
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[prompts] T=")]
     assert len(progress) == 4 and "prophet (trained)" in progress[0]      # a line per (T, batch) as it ends
-    assert compare([*argv[:-1], str(tmp_path / "b1"), "--batch1-only", "--rounds", "1"]) == 0
-    assert {r["batch"] for r in json.loads((tmp_path / "b1" / "results.json").read_text())["rows"]} == {1}
+    assert compare([*argv[:-1], str(tmp_path / "b1"), "--batch1-only", "--rounds", "1", "--few-rows", "off"]) == 0
+    b1 = json.loads((tmp_path / "b1" / "results.json").read_text())
+    assert {r["batch"] for r in b1["rows"]} == {1} and b1["settings"]["few_rows"] is False
     report = json.loads((out / "results.json").read_text())
+    assert report["settings"]["few_rows"] is True                  # auto: float32 on the CPU
+    assert "few-row linear layers" in (out / "table.md").read_text()
     methods = ["plain", "prophet (trained)", "student (distilled)", "prompt lookup (transformers, n=3)",
                "random head (untrained)"]
     lookup = methods[3]

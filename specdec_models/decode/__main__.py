@@ -35,6 +35,7 @@ import torch
 from .. import byte_tokenizer
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config
+from ..few_rows import resolve_few_rows
 from ..hardware import resolve_dtype
 from ..hf import HFDecoder
 from ..prophet import ModelWithProphet
@@ -107,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "bfloat16 where the CPU has bf16 instructions, else float32 (without them a bf16 "
                              "verify of many tokens is slow: specdec_models/hardware.py); greedy output is exactly "
                              "transformers' in float32")
+    parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
+                        help="Hugging Face target: compute linear layers called on 1-32 rows as W @ x.T (specdec_models/few_rows.py); "
+                             "default auto: on in float32 on the CPU, where MKL's own few-row kernel is slow")
     return parser
 
 
@@ -200,8 +204,9 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
         check(value is None or method == used_by, f"{flag} is only used by --method {used_by}, not --method {method}")
     check(not (args.ignore_eos and args.eos_id is not None), "give --eos-id or --ignore-eos, not both")
     _quiet_transformers()
-    hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3,
-                     dtype=resolve_dtype(args.dtype, "cpu"))
+    dtype = resolve_dtype(args.dtype, "cpu")
+    hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3, dtype=dtype,
+                     few_rows=resolve_few_rows(args.few_rows, "cpu", dtype))
     max_len = HFDecoder(hf.target).cfg.max_seq_len
     prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len)
     eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from specdec_models.decode import generate
 from specdec_models.errors import check
+from specdec_models.few_rows import use_few_rows
 from specdec_models.files import staged_dir
 
 from .report import pyplot
@@ -245,6 +246,11 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     lines = markdown_table(report["rows"])
     greedy = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in report["greedy_equals_transformers_generate"].items())
     lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
+    settings = report.get("settings", {})
+    if "dtype" in settings:
+        layers = ("few-row linear layers (W @ x.T, specdec_models/few_rows.py)" if settings.get("few_rows")
+                  else "torch's own linear layers")
+        lines += ["", f"Target and drafters in {settings['dtype']}, {layers}."]
     agree = [f"{r.get('prompt_set', '')} b{r['batch']} {r['method']}: {r['greedy_agreement']:.2f}"
              for r in report["rows"] if r.get("greedy_agreement") is not None and r["method"] != "plain"]
     if agree:
@@ -312,8 +318,8 @@ class HFDrafters:
 
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
-               batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0)
-               ) -> dict[str, Any]:
+               batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0),
+               few_rows: bool = False) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
     `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all; not
     without `batch8`),
@@ -321,12 +327,17 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     `check_count` prompts (the target reloaded from `target`: bf16's multi-token verify may round
     differently from a 1-token step, and the rows' greedy_equal_plain say how often it did).
     Everything runs on `device` ("cpu", "cuda"); each method's time ends with its tokens copied to
-    the host, so a GPU's queued work is inside it.
+    the host, so a GPU's queued work is inside it. `few_rows` switches the target's and every
+    drafter's linear layers to `few_rows.FewRowsLinear` (plain decoding and prompt lookup included;
+    the fp32 check against transformers keeps torch's own layers).
     Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
     from specdec_models.hf.weights import load_causal_lm
 
     model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
     built = drafters.build(model)
+    if few_rows:
+        for module in [model] + [kw[k] for kw in built.values() for k in ("prophet", "draft") if k in kw]:
+            use_few_rows(module)
     rows = []
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,

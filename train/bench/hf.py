@@ -121,32 +121,43 @@ def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float
 
 
 @torch.no_grad()
-def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, seed: int = 0) -> dict[str, dict[int, float]]:
+def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, seed: int = 0,
+                 few_rows: bool = False) -> dict[str, dict[int, float]]:
     """What a target call on n new tokens costs over a 1-token step, through specdec's own cache
     (`HFDecoder`, batch 1, after `context` random tokens): {"chain": {n: ratio}, "tree": {n:
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
-    drafting does. Medians over `repeats` rounds, every size and mask interleaved within a round;
-    the unit is the chain's 1-token call."""
+    drafting does. `few_rows` adds "chain, few rows" and "tree, few rows": the same calls with the
+    model's linear layers switched to `few_rows.FewRowsLinear` (and back after each). Medians over
+    `repeats` rounds, every size, mask and layer kind interleaved within a round; the unit is the
+    chain's 1-token call with torch's own layers."""
+    from specdec_models.few_rows import FewRowsLinear, use_few_rows
     from specdec_models.hf import HFDecoder
 
     check(1 in sizes and all(isinstance(n, int) and n >= 1 for n in sizes),
           f"sizes must be integers >= 1 and include 1 (the unit), got {sizes}")
+    check(not any(isinstance(m, FewRowsLinear) for m in model.modules()),
+          "verify_costs times torch's own linear layers: give a model without few-row layers")
     target = HFDecoder(model)
     g = torch.Generator().manual_seed(seed)
     vocab = target.vocab_size
     ctx = torch.randint(0, vocab, (1, context), generator=g)
-    times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in ("chain", "tree")}
-    for _ in range(repeats):
-        for (mask, n), seconds in times.items():
-            cache = target.new_cache(1, context + n + 1)
-            target(ctx, cache=cache)
-            tokens = torch.randint(0, vocab, (1, n), generator=g)
-            tree = (torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()) if mask == "tree" else None
-            t0 = time.perf_counter()
-            target(tokens, cache=cache, tree=tree)
-            seconds.append(time.perf_counter() - t0)
+    kinds = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
+    times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in kinds}
+    try:
+        for _ in range(repeats):
+            for (kind, n), seconds in times.items():
+                use_few_rows(model, kind.endswith("few rows"))
+                cache = target.new_cache(1, context + n + 1)
+                target(ctx, cache=cache)
+                tokens = torch.randint(0, vocab, (1, n), generator=g)
+                tree = (torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()) if kind.startswith("tree") else None
+                t0 = time.perf_counter()
+                target(tokens, cache=cache, tree=tree)
+                seconds.append(time.perf_counter() - t0)
+    finally:
+        use_few_rows(model, False)
     unit = statistics.median(times["chain", 1])
-    return {m: {n: round(statistics.median(times[m, n]) / unit, 3) for n in sizes} for m in ("chain", "tree")}
+    return {m: {n: round(statistics.median(times[m, n]) / unit, 3) for n in sizes} for m in kinds}
 
 
 def model_call_floor(result: dict[str, Any], model: Any, prompts: list[Tensor], draft: Any = None) -> dict[str, Any]:

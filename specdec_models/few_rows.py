@@ -1,0 +1,76 @@
+"""Linear layers computed as W @ x.T when a call has few rows: fp32 verification on a CPU gets cheap.
+
+Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-32 for a verify or a
+draft tree at batch 1. PyTorch computes `F.linear(x, W)` = x @ W.T with its CPU BLAS (MKL). For a
+few rows MKL's fp32 kernel for that layout runs far below what reading the weights costs: on the
+AMD EPYC host of README "Which dtype, on which host" (AVX2, 2 threads, MKL 2024.2), SmolLM2-135M's
+fp32 verify of 4 new tokens took 1.6-1.8x a 1-token step. The same product taken the other way
+round, (W @ x.T).T, takes another MKL kernel (we timed it, we did not trace MKL's choice): there
+the 4-token verify costs 0.91-0.93 of torch's
+1-token step, 8 tokens 1.2-1.4 and 16 tokens 1.6 (README, "Few-row fp32 matmuls"). For a single
+row MKL's matrix-vector kernel is itself slower than its 2-row product, so one row is computed as
+two (the row twice) and the first kept: the 1-token step takes 0.81 of torch's. Above `MAX_ROWS`
+rows (a prefill, a training batch) MKL's own layout is used.
+
+Same function, other rounding: the sums run in another order, so outputs differ from `F.linear`'s
+in the last bits (about 1e-6 relative), as a multi-token verify already differs from a 1-token
+step. bf16 gains nothing (measured: every row count as fast or slower), so the rule
+`few_rows_pays(device, dtype)` is fp32 on a CPU. Autograd is left to `F.linear`: a call that
+records gradients takes MKL's path, so training is unchanged.
+
+`use_few_rows(module)` switches every `nn.Linear` of a module to `FewRowsLinear` in place (the
+class only: parameters, tied weights and state_dict stay as they are); `use_few_rows(module,
+False)` switches them back. The decoding CLI and the comparisons apply it to the target and its
+drafters alike (`--few-rows auto`), so plain decoding gets the faster 1-row step too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .errors import check
+
+MAX_ROWS = 32
+
+
+class FewRowsLinear(nn.Linear):
+    """An `nn.Linear` that computes 1 to `MAX_ROWS` rows as (W @ x.T).T (module docstring)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.numel() // self.in_features if self.in_features else 0
+        if not 1 <= rows <= MAX_ROWS or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, self.in_features)
+        if rows == 1:
+            flat = torch.cat([flat, flat])
+        out = torch.mm(self.weight, flat.t()).t()[:rows]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.contiguous().reshape(*x.shape[:-1], self.out_features)
+
+
+def few_rows_pays(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether `FewRowsLinear` is the faster layer: fp32 on a CPU (module docstring)."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32
+
+
+def use_few_rows(module: nn.Module, on: bool = True) -> int:
+    """Switch every plain `nn.Linear` of `module` to `FewRowsLinear` (on) or back (off), in place;
+    returns how many layers were switched. Subclasses of `nn.Linear` other than these two keep
+    their own forward."""
+    check(isinstance(module, nn.Module), f"use_few_rows needs a torch module, got {type(module).__name__}")
+    before, after = (nn.Linear, FewRowsLinear) if on else (FewRowsLinear, nn.Linear)
+    switched = 0
+    for layer in module.modules():
+        if type(layer) is before:
+            layer.__class__ = after
+            switched += 1
+    return switched
+
+
+def resolve_few_rows(setting: str, device: torch.device | str, dtype: torch.dtype) -> bool:
+    """The command lines' `--few-rows auto|on|off`: auto is `few_rows_pays(device, dtype)`."""
+    check(setting in ("auto", "on", "off"), f"--few-rows must be auto, on or off, got {setting!r}")
+    return few_rows_pays(device, dtype) if setting == "auto" else setting == "on"

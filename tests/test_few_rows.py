@@ -1,0 +1,93 @@
+"""Few-row linear layers (`specdec_models.few_rows`): the same function as `F.linear` up to fp32
+rounding at every row count, torch's own path for training and large calls, switched in place
+and back without touching weights, and greedy decoding through them still the target's own."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec_models import SpecdecError
+from specdec_models.few_rows import MAX_ROWS, FewRowsLinear, few_rows_pays, resolve_few_rows, use_few_rows
+
+
+def _layer(bias: bool, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    layer = nn.Linear(48, 80, bias=bias)
+    use_few_rows(layer)
+    return layer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (2, 48), (3, 5, 48), (MAX_ROWS, 48), (1, MAX_ROWS + 1, 48)])
+def test_few_rows_compute_f_linear_up_to_rounding(bias, shape):
+    layer = _layer(bias)
+    assert type(layer) is FewRowsLinear
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        got = layer(x)
+        want = F.linear(x, layer.weight, layer.bias)
+        exact = F.linear(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double())
+    assert got.shape == want.shape and got.is_contiguous()
+    # the same sums in another order: both within fp32 rounding of the exact product
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_that_record_gradients_and_large_calls_take_torchs_own_path():
+    layer = _layer(True)
+    x = torch.randn(4, 48, requires_grad=True)
+    got = layer(x)                                   # training: F.linear itself, bit for bit, with gradients
+    assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
+    got.sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+    big = torch.randn(MAX_ROWS + 1, 48)
+    with torch.no_grad():
+        assert torch.equal(layer(big), F.linear(big, layer.weight, layer.bias))
+        empty = torch.randn(0, 48)
+        assert layer(empty).shape == (0, 80)
+
+
+def test_use_few_rows_switches_plain_linears_in_place_and_back():
+    class Own(nn.Linear):                            # a subclass keeps its own forward
+        pass
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), Own(8, 2)))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    weight = model[0].weight
+    assert use_few_rows(model) == 2
+    assert [type(m) for m in (model[0], model[2][0], model[2][1])] == [FewRowsLinear, FewRowsLinear, Own]
+    assert model[0].weight is weight                  # the same parameters, not copies
+    assert use_few_rows(model) == 0                   # already switched
+    assert use_few_rows(model, False) == 2 and type(model[0]) is nn.Linear
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    with pytest.raises(SpecdecError, match="torch module"):
+        use_few_rows("model")
+
+
+def test_the_rule_is_fp32_on_a_cpu_and_the_setting_is_checked():
+    assert few_rows_pays("cpu", torch.float32) and few_rows_pays(torch.device("cpu"), torch.float32)
+    assert not few_rows_pays("cpu", torch.bfloat16) and not few_rows_pays("cuda", torch.float32)
+    assert resolve_few_rows("auto", "cpu", torch.float32) and not resolve_few_rows("auto", "cpu", torch.bfloat16)
+    assert resolve_few_rows("on", "cpu", torch.bfloat16) and not resolve_few_rows("off", "cpu", torch.float32)
+    with pytest.raises(SpecdecError, match="auto, on or off"):
+        resolve_few_rows("yes", "cpu", torch.float32)
+
+
+def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path):
+    # a tiny Llama target and an eagle3 head, both switched: chain and tree decoding emit what
+    # transformers' generate() emits with torch's own layers
+    pytest.importorskip("transformers")
+    from test_eagle3 import head_for
+    from test_hf_decode import build, hf_greedy, ragged_prompts
+
+    from specdec_models.decode import TreeSpec, generate
+
+    model = build(tmp_path / "llama", "llama", 1, 30.0)
+    head = head_for(model, draft=60, layers=[1, 2, 0])
+    prompts = ragged_prompts()
+    alone, _ = hf_greedy(model, prompts, 12)
+    assert use_few_rows(model) > 0 and use_few_rows(head) > 0
+    for kwargs in ({}, {"prophet": head, "gamma": 3}, {"prophet": head, "tree": TreeSpec(3, 2, 2, 3)}):
+        got, _ = generate(model, prompts, 12, temperature=0, **kwargs)
+        assert [t.tolist() for t in got] == alone, kwargs
