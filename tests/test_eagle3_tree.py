@@ -271,7 +271,12 @@ def test_greedy_tree_accepts_long_paths_and_stays_exact(toy):
     assert stats.per_position_acceptance == sorted(stats.per_position_acceptance, reverse=True)
 
 
-@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+# one setting in the default run (each sampling mechanism keeps a chi-square test there), the other
+# with `make test-slow`: these tests decode 3,000 rows one at a time (about 40 s each on 2 cores)
+@pytest.mark.parametrize("setting", [
+    pytest.param({"temperature": 1.0}, id="t1", marks=pytest.mark.slow),
+    pytest.param({"temperature": 0.7, "top_p": 0.9}, id="t0.7-topp0.9"),
+])
 def test_tree_sampling_is_lossless_chi_square(toy, setting):
     # 3 tokens of an 8-token target (512 joint outcomes), 3,000 samples, a tree of depth 2 with 3
     # children per node drawn without replacement. Threshold p < 1e-4: a correct sampler fails at
@@ -284,7 +289,12 @@ def test_tree_sampling_is_lossless_chi_square(toy, setting):
     assert chi_square_p_value(observed, exact, 3000) > 1e-4
 
 
-@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+# one setting in the default run (each sampling mechanism keeps a chi-square test there), the other
+# with `make test-slow`: these tests decode 3,000 rows one at a time (about 40 s each on 2 cores)
+@pytest.mark.parametrize("setting", [
+    pytest.param({"temperature": 1.0}, id="t1"),
+    pytest.param({"temperature": 0.7, "top_p": 0.9}, id="t0.7-topp0.9", marks=pytest.mark.slow),
+])
 def test_tree_with_lookup_sampling_is_lossless_chi_square(toy, setting):
     # as above, after a prompt that ends in a loop (4, 5, 4, 5), so every round has a looked-up
     # path; its 4s lie outside the head's vocabulary, so they are tested as point masses after the
@@ -308,7 +318,12 @@ def test_adaptive_lookup_and_min_prob_sampling_is_lossless_chi_square(toy):
     assert chi_square_p_value(observed, exact, 3000) > 1e-4
 
 
-@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+# one setting in the default run (each sampling mechanism keeps a chi-square test there), the other
+# with `make test-slow`: these tests decode 3,000 rows one at a time (about 40 s each on 2 cores)
+@pytest.mark.parametrize("setting", [
+    pytest.param({"temperature": 1.0}, id="t1"),
+    pytest.param({"temperature": 0.7, "top_p": 0.9}, id="t0.7-topp0.9", marks=pytest.mark.slow),
+])
 def test_node_budget_sampling_is_lossless_chi_square(toy, setting):
     # sampling spends the budget as the tree grows (4 of the up to 3 + 2 * 2 * 3 nodes of a 3,3,2
     # tree): the later children of a node are cut by the budget left, never for their own draws.
