@@ -19,6 +19,7 @@ from specdec_models.decode.tree import _Tree, lookup_continuation
 from specdec_models.hf import HFDecoder
 
 LOOP = (3, 2, 0, 4, 5, 4, 5)
+N = 2000           # rows sampled by each chi-square test of a correct sampler
 
 
 def toy_prompts() -> list[torch.Tensor]:
@@ -272,25 +273,25 @@ def test_greedy_tree_accepts_long_paths_and_stays_exact(toy):
 
 
 # one setting in the default run (each sampling mechanism keeps a chi-square test there), the other
-# with `make test-slow`: these tests decode 3,000 rows one at a time (about 40 s each on 2 cores)
+# with `make test-slow`: these tests decode 2,000 rows one at a time (about 30 s each on 2 cores)
 @pytest.mark.parametrize("setting", [
     pytest.param({"temperature": 1.0}, id="t1", marks=pytest.mark.slow),
     pytest.param({"temperature": 0.7, "top_p": 0.9}, id="t0.7-topp0.9"),
 ])
 def test_tree_sampling_is_lossless_chi_square(toy, setting):
-    # 3 tokens of an 8-token target (512 joint outcomes), 3,000 samples, a tree of depth 2 with 3
-    # children per node drawn without replacement. Threshold p < 1e-4: a correct sampler fails at
-    # most once in 10^4 runs (the seeds are fixed); the broken variants below give p < 1e-20 from
-    # 1,000 samples (measured: about 1e-280 from 3,000).
+    # 3 tokens of an 8-token target (512 joint outcomes; cells expected below 5 pooled), 2,000
+    # samples, a tree of depth 2 with 3 children per node drawn without replacement. Threshold
+    # p < 1e-4: a correct sampler fails at most once in 10^4 runs (the seeds are fixed); the broken
+    # variants below give p < 1e-20 from 1,000 samples (measured: about 1e-280 from 3,000).
     target, head = toy
-    observed, exact, stats = _samples(target, head, 3000, tree=TreeSpec(2, 3, 2), **setting)
+    observed, exact, stats = _samples(target, head, N, tree=TreeSpec(2, 3, 2), **setting)
     assert stats.method == "eagle3_tree"
     assert 0.05 < stats.per_position_acceptance[0] < 0.95, "the toy head must be neither perfect nor useless"
-    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+    assert chi_square_p_value(observed, exact, N) > 1e-4
 
 
 # one setting in the default run (each sampling mechanism keeps a chi-square test there), the other
-# with `make test-slow`: these tests decode 3,000 rows one at a time (about 40 s each on 2 cores)
+# with `make test-slow`: these tests decode 2,000 rows one at a time (about 30 s each on 2 cores)
 @pytest.mark.parametrize("setting", [
     pytest.param({"temperature": 1.0}, id="t1"),
     pytest.param({"temperature": 0.7, "top_p": 0.9}, id="t0.7-topp0.9", marks=pytest.mark.slow),
@@ -302,9 +303,9 @@ def test_tree_with_lookup_sampling_is_lossless_chi_square(toy, setting):
     # (fixed seeds); the broken variant below gives p ~ 1e-24 from 1,000 samples (measured)
     target, head = toy
     assert lookup_continuation(list(LOOP), 4) == [4, 5, 4, 5] and 4 not in head.draft_ids.tolist()
-    observed, exact, stats = _samples(target, head, 3000, tree=TreeSpec(2, 2, 1, 4), prompt=LOOP, **setting)
+    observed, exact, stats = _samples(target, head, N, tree=TreeSpec(2, 2, 1, 4), prompt=LOOP, **setting)
     assert stats.method == "eagle3_tree" and len(stats.per_position_acceptance) == 4
-    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+    assert chi_square_p_value(observed, exact, N) > 1e-4
 
 
 def test_adaptive_lookup_and_min_prob_sampling_is_lossless_chi_square(toy):
@@ -313,13 +314,13 @@ def test_adaptive_lookup_and_min_prob_sampling_is_lossless_chi_square(toy):
     # a correct sampler fails at most once in 10^4 runs; fixed seeds), at T=1
     target, head = toy
     spec = TreeSpec(3, 2, 1, 1, lookup_max=4, min_prob=0.2)
-    observed, exact, stats = _samples(target, head, 3000, tree=spec, prompt=LOOP, temperature=1.0)
+    observed, exact, stats = _samples(target, head, N, tree=spec, prompt=LOOP, temperature=1.0)
     assert len(stats.per_position_acceptance) == 4 and stats.per_position_acceptance[1] > 0
-    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+    assert chi_square_p_value(observed, exact, N) > 1e-4
 
 
 # one setting in the default run (each sampling mechanism keeps a chi-square test there), the other
-# with `make test-slow`: these tests decode 3,000 rows one at a time (about 40 s each on 2 cores)
+# with `make test-slow`: these tests decode 2,000 rows one at a time (about 30 s each on 2 cores)
 @pytest.mark.parametrize("setting", [
     pytest.param({"temperature": 1.0}, id="t1"),
     pytest.param({"temperature": 0.7, "top_p": 0.9}, id="t0.7-topp0.9", marks=pytest.mark.slow),
@@ -330,10 +331,10 @@ def test_node_budget_sampling_is_lossless_chi_square(toy, setting):
     # Same test and threshold as above (p < 1e-4: a correct sampler fails at most once in 10^4
     # runs; fixed seeds)
     target, head = toy
-    observed, exact, stats = _samples(target, head, 3000, tree=TreeSpec(3, 3, 2, nodes=4), **setting)
-    assert stats.drafted <= 4 * (stats.row_calls - 3000)
+    observed, exact, stats = _samples(target, head, N, tree=TreeSpec(3, 3, 2, nodes=4), **setting)
+    assert stats.drafted <= 4 * (stats.row_calls - N)
     assert stats.per_position_acceptance[1] > 0
-    assert chi_square_p_value(observed, exact, 3000) > 1e-4
+    assert chi_square_p_value(observed, exact, N) > 1e-4
 
 
 def test_lookup_chi_square_catches_a_rejected_token_left_in_p(toy, monkeypatch):
