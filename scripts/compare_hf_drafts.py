@@ -142,9 +142,8 @@ def compare(args, loaded) -> dict:
     drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
-    from specdec_models.hardware import resolve_dtype
-
     from specdec_models.few_rows import resolve_few_rows
+    from specdec_models.hardware import resolve_dtype
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
     dtype = str(torch_dtype).removeprefix("torch.")

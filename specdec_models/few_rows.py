@@ -6,11 +6,11 @@ few rows MKL's fp32 kernel for that layout runs far below what reading the weigh
 AMD EPYC host of README "Which dtype, on which host" (AVX2, 2 threads, MKL 2024.2), SmolLM2-135M's
 fp32 verify of 4 new tokens took 1.6-1.8x a 1-token step. The same product taken the other way
 round, (W @ x.T).T, takes another MKL kernel (we timed it, we did not trace MKL's choice): there
-the 4-token verify costs 0.91-0.93 of torch's
-1-token step, 8 tokens 1.2-1.4 and 16 tokens 1.6 (README, "Few-row fp32 matmuls"). For a single
-row MKL's matrix-vector kernel is itself slower than its 2-row product, so one row is computed as
-two (the row twice) and the first kept: the 1-token step takes 0.81 of torch's. Above `MAX_ROWS`
-rows (a prefill, a training batch) MKL's own layout is used.
+the 4-token verify costs 0.91-0.93 of torch's 1-token step, 8 tokens 1.2-1.4 and 16 tokens 1.6
+(README, "Few-row fp32 matmuls"). For a single row MKL's matrix-vector kernel is itself slower
+than its 2-row product, so one row is computed as two (the row twice) and the first kept: the
+1-token step takes 0.81 of torch's. Above `MAX_ROWS` rows (a prefill, a training batch) MKL's own
+layout is used.
 
 Same function, other rounding: the sums run in another order, so outputs differ from `F.linear`'s
 in the last bits (about 1e-6 relative), as a multi-token verify already differs from a 1-token

@@ -109,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "verify of many tokens is slow: specdec_models/hardware.py); greedy output is exactly "
                              "transformers' in float32")
     parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
-                        help="Hugging Face target: compute linear layers called on 1-32 rows as W @ x.T (specdec_models/few_rows.py); "
-                             "default auto: on in float32 on the CPU, where MKL's own few-row kernel is slow")
+                        help="Hugging Face target: compute linear layers called on 1-32 rows as W @ x.T "
+                             "(specdec_models/few_rows.py); default auto: on in float32 on the CPU, where MKL's own "
+                             "few-row kernel is slow")
     return parser
 
 
