@@ -51,8 +51,11 @@ PRECISIONS = ("bf16-mixed", "32-true")
 STEPS = ("prompts", "prompts_eval", "cache", "draft_vocab", "train", "student_prep", "train_student", "compare")
 HEADS = ("eagle3", "prophet")
 # what --device cuda changes: rows generated per call, and the heads' training (rows per step, loader
-# workers, validation every 500 steps rather than 100: a GPU makes hundreds of steps a minute)
-GPU_DEFAULTS = {"cache_batch": 1024,
+# workers, validation every 500 steps rather than 100: a GPU makes hundreds of steps a minute). A
+# cache batch of 4,096 rows is 2,048 per temperature and per call: on an H100 a generating step cost
+# 86 ms at 512 and at 2,048 rows (the host's per-call work), and 2,048 rows at 257 tokens peak near
+# 47 GB (README, "A head trained on an H100")
+GPU_DEFAULTS = {"cache_batch": 4096,
                 "train": ["trainer.accelerator=gpu", "data.batch_size=32", "data.num_workers=4",
                           "trainer.val_check_interval=500"]}
 
@@ -86,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-minutes", type=float, default=24,
                         help="time budget of making the rows (the target loaded): a slower machine caches fewer than "
                              "--rows rather than overrun the recipe's 90 minutes; 0: no budget")
+    parser.add_argument("--cache-batch", type=int, default=None,
+                        help="rows per cache batch, half per temperature (default 256 on a CPU, 4096 with --device "
+                             "cuda, which needs about 48 GB of GPU memory: halve it on a smaller GPU)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--train-minutes", type=int, default=30, help="wall time of each draft's training")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Hydra overrides added to each head's training run, e.g. task.ttt_steps=6")
     parser.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
     args = parser.parse_args(argv)
+    if args.cache_batch is not None and args.cache_batch < 2:
+        parser.error(f"--cache-batch must be >= 2 (half a batch per temperature), got {args.cache_batch}")
     if args.device == "cuda":
         import torch
 
@@ -146,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = out / "cache"
     step("cache", [[py, "scripts/cache_embeddings.py", "--gguf", gguf, "--prompts", str(prompts), "--chat",
                     "--temperatures", "0", "1", "--seq-len", str(args.seq_len), "--windows", str(args.rows),
-                    "--batch-size", str(GPU_DEFAULTS["cache_batch"] if args.device == "cuda" else 256),
+                    "--batch-size", str(args.cache_batch or (GPU_DEFAULTS["cache_batch"] if args.device == "cuda"
+                                                             else 256)),
                     "--layers", "2", "15", "27", "30", "--model-dtype", "auto", "--device", args.device,
                     *(["--max-minutes", str(args.cache_minutes)] if args.cache_minutes else []),
                     "--out", str(cache), "--overwrite"]],

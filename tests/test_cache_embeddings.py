@@ -107,6 +107,20 @@ def test_a_model_with_prophet_export_is_cached_by_its_main_model(exports, tiny_c
     assert torch.equal(batch["embeds"], embeds.to(torch.bfloat16))
 
 
+def test_shards_hold_whole_batches_however_small_shard_size_is(exports, tiny_corpus, tmp_path):
+    """A batch is never cut at a shard's end: a GPU build's 4,096-row batch (4.8 GB at seq_len
+    256) is larger than the default 500MB shard, and was cut to the shard's 423 rows."""
+    tokens = []
+    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "cache", seq_len=SEQ, windows=20, shard_size="1KB",
+                       seed=1, batch_size=8, progress=tokens.append)
+    assert meta["rows_per_shard"] == 8 and tokens == [8 * SEQ, 8 * SEQ, 4 * SEQ]
+    assert len([f for f in meta["files"] if f.endswith(".arrow")]) == 3
+    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "big", seq_len=SEQ, windows=20, shard_size="100KB",
+                       seed=1, batch_size=8)
+    per_row = meta["bytes"] / meta["windows"]
+    assert meta["rows_per_shard"] % 8 == 0 and meta["rows_per_shard"] * per_row <= 100_000 * 1.1
+
+
 # ---------------------------------------------------------------- refusals
 
 def test_a_cache_from_another_main_model_or_seq_len_is_refused(exports, cache):

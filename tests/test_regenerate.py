@@ -30,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 SEQ = 32                      # prompts take up to 15 tokens (<= SEQ // 2)
 DEPTH = 4
 LAYERS = list(range(DEPTH + 1))
-BUILD = {"seq_len": SEQ, "windows": 12, "shard_size": "16KB", "batch_size": 2, "seed": 3, "chat": True,
-         "temperatures": [0.0, 1.0], "layers": [1, -1], "dtype": "bfloat16"}   # 3 rows a shard: a kill lands in one
+BUILD = {"seq_len": SEQ, "windows": 12, "shard_size": "20KB", "batch_size": 2, "seed": 3, "chat": True,
+         "temperatures": [0.0, 1.0], "layers": [1, -1], "dtype": "bfloat16"}   # 4 rows (2 batches) a shard: a kill lands in one
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_the_cache_of_regenerated_rows_makes_no_second_pass(hf, tmp_path, monkey
 
 def test_a_killed_regenerated_build_resumes_to_the_same_bytes(hf, tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    build_hf_cache(hf["path"], whole, prompts=hf["prompts"], **BUILD)
+    assert build_hf_cache(hf["path"], whole, prompts=hf["prompts"], **BUILD)["rows_per_shard"] == 4
     batches = []
 
     def killed() -> None:
@@ -143,7 +143,7 @@ def test_a_killed_regenerated_build_resumes_to_the_same_bytes(hf, tmp_path):
     assert not resumed.exists() and sorted(p.name for p in partial.glob("data-*.arrow")) == ["data-00000.arrow"]
     lines = []
     build_hf_cache(hf["path"], resumed, prompts=hf["prompts"], report=lines.append, **BUILD)
-    assert any("1 of 4 shard(s) already written" in line for line in lines)
+    assert any("1 of 3 shard(s) already written" in line for line in lines)
     files = sorted(p.relative_to(whole) for p in whole.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(resumed) for p in resumed.rglob("*") if p.is_file())
     for name in files:

@@ -296,7 +296,9 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
           f"the model's layers {layers} are not normalized hidden-state indices of its {model.depth} layers")
     check(not top_k_logits or layers == [model.depth], "top-k logits are cached with the last layer only")
     per_row = row_bytes(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
-    per_shard = max(1, shard_size_bytes(shard_size) // per_row)
+    # a batch never spans two shards, so a shard holds whole batches: at least one, however small
+    # shard_size is (a 4,096-row GPU batch is 4.8 GB at seq_len 256), else batches would be cut to it
+    per_shard = max(1, shard_size_bytes(shard_size) // per_row // batch_size) * batch_size
     shards = -(-windows // per_shard)
     settings = {"seq_len": seq_len, "windows": windows, "dim": model.dim, "dtype": dtype, "top_k_logits": top_k_logits,
                 "seed": seed, "batch_size": batch_size, "rows_per_shard": per_shard, "vocab_size": model.vocab_size,
