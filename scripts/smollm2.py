@@ -60,6 +60,14 @@ GPU_DEFAULTS = {"cache_batch": 4096,
                           "trainer.val_check_interval=500"]}
 
 
+def max_time(minutes: float) -> str:
+    """trainer.max_time for a budget in minutes, as Lightning's Timer reads it: DD:HH:MM:SS, two
+    digits each (it refuses 00:00:5:30)."""
+    seconds = round(minutes * 60)
+    days, seconds = divmod(seconds, 86400)
+    return f"{days:02d}:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
                   runs: dict[str, Path]) -> list[list[str]]:
     """The commands that train the heads (--heads: eagle3 and prophet) side by side on the cache,
@@ -68,7 +76,7 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
 
     gpu = args.device == "cuda"
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
-            f"trainer.max_time=00:00:{args.train_minutes:02d}:00",
+            f"trainer.max_time={max_time(args.train_minutes)}",
             f"trainer.precision={args.precision or fast_precision('gpu' if gpu else 'cpu')}",
             *(GPU_DEFAULTS["train"] if gpu else []), *args.train_args]
     commands = {"eagle3": [py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",
@@ -93,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="rows per cache batch, half per temperature (default 256 on a CPU, 4096 with --device "
                              "cuda, which needs about 48 GB of GPU memory: halve it on a smaller GPU)")
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--train-minutes", type=int, default=30, help="wall time of each draft's training")
+    parser.add_argument("--train-minutes", type=float, default=30, help="wall time of each draft's training")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help="the two heads' training precision (default: the faster on this CPU, "
                              "train/hardware.py: bf16-mixed with AMX, else 32-true, which trained the eagle3 head "
                              "1.48x faster on a host without AMX: README)")
-    parser.add_argument("--student-minutes", type=int, default=6,
+    parser.add_argument("--student-minutes", type=float, default=6,
                         help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -110,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="Hydra overrides added to each head's training run, e.g. task.ttt_steps=6")
     parser.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
     args = parser.parse_args(argv)
+    for name in ("train_minutes", "student_minutes"):
+        if getattr(args, name) < 0 or (name == "train_minutes" and args.train_minutes * 60 < 1):
+            parser.error(f"--{name.replace('_', '-')} must be > 0{' (0: no student)' if name[0] == 's' else ''}, "
+                         f"got {getattr(args, name)}")
     if args.cache_batch is not None and args.cache_batch < 2:
         parser.error(f"--cache-batch must be >= 2 (half a batch per temperature), got {args.cache_batch}")
     if args.device == "cuda":
@@ -173,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                                str(corpus)]], corpus)
         step("train_student", [[py, "-m", "train", "experiment=smollm2_student",
                                 f"teacher.path={student_models / 'target'}", f"student.path={student_models / 'student'}",
-                                f"data.files=[{corpus}]", f"trainer.max_time=00:00:{args.student_minutes:02d}:00",
+                                f"data.files=[{corpus}]", f"trainer.max_time={max_time(args.student_minutes)}",
                                 f"output_dir={runs['student']}", "overwrite=true"]],
              runs["student"] / "export" / "config.json")
     report = out / "report"

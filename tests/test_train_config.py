@@ -238,3 +238,21 @@ def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overri
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
     assert cfg.data.batch_size == 32 and cfg.data.num_workers == 4 and cfg.trainer.val_check_interval == 500
     assert cfg.task.ttt_steps == 6 and cfg.trainer.max_time == "00:00:05:00"
+
+
+def test_the_smollm2_recipe_writes_any_minutes_as_lightnings_duration(compose, tmp_path):
+    # --train-minutes 5.5 once became trainer.max_time=00:00:5:30 by hand, which Lightning refuses
+    import argparse
+
+    recipe = load_script("smollm2")
+    assert [recipe.max_time(m) for m in (5.5, 30, 90, 0.25, 1500)] == [
+        "00:00:05:30", "00:00:30:00", "00:01:30:00", "00:00:00:15", "01:01:00:00"]
+    args = argparse.Namespace(seq_len=256, train_minutes=5.5, precision="32-true", device="cpu", heads=["eagle3"],
+                              train_args=[])
+    runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
+    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
+    assert compose(command[3:]).trainer.max_time == "00:00:05:30"
+    for bad in (["--train-minutes", "0"], ["--student-minutes", "-1"]):
+        with pytest.raises(SystemExit) as error:
+            recipe.main(["--out", str(tmp_path / "r"), *bad])
+        assert error.value.code == 2
