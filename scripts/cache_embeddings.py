@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k-logits", type=int, default=0, help="--export: also store the K largest logits")
     parser.add_argument("--layers", nargs="+", type=int, default=None, metavar="I",
                         help="HF: hidden_states indices to store (negative from the end); default: the last one")
-    parser.add_argument("--shard-size", default="500MB", help="largest Arrow shard; default 500MB")
+    parser.add_argument("--shard-size", default="500MB",
+                        help="largest Arrow shard, unless one --batch-size of rows is larger; default 500MB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rows (and of sampling); default 0")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (and per generate call)")
     parser.add_argument("--device", default=None, help="torch device; default cuda when available, else cpu")
