@@ -118,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="Hydra overrides added to each head's training run, e.g. task.ttt_steps=6")
     parser.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
     args = parser.parse_args(argv)
-    for name in ("train_minutes", "student_minutes"):
-        if getattr(args, name) < 0 or (name == "train_minutes" and args.train_minutes * 60 < 1):
-            parser.error(f"--{name.replace('_', '-')} must be > 0{' (0: no student)' if name[0] == 's' else ''}, "
-                         f"got {getattr(args, name)}")
+    if args.train_minutes * 60 < 1:
+        parser.error(f"--train-minutes must be > 0, got {args.train_minutes}")
+    if args.student_minutes < 0:
+        parser.error(f"--student-minutes must be >= 0 (0: no student), got {args.student_minutes}")
     if args.cache_batch is not None and args.cache_batch < 2:
         parser.error(f"--cache-batch must be >= 2 (half a batch per temperature), got {args.cache_batch}")
     if args.device == "cuda":
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                                str(corpus)]], corpus)
         step("train_student", [[py, "-m", "train", "experiment=smollm2_student",
                                 f"teacher.path={student_models / 'target'}", f"student.path={student_models / 'student'}",
-                                f"data.files=[{corpus}]", f"trainer.max_time={max_time(args.student_minutes)}",
+                                f"data.files=[{corpus}]",
+                                f"trainer.max_time={max_time(args.student_minutes)}",
                                 f"output_dir={runs['student']}", "overwrite=true"]],
              runs["student"] / "export" / "config.json")
     report = out / "report"

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 SEQ = 32                      # prompts take up to 15 tokens (<= SEQ // 2)
 DEPTH = 4
 LAYERS = list(range(DEPTH + 1))
+# 4 rows (2 batches) a shard: a kill lands inside one
 BUILD = {"seq_len": SEQ, "windows": 12, "shard_size": "20KB", "batch_size": 2, "seed": 3, "chat": True,
-         "temperatures": [0.0, 1.0], "layers": [1, -1], "dtype": "bfloat16"}   # 4 rows (2 batches) a shard: a kill lands in one
+         "temperatures": [0.0, 1.0], "layers": [1, -1], "dtype": "bfloat16"}
 
 
 @pytest.fixture(scope="module")
