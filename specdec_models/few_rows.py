@@ -22,9 +22,14 @@ records gradients takes MKL's path, so training is unchanged.
 class only: parameters, tied weights and state_dict stay as they are); `use_few_rows(module,
 False)` switches them back. The decoding CLI and the comparisons apply it to the target and its
 drafters alike (`--few-rows auto`), so plain decoding gets the faster 1-row step too.
+`few_rows_while(modules)` switches them for a block of code, then back exactly the layers it
+switched: the evaluation callback decodes so between training steps (`few_rows: auto`).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +75,24 @@ def use_few_rows(module: nn.Module, on: bool = True) -> int:
     return switched
 
 
-def resolve_few_rows(setting: str, device: torch.device | str, dtype: torch.dtype) -> bool:
-    """The command lines' `--few-rows auto|on|off`: auto is `few_rows_pays(device, dtype)`."""
-    check(setting in ("auto", "on", "off"), f"--few-rows must be auto, on or off, got {setting!r}")
+@contextmanager
+def few_rows_while(modules: Iterable[nn.Module], on: bool = True) -> Iterator[int]:
+    """Within the block, every plain `nn.Linear` of `modules` is a `FewRowsLinear` (`on`; else
+    nothing changes); afterwards exactly the layers switched here are plain again, however the
+    block ends. Yields how many layers were switched."""
+    found = {id(layer): layer for module in modules for layer in module.modules() if type(layer) is nn.Linear}
+    switched = list(found.values()) if on else []
+    for layer in switched:
+        layer.__class__ = FewRowsLinear
+    try:
+        yield len(switched)
+    finally:
+        for layer in switched:
+            layer.__class__ = nn.Linear
+
+
+def resolve_few_rows(setting: str, device: torch.device | str, dtype: torch.dtype, name: str = "--few-rows") -> bool:
+    """The command lines' `--few-rows auto|on|off` (or the setting `name`): auto is
+    `few_rows_pays(device, dtype)`."""
+    check(setting in ("auto", "on", "off"), f"{name} must be auto, on or off, got {setting!r}")
     return few_rows_pays(device, dtype) if setting == "auto" else setting == "on"

@@ -131,6 +131,26 @@ def test_eval_callback_logs_acceptance_metrics_and_writes_samples_after_validati
     assert all(r["matches_base"] for r in lines if r["temperature"] == 0.0)
 
 
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_eval_callback_decodes_with_few_row_layers_where_they_pay_and_restores_them(tmp_path, monkeypatch, setting):
+    """fp32 on a CPU: auto decodes through FewRowsLinear (as the decoding CLI does), off never;
+    training's layers are plain nn.Linear again after each evaluation."""
+    from specdec_models.few_rows import FewRowsLinear
+
+    calls = []
+    forward = FewRowsLinear.forward
+    monkeypatch.setattr(FewRowsLinear, "forward", lambda self, x: calls.append(x.shape) or forward(self, x))
+    callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=6, gamma=GAMMA, temperatures=[0.0],
+                               few_rows=setting)
+    trainer, module = fit(tmp_path, callback)
+    assert callback.last_metrics["val/tokens_per_call/t0"] >= 1
+    assert (len(calls) > 0) == (setting == "auto")
+    layers = [type(m) for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    assert layers and all(t is torch.nn.Linear for t in layers)
+    with pytest.raises(SpecdecError, match="speculative_eval.few_rows must be auto, on or off"):
+        SpeculativeEval(few_rows="yes")
+
+
 def test_eval_callback_every_n_validations_decodes_at_every_nth_and_the_last(tmp_path):
     """every=2 over 5 validations (after steps 1..5): decodes after the 2nd, the 4th and the one
     that ends training (max_steps), and its count of validations is checkpointed."""
