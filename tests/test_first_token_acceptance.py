@@ -1,0 +1,100 @@
+"""train.bench.acceptance: the expected acceptance of recursive rejection sampling against an exact
+enumeration, the first-token measures' bounds on a tiny random target and head, and the
+command's bad input (one line, exit 2, before any model loads)."""
+
+import itertools
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import load_script
+from test_eagle3 import head_for
+from test_hf_decode import (
+    V,
+    _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
+    build,
+)
+
+from specdec_models import SpecdecError
+from train.bench.acceptance import first_token_acceptance, rrs_acceptance
+
+
+def exact_rrs(p: list[float], q: list[float], k: int) -> float:
+    """P(accept) of k candidates drawn from q without replacement, recursive rejection sampling
+    against p, by enumerating every ordered draw."""
+    total = 0.0
+    for draw in itertools.permutations(range(len(q)), k):
+        chance, p_i, q_i, missed, accepted = 1.0, list(p), list(q), 1.0, 0.0
+        for x in draw:
+            mass = sum(q_i)
+            if mass <= 0:
+                break
+            q_i = [v / mass for v in q_i]
+            chance *= q_i[x]
+            accept = min(1.0, p_i[x] / q_i[x]) if q_i[x] > 0 else 0.0
+            accepted += missed * accept
+            missed *= 1 - accept
+            left = [max(0.0, a - b) for a, b in zip(p_i, q_i)]
+            p_i = [v / sum(left) for v in left] if sum(left) > 0 else p_i
+            q_i[x] = 0.0
+        total += chance * accepted
+    return total
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_rrs_acceptance_matches_an_exact_enumeration(k):
+    # each draw's value lies in [0, 1] (sd <= 0.5): with 4,000 draws the standard error is <= 0.0079,
+    # so a tolerance of 0.04 (5 standard errors) fails a correct estimator less than once in 10^6 runs
+    p = torch.tensor([0.45, 0.25, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.1, 0.5, 0.05, 0.3, 0.05])
+    want = exact_rrs(p.tolist(), q.tolist(), k)
+    got = rrs_acceptance(p, q, k, 4000, torch.Generator().manual_seed(0))
+    assert abs(got - want) < 0.04, (got, want)
+    if k == 1:
+        assert want == pytest.approx(float(torch.minimum(p, q).sum()))
+    if k == 3:
+        assert want > exact_rrs(p.tolist(), q.tolist(), 1) + 0.1     # more candidates, more accepted
+
+
+def test_a_head_equal_to_the_target_is_always_accepted():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    assert rrs_acceptance(p, p.clone(), 2, 50) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("acc") / "llama", "llama", 1, 8.0)
+
+
+def test_first_token_measures_are_probabilities_within_their_bounds(target):
+    prompts = [torch.tensor([1, 4, 2, 9]), torch.tensor([3, 3, 0])]
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(0))[:40].sort().values
+    head = head_for(target, seed=2, draft=40, ids=ids)
+    m = first_token_acceptance(target, head, prompts, max_new_tokens=12, k=3, draws=4, taus=(0.5,))
+    assert m["positions"] == 2 * 11                  # every answer token after the first is drafted for
+    assert set(m) == {"positions", "target_top_1", "mass_in_vocab", "drawn_1", "top_1", "drawn_3", "top_3",
+                      "drawn_1/tau0.5"}
+    assert 0 < m["top_1"] <= m["top_3"] <= m["mass_in_vocab"] < 1
+    assert 0 < m["drawn_1"] <= m["drawn_3"] <= m["mass_in_vocab"]
+    assert m["top_1"] <= m["target_top_1"]
+    full = first_token_acceptance(target, head_for(target, seed=2), prompts, max_new_tokens=6, draws=2)
+    assert full["mass_in_vocab"] == pytest.approx(1.0)
+    with pytest.raises(SpecdecError, match="is for sampling"):
+        first_token_acceptance(target, head, prompts, temperature=0.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompts", "x.jsonl"], "acceptance needs --eagle3 NAME=DIR"),
+    (["--eagle3", "a=b", "--prompts", "x.jsonl", "--temperatures", "0"], "a --temperatures value > 0"),
+    (["--eagle3", "a=b", "--prompts", "x.jsonl", "--draws", "0"], "--candidates and --draws must be >= 1"),
+    (["--eagle3", "a=b", "--prompts", "nowhere.jsonl"], "--prompts nowhere.jsonl does not exist"),
+])
+def test_the_acceptance_command_refuses_bad_input_in_one_line(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.jsonl").write_text('{"text": "hi"}\n')
+    assert load_script("compare_hf_drafts").main(["acceptance", *args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()
