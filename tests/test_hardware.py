@@ -79,3 +79,16 @@ def test_the_smollm2_experiments_resolve_their_precision_from_the_machine(compos
     cfg = compose([f"experiment={experiment}"])
     assert cfg.trainer.accelerator == "cpu" and cfg.trainer.precision == expected
     assert compose([f"experiment={experiment}", "trainer.precision=32-true"]).trainer.precision == "32-true"
+
+
+@pytest.mark.parametrize("experiment", ["smollm2_eagle3", "smollm2_prophet"])
+@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bfloat16"), (XEON_NO_AMX, "bfloat16"),
+                                               (EPYC_AVX2, "float32")])
+def test_the_smollm2_heads_run_their_frozen_target_in_the_machines_fast_dtype(compose, machine, monkeypatch,
+                                                                              experiment, cpuinfo, expected):
+    # the target only runs forward passes: emulated bf16 on an AVX2-only CPU made the recipe's
+    # prophet steps take 36 s there (README, "The recipe on the EPYC")
+    machine(cpuinfo)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
+    assert compose([f"experiment={experiment}"]).target.dtype == expected
+    assert compose([f"experiment={experiment}", "target.dtype=float32"]).target.dtype == "float32"
