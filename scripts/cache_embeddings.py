@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                              "a CPU with bf16 instructions (with AMX 1.6-1.8x fp32's speed), else float32 "
                              "(specdec_models/hardware.py)")
     parser.add_argument("--max-minutes", type=float, default=None,
-                        help="HF: a time budget for making the rows once the target is loaded; when it runs out the "
-                             "cache holds the rows made so far (the first rows of the full build)")
+                        help="HF: a time budget for making the rows once the target is loaded: a batch starts only "
+                             "if it should end within it (as long as the last one took), and the cache holds the rows "
+                             "made by then (the first rows of the full build)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing cache at --out")
     args = parser.parse_args(argv)
 

@@ -272,9 +272,10 @@ def test_an_interrupted_several_layer_cache_resumes_to_the_uninterrupted_rows(hf
 
 
 def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, tmp_path, monkeypatch):
-    # the writer's clock moves 10 s per batch written, so a 15 s budget lets two batches through
-    # (a batch is 4 rows or a shard's, whichever is fewer): the third starts past it, and the cache
-    # holds the first rows, those of the full build
+    # the writer's clock moves 10 s per batch written, so a 25 s budget lets two batches through
+    # (a batch is 4 rows or a shard's, whichever is fewer): a third would end at 30 s, past the
+    # budget, so it does not start (though 20 s < 25 s), and the cache holds the first rows, those
+    # of the full build
     import train.data.embeddings_cache as writer
 
     path, _ = regenerated
@@ -283,8 +284,9 @@ def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, t
     lines = []
     meta = build_hf_cache(hf["eager"], tmp_path / "budget", **{**REGENERATED, "prompts": hf["prompts"]},
                           progress=lambda tokens: clock.__setitem__(0, clock[0] + 10.0), report=lines.append,
-                          max_seconds=15)
+                          max_seconds=25)
     rows = 2 * min(4, meta["rows_per_shard"])
+    assert clock[0] == 20.0                                  # done within the budget
     assert (meta["windows"], meta["requested_windows"], meta["tokens"]) == (rows, 12, rows * LONG) and rows < 12
     assert any(f"ran out after {rows} of 12 rows" in line for line in lines)
     assert check_cache(tmp_path / "budget")["windows"] == rows and not (tmp_path / "budget.partial").exists()

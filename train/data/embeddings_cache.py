@@ -278,10 +278,10 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     """Run `model` over `windows` rows of `source` and write the cache to `out` (see the module
     docstring), resuming a killed build of the same settings. `report(line)` hears the size the
     cache will take before any work, and what a resume keeps; `progress(tokens)` follows each batch.
-    `max_seconds`: a time budget for this call; when it runs out, the batch in progress is the
-    last, and the cache holds the rows written so far, the first rows of the full build (cache.json
-    records "windows" written and "requested_windows"): a slow machine gets fewer rows rather than
-    a longer build. Returns cache.json's contents, with the seconds this call took."""
+    `max_seconds`: a time budget for this call; a batch starts only if, taking as long as the
+    previous one, it would end within it (the first batch always runs), and the cache holds the
+    rows written by then, the first rows of the full build (cache.json records "windows" written
+    and "requested_windows"): a slow machine gets fewer rows rather than a longer build. Returns cache.json's contents, with the seconds this call took."""
     t0 = time.perf_counter()
     check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     say = report or (lambda line: None)
@@ -331,6 +331,7 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
 
     features = _features(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
     written = windows                                    # rows in the cache: fewer when the time budget runs out
+    batch_seconds = 0.0                                  # how long this call's last batch took
     for k in range(shards):
         if k in kept:
             continue
@@ -341,7 +342,9 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
             first, last = k * per_shard, min((k + 1) * per_shard, windows)
             with torch.inference_mode():
                 for start in range(first, last, batch_size):
-                    if max_seconds is not None and time.perf_counter() - t0 >= max_seconds and start > 0:
+                    began = time.perf_counter()
+                    # a batch starts only if it should end within the budget, as long as the last one took
+                    if max_seconds is not None and start > 0 and began - t0 + batch_seconds > max_seconds:
                         written = start                 # out of time: rows 0..start-1 are the cache
                         break
                     tokens, extra = source.rows(start, min(batch_size, last - start))       # (b, n + 1)
@@ -364,6 +367,7 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
                     writer.write_table(pa.table({name: columns[name] for name in features}))
                     if progress is not None:
                         progress(len(tokens) * seq_len)
+                    batch_seconds = time.perf_counter() - began
             if written > first:                         # the shard holds rows: a resume keeps it
                 writer.finalize()
                 os.replace(tmp, final)
