@@ -176,7 +176,7 @@ def acceptance(args, loaded) -> list[str]:
     from specdec_models.files import staged_dir
     from specdec_models.hardware import resolve_dtype
     from train.bench.acceptance import first_token_acceptance
-    from train.data.regenerate import read_prompts
+    from train.data.regenerate import read_prompts, stop_token
 
     dtype = resolve_dtype(args.dtype, args.device)
     model = loaded.model.to(device=args.device, dtype=dtype)
@@ -188,7 +188,7 @@ def acceptance(args, loaded) -> list[str]:
             for temperature in (t for t in args.temperatures if t > 0):
                 measured = first_token_acceptance(model, head, prompts, temperature=temperature,
                                                   max_new_tokens=args.max_new_tokens, k=args.candidates,
-                                                  draws=args.draws, eos_id=loaded.tokenizer.eos_token_id)
+                                                  draws=args.draws, eos_id=stop_token(loaded.tokenizer, args.chat))
                 rows.append({"head": name, "prompt_set": set_name, "temperature": temperature, **measured})
                 print(f"{name} {set_name} T={temperature:g}: " + ", ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items()), flush=True)
