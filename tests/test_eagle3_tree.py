@@ -290,10 +290,10 @@ def test_tree_sampling_is_lossless_chi_square(toy, setting):
     assert chi_square_p_value(observed, exact, N) > 1e-4
 
 
-# one setting in the default run (each sampling mechanism keeps a chi-square test there), the other
-# with `make test-slow`: these tests decode 2,000 rows one at a time (about 30 s each on 2 cores)
+# both settings with `make test-slow` (2,000 rows decoded one at a time: about 30 s each on 2 cores):
+# in the default run the adaptive-lookup test below tests looked-up point masses at T=1
 @pytest.mark.parametrize("setting", [
-    pytest.param({"temperature": 1.0}, id="t1"),
+    pytest.param({"temperature": 1.0}, id="t1", marks=pytest.mark.slow),
     pytest.param({"temperature": 0.7, "top_p": 0.9}, id="t0.7-topp0.9", marks=pytest.mark.slow),
 ])
 def test_tree_with_lookup_sampling_is_lossless_chi_square(toy, setting):
