@@ -281,7 +281,8 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     `max_seconds`: a time budget for this call; a batch starts only if, taking as long as the
     previous one, it would end within it (the first batch always runs), and the cache holds the
     rows written by then, the first rows of the full build (cache.json records "windows" written
-    and "requested_windows"): a slow machine gets fewer rows rather than a longer build. Returns cache.json's contents, with the seconds this call took."""
+    and "requested_windows"): a slow machine gets fewer rows rather than a longer build. Returns
+    cache.json's contents, with the seconds this call took."""
     t0 = time.perf_counter()
     check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     say = report or (lambda line: None)
