@@ -23,7 +23,7 @@ runs again, so a killed recipe resumes at the step it was in):
    2..4-token lookup, the fastest in fp32 on a CPU: README "Few-row fp32 matmuls"; at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
-   interleaved;
+   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU);
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
@@ -86,6 +86,26 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
     return [commands[h] for h in HEADS if h in args.heads]
 
 
+def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, runs: dict[str, Path],
+               out: Path) -> list[str]:
+    """The comparison's command: every draft trained (--heads, the student unless --student-minutes
+    is 0), prompt lookup and plain decoding on both evaluation sets, in --compare-rounds rounds (1 on
+    a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU)."""
+    rounds = args.compare_rounds or (2 if args.device == "cuda" else 1)
+    command = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
+               "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
+               "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(rounds), "--gamma", "4", "--dtype",
+               "auto", "--device", args.device, "--out", str(out)]
+    if "eagle3" in args.heads:
+        command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "3,2,1", "--tree",
+                    "6,3,1,4..16,0.3", "--tree", "5,1,1,2..4,0.4"]
+    if "prophet" in args.heads:
+        command += ["--prophet", str(runs["prophet"] / "export")]
+    if args.student_minutes:
+        command += ["--student", str(runs["student"] / "export")]
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/smollm2", help="the recipe's folder (steps resume inside it)")
@@ -110,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    # on the AMD EPYC (AVX2, fp32) 2 rounds took the comparison 31.6 minutes and the recipe to 104.7 (README, "On the
+    # EPYC the recipe overran its 90 minutes"); at batch 1 one round is still interleaved prompt by prompt
+    parser.add_argument("--compare-rounds", type=int, default=None,
+                        help="interleaved rounds of every method in the comparison (default 1 on a CPU, 2 with "
+                             "--device cuda)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the cache, the heads' training and the comparison run (the student trains on "
                              "the CPU); default cpu")
@@ -122,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--train-minutes must be > 0, got {args.train_minutes}")
     if args.student_minutes < 0:
         parser.error(f"--student-minutes must be >= 0 (0: no student), got {args.student_minutes}")
+    if args.compare_rounds is not None and args.compare_rounds < 1:
+        parser.error(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
     if args.cache_batch is not None and args.cache_batch < 2:
         parser.error(f"--cache-batch must be >= 2 (half a batch per temperature), got {args.cache_batch}")
     if args.device == "cuda":
@@ -190,17 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"output_dir={runs['student']}", "overwrite=true"]],
              runs["student"] / "export" / "config.json")
     report = out / "report"
-    compare = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
-               "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
-               "--max-new-tokens", str(args.max_new_tokens), "--rounds", "2", "--gamma", "4", "--dtype", "auto",
-               "--device", args.device, "--out", str(report / "compare")]
-    if "eagle3" in args.heads:
-        compare += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "3,2,1", "--tree", "6,3,1,4..16,0.3",
-                    "--tree", "5,1,1,2..4,0.4"]
-    if "prophet" in args.heads:
-        compare += ["--prophet", str(runs["prophet"] / "export")]
-    if args.student_minutes:
-        compare += ["--student", str(runs["student"] / "export")]
+    compare = comparison(py, args, ev_text, ev_open, runs, report / "compare")
     step("compare", [compare], report / "compare" / "table.md")
     report.mkdir(parents=True, exist_ok=True)
     lines = ["| step | minutes |", "|---|---:|"] + [f"| {k} | {v / 60:.1f} |" for k, v in done.items()]

@@ -414,6 +414,33 @@ def test_the_comparison_runs_trees_at_batch_1_and_reports_greedy_agreement(model
             assert r["greedy_agreement"] is None
 
 
+def test_the_comparison_interleaves_methods_prompt_by_prompt_within_a_round(monkeypatch):
+    """At batch 1 a round decodes the first prompt with every method, then the second; a method's
+    round time is the sum over its prompts, and its speed-up plain's time over it."""
+    from train.bench import drafts
+
+    calls, per_prompt = [], {"plain": 1.0, "A": 0.25, "B": 2.0}
+
+    def fake_decode(target, prompts, batch, kwargs, seed, *, max_new_tokens, **_):
+        name = kwargs.get("name", "plain")
+        calls.append((name, [int(p[0]) for p in prompts], seed))
+        counts = dict.fromkeys(drafts.COUNTS, 1.0) | {"accepted_at": [1], "drafted_at": [1]}
+        return per_prompt[name] * len(prompts), counts, [[0] * max_new_tokens for _ in prompts]
+
+    monkeypatch.setattr(drafts, "_decode", fake_decode)
+    prompts = [torch.tensor([10 + i]) for i in range(3)]
+    rows = drafts.compare_drafters(None, prompts, {"A": {"name": "A"}, "B": {"name": "B"}}, gamma=2,
+                                   temperatures=(0.0,), batches={1: 2, 8: 3}, max_new_tokens=8, rounds=2, seed=5)
+    warm_1, timed_1, warm_8, timed_8 = calls[:3], calls[3:15], calls[15:18], calls[18:]
+    assert [c[:2] for c in warm_1] == [("plain", [10]), ("A", [10]), ("B", [10])]
+    assert timed_1 == [(m, [10 + i], 5 + 1000 * r + i) for r in range(2) for i in range(2) for m in ("plain", "A", "B")]
+    assert [c[:2] for c in warm_8] == [("plain", [10, 11, 12]), ("A", [10, 11, 12]), ("B", [10, 11, 12])]
+    assert timed_8 == [(m, [10, 11, 12], 5 + 1000 * r) for r in range(2) for m in ("plain", "A", "B")]
+    got = {(r["batch"], r["method"]): (r["seconds"], r["speedup"]) for r in rows}
+    assert got == {(1, "plain"): (2.0, 1.0), (1, "A"): (0.5, 4.0), (1, "B"): (4.0, 0.5),
+                   (8, "plain"): (3.0, 1.0), (8, "A"): (0.75, 4.0), (8, "B"): (6.0, 0.5)}
+
+
 def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     from train.bench.hf import verify_costs
 

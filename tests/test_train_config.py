@@ -256,3 +256,35 @@ def test_the_smollm2_recipe_writes_any_minutes_as_lightnings_duration(compose, t
         with pytest.raises(SystemExit) as error:
             recipe.main(["--out", str(tmp_path / "r"), *bad])
         assert error.value.code == 2
+
+
+def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_path, monkeypatch):
+    # 2 rounds took the comparison 31.6 minutes on a 2-core AMD EPYC (fp32), the recipe 104.7: on a
+    # CPU one round, interleaved prompt by prompt; the command is read by compare_hf_drafts' parser
+    import argparse
+
+    recipe, compare = load_script("smollm2"), load_script("compare_hf_drafts")
+    parsed = []
+
+    class Parsed(Exception):
+        pass
+
+    def capture(args):
+        parsed.append(args)
+        raise Parsed
+
+    monkeypatch.setattr(compare, "check_inputs", capture)
+    runs = {name: tmp_path / name for name in ("eagle3", "prophet", "student")}
+    for device, rounds, expected in (("cpu", None, 1), ("cuda", None, 2), ("cpu", 3, 3)):
+        args = argparse.Namespace(compare_rounds=rounds, device=device, eval_prompts=8, max_new_tokens=64,
+                                  heads=["eagle3", "prophet"], student_minutes=6)
+        command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c")
+        with pytest.raises(Parsed):
+            compare.main(command[2:])
+        got = parsed[-1]
+        assert (got.rounds, got.device, got.count, got.batch1_count) == (expected, device, 8, 2)
+        assert got.prophet == str(runs["prophet"] / "export") and got.student == str(runs["student"] / "export")
+        assert got.eagle3 == [f"specdec={runs['eagle3'] / 'export'}"] and len(got.tree) == 3
+    with pytest.raises(SystemExit) as error:
+        recipe.main(["--out", str(tmp_path / "r"), "--compare-rounds", "0"])
+    assert error.value.code == 2 and not (tmp_path / "r").exists()

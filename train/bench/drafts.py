@@ -5,12 +5,14 @@ drafter (`generate`'s keyword arguments: {"prophet": head} or {"draft": model}, 
 {"prompt_lookup": n}: transformers' own prompt-lookup decoding, `generate(prompt_lookup_num_tokens=n)`,
 which needs no training and decodes one row at a time, so it runs at batch 1 only, as does tree
 drafting, {"prophet": head, "tree": TreeSpec(...)}), at each
-temperature and batch size, interleaved round by round (base, A, B, ..., base, A, B, ...) in one
-process, so each speed-up is a ratio of runs that saw the same machine load: the median over
-rounds of (plain seconds / drafter seconds). Tokens per call, per-position acceptance, acceptance
-rate and alpha are exact counts over the same runs (every round, at temperature 1 with another
-seed); prompt lookup's target calls are counted with a forward hook. Every row emits exactly
-`max_new_tokens` tokens (no EOS), so the times compare. A drafter's keyword arguments may hold its
+temperature and batch size, interleaved round by round and, within a round, batch by batch (base,
+A, B, ... on the first batch of prompts, then on the next: at batch 1 even one round interleaves
+prompt by prompt) in one process, so each speed-up is a ratio of runs that saw the same machine
+load: the median over rounds of (plain seconds / drafter seconds), each summed over the round's
+batches. Tokens per call, per-position acceptance, acceptance rate and alpha are exact counts over
+the same runs (every round, at temperature 1 with another seed); prompt lookup's target calls are
+counted with a forward hook. Every row emits exactly `max_new_tokens` tokens (no EOS), so the
+times compare. A drafter's keyword arguments may hold its
 own "gamma" (each drafter at the gamma that suits its cost and acceptance).
 
 `compare_hf(loaded, target, prompt_sets, HFDrafters(...))` is scripts/compare_hf_drafts.py's
@@ -144,16 +146,21 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
             equal, plain = dict.fromkeys(methods, True), []
             agree: dict[str, list[float]] = {name: [] for name in methods}
             for r in range(rounds):
-                for name, kwargs in methods.items():
-                    s, counts, tokens = _decode(target, chosen, batch, kwargs, seed + 1000 * r,
-                                                temperature=temperature, **settings)
-                    seconds[name].append(s)
-                    old = totals.get(name, {})
-                    totals[name] = {k: _add(old.get(k, []), v) if isinstance(v, list) else old.get(k, 0.0) + v
-                                    for k, v in counts.items()}
-                    plain = tokens if name == "plain" else plain
-                    equal[name] = equal[name] and tokens == plain
-                    agree[name] += [_common_prefix(a, b) / max(len(b), 1) for a, b in zip(tokens, plain)]
+                for name in methods:
+                    seconds[name].append(0.0)
+                # interleaved batch by batch too (at batch 1: A, B, ... on the first prompt, then on the
+                # second), so that even one round times every method beside the others
+                for i in range(0, count, batch):
+                    for name, kwargs in methods.items():
+                        s, counts, tokens = _decode(target, chosen[i:i + batch], batch, kwargs, seed + 1000 * r + i,
+                                                    temperature=temperature, **settings)
+                        seconds[name][-1] += s
+                        old = totals.get(name, {})
+                        totals[name] = {k: _add(old.get(k, []), v) if isinstance(v, list) else old.get(k, 0.0) + v
+                                        for k, v in counts.items()}
+                        plain = tokens if name == "plain" else plain
+                        equal[name] = equal[name] and tokens == plain
+                        agree[name] += [_common_prefix(a, b) / max(len(b), 1) for a, b in zip(tokens, plain)]
             for name in methods:
                 c = totals[name]
                 rows.append({
