@@ -35,7 +35,7 @@ from torch import Tensor
 
 from specdec_models.decode import generate
 from specdec_models.errors import check, check_positive_int
-from specdec_models.sampling import SamplingConfig, to_probs
+from specdec_models.sampling import SamplingConfig, residual, to_probs
 
 
 def rrs_acceptance(p: Tensor, q: Tensor, k: int, draws: int, generator: torch.Generator | None = None) -> float:
@@ -56,10 +56,9 @@ def rrs_acceptance(p: Tensor, q: Tensor, k: int, draws: int, generator: torch.Ge
             accept = min(1.0, float(p_i[x] / q_i[x]))
             total += missed * accept
             missed *= 1 - accept
-            left = torch.clamp(p_i - q_i, min=0)         # the residual after a rejection
-            if float(left.sum()) <= 0:
+            if missed <= 0:                             # accepted for sure: no residual to test against
                 break
-            p_i = left / left.sum()
+            p_i = residual(p_i, q_i)                    # what the next candidate is tested against
             q_i = q_i.clone()
             q_i[x] = 0
     return total / draws
