@@ -256,3 +256,56 @@ def test_bad_input_is_one_line(llama, tmp_path, case, message):
         else:
             Eagle3Head(Eagle3Config.for_target(llama, draft_vocab_size=10), llama, torch.arange(12))
     assert "\n" not in str(err.value)
+
+
+def _offline_first_draft(target, head, seq):
+    """The head's first-draft logits (n - 1, draft) at every position t of seq (n,), teacher-forced:
+    position t reads the target's features of t and token t + 1 (`ttt_logits`, step 1)."""
+    aux, _ = aux_states(target, seq[None], head.aux_layers)
+    with torch.no_grad():
+        return head.ttt_logits(torch.cat([seq, seq[-1:]])[None], aux, 1)[0][0]
+
+
+@pytest.mark.parametrize("tree", [None, "3,2,1"], ids=["chain", "tree"])
+def test_every_rounds_first_draft_is_the_teacher_forced_heads_across_rejections(toy, tree):
+    # At T=1 the toy head is accepted part of the time: every round starts from a head cache rolled
+    # back past rejected drafts and extended with the target's features of the accepted tokens. Its
+    # first draft must then be exactly what the head computes teacher-forced on the final sequence
+    # (a stale cache entry would still be lossless, so the chi-square tests cannot see it).
+    from specdec_models.decode import speculative
+    from specdec_models.decode import tree as trees
+
+    target, head = toy
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 8, (n,), generator=g) for n in (3, 9, 6)]
+    seen = []                                   # (row's prompt, tokens before the round, first-draft logits)
+    if tree is None:
+        original = speculative._Decoding._eagle3_round
+
+        def record(self, gamma):
+            logits = self.head_next[0]
+            for i in (~self.rows.done).nonzero()[:, 0].tolist():
+                n = int(self.rows.seq_len[i])
+                seen.append((int(self.rows.orig[i]), self.rows.seq[i, :n].clone(), logits[i].clone()))
+            return original(self, gamma)
+        monkeypatch_target, name = speculative._Decoding, "_eagle3_round"
+    else:
+        original = trees._TreeDecoding.draft
+
+        def record(self, hcache, root_logits, root_feature, context, lookup):
+            row = next(i for i, p in enumerate(prompts) if context[:p.numel()] == p.tolist())
+            seen.append((row, torch.tensor(context), root_logits.clone()))
+            return original(self, hcache, root_logits, root_feature, context, lookup)
+        monkeypatch_target, name = trees._TreeDecoding, "draft"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(monkeypatch_target, name, record)
+        spec = None if tree is None else trees.TreeSpec.parse(tree)
+        out, stats = generate(target, prompts, 14, prophet=head, temperature=1.0, gamma=3, tree=spec,
+                              generator=torch.Generator().manual_seed(0))
+    assert 0 < stats.accepted < stats.drafted, "rounds must both accept and reject drafts"
+    assert len(seen) >= 3 * len(prompts)
+    for row, before, logits in seen:
+        full = torch.cat([prompts[row], out[row]])
+        assert torch.equal(full[:before.numel()], before)
+        offline = _offline_first_draft(target, head, full[:before.numel() + 1])
+        torch.testing.assert_close(logits, offline[before.numel() - 2], rtol=1e-4, atol=1e-4)
