@@ -24,10 +24,11 @@ checks greedy output against transformers' own `generate()`, and writes results.
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
 one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in any layout
 (`specdec_models.export.eagle3.load_eagle3`), e.g. one trained by speculators or SpecForge.
-`acceptance` has the target answer the prompts at each temperature > 0 and measures, at every
-answer position, how often each eagle3 head's first draft token would be accepted: drawn from q or
-taken as its top tokens, one candidate or `--candidates` (`train.bench.acceptance`); it writes
-results.json and table.md into --out.
+`acceptance` has the target answer the prompts at each temperature > 0 (drafted by each eagle3
+head in chains of --gamma: lossless) and measures, at every answer position, how often the head's
+first draft token would be accepted: drawn from q or taken as its top tokens, one candidate or
+`--candidates`, and the same at the decoding's round starts only (`train.bench.acceptance`); it
+writes results.json and table.md into --out.
 """
 
 from __future__ import annotations
@@ -188,7 +189,8 @@ def acceptance(args, loaded) -> list[str]:
             for temperature in (t for t in args.temperatures if t > 0):
                 measured = first_token_acceptance(model, head, prompts, temperature=temperature,
                                                   max_new_tokens=args.max_new_tokens, k=args.candidates,
-                                                  draws=args.draws, eos_id=stop_token(loaded.tokenizer, args.chat))
+                                                  draws=args.draws, gamma=args.gamma,
+                                                  eos_id=stop_token(loaded.tokenizer, args.chat))
                 rows.append({"head": name, "prompt_set": set_name, "temperature": temperature, **measured})
                 print(f"{name} {set_name} T={temperature:g}: " + ", ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items()), flush=True)
@@ -197,8 +199,9 @@ def acceptance(args, loaded) -> list[str]:
     cells = [" | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys) for r in rows]
     lines += [f"| {r['head']} | {r['prompt_set']} | {r['temperature']:g} | {c} |" for r, c in zip(rows, cells)]
     note = (f"First draft position, {args.count} prompts per set, answers of up to {args.max_new_tokens} tokens "
-            f"sampled by the target, {str(dtype).removeprefix('torch.')}; drawn_{args.candidates}: a Monte Carlo "
-            f"mean over {args.draws} draws per position (train/bench/acceptance.py).")
+            f"sampled by the target (drafted by the head in chains of {args.gamma}), "
+            f"{str(dtype).removeprefix('torch.')}; drawn_{args.candidates}: a Monte Carlo mean over {args.draws} "
+            "draws per position; round_*: at the decoding's round starts only (train/bench/acceptance.py).")
     lines += ["", note]
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     with staged_dir(Path(args.out)) as tmp:

@@ -192,16 +192,19 @@ def test_a_perfect_feature_path_is_accepted(llama):
     assert s3.accepted == 3 * s1.accepted and s3.drafted == 3 * s1.drafted
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """An 8-token GPT-NeoX target and an eagle3 head over 5 of its tokens, sharpened so that it is
-    accepted part of the time."""
-    d = tmp_path_factory.mktemp("toy")
+def make_toy(d):
+    """An 8-token GPT-NeoX target (saved under d) and an eagle3 head over 5 of its tokens,
+    sharpened so that it is accepted part of the time."""
     target = build(d / "t", "neox", 11, 6.0, vocab=8)
     head = head_for(target, seed=3, draft=5, ids=torch.tensor([0, 2, 3, 5, 6]))
     with torch.no_grad():
         head.lm_head.weight.mul_(3.0)
     return target, head
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return make_toy(tmp_path_factory.mktemp("toy"))
 
 
 @pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])

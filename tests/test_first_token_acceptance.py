@@ -10,7 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from conftest import load_script
-from test_eagle3 import head_for
+from test_eagle3 import head_for, make_toy
 from test_hf_decode import (
     V,
     _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
@@ -68,6 +68,11 @@ def target(tmp_path_factory):
     return build(tmp_path_factory.mktemp("acc") / "llama", "llama", 1, 8.0)
 
 
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return make_toy(tmp_path_factory.mktemp("toy"))
+
+
 def test_first_token_measures_are_probabilities_within_their_bounds(target):
     prompts = [torch.tensor([1, 4, 2, 9]), torch.tensor([3, 3, 0])]
     ids = torch.randperm(V, generator=torch.Generator().manual_seed(0))[:40].sort().values
@@ -75,7 +80,9 @@ def test_first_token_measures_are_probabilities_within_their_bounds(target):
     m = first_token_acceptance(target, head, prompts, max_new_tokens=12, k=3, draws=4, taus=(0.5,))
     assert m["positions"] == 2 * 11                  # every answer token after the first is drafted for
     assert set(m) == {"positions", "target_top_1", "mass_in_vocab", "drawn_1", "top_1", "drawn_3", "top_3",
-                      "drawn_1/tau0.5"}
+                      "drawn_1/tau0.5", "rounds", "decoded_1", "round_drawn_1", "round_logit_error"}
+    assert 2 <= m["rounds"] <= m["positions"] and 0 <= m["decoded_1"] <= 1 and 0 < m["round_drawn_1"] < 1
+    assert m["round_logit_error"] < 1e-4             # the head's cache in decoding is the teacher-forced one
     assert 0 < m["top_1"] <= m["top_3"] <= m["mass_in_vocab"] < 1
     assert 0 < m["drawn_1"] <= m["drawn_3"] <= m["mass_in_vocab"]
     assert m["top_1"] <= m["target_top_1"]
@@ -98,3 +105,18 @@ def test_the_acceptance_command_refuses_bad_input_in_one_line(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_chains_first_draft_is_accepted_as_often_as_its_overlap_at_the_round_starts(toy):
+    # decoded_1 (accepted first drafts / rounds) estimates round_drawn_1 (the mean of sum min(p, q)
+    # at the same round starts): each round accepts with its own probability, so the difference has
+    # a standard deviation of at most 0.5 / sqrt(rounds); 5 of them fail a right sampler less than
+    # once in 10^6 runs. Verification testing u < p / (q / 2) instead (accepting too readily) moved
+    # decoded_1 by 0.12 here, past the tolerance (0.08).
+    target, head = toy
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 8, (int(n),), generator=g) for n in torch.randint(1, 6, (150,), generator=g)]
+    m = first_token_acceptance(target, head, prompts, max_new_tokens=10, draws=1, taus=(), gamma=2)
+    assert m["rounds"] >= 400 and 0.1 < m["round_drawn_1"] < 0.9
+    assert abs(m["decoded_1"] - m["round_drawn_1"]) < 5 * 0.5 / m["rounds"] ** 0.5, m
+    assert m["round_logit_error"] < 1e-4

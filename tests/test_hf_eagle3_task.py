@@ -228,3 +228,22 @@ def test_heads_train_under_bf16_mixed_precision_as_the_smollm2_experiments_do(hf
     assert all(math.isfinite(x) for x in losses) and len(losses) >= 10
     assert sum(losses[-3:]) < sum(losses[:3]), losses            # it learns
     assert read_export_config(result["export_dir"])["kind"] in ("hf_eagle3", "hf_prophet")
+
+
+def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, tmp_path, capsys):
+    # scripts/compare_hf_drafts.py acceptance on the exported head: one row per temperature > 0,
+    # every measure a probability, the decoding's round starts observed exactly
+    from conftest import load_script
+
+    out = tmp_path / "acceptance"
+    assert load_script("compare_hf_drafts").main([
+        "acceptance", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
+        str(hf["prompts"]), "--chat", "--count", "2", "--max-new-tokens", "8", "--temperatures", "0", "1",
+        "--gamma", "3", "--draws", "2", "--out", str(out)]) == 0, capsys.readouterr().err
+    [row] = json.loads((out / "results.json").read_text())["rows"]
+    assert (row["head"], row["prompt_set"], row["temperature"]) == ("tiny", "prompts", 1.0)
+    assert row["positions"] >= row["rounds"] >= 2
+    assert all(0 <= row[k] <= 1 for k in ("drawn_1", "drawn_3", "top_1", "decoded_1", "round_drawn_1"))
+    assert row["round_logit_error"] < 1e-4
+    table = (out / "table.md").read_text()
+    assert "round_drawn_1" in table and "chains of 3" in table

@@ -23,17 +23,35 @@ sampled answers, at every answer position the head drafts for, from one teacher-
 p is the target's distribution under the decoding's sampling settings, q the head's under the
 same settings (`specdec_models.sampling.to_probs`). These are acceptance probabilities of the
 first draft position only, from the target's features; deeper positions compound them.
+
+The answers are decoded with the head itself (a chain of `gamma` drafts: lossless, so they are
+distributed as the target's own), and each round's start is observed. That separates two reasons
+why a chain's first draft is accepted less in decoding than `drawn_1` says:
+
+    rounds              the decoding rounds (each drafts its first token at a round start)
+    decoded_1           the share of rounds whose first draft was accepted (DecodeStats'
+                        accepted_at[0] / drafted_at[0])
+    round_drawn_1       sum min(p, q) at the round starts only: a round starts after a rejection
+                        (at a correction token drawn where the head was wrong) or after a full
+                        acceptance, not at an average position
+    round_logit_error   the largest difference between the first-draft logits decoding computed
+                        (through the head's KV cache, rolled back and extended round by round) and
+                        the teacher-forced head's at the same position
+
+decoded_1 estimates round_drawn_1 (the same expectation, drawn once per round); round_logit_error
+is rounding when the head's cache is right.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from specdec_models.decode import generate
+from specdec_models.decode import generate, speculative
 from specdec_models.errors import check, check_positive_int
 from specdec_models.sampling import SamplingConfig, residual, to_probs
 
@@ -64,35 +82,62 @@ def rrs_acceptance(p: Tensor, q: Tensor, k: int, draws: int, generator: torch.Ge
     return total / draws
 
 
+@contextmanager
+def observed_round_starts(seen: list[tuple[int, Tensor]]) -> Iterator[None]:
+    """While inside, every chain-drafting round of an eagle3 head at batch 1 appends (the row's
+    length before the round, the head's first-draft logits (draft,)) to `seen`."""
+    original = speculative._Decoding._eagle3_round
+
+    def observed(self: Any, gamma: int) -> Any:
+        seen.append((int(self.rows.seq_len[0]), self.head_next[0][0].detach().clone()))
+        return original(self, gamma)
+
+    speculative._Decoding._eagle3_round = observed
+    try:
+        yield
+    finally:
+        speculative._Decoding._eagle3_round = original
+
+
 @torch.no_grad()
 def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *, temperature: float = 1.0,
                            top_p: float | None = None, max_new_tokens: int = 64, eos_id: int | None = None,
-                           k: int = 3, draws: int = 16, taus: Sequence[float] = (0.7, 0.5),
+                           k: int = 3, draws: int = 16, taus: Sequence[float] = (0.7, 0.5), gamma: int = 4,
                            seed: int = 0) -> dict[str, float]:
-    """The module docstring's measures, averaged over every drafted answer position: the target
-    (a Hugging Face causal LM) answers each prompt (1-D token ids) at `temperature` (seeded per
-    prompt, stopped after `eos_id`), then one pass over prompt + answer gives p and the head's
-    first draft step q."""
+    """The module docstring's measures, averaged over every drafted answer position (round_*: over
+    the round starts): the target (a Hugging Face causal LM) answers each prompt (1-D token ids) at
+    `temperature`, drafted by the head in chains of `gamma` (seeded per prompt, stopped after
+    `eos_id`), then one pass over prompt + answer gives p and the head's first draft step q."""
     check(temperature > 0, f"first-token acceptance is for sampling (T > 0), got temperature {temperature}")
     check_positive_int(k, "candidates")
+    check_positive_int(gamma, "gamma")
     check(all(t > 0 for t in taus), f"draft temperatures must be > 0, got {list(taus)}")
     cfg = SamplingConfig(temperature=temperature, top_p=top_p)
     vocab = head.config.target_vocab_size
     ids = head.draft_ids
     sums: dict[str, float] = {}
-    positions = 0
+    positions, rounds, accepted, at_starts, error = 0, 0, 0, [], 0.0
     mc = torch.Generator().manual_seed(seed)
     for i, prompt in enumerate(prompts):
-        answer = generate(target, [prompt], max_new_tokens, temperature=temperature, top_p=top_p, eos_id=eos_id,
-                          generator=torch.Generator(device=head.device).manual_seed(seed + i), vocab_size=vocab)[0][0]
+        seen: list[tuple[int, Tensor]] = []
+        with observed_round_starts(seen):
+            answers, stats = generate(target, [prompt], max_new_tokens, temperature=temperature, top_p=top_p,
+                                      eos_id=eos_id, prophet=head, gamma=gamma, vocab_size=vocab,
+                                      generator=torch.Generator(device=head.device).manual_seed(seed + i))
+        answer = answers[0]
         seq = torch.cat([prompt.to(head.device), answer.to(head.device)])[None]
         n, start = seq.shape[1], prompt.numel()
+        # every round observed is one the decoding counted (and drafted for within the answer, below)
+        check(len(seen) == (stats.drafted_at[0] if stats.drafted_at else 0), "round starts went unobserved")
+        rounds += len(seen)
+        accepted += int(stats.accepted_at[0]) if seen else 0
         if n - start < 2:                        # the head drafts from the second answer token on
             continue
         out = target(input_ids=seq, output_hidden_states=True, use_cache=False)
         aux = torch.cat([out.hidden_states[j] for j in head.aux_layers], -1)
         # head position t reads aux[t] and token t + 1 and predicts the target's distribution at t + 1
         logits = head.ttt_logits(torch.cat([seq, seq[:, -1:]], 1), aux, 1)[0][0].float()
+        drawn_1: dict[int, float] = {}
         for t in range(start - 1, n - 2):
             p = to_probs(out.logits[0, t + 1, :vocab].float(), cfg)
             q = to_probs(head.to_target_vocab(logits[t])[:vocab], cfg)
@@ -106,5 +151,12 @@ def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *,
             for name, value in row.items():
                 sums[name] = sums.get(name, 0.0) + value
             positions += 1
+            drawn_1[t] = row["drawn_1"]
+        for length, decoded in seen:        # a round after `length` tokens drafts its first token at t = length - 2
+            if length - 2 in drawn_1:       # (a round always has a token after it: the answer goes on)
+                at_starts.append(drawn_1[length - 2])
+                error = max(error, float((decoded.float() - logits[length - 2]).abs().max()))
     check(positions > 0, "no answer was long enough to draft for (2 tokens or more)")
-    return {"positions": positions, **{name: value / positions for name, value in sums.items()}}
+    return {"positions": positions, **{name: value / positions for name, value in sums.items()},
+            "rounds": rounds, "decoded_1": accepted / max(rounds, 1),
+            "round_drawn_1": sum(at_starts) / max(len(at_starts), 1), "round_logit_error": error}
