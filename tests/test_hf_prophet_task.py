@@ -330,6 +330,8 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     report = json.loads((out / "results.json").read_text())
     assert report["settings"]["few_rows"] is True                  # auto: float32 on the CPU
     assert "few-row linear layers" in (out / "table.md").read_text()
+    assert "the median over 2 rounds in one process" in (out / "table.md").read_text()
+    assert "the median over 1 round in one process" in (tmp_path / "b1" / "table.md").read_text()
     methods = ["plain", "prophet (trained)", "student (distilled)", "prompt lookup (transformers, n=3)",
                "random head (untrained)"]
     lookup = methods[3]

@@ -258,6 +258,11 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
         layers = ("few-row linear layers (W @ x.T, specdec_models/few_rows.py)" if settings.get("few_rows")
                   else "torch's own linear layers")
         lines += ["", f"Target and drafters in {settings['dtype']}, {layers}."]
+    if "rounds" in settings:
+        n = settings["rounds"]
+        lines += ["", f"Speed-up: plain decoding's seconds over the method's, the median over {n} round{'s' * (n > 1)} "
+                      "in one process; within a round every method decodes a batch of prompts before the next batch "
+                      "(at batch 1: prompt by prompt)."]
     agree = [f"{r.get('prompt_set', '')} b{r['batch']} {r['method']}: {r['greedy_agreement']:.2f}"
              for r in report["rows"] if r.get("greedy_agreement") is not None and r["method"] != "plain"]
     if agree:
