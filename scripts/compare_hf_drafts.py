@@ -196,7 +196,9 @@ def acceptance(args, loaded) -> list[str]:
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items()), flush=True)
     keys = [k for k in rows[0] if k not in ("head", "prompt_set", "temperature")]
     lines = ["| head | prompts | T | " + " | ".join(keys) + " |", "|---|---|---|" + "---:|" * len(keys)]
-    cells = [" | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys) for r in rows]
+    fmt = {"round_logit_error": ".1e"}                        # rounding-sized where the head's cache is right
+    cells = [" | ".join(format(r[k], fmt.get(k, ".3f")) if isinstance(r[k], float) else str(r[k]) for k in keys)
+             for r in rows]
     lines += [f"| {r['head']} | {r['prompt_set']} | {r['temperature']:g} | {c} |" for r, c in zip(rows, cells)]
     note = (f"First draft position, {args.count} prompts per set, answers of up to {args.max_new_tokens} tokens "
             f"sampled by the target (drafted by the head in chains of {args.gamma}), "
