@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     # on the AMD EPYC (AVX2, fp32) 2 rounds took the comparison 31.6 minutes and the recipe to 104.7 (README, "On the
-    # EPYC the recipe overran its 90 minutes"); at batch 1 one round is still interleaved prompt by prompt
+    # EPYC the recipe first overran its 90 minutes"); at batch 1 one round is still interleaved prompt by prompt
     parser.add_argument("--compare-rounds", type=int, default=None,
                         help="interleaved rounds of every method in the comparison (default 1 on a CPU, 2 with "
                              "--device cuda)")

@@ -12,8 +12,8 @@ load: the median over rounds of (plain seconds / drafter seconds), each summed o
 batches. Tokens per call, per-position acceptance, acceptance rate and alpha are exact counts over
 the same runs (every round, at temperature 1 with another seed); prompt lookup's target calls are
 counted with a forward hook. Every row emits exactly `max_new_tokens` tokens (no EOS), so the
-times compare. A drafter's keyword arguments may hold its
-own "gamma" (each drafter at the gamma that suits its cost and acceptance).
+times compare. A drafter's keyword arguments may hold its own "gamma" (each drafter at the gamma
+that suits its cost and acceptance).
 
 `compare_hf(loaded, target, prompt_sets, HFDrafters(...))` is scripts/compare_hf_drafts.py's
 comparison: the drafters of one Hugging Face target (eagle3 heads in any layout, a prophet head,
@@ -260,9 +260,9 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
         lines += ["", f"Target and drafters in {settings['dtype']}, {layers}."]
     if "rounds" in settings:
         n = settings["rounds"]
-        lines += ["", f"Speed-up: plain decoding's seconds over the method's, the median over {n} round{'s' * (n > 1)} "
-                      "in one process; within a round every method decodes a batch of prompts before the next batch "
-                      "(at batch 1: prompt by prompt)."]
+        lines += ["", (f"Speed-up: plain decoding's seconds over the method's, the median over {n} "
+                       f"round{'s' * (n > 1)} in one process; within a round every method decodes a batch of "
+                       "prompts before the next batch (at batch 1: prompt by prompt).")]
     agree = [f"{r.get('prompt_set', '')} b{r['batch']} {r['method']}: {r['greedy_agreement']:.2f}"
              for r in report["rows"] if r.get("greedy_agreement") is not None and r["method"] != "plain"]
     if agree:
