@@ -141,7 +141,7 @@ def compare(args, loaded) -> dict:
     """The comparison of the command line's drafters on its prompt sets (`train.bench.drafts.compare_hf`)."""
     from specdec_models.hf.weights import smollm2_gguf
     from train.bench.drafts import HFDrafters, compare_hf
-    from train.data.regenerate import read_prompts
+    from train.data.regenerate import read_prompts, stop_token
 
     sets = []
     for name, path in prompt_sets(args):
@@ -163,7 +163,8 @@ def compare(args, loaded) -> dict:
     result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
                         check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
-                        temperatures=tuple(args.temperatures), few_rows=few_rows)
+                        temperatures=tuple(args.temperatures), few_rows=few_rows,
+                        eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows}, **result}
 
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")
     parser.add_argument("--batch1-only", action="store_true", help="compare: leave out the batch-8 decoding")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--no-eos-stop", action="store_true",
+                        help="compare: decode --max-new-tokens whole, past the end of the answer (by default "
+                             "every method stops a row at the end of turn, with --chat, else at EOS)")
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every method")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T",

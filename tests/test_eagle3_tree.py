@@ -441,6 +441,58 @@ def test_the_comparison_interleaves_methods_prompt_by_prompt_within_a_round(monk
                    (8, "plain"): (3.0, 1.0), (8, "A"): (0.75, 4.0), (8, "B"): (6.0, 0.5)}
 
 
+def test_with_eos_the_comparison_stops_every_method_there_and_compares_token_rates(monkeypatch):
+    """Rows stopped at EOS differ in length between methods at T > 0: each speed-up is then the
+    method's tokens per second over plain decoding's, per round, and eos_id reaches every decode."""
+    from train.bench import drafts
+
+    # seconds per prompt and tokens per prompt: A emits half as many tokens in a quarter of the time
+    per_prompt = {"plain": (1.0, 8), "A": (0.25, 4)}
+    seen = []
+
+    def fake_decode(target, prompts, batch, kwargs, seed, *, eos_id, **_):
+        name = kwargs.get("name", "plain")
+        seen.append(eos_id)
+        seconds, n = per_prompt[name]
+        counts = dict.fromkeys(drafts.COUNTS, 1.0) | {"accepted_at": [1], "drafted_at": [1]}
+        return seconds * len(prompts), counts, [[0] * n for _ in prompts]
+
+    monkeypatch.setattr(drafts, "_decode", fake_decode)
+    prompts = [torch.tensor([10 + i]) for i in range(2)]
+    rows = drafts.compare_drafters(None, prompts, {"A": {"name": "A"}}, temperatures=(1.0,), batches={1: 2},
+                                   max_new_tokens=8, rounds=2, eos_id=7)
+    assert seen and set(seen) == {7}
+    got = {r["method"]: (r["tokens_per_second"], r["speedup"]) for r in rows}
+    assert got == {"plain": (8.0, 1.0), "A": (16.0, 2.0)}          # by seconds alone A would be 4x
+
+
+def test_the_comparison_stops_rows_at_eos_for_every_method(models):
+    """A real tiny target: with eos_id every method's rows end at its first EOS (plain, chain,
+    tree and transformers' prompt lookup), greedy rows still equal plain decoding's, and tokens per
+    call count only the tokens before it."""
+    from train.bench.drafts import compare_drafters
+
+    model = models["llama"]
+    head = head_for(model, draft=60, layers=[1, 2, 0])
+    prompts = ragged_prompts(lengths=(3, 9, 6))
+    free, _ = generate(model, prompts, 12, temperature=0)
+    eos = int(free[1][4])                                    # a token the greedy answers emit
+    drafters = {"eagle3": {"prophet": head}, "tree": {"prophet": head, "tree": TreeSpec(3, 2, 2)},
+                "lookup": {"prompt_lookup": 3}}
+    fixed = compare_drafters(model, prompts, drafters, gamma=3, batches={1: 3}, max_new_tokens=12, rounds=1,
+                             temperatures=(0.0,))
+    stopped = compare_drafters(model, prompts, drafters, gamma=3, batches={1: 3}, max_new_tokens=12, rounds=1,
+                               temperatures=(0.0,), eos_id=eos)
+    expect = sum(t.tolist().index(eos) + 1 if eos in t.tolist() else 12 for t in free)
+    assert expect < 3 * 12
+    for r in fixed:
+        assert r["new_tokens"] == 3 * 12
+    for r in stopped:
+        assert r["new_tokens"] == expect, r["method"]
+        assert r["greedy_equal_plain"] is True
+    assert {r["method"] for r in stopped} == {"plain", "eagle3", "tree", "lookup"}
+
+
 def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     from train.bench.hf import verify_costs
 

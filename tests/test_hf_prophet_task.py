@@ -324,9 +324,14 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     assert compare(argv) == 0, capsys.readouterr().err
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[prompts] T=")]
     assert len(progress) == 4 and "prophet (trained)" in progress[0]      # a line per (T, batch) as it ends
-    assert compare([*argv[:-1], str(tmp_path / "b1"), "--batch1-only", "--rounds", "1", "--few-rows", "off"]) == 0
+    assert compare([*argv[:-1], str(tmp_path / "b1"), "--batch1-only", "--rounds", "1", "--few-rows", "off",
+                    "--no-eos-stop"]) == 0
     b1 = json.loads((tmp_path / "b1" / "results.json").read_text())
     assert {r["batch"] for r in b1["rows"]} == {1} and b1["settings"]["few_rows"] is False
+    for r in b1["rows"]:
+        assert r["new_tokens"] == r["prompts"] * 6                      # every row emits exactly 6 tokens
+    assert "every row decodes max_new_tokens" in (tmp_path / "b1" / "table.md").read_text()
+    assert "every row stops at the end of its answer" in (out / "table.md").read_text()
     report = json.loads((out / "results.json").read_text())
     assert report["settings"]["few_rows"] is True                  # auto: float32 on the CPU
     assert "few-row linear layers" in (out / "table.md").read_text()
@@ -342,7 +347,10 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     assert [(r["temperature"], r["batch"], r["method"]) for r in rows] == expected
     for r in rows:
         assert r["prompt_set"] == "prompts" and r["speedup"] > 0
-        assert r["new_tokens"] == 2 * r["prompts"] * 6                  # every row emits exactly 6 tokens, 2 rounds
+        assert r["new_tokens"] <= 2 * r["prompts"] * 6                  # up to 6 tokens a row (to <|im_end|>), 2 rounds
+        if r["temperature"] == 0:                                         # greedy: every method emits plain's rows
+            assert r["new_tokens"] == next(p["new_tokens"] for p in rows if p["method"] == "plain"
+                                           and p["batch"] == r["batch"] and p["temperature"] == 0)
         assert r["tokens_per_call"] == pytest.approx(r["new_tokens"] / r["row_calls"])
         assert (r["acceptance_rate"] is None) == (r["method"] in ("plain", lookup))
         assert r["method"] != "plain" or r["tokens_per_call"] == 1

@@ -11,9 +11,11 @@ prompt by prompt) in one process, so each speed-up is a ratio of runs that saw t
 load: the median over rounds of (plain seconds / drafter seconds), each summed over the round's
 batches. Tokens per call, per-position acceptance, acceptance rate and alpha are exact counts over
 the same runs (every round, at temperature 1 with another seed); prompt lookup's target calls are
-counted with a forward hook. Every row emits exactly `max_new_tokens` tokens (no EOS), so the
-times compare. A drafter's keyword arguments may hold its own "gamma" (each drafter at the gamma
-that suits its cost and acceptance).
+counted with a forward hook. Without `eos_id` every row emits exactly `max_new_tokens` tokens, so
+the times compare; with it every method stops a row at that token, as a user's decoding does (a
+chat answer ends at `<|im_end|>`), and each speed-up is a ratio of token rates (at T > 0 the
+methods' answers differ in length). A drafter's keyword arguments may hold its own "gamma" (each
+drafter at the gamma that suits its cost and acceptance).
 
 `compare_hf(loaded, target, prompt_sets, HFDrafters(...))` is scripts/compare_hf_drafts.py's
 comparison: the drafters of one Hugging Face target (eagle3 heads in any layout, a prophet head,
@@ -79,19 +81,20 @@ def _add(a: list[int], b: list[int]) -> list[int]:
 
 
 def _prompt_lookup(target: Any, prompts: list[Tensor], n: int, seed: int, *, max_new_tokens: int,
-                   temperature: float, gamma: int = 5, vocab_size: int | None = None) -> tuple[float, dict, list]:
+                   temperature: float, gamma: int = 5, vocab_size: int | None = None,
+                   eos_id: int | None = None) -> tuple[float, dict, list]:
     """transformers' prompt-lookup decoding of each prompt alone (its assisted generation takes
-    one row); the target's forward calls are counted with a hook (the prefill is one, as in
-    `generate`'s row_calls)."""
+    one row), stopped at `eos_id` like the other methods; the target's forward calls are counted
+    with a hook (the prefill is one, as in `generate`'s row_calls)."""
     from transformers import GenerationConfig
 
-    # exactly max_new_tokens like the other methods: a stop id no token has (min_new_tokens would
-    # instead mask the EOS logit, which changes greedy output where EOS is the argmax)
-    never = int(target.get_output_embeddings().weight.shape[0]) + 1
+    # without eos_id exactly max_new_tokens like the other methods: a stop id no token has
+    # (min_new_tokens would instead mask the EOS logit, which changes greedy output where EOS is the argmax)
+    stop = int(target.get_output_embeddings().weight.shape[0]) + 1 if eos_id is None else eos_id
     sample = temperature > 0
     config = GenerationConfig(**{**target.generation_config.to_dict(), "max_new_tokens": max_new_tokens,
-                                 "prompt_lookup_num_tokens": n, "do_sample": sample, "eos_token_id": never,
-                                 "pad_token_id": never, "temperature": temperature if sample else None,
+                                 "prompt_lookup_num_tokens": n, "do_sample": sample, "eos_token_id": stop,
+                                 "pad_token_id": stop, "temperature": temperature if sample else None,
                                  "top_k": None, "top_p": None, "repetition_penalty": None})
     calls = [0]
     hook = target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
@@ -115,22 +118,24 @@ def _prompt_lookup(target: Any, prompts: list[Tensor], n: int, seed: int, *, max
 def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *, gamma: int = 5,
                      temperatures: tuple[float, ...] = (0.0, 1.0), batches: dict[int, int] | None = None,
                      max_new_tokens: int = 64, rounds: int = 2, seed: int = 0,
-                     vocab_size: int | None = None, report: Callable[[str], Any] | None = None,
-                     ) -> list[dict[str, Any]]:
+                     vocab_size: int | None = None, eos_id: int | None = None,
+                     report: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
     """One row per (temperature, batch size, method): tokens_per_call, acceptance_rate, alpha,
-    seconds (median over rounds), tokens_per_second, speedup over plain decoding (median of the
-    per-round ratios), at temperature 0 greedy_equal_plain (every row's tokens equal plain
-    decoding's, every round), and the counts summed over the rounds (new_tokens, row_calls,
-    drafted, accepted: tokens_per_call = new_tokens / row_calls), and at temperature 0
-    greedy_agreement, the mean fraction of a row emitted before its first difference from plain
-    decoding (in bf16 a multi-token verify may round differently from a 1-token step). `batches`: batch size -> how many of `prompts` are decoded at that
-    size (default {1: 4, 8: all}). `report` gets a line per (temperature, batch size) when it is
-    done: each method's tokens per call and speed-up so far (a comparison runs for minutes)."""
+    seconds (median over rounds), tokens_per_second (median over rounds), speedup over plain
+    decoding (the median of the per-round ratios of token rates: of seconds, where every row emits
+    max_new_tokens; rows stop at `eos_id` when it is given), at temperature 0 greedy_equal_plain
+    (every row's tokens equal plain decoding's, every round), and the counts summed over the rounds
+    (new_tokens, row_calls, drafted, accepted: tokens_per_call = new_tokens / row_calls), and at
+    temperature 0 greedy_agreement, the mean fraction of a row emitted before its first difference
+    from plain decoding (in bf16 a multi-token verify may round differently from a 1-token step).
+    `batches`: batch size -> how many of `prompts` are decoded at that size (default {1: 4, 8:
+    all}). `report` gets a line per (temperature, batch size) when it is done: each method's
+    tokens per call and speed-up so far (a comparison runs for minutes)."""
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
     check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
           "rounds must be >= 1 and each batch size decode between 1 and len(prompts) prompts")
     every = {"plain": {}, **drafters}
-    settings = dict(max_new_tokens=max_new_tokens, gamma=gamma, vocab_size=vocab_size)
+    settings = dict(max_new_tokens=max_new_tokens, gamma=gamma, vocab_size=vocab_size, eos_id=eos_id)
     rows = []
     for temperature in temperatures:
         for batch, count in batches.items():
@@ -142,12 +147,14 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                 _decode(target, chosen[:batch], batch, kwargs, seed, temperature=temperature,
                         **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
             seconds: dict[str, list[float]] = {name: [] for name in methods}
+            emitted: dict[str, list[int]] = {name: [] for name in methods}       # new tokens per round
             totals: dict[str, dict[str, float]] = {}
             equal, plain = dict.fromkeys(methods, True), []
             agree: dict[str, list[float]] = {name: [] for name in methods}
             for r in range(rounds):
                 for name in methods:
                     seconds[name].append(0.0)
+                    emitted[name].append(0)
                 # interleaved batch by batch too (at batch 1: A, B, ... on the first prompt, then on the
                 # second), so that even one round times every method beside the others
                 for i in range(0, count, batch):
@@ -155,12 +162,14 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                         s, counts, tokens = _decode(target, chosen[i:i + batch], batch, kwargs, seed + 1000 * r + i,
                                                     temperature=temperature, **settings)
                         seconds[name][-1] += s
+                        emitted[name][-1] += sum(len(t) for t in tokens)
                         old = totals.get(name, {})
                         totals[name] = {k: _add(old.get(k, []), v) if isinstance(v, list) else old.get(k, 0.0) + v
                                         for k, v in counts.items()}
                         plain = tokens if name == "plain" else plain
                         equal[name] = equal[name] and tokens == plain
                         agree[name] += [_common_prefix(a, b) / max(len(b), 1) for a, b in zip(tokens, plain)]
+            rate = {name: [n / s for n, s in zip(emitted[name], seconds[name])] for name in methods}
             for name in methods:
                 c = totals[name]
                 rows.append({
@@ -170,8 +179,8 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "alpha": c["alpha_sum"] / c["alpha_count"] if c["alpha_count"] else None,
                     "per_position_acceptance": [a / d if d else None for a, d in zip(c["accepted_at"], c["drafted_at"])],
                     "seconds": statistics.median(seconds[name]),
-                    "tokens_per_second": count * max_new_tokens / statistics.median(seconds[name]),
-                    "speedup": statistics.median(b / s for b, s in zip(seconds["plain"], seconds[name])),
+                    "tokens_per_second": statistics.median(rate[name]),
+                    "speedup": statistics.median(r / b for b, r in zip(rate["plain"], rate[name])),
                     "greedy_equal_plain": equal[name] if temperature == 0 else None,
                     "greedy_agreement": statistics.mean(agree[name]) if temperature == 0 else None,
                     # the exact counts the rates come from, over every round
@@ -260,7 +269,10 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
         lines += ["", f"Target and drafters in {settings['dtype']}, {layers}."]
     if "rounds" in settings:
         n = settings["rounds"]
-        lines += ["", (f"Speed-up: plain decoding's seconds over the method's, the median over {n} "
+        stopped = settings.get("no_eos_stop") is False          # earlier reports decoded a fixed length
+        ratio = ("the method's tokens per second over plain decoding's (every row stops at the end of its answer)"
+                 if stopped else "plain decoding's seconds over the method's (every row decodes max_new_tokens)")
+        lines += ["", (f"Speed-up: {ratio}, the median over {n} "
                        f"round{'s' * (n > 1)} in one process; within a round every method decodes a batch of "
                        "prompts before the next batch (at batch 1: prompt by prompt).")]
     agree = [f"{r.get('prompt_set', '')} b{r['batch']} {r['method']}: {r['greedy_agreement']:.2f}"
@@ -331,7 +343,7 @@ class HFDrafters:
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
                batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0),
-               few_rows: bool = False) -> dict[str, Any]:
+               few_rows: bool = False, eos_id: int | None = None) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
     `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all; not
     without `batch8`),
@@ -341,7 +353,8 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     Everything runs on `device` ("cpu", "cuda"); each method's time ends with its tokens copied to
     the host, so a GPU's queued work is inside it. `few_rows` switches the target's and every
     drafter's linear layers to `few_rows.FewRowsLinear` (plain decoding and prompt lookup included;
-    the fp32 check against transformers keeps torch's own layers).
+    the fp32 check against transformers keeps torch's own layers). `eos_id`: every method stops a
+    row there (the check against transformers decodes `max_new_tokens` whole, a stricter test).
     Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
     from specdec_models.hf.weights import load_causal_lm
 
@@ -355,7 +368,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
                                     temperatures=tuple(temperatures),
                                     batches={1: batch1_count, **({8: len(prompts)} if batch8 else {})},
-                                    vocab_size=len(loaded.tokenizer),
+                                    vocab_size=len(loaded.tokenizer), eos_id=eos_id,
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
     del model, built
