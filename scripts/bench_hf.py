@@ -7,6 +7,7 @@ side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tok
     python scripts/bench_hf.py --hf-model DIR --batch 8 --json out.json
     python scripts/bench_hf.py --verify-cost 5 9 16 28 --dtype bfloat16   # a call on n tokens / a 1-token step
     python scripts/bench_hf.py --verify-cost 4 8 16 --few-rows            # also with specdec_models/few_rows.py
+                                                                          # (torch's kernel, and numba's if installed)
 """
 
 from __future__ import annotations

@@ -166,7 +166,10 @@ def compare(args, loaded) -> dict:
                         temperatures=tuple(args.temperatures), few_rows=few_rows,
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
-    return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows}, **result}
+    from specdec_models.few_rows import kernel
+
+    return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel()},
+            **result}
 
 
 def acceptance(args, loaded) -> list[str]:

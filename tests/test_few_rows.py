@@ -1,14 +1,33 @@
 """Few-row linear layers (`specdec_models.few_rows`): the same function as `F.linear` up to fp32
-rounding at every row count, torch's own path for training and large calls, switched in place
-and back without touching weights, and greedy decoding through them still the target's own."""
+rounding at every row count with either kernel (torch's, numba's), torch's own path for training
+and large calls, switched in place and back without touching weights, and greedy decoding through
+them still the target's own."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_models import SpecdecError
-from specdec_models.few_rows import MAX_ROWS, FewRowsLinear, few_rows_pays, resolve_few_rows, use_few_rows
+from specdec_models import SpecdecError, few_rows_kernel
+from specdec_models.few_rows import (
+    MAX_ROWS,
+    FewRowsLinear,
+    few_rows_pays,
+    kernel,
+    resolve_few_rows,
+    set_kernel,
+    use_few_rows,
+)
+
+
+@pytest.fixture(params=["torch", "numba"])
+def each_kernel(request):
+    """Run the test with each few-row kernel (numba's where numba is installed), then restore it."""
+    if request.param == "numba" and not few_rows_kernel.available():
+        pytest.skip("numba is not installed (pip install 'specdec[fast]')")
+    before = set_kernel(request.param)
+    yield request.param
+    set_kernel(before)
 
 
 def _layer(bias: bool, seed: int = 0) -> nn.Linear:
@@ -20,7 +39,7 @@ def _layer(bias: bool, seed: int = 0) -> nn.Linear:
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (2, 48), (3, 5, 48), (MAX_ROWS, 48), (1, MAX_ROWS + 1, 48)])
-def test_few_rows_compute_f_linear_up_to_rounding(bias, shape):
+def test_few_rows_compute_f_linear_up_to_rounding(bias, shape, each_kernel):
     layer = _layer(bias)
     assert type(layer) is FewRowsLinear
     x = torch.randn(*shape)
@@ -34,7 +53,7 @@ def test_few_rows_compute_f_linear_up_to_rounding(bias, shape):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_calls_that_record_gradients_and_large_calls_take_torchs_own_path():
+def test_calls_that_record_gradients_and_large_calls_take_torchs_own_path(each_kernel):
     layer = _layer(True)
     x = torch.randn(4, 48, requires_grad=True)
     got = layer(x)                                   # training: F.linear itself, bit for bit, with gradients
@@ -65,6 +84,29 @@ def test_use_few_rows_switches_plain_linears_in_place_and_back():
         use_few_rows("model")
 
 
+def test_the_numba_kernel_is_chosen_where_it_is_installed_and_a_bad_choice_is_one_line(monkeypatch):
+    assert kernel() == ("numba" if few_rows_kernel.available() else "torch")
+    with pytest.raises(SpecdecError, match="must be one of numba, torch"):
+        set_kernel("mkl")
+    monkeypatch.setattr(few_rows_kernel, "available", lambda: False)
+    with pytest.raises(SpecdecError, match="needs numba") as err:
+        set_kernel("numba")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
+def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kernel, monkeypatch):
+    # with the numba kernel chosen an fp32 call goes through it; bf16 and torch's kernel do not
+    calls = []
+    real = few_rows_kernel.matmul_wt
+    monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w: calls.append(x.shape) or real(x, w))
+    layer = _layer(True)
+    with torch.no_grad():
+        layer(torch.randn(3, 48))
+        layer.to(torch.bfloat16)(torch.randn(3, 48, dtype=torch.bfloat16))
+    assert calls == ([(3, 48)] if each_kernel == "numba" else [])
+
+
 def test_the_rule_is_fp32_on_a_cpu_and_the_setting_is_checked():
     assert few_rows_pays("cpu", torch.float32) and few_rows_pays(torch.device("cpu"), torch.float32)
     assert not few_rows_pays("cpu", torch.bfloat16) and not few_rows_pays("cuda", torch.float32)
@@ -74,7 +116,7 @@ def test_the_rule_is_fp32_on_a_cpu_and_the_setting_is_checked():
         resolve_few_rows("yes", "cpu", torch.float32)
 
 
-def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path):
+def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, each_kernel):
     # a tiny Llama target and an eagle3 head, both switched: chain and tree decoding emit what
     # transformers' generate() emits with torch's own layers
     pytest.importorskip("transformers")

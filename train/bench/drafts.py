@@ -264,8 +264,10 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
     settings = report.get("settings", {})
     if "dtype" in settings:
-        layers = ("few-row linear layers (W @ x.T, specdec_models/few_rows.py)" if settings.get("few_rows")
-                  else "torch's own linear layers")
+        numba = settings.get("few_rows_kernel") == "numba"
+        layers = ("torch's own linear layers" if not settings.get("few_rows") else
+                  "few-row linear layers (numba's kernel, specdec_models/few_rows_kernel.py)" if numba else
+                  "few-row linear layers (W @ x.T, specdec_models/few_rows.py)")
         lines += ["", f"Target and drafters in {settings['dtype']}, {layers}."]
     if "rounds" in settings:
         n = settings["rounds"]

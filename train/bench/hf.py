@@ -127,10 +127,12 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     (`HFDecoder`, batch 1, after `context` random tokens): {"chain": {n: ratio}, "tree": {n:
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
     drafting does. `few_rows` adds "chain, few rows" and "tree, few rows": the same calls with the
-    model's linear layers switched to `few_rows.FewRowsLinear` (and back after each). Medians over
-    `repeats` rounds, every size, mask and layer kind interleaved within a round; the unit is the
-    chain's 1-token call with torch's own layers."""
-    from specdec_models.few_rows import FewRowsLinear, use_few_rows
+    model's linear layers switched to `few_rows.FewRowsLinear` (and back after each) on torch's
+    kernel, and where numba is installed "chain, few rows, numba" and "tree, few rows, numba" on
+    numba's (`few_rows_kernel`). Medians over `repeats` rounds, every size, mask and layer kind
+    interleaved within a round; the unit is the chain's 1-token call with torch's own layers."""
+    from specdec_models import few_rows_kernel
+    from specdec_models.few_rows import FewRowsLinear, kernel, set_kernel, use_few_rows
     from specdec_models.hf import HFDecoder
 
     check(1 in sizes and all(isinstance(n, int) and n >= 1 for n in sizes),
@@ -142,11 +144,14 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     vocab = target.vocab_size
     ctx = torch.randint(0, vocab, (1, context), generator=g)
     kinds = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
+    kinds += ["chain, few rows, numba", "tree, few rows, numba"] if few_rows and few_rows_kernel.available() else []
     times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in kinds}
+    before = kernel()
     try:
         for _ in range(repeats):
             for (kind, n), seconds in times.items():
-                use_few_rows(model, kind.endswith("few rows"))
+                use_few_rows(model, "few rows" in kind)
+                set_kernel("numba" if kind.endswith("numba") else "torch")
                 cache = target.new_cache(1, context + n + 1)
                 target(ctx, cache=cache)
                 tokens = torch.randint(0, vocab, (1, n), generator=g)
@@ -156,6 +161,7 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
                 seconds.append(time.perf_counter() - t0)
     finally:
         use_few_rows(model, False)
+        set_kernel(before)
     unit = statistics.median(times["chain", 1])
     return {m: {n: round(statistics.median(times[m, n]) / unit, 3) for n in sizes} for m in kinds}
 

@@ -1,0 +1,93 @@
+"""A numba kernel for `few_rows.FewRowsLinear`: out = x @ W.T for 1 to 32 rows of fp32 on a CPU.
+
+Decoding reads every weight once per call and multiplies it by few rows, so a call should cost
+about what reading the weights costs. MKL does not get there on the AMD EPYC host (AVX2, 2
+threads, README "Few-row fp32 matmuls"): SmolLM2-135M's 210 decoder-layer products (425 MB of
+fp32 weights; the host streams about 24 GB/s, so 18 ms is the floor) take 35-45 ms for one row
+and 50-70 ms for 8. This kernel streams each weight row once and takes its dot products with the
+rows of x four at a time while the weight row sits in L1 (each x row is read from cache), the
+output rows split between threads. In a scratch timing of those 210 products (random weights, 2
+threads) it took 23 ms for one row, 28 for 4, 40 for 8 and 48 for 16, where torch's few-row path
+took 37-48, 35-44, 52-71 and 50-67; whole target calls: `python scripts/bench_hf.py --verify-cost
+2 4 8 --few-rows` and README "A numba kernel for few rows". It is plain numba
+(`njit(parallel=True, fastmath=True)`): LLVM vectorises the dot products for the host's own
+instructions.
+
+Other rounding: `fastmath` lets LLVM reorder each dot product's sums (8 partial sums per vector
+lane, then a horizontal add), so outputs differ from `F.linear`'s in the last bits, as the torch
+few-row path's already do. Numba is optional (`pip install specdec[fast]`): `available()` says
+whether it is installed, and `few_rows` falls back to torch's matmul without it. The kernel compiles
+on its first call (a few seconds; cached beside this file where that is writable).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import cache
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def available() -> bool:
+    """Whether numba is installed, so `matmul_wt` can run (it is imported on the first product:
+    importing it costs about a second)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+@cache
+def _compiled():
+    """The kernel, compiled on first use (numba's cache keeps the machine code beside this file)."""
+    import numba
+
+    @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+    def xwt(w, x, out):                    # pragma: no cover - compiled; checked against F.linear in the tests
+        n_out, k_in = w.shape
+        rows = x.shape[0]
+        for n in numba.prange(n_out):
+            r = 0
+            while r + 4 <= rows:                        # four rows of x per pass over the weight row
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                for k in range(k_in):
+                    wk = w[n, k]
+                    a0 += wk * x[r, k]
+                    a1 += wk * x[r + 1, k]
+                    a2 += wk * x[r + 2, k]
+                    a3 += wk * x[r + 3, k]
+                out[r, n] = a0
+                out[r + 1, n] = a1
+                out[r + 2, n] = a2
+                out[r + 3, n] = a3
+                r += 4
+            while r + 2 <= rows:
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                for k in range(k_in):
+                    wk = w[n, k]
+                    a0 += wk * x[r, k]
+                    a1 += wk * x[r + 1, k]
+                out[r, n] = a0
+                out[r + 1, n] = a1
+                r += 2
+            if r < rows:
+                a0 = np.float32(0.0)
+                for k in range(k_in):
+                    a0 += w[n, k] * x[r, k]
+                out[r, n] = a0
+
+    return numba, xwt
+
+
+def matmul_wt(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight.T for x (rows, in) and weight (out, in), both fp32 CPU tensors: a new (rows, out)
+    tensor. The caller checks dtype, device and that no gradient is wanted (`few_rows`)."""
+    numba, xwt = _compiled()
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    xwt(weight.detach().contiguous().numpy(), x.numpy(), out.numpy())
+    return out
