@@ -154,7 +154,7 @@ def compare(args, loaded) -> dict:
     drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
-    from specdec_models.few_rows import resolve_few_rows
+    from specdec_models.few_rows import kernel, resolve_few_rows
     from specdec_models.hardware import resolve_dtype
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
@@ -166,8 +166,6 @@ def compare(args, loaded) -> dict:
                         temperatures=tuple(args.temperatures), few_rows=few_rows,
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
-    from specdec_models.few_rows import kernel
-
     return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel()},
             **result}
 

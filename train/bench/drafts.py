@@ -2,20 +2,21 @@
 
 `compare_drafters(target, prompts, drafters)` decodes the same prompts plainly and with each
 drafter (`generate`'s keyword arguments: {"prophet": head} or {"draft": model}, or
-{"prompt_lookup": n}: transformers' own prompt-lookup decoding, `generate(prompt_lookup_num_tokens=n)`,
-which needs no training and decodes one row at a time, so it runs at batch 1 only, as does tree
-drafting, {"prophet": head, "tree": TreeSpec(...)}), at each
+{"prompt_lookup": n}: transformers' own prompt-lookup decoding,
+`generate(prompt_lookup_num_tokens=n)`, which needs no training and decodes one row at a time, so
+it runs at batch 1 only, as does tree drafting, {"prophet": head, "tree": TreeSpec(...)}), at each
 temperature and batch size, interleaved round by round and, within a round, batch by batch (base,
 A, B, ... on the first batch of prompts, then on the next: at batch 1 even one round interleaves
 prompt by prompt) in one process, so each speed-up is a ratio of runs that saw the same machine
-load: the median over rounds of (plain seconds / drafter seconds), each summed over the round's
-batches. Tokens per call, per-position acceptance, acceptance rate and alpha are exact counts over
-the same runs (every round, at temperature 1 with another seed); prompt lookup's target calls are
-counted with a forward hook. Without `eos_id` every row emits exactly `max_new_tokens` tokens, so
-the times compare; with it every method stops a row at that token, as a user's decoding does (a
-chat answer ends at `<|im_end|>`), and each speed-up is a ratio of token rates (at T > 0 the
-methods' answers differ in length). A drafter's keyword arguments may hold its own "gamma" (each
-drafter at the gamma that suits its cost and acceptance).
+load: the median over rounds of (drafter tokens/s) / (plain tokens/s), each over the round's
+batches (plain seconds / drafter seconds where every row emits the same tokens). Tokens per call,
+per-position acceptance, acceptance rate and alpha are exact counts over the same runs (every
+round, at temperature 1 with another seed); prompt lookup's target calls are counted with a forward
+hook. Without `eos_id` every row emits exactly `max_new_tokens` tokens, so the times compare; with
+it every method stops a row at that token, as a user's decoding does (a chat answer ends at
+`<|im_end|>`), and each speed-up is a ratio of token rates (at T > 0 the methods' answers differ in
+length). A drafter's keyword arguments may hold its own "gamma" (each drafter at the gamma that
+suits its cost and acceptance).
 
 `compare_hf(loaded, target, prompt_sets, HFDrafters(...))` is scripts/compare_hf_drafts.py's
 comparison: the drafters of one Hugging Face target (eagle3 heads in any layout, a prophet head,
