@@ -247,3 +247,80 @@ def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, t
     assert row["round_logit_error"] < 1e-4
     table = (out / "table.md").read_text()
     assert "round_drawn_1" in table and "chains of 3" in table
+
+
+# ---------------------------------------------------------------- starting from an export
+
+@pytest.fixture(scope="module")
+def start_export(hf, tmp_path_factory):
+    """An hf_eagle3 export for the Llama target with an 8-token draft vocabulary and random weights:
+    what head.init_from starts from."""
+    from specdec_models.export import save_export
+    from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
+
+    target = load_causal_lm(hf["llama"]).eval()
+    config = Eagle3Config.for_target(target, draft_vocab_size=8, aux_layers=[0, 1, 2],
+                                     vocab_size=len(load_tokenizer(hf["llama"])))
+    torch.manual_seed(5)
+    head = Eagle3Head(config, target, torch.tensor([2, 3, 5, 8, 13, 21, 30, 34]))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p))                 # not the weights a fresh head starts with
+    return save_export(tmp_path_factory.mktemp("start") / "export", head)
+
+
+def test_a_head_starts_from_an_exports_weights_and_draft_vocabulary(hf, start_export, tmp_path):
+    from specdec_models.export import read_export_config, read_export_tensors
+    from train.run import validate
+    from train.tasks.hf_eagle3 import HFEagle3Module
+
+    kwargs = validate(cfg(hf, tmp_path / "r", "head.draft_vocab_size=8", f"head.init_from={start_export}"))
+    assert kwargs["draft_ids"] == [2, 3, 5, 8, 13, 21, 30, 34]        # the export's, with no token counts given
+    saved = read_export_tensors(start_export)
+    state = HFEagle3Module(**kwargs).head.state_dict()
+    assert set(state) == set(saved)
+    for name, tensor in saved.items():
+        assert torch.equal(state[name].to(tensor.dtype), tensor), name
+    tok = load_tokenizer(hf["llama"])
+    counts = counts_file(tmp_path / "c.json", tok, list(range(len(tok))))
+    fresh = HFEagle3Module(**validate(cfg(hf, tmp_path / "s", "head.draft_vocab_size=8", f"head.draft_vocab={counts}")))
+    assert not torch.equal(fresh.head.fc.weight, saved["fc.weight"])  # without init_from the head starts afresh
+
+    result = run(cfg(hf, tmp_path / "run", "head.draft_vocab_size=8", f"head.init_from={start_export}"))
+    assert result["global_step"] == 6
+    config = read_export_config(result["export_dir"])
+    assert config["metadata"]["init_from"] == {"path": str(start_export.resolve()),
+                                               "weights_sha256": read_export_config(start_export)["weights_sha256"]}
+    trained = read_export_tensors(result["export_dir"])
+    assert torch.equal(trained["d2t"], saved["d2t"])                   # the draft vocabulary kept
+    assert not torch.equal(trained["fc.weight"], saved["fc.weight"])   # and trained on
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", r"head.init_from: export directory .* does not exist"),
+    ("shapes", r"holds a head of other shapes: aux_layers \[0, 1, 2\] \(this run: \[1, 2\]\)"),
+    ("other_target", "holds a head for another target"),
+    ("other_vocab", "chooses another draft vocabulary than the export"),
+    ("with_init_layer", "head.init_from and head.init_layer=true both choose"),
+    ("not_eagle3", "holds an hf_prophet export"),
+])
+def test_a_bad_start_export_is_one_line_before_any_work(hf, start_export, tmp_path, case, message):
+    from specdec_models.export import save_export
+    from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+    from train.run import validate
+
+    tok = load_tokenizer(hf["llama"])
+    start = start_export
+    extra = {"shapes": ["head.aux_layers=[1,2]"], "with_init_layer": ["head.init_layer=true"],
+             "other_vocab": [f"head.draft_vocab={counts_file(tmp_path / 'c.json', tok, list(range(len(tok))))}"]}
+    if case == "missing":
+        start = tmp_path / "nothing"
+    if case == "not_eagle3":
+        target = load_causal_lm(hf["llama"])
+        start = save_export(tmp_path / "prophet", HFProphet(HFProphetConfig.for_target(target, dim=16, dim_head=8),
+                                                            target))
+    out = tmp_path / "run"
+    with pytest.raises(SpecdecError, match=message) as err:
+        validate(cfg(hf, out, "head.draft_vocab_size=8", f"head.init_from={start}", *extra.get(case, []),
+                     target="other" if case == "other_target" else "llama"))
+    assert "\n" not in str(err.value) and not out.exists()

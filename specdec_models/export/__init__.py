@@ -25,6 +25,7 @@ from .specdec import (
     export_hash,
     load_export,
     read_export_config,
+    read_export_tensors,
     read_json_object,
     read_main_config,
     save_export,
@@ -33,6 +34,7 @@ from .specdec import (
 __all__ = [
     "CONFIG_NAME", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HF_DRAFT_METADATA", "KINDS", "LAYOUTS",
     "assistant_generation_config", "check_export_target", "check_hf_draft_dir", "config_sha256", "describe_export",
-    "detect_layout", "export_hash", "load_eagle3", "load_export", "read_export_config", "read_json_object",
+    "detect_layout", "export_hash", "load_eagle3", "load_export", "read_export_config", "read_export_tensors",
+    "read_json_object",
     "read_main_config", "save_eagle3", "save_export", "save_hf_draft",
 ]

@@ -335,12 +335,8 @@ def load_export(directory: str | os.PathLike, *, map_location: str | torch.devic
         except (SpecdecError, TypeError) as error:
             raise SpecdecError(f"{path}: bad model config ({_one_line(error)}): re-export the model") from None
 
-    weights = _check_weights_file(directory, config)
-    try:
-        tensors = load_file(str(weights), device="cpu")
-    except Exception as error:  # safetensors raises its own error types for a corrupt file
-        raise SpecdecError(f"cannot read weights file {weights} ({_one_line(error)}): re-export the model") from None
-
+    tensors = read_export_tensors(directory, config)
+    weights = directory / config["weights"]
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     check(not missing and not unexpected,
@@ -356,6 +352,19 @@ def load_export(directory: str | os.PathLike, *, map_location: str | torch.devic
         raise SpecdecError(f"{weights} does not match the config in {path} ({_one_line(error)}): "
                            f"re-export the model") from None
     return (model if isinstance(model, (HFProphet, Eagle3Head)) else model.to(map_location)).eval()
+
+
+def read_export_tensors(directory: str | os.PathLike, config: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The weights of an export as saved (name -> CPU tensor, in the export's dtype), after checking
+    the file's hash and that it belongs to config.json (`config`: that file, already read): what
+    `load_export` loads, and what a training run that starts from an export copies in full precision."""
+    directory = Path(directory)
+    config = read_export_config(directory) if config is None else config
+    weights = _check_weights_file(directory, config)
+    try:
+        return load_file(str(weights), device="cpu")
+    except Exception as error:  # safetensors raises its own error types for a corrupt file
+        raise SpecdecError(f"cannot read weights file {weights} ({_one_line(error)}): re-export the model") from None
 
 
 def _head(directory: Path, config: dict[str, Any], target: Any) -> Head:

@@ -21,7 +21,10 @@ and another target's is refused in one line. `head.draft_vocab_size: null` keeps
 vocabulary (no file needed). `head.train_lm_head`: the LM head's rows start from the target's and
 train, or stay frozen. `head.init_layer`: the decoder layer starts as the target's layer that reads
 the highest aux layer, the fc as the identity on it (`Eagle3Head.init_layer_from`; off by default:
-README, "Starting the head's layer from the target's").
+README, "Starting the head's layer from the target's"). `head.init_from=EXPORT`: the head starts from
+an hf_eagle3 export's weights (its draft vocabulary too) and trains on, with a fresh optimizer and
+schedule: more data and steps for a head trained before. The export must be for this target and of
+this head's shapes; the run's export records where it started.
 
 Validation logs per step k the KL, the teacher-forced accuracy given every earlier step right
 (`val/ttt_accuracy/pos{k+1}`: exact for greedy decoding, a greedy token outside the draft
@@ -39,10 +42,12 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from safetensors import safe_open
 from torch import nn
 
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.export import load_export, read_export_config, read_export_tensors
 from specdec_models.hf import HFDecoder, logits_width
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
 from specdec_models.hf.weights import tokenizer_fingerprint
@@ -79,6 +84,7 @@ class Eagle3Sizes:
     draft_vocab: str | None = None            # token counts (scripts/draft_vocab.py), needed below the whole vocabulary
     train_lm_head: bool = True
     init_layer: bool = False                  # start the decoder layer (and fc) from the target's layer
+    init_from: str | None = None              # an hf_eagle3 export whose weights the head starts from
 
     def __post_init__(self) -> None:
         check_head_kind(self.kind, "eagle3")
@@ -90,6 +96,10 @@ class Eagle3Sizes:
                   f"head.aux_layers must be a list of layer indices or null, got {self.aux_layers!r}")
         check(isinstance(self.train_lm_head, bool), f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
         check(isinstance(self.init_layer, bool), f"head.init_layer must be true or false, got {self.init_layer!r}")
+        check(self.init_from is None or (isinstance(self.init_from, str) and self.init_from),
+              f"head.init_from must be an export directory or null, got {self.init_from!r}")
+        check(not (self.init_from and self.init_layer),
+              "head.init_from and head.init_layer=true both choose the head's starting weights: set one")
 
 
 # ------------------------------------------------------------------------------ token counts
@@ -115,6 +125,35 @@ def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torc
     return torch.tensor(counts, dtype=torch.long)
 
 
+# ------------------------------------------------------------------------------ a head to start from
+
+def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tuple[dict[str, Any], list[int]]:
+    """(config.json, draft vocabulary ids) of the hf_eagle3 export `head.init_from` names, checked
+    against this run's target (its weights' hash) and head shapes, before any work."""
+    try:
+        config = read_export_config(path)
+    except SpecdecError as error:
+        raise SpecdecError(f"head.init_from: {error}") from None
+    check(config["kind"] == "hf_eagle3", f"head.init_from: {path} holds an {config['kind']} export; the head starts "
+                                         f"from an hf_eagle3 export (a head trained by task=hf_eagle3)")
+    check(config["target"]["weights_sha256"] == weights_sha256,
+          f"head.init_from: {path} holds a head for another target (weights sha256 "
+          f"{config['target']['weights_sha256'][:16]}..., target.path's {weights_sha256[:16]}...)")
+    theirs = Eagle3Config.from_dict(config["prophet"]).to_dict()
+    ours = head.to_dict()
+    differ = [f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})" for k in sorted(ours) if theirs.get(k) != ours.get(k)]
+    check(not differ, f"head.init_from: {path} holds a head of other shapes: {'; '.join(differ)}: set head.aux_layers "
+                      f"and head.draft_vocab_size to the export's")
+    weights = Path(path) / config["weights"]
+    check(weights.is_file(), f"head.init_from: {weights} is missing: the export is incomplete")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            d2t = f.get_tensor("d2t")
+    except Exception as error:  # safetensors raises its own error types for a corrupt file
+        raise SpecdecError(f"head.init_from: cannot read {weights} ({' '.join(str(error).split())})") from None
+    return config, (d2t.long() + torch.arange(d2t.numel())).tolist()
+
+
 # ------------------------------------------------------------------------------ validate
 
 def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
@@ -127,11 +166,19 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     check(draft_size <= vocab, f"head.draft_vocab_size ({draft_size}) exceeds the target's vocabulary ({vocab})")
     head = Eagle3Config.for_target(model, draft_vocab_size=draft_size, aux_layers=sizes.aux_layers, vocab_size=vocab)
     draft_ids = None
-    if draft_size < vocab:
+    start = None
+    if sizes.init_from is not None:
+        start, start_ids = read_start_export(sizes.init_from, sha, head)
+    if draft_size < vocab and start is not None and sizes.draft_vocab is None:
+        draft_ids = start_ids                                   # the export's draft vocabulary
+    elif draft_size < vocab:
         counts_file = sizes.draft_vocab
         check(counts_file is not None, f"head.draft_vocab is not set: a draft vocabulary of {draft_size} < {vocab} "
                                        f"tokens is chosen from token counts (scripts/draft_vocab.py --out FILE)")
         draft_ids = choose_draft_vocab(read_token_counts(counts_file, tokenizer, vocab), draft_size).tolist()
+        check(start is None or draft_ids == start_ids,
+              f"head.draft_vocab={counts_file} chooses another draft vocabulary than the export head.init_from "
+              f"names: leave head.draft_vocab unset to keep the export's")
     seq_len = cfg.data.seq_len
     limit = HFDecoder(model).cfg.max_seq_len
     check(seq_len <= limit, f"data.seq_len ({seq_len}) exceeds the target's {limit} positions")
@@ -150,8 +197,12 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
                 "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
                 "aux_layers": head.aux_layers}
+    if start is not None:
+        metadata["init_from"] = {"path": str(Path(sizes.init_from).resolve()),
+                                 "weights_sha256": start["weights_sha256"]}
     return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
                 draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, init_layer=sizes.init_layer,
+                init_from=None if start is None else str(Path(sizes.init_from).resolve()),
                 ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), cache_layers=cache_layers,
                 metadata=metadata)
 
@@ -163,19 +214,24 @@ class HFEagle3Module(HFTargetHead, TaskModule):
 
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  draft_ids: list[int] | None = None, train_lm_head: bool = True, init_layer: bool = False,
-                 ttt_steps: int = 4, ttt_decay: float = 0.8, cache_layers: list[int] | None = None,
+                 init_from: str | None = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
+                 cache_layers: list[int] | None = None,
                  optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
                  compile: bool = False) -> None:
         """`head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the
         first draft_vocab_size, the whole vocabulary); `cache_layers`: the layers a cache's
         "embeds" concatenate, in order (None: hidden states online). The head trains in float32
-        whatever the target's `target_dtype`."""
+        whatever the target's `target_dtype`. `init_from`: an hf_eagle3 export (checked by
+        `validate`) whose weights the head starts from; a resumed run then takes its checkpoint's."""
         super().__init__(optim, seed, metadata, compile)
         self.save_hyperparameters()
         self._target = FrozenModel(self._load_target)
         ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
-        self.head = Eagle3Head(Eagle3Config.from_dict(head), self._target.get(torch.device("cpu")), ids,
-                               init_layer_from_target=init_layer).float()
+        target = self._target.get(torch.device("cpu"))
+        self.head = Eagle3Head(Eagle3Config.from_dict(head), target, ids, init_layer_from_target=init_layer).float()
+        if init_from is not None:
+            load_export(init_from, target=target)    # checks the target and that the weights fit the head
+            self.head.load_state_dict(read_export_tensors(init_from))   # copied in full precision
         self.head.lm_head.weight.requires_grad_(train_lm_head)
         if compile:
             self.head.layers.compile()
