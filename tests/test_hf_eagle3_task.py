@@ -302,7 +302,7 @@ def test_a_head_starts_from_an_exports_weights_and_draft_vocabulary(hf, start_ex
     ("other_target", "holds a head for another target"),
     ("other_vocab", "chooses another draft vocabulary than the export"),
     ("with_init_layer", "head.init_from and head.init_layer=true both choose"),
-    ("not_eagle3", "holds an hf_prophet export"),
+    ("not_eagle3", "holds an export of kind hf_prophet; the head starts from an hf_eagle3 export"),
 ])
 def test_a_bad_start_export_is_one_line_before_any_work(hf, start_export, tmp_path, case, message):
     from specdec_models.export import save_export

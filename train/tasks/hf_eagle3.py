@@ -134,8 +134,9 @@ def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tup
         config = read_export_config(path)
     except SpecdecError as error:
         raise SpecdecError(f"head.init_from: {error}") from None
-    check(config["kind"] == "hf_eagle3", f"head.init_from: {path} holds an {config['kind']} export; the head starts "
-                                         f"from an hf_eagle3 export (a head trained by task=hf_eagle3)")
+    check(config["kind"] == "hf_eagle3",
+          f"head.init_from: {path} holds an export of kind {config['kind']}; the head starts from an hf_eagle3 "
+          f"export (a head trained by task=hf_eagle3)")
     check(config["target"]["weights_sha256"] == weights_sha256,
           f"head.init_from: {path} holds a head for another target (weights sha256 "
           f"{config['target']['weights_sha256'][:16]}..., target.path's {weights_sha256[:16]}...)")
