@@ -47,7 +47,8 @@ from torch import nn
 
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
-from specdec_models.export import load_export, read_export_config, read_export_tensors
+from specdec_models.export import read_export_config, read_export_tensors
+from specdec_models.files import one_line
 from specdec_models.hf import HFDecoder, logits_width
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
 from specdec_models.hf.weights import tokenizer_fingerprint
@@ -151,7 +152,7 @@ def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tup
         with safe_open(str(weights), framework="pt") as f:
             d2t = f.get_tensor("d2t")
     except Exception as error:  # safetensors raises its own error types for a corrupt file
-        raise SpecdecError(f"head.init_from: cannot read {weights} ({' '.join(str(error).split())})") from None
+        raise SpecdecError(f"head.init_from: cannot read {weights} ({one_line(error)})") from None
     return config, (d2t.long() + torch.arange(d2t.numel())).tolist()
 
 
@@ -230,9 +231,11 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
         target = self._target.get(torch.device("cpu"))
         self.head = Eagle3Head(Eagle3Config.from_dict(head), target, ids, init_layer_from_target=init_layer).float()
-        if init_from is not None:
-            load_export(init_from, target=target)    # checks the target and that the weights fit the head
-            self.head.load_state_dict(read_export_tensors(init_from))   # copied in full precision
+        if init_from is not None:                   # validate checked its target and shapes
+            try:                                    # copied in full precision, names and shapes checked
+                self.head.load_state_dict(read_export_tensors(init_from))
+            except RuntimeError as error:
+                raise SpecdecError(f"head.init_from: {init_from} does not fit the head: {one_line(error)}") from None
         self.head.lm_head.weight.requires_grad_(train_lm_head)
         if compile:
             self.head.layers.compile()
