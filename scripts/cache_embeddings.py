@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", metavar="FILE", help="HF: prompts (.txt lines, or .jsonl with 'messages', "
                                                          "'prompt' or 'text') the target continues itself")
     parser.add_argument("--chat", action="store_true", help="HF: format prompts (or text) with the chat template")
+    parser.add_argument("--exclude-prompts-of", nargs="+", metavar="CACHE", default=[],
+                        help="HF with --prompts: leave out the prompts these regenerated caches continued (fresh "
+                             "answers for a head trained on with head.init_from)")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
                         help="--prompts: sampling temperatures, row i uses the (i mod count)-th; default 1")
     parser.add_argument("--out", required=True, help="the cache directory to write (must not exist, or --overwrite)")
@@ -94,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_minutes is not None and not args.max_minutes > 0:
             raise SpecdecError(f"--max-minutes must be > 0, got {args.max_minutes}")
         if args.export:
-            if args.data is None or args.text or args.prompts or args.layers or args.max_minutes:
-                raise SpecdecError("--export reads --data PATH (not --text, --prompts, --layers or --max-minutes)")
+            if args.data is None or args.text or args.prompts or args.layers or args.max_minutes or args.exclude_prompts_of:
+                raise SpecdecError("--export reads --data PATH (not --text, --prompts, --layers, --max-minutes or "
+                                   "--exclude-prompts-of)")
             meta = build_cache(args.export, args.data, args.out, top_k_logits=args.top_k_logits, **common)
         else:
             if args.data is not None or args.top_k_logits:
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             meta = build_hf_cache(args.hf_model or args.gguf, args.out, text=args.text, prompts=args.prompts,
                                   chat=args.chat, temperatures=args.temperatures, layers=args.layers,
                                   model_dtype=resolve_dtype(args.model_dtype, device),
-                                  max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, **common)
+                                  max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
+                                  exclude_prompts_of=args.exclude_prompts_of, **common)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

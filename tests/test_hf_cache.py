@@ -24,7 +24,7 @@ from test_hf_distill import save_model
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import load_causal_lm
 from train.data.embeddings_cache import cache_rows, check_cache, open_cache, pack_embeds, read_cache_meta, unpack_embeds
-from train.data.regenerate import build_hf_cache, stop_token
+from train.data.regenerate import build_hf_cache, continued_prompts, stop_token
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -291,6 +291,38 @@ def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, t
     assert any(f"ran out after {rows} of 12 rows" in line for line in lines)
     assert check_cache(tmp_path / "budget")["windows"] == rows and not (tmp_path / "budget.partial").exists()
     assert open_cache(tmp_path / "budget")[:].equals(open_cache(path)[:rows])
+
+
+def test_a_cache_can_leave_out_the_prompts_an_earlier_cache_continued(hf, tmp_path):
+    # the first cache continues 4 of the 8 prompts; the second, told to leave those out, continues
+    # only the other 4 (its 12 rows cycle over them), and records what it left out
+    settings = {**REGENERATED, "prompts": hf["prompts"]}
+    build_hf_cache(hf["eager"], tmp_path / "first", **{**settings, "windows": 4})
+    first = continued_prompts(tmp_path / "first")
+    lines = []
+    meta = build_hf_cache(hf["eager"], tmp_path / "second", **settings, exclude_prompts_of=[tmp_path / "first"],
+                          report=lines.append)
+    second = continued_prompts(tmp_path / "second")
+    assert len(first) == 4 and len(second) == 4 and not first & second
+    assert meta["source"]["left_out"] == {"caches": [str((tmp_path / "first").resolve())], "prompts": 4}
+    assert meta["source"]["prompt_count"] == 4
+    assert any(line.startswith("left out 4 of the 8 prompts: continued by ") for line in lines)
+
+
+def test_leaving_out_prompts_needs_a_regenerated_cache_and_prompts(hf, caches, tmp_path, capsys):
+    d, _ = caches
+    with pytest.raises(SpecdecError, match="holds no continuations of prompts .*'text_windows'.*built with --prompts"):
+        build_hf_cache(hf["eager"], tmp_path / "a", **{**REGENERATED, "prompts": hf["prompts"]},
+                       exclude_prompts_of=[d / "default"])
+    with pytest.raises(SpecdecError, match="does not exist"):
+        build_hf_cache(hf["eager"], tmp_path / "b", **{**REGENERATED, "prompts": hf["prompts"]},
+                       exclude_prompts_of=[tmp_path / "missing"])
+    status = load_script("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
+                                                   "--exclude-prompts-of", str(d / "default"),
+                                                   "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert status == 2 and err == "error: --exclude-prompts-of leaves out prompts: give --prompts\n"
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_scripts_time_budget_must_be_positive(hf, tmp_path, capsys):

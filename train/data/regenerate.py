@@ -70,7 +70,16 @@ from specdec_models.hf import HFDecoder, logits_width, text_config
 from specdec_models.hf.weights import check_source, load_causal_lm, load_config, load_tokenizer, target_identity
 from specdec_models.sampling import SamplingConfig, sample, to_probs
 
-from .embeddings_cache import CacheModel, RowSource, check_build, normalize_layers, shard_size_bytes, write_cache
+from .embeddings_cache import (
+    CacheModel,
+    RowSource,
+    check_build,
+    normalize_layers,
+    open_cache,
+    read_cache_meta,
+    shard_size_bytes,
+    write_cache,
+)
 
 PROMPT_SUFFIXES = (".txt", ".jsonl", ".json")
 
@@ -208,13 +217,17 @@ class Regenerated(RowSource):
     columns: ClassVar[dict[str, str]] = {"offset": "int64", "prompt_len": "int32", "valid_len": "int32"}
 
     def __init__(self, target: HFDecoder, prompts: list[Tensor], seq_len: int, seed: int, layers: Sequence[int],
-                 temperatures: Sequence[float] = (1.0,), source: str = "", eos_id: int | None = None) -> None:
+                 temperatures: Sequence[float] = (1.0,), source: str = "", eos_id: int | None = None,
+                 left_out: Sequence[int] = (), left_out_because: Sequence[str] = ()) -> None:
         check(len(temperatures) > 0 and all(float(t) >= 0 for t in temperatures),
               f"temperatures must be numbers >= 0, got {list(temperatures)!r}")
         check(eos_id is None or 0 <= eos_id < target.vocab_size,
               f"the stop token {eos_id} is not among the target's {target.vocab_size} tokens")
-        self.keep = [i for i, p in enumerate(prompts) if p.numel() <= seq_len // 2]
-        check(self.keep, f"every prompt is longer than seq_len // 2 = {seq_len // 2} tokens: raise seq_len")
+        skip = set(left_out)
+        check(len(skip) < len(prompts), "every prompt was left out (--exclude-prompts-of): no prompt is left to continue")
+        self.keep = [i for i, p in enumerate(prompts) if p.numel() <= seq_len // 2 and i not in skip]
+        check(self.keep, f"every prompt left is longer than seq_len // 2 = {seq_len // 2} tokens: raise seq_len")
+        self.left_out = {"caches": list(left_out_because), "prompts": len(skip)} if left_out_because else None
         self.target, self.prompts, self.vocab_size, self.layers = target, prompts, target.vocab_size, list(layers)
         self.seq_len, self.seed, self.temperatures = seq_len, seed, [float(t) for t in temperatures]
         self.source, self.eos_id = source, eos_id
@@ -223,7 +236,8 @@ class Regenerated(RowSource):
         # "states": the hidden states come from the generating calls (a partial build of the
         # second-pass rows, whose sampled tokens differ, is not resumed into this one)
         return {"kind": "regenerated", "prompts": self.source, "prompt_count": len(self.keep),
-                "temperatures": self.temperatures, "eos_id": self.eos_id, "states": "generation"}
+                "temperatures": self.temperatures, "eos_id": self.eos_id, "states": "generation",
+                **({"left_out": self.left_out} if self.left_out else {})}
 
     def prompt_index(self, i: int) -> int:
         n = len(self.keep)
@@ -247,6 +261,19 @@ class Regenerated(RowSource):
         lengths = np.array([self.prompts[i].numel() for i in index])
         return tokens, {"offset": index.astype(np.int64), "prompt_len": lengths.astype(np.int32), "valid_len": valid,
                         "embeds": states}
+
+
+def continued_prompts(cache: str | os.PathLike) -> set[tuple[int, ...]]:
+    """The prompts (token ids, as the cache's build tokenized them) whose continuations a
+    regenerated cache holds: each row's first prompt_len tokens."""
+    meta = read_cache_meta(cache)
+    check(meta.get("source", {}).get("kind") == "regenerated",
+          f"{cache} holds no continuations of prompts (its rows are {meta.get('source', {}).get('kind')!r}): "
+          f"--exclude-prompts-of takes caches built with --prompts")
+    table = open_cache(cache, meta).select_columns(["tokens", "prompt_len"])[:]
+    tokens = table.column("tokens").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(len(table), -1)
+    lengths = table.column("prompt_len").to_numpy()
+    return {tuple(row[:n].tolist()) for row, n in zip(tokens, lengths)}
 
 
 class TextWindows(RowSource):
@@ -281,17 +308,25 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
                    layers: Sequence[int] | None = None, device: str | torch.device = "cpu",
                    model_dtype: torch.dtype = torch.float32, overwrite: bool = False,
                    progress: Callable[[int], Any] | None = None,
-                   report: Callable[[str], Any] | None = None, max_seconds: float | None = None) -> dict[str, Any]:
+                   report: Callable[[str], Any] | None = None, max_seconds: float | None = None,
+                   exclude_prompts_of: Sequence[str | os.PathLike] = ()) -> dict[str, Any]:
     """Cache a Hugging Face target's hidden states at `layers` (`hidden_states` indices, negative
     ones from the end; None: the last layer, after its final norm) of `windows` rows: token
     windows of the `text` files, or the target's continuations of the `prompts` file (see the
     module docstring); `write_cache` writes (and resumes) the cache, within `max_seconds` of
-    work once the target is loaded when given (fewer rows if it runs out)."""
+    work once the target is loaded when given (fewer rows if it runs out). `exclude_prompts_of`:
+    regenerated caches whose prompts are left out (the same prompt's token ids), so that a cache
+    to train on with (`head.init_from`) holds answers to prompts the first one did not continue;
+    the cache records them (source.left_out)."""
     out = check_build(out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0, batch_size=batch_size,
                       overwrite=overwrite)
     check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     shard_size_bytes(shard_size)
     check((text is None) != (prompts is None), "give either text files or a prompts file")
+    check(not exclude_prompts_of or prompts is not None, "--exclude-prompts-of leaves out prompts: give --prompts")
+    continued: set[tuple[int, ...]] = set()
+    for cache in exclude_prompts_of:                              # read before the target loads: bad input fails fast
+        continued |= continued_prompts(cache)
     path = check_source(target, "target")
     depth = int(text_config(load_config(path, "target")).num_hidden_layers)
     layers = normalize_layers([depth] if layers is None else list(layers), depth)
@@ -304,8 +339,13 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
     decoder = HFDecoder(model, vocab)
     if prompt_ids is not None:
         check(max(int(p.max()) for p in prompt_ids) < vocab, f"the prompts hold token ids >= the target's {vocab}")
+        left_out = [i for i, p in enumerate(prompt_ids) if tuple(p.tolist()) in continued]
+        if exclude_prompts_of and report is not None:
+            report(f"left out {len(left_out):,} of the {len(prompt_ids):,} prompts: continued by "
+                   f"{', '.join(map(str, exclude_prompts_of))}")
         source: RowSource = Regenerated(decoder, prompt_ids, seq_len, seed, layers, temperatures,
-                                        str(Path(prompts).expanduser().resolve()), stop_token(tokenizer, chat))
+                                        str(Path(prompts).expanduser().resolve()), stop_token(tokenizer, chat),
+                                        left_out, [str(Path(c).expanduser().resolve()) for c in exclude_prompts_of])
     else:
         source = TextWindows(text, path, seq_len, windows, seed, chat=chat)
 
