@@ -153,7 +153,8 @@ def compare(args, loaded) -> dict:
 
     drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
-                          student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head)
+                          student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
+                          token_verify=args.token_verify)
     from specdec_models.few_rows import kernel, resolve_few_rows
     from specdec_models.hardware import resolve_dtype
 
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                              "one more path if given (LOOKUP..MAX: adaptive up to MAX), expanding only nodes of draft "
                              "probability >= MIN_PROB if given, verifying only the N most probable of the head's nodes if "
                              "nodes=N is given, e.g. 6,3,1,4..16,0.3 or 6,3,2,4..16,0.3,nodes=12 (batch 1; repeatable)")
+    parser.add_argument("--token-verify", action="store_true",
+                        help="compare: beside each eagle3 chain (and each tree of one child per node), the same drafts "
+                             "verified token by token (generate's verify='token'; block verification is the default)")
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")
     parser.add_argument("--count", type=int, default=16, help="compare: prompts decoded at batch 8")
     parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")

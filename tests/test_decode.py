@@ -210,9 +210,10 @@ def chi_square_p_value(observed, expected_probs, n):
 SETTINGS = [dict(temperature=0.7), dict(temperature=1.0, top_k=3), dict(temperature=1.4, top_p=0.7)]
 
 
+@pytest.mark.parametrize("verify", ["block", "token"])
 @pytest.mark.parametrize("method", ["draft", "prophet"])
 @pytest.mark.parametrize("setting", SETTINGS, ids=["t0.7", "t1-topk3", "t1.4-topp0.7"])
-def test_speculative_sampling_is_lossless_chi_square(method, setting):
+def test_speculative_sampling_is_lossless_chi_square(method, setting, verify):
     # Toy vocabulary of 6 tokens, distributions that depend on position and prefix (rotary
     # decoders), 3 emitted tokens (216 joint outcomes), 6,000 samples, gamma 2 so every row goes
     # through rejections, corrections and bonus tokens. Threshold p < 1e-4: a correct sampler
@@ -224,7 +225,8 @@ def test_speculative_sampling_is_lossless_chi_square(method, setting):
     cfg = SamplingConfig(**setting)
     expected = exact_joint(target, prompt, n_tokens, cfg)
     g = torch.Generator().manual_seed(1234)
-    tokens, stats = generate(target, prompt.expand(n, -1), n_tokens, gamma=2, generator=g, **setting, **kw)
+    tokens, stats = generate(target, prompt.expand(n, -1), n_tokens, gamma=2, generator=g, verify=verify, **setting,
+                             **kw)
     out = torch.stack(tokens)                                                     # (n, 3)
     index = (out * torch.tensor([vocab ** 2, vocab, 1])).sum(1)
     observed = torch.bincount(index, minlength=vocab ** n_tokens).float()
@@ -232,17 +234,27 @@ def test_speculative_sampling_is_lossless_chi_square(method, setting):
     assert chi_square_p_value(observed, expected, n) > 1e-4
 
 
-def test_chi_square_test_catches_a_correction_drawn_from_p(monkeypatch):
-    # The test above must be able to fail: sample corrections from p instead of the residual.
+def correction_from_p(monkeypatch):
+    """Patch the bug in: corrections drawn from p instead of the residual, in both verifications
+    (block's weighted residual w p, normalised, becomes p too)."""
+    import specdec_models.decode.block as block
     import specdec_models.decode.speculative as gen
-    monkeypatch.setattr(gen, "residual", lambda p, q: p)
+    for module in (gen, block):
+        monkeypatch.setattr(module, "residual", lambda p, q: p)
+
+
+@pytest.mark.parametrize("verify", ["block", "token"])
+def test_chi_square_test_catches_a_correction_drawn_from_p(monkeypatch, verify):
+    # The test above must be able to fail: sample corrections from p instead of the residual.
+    correction_from_p(monkeypatch)
     vocab, n = 6, 6000
     target = tiny(vocab=vocab, seed=11, sharpen=30.0)
     draft = tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)
     prompt = torch.tensor([1, 4, 2])
     cfg = SamplingConfig(temperature=0.7)
     g = torch.Generator().manual_seed(1234)
-    tokens, _ = generate(target, prompt.expand(n, -1), 3, draft=draft, gamma=2, generator=g, temperature=0.7)
+    tokens, _ = generate(target, prompt.expand(n, -1), 3, draft=draft, gamma=2, generator=g, temperature=0.7,
+                         verify=verify)
     index = (torch.stack(tokens) * torch.tensor([36, 6, 1])).sum(1)
     observed = torch.bincount(index, minlength=216).float()
     assert chi_square_p_value(observed, exact_joint(target, prompt, 3, cfg), n) < 1e-20

@@ -7,7 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_decode import chi_square_p_value
+from test_decode import chi_square_p_value, correction_from_p
 from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
 from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
@@ -222,8 +222,7 @@ def test_eagle3_sampling_with_a_sub_vocabulary_is_lossless_chi_square(toy, setti
 
 
 def test_eagle3_chi_square_catches_a_correction_drawn_from_p(toy, monkeypatch):
-    import specdec_models.decode.speculative as spec
-    monkeypatch.setattr(spec, "residual", lambda p, q: p)
+    correction_from_p(monkeypatch)                    # block verification's, the default, and token's
     target, head = toy
     observed, exact, _ = _samples(target, head, 6000, temperature=1.0)
     assert chi_square_p_value(observed, exact, 6000) < 1e-20

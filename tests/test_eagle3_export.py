@@ -234,6 +234,14 @@ def test_the_decoding_cli_takes_an_eagle3_head_in_each_layout(setup, capsys, lay
     assert json.loads(tree)["continuations"] == result["continuations"]
     status, _, err = cli(capsys, *common, "--tree", "3,2,1")
     assert status == 2 and "give --eagle3 DIR" in err and err.count("\n") == 1
+    sampled = [*common[:5], 1.0, *common[6:], "--eagle3", out, "--gamma", 3, "--seed", 0]
+    status, token, err = cli(capsys, *sampled, "--verify", "token")
+    assert status == 0, err
+    status, block, err = cli(capsys, *sampled)                                    # block verification, the default
+    assert status == 0, err
+    assert json.loads(token)["stats"]["method"] == json.loads(block)["stats"]["method"] == "eagle3"
+    status, _, err = cli(capsys, *sampled, "--verify", "both")
+    assert status == 2 and "invalid choice: 'both'" in err
 
 
 def _write(directory, config, tensors):

@@ -513,3 +513,25 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     assert kernel() == before                                                          # restored
     assert all(v > 0 for c in costs.values() for v in c.values())
     assert not any(isinstance(m, FewRowsLinear) for m in models["llama"].modules())     # switched back
+
+
+def test_a_sampled_chain_tree_is_block_verified_and_lossless_chi_square(toy):
+    # topk 1 makes the tree one chain of drawn nodes, cut by the 0.2 floor on its own drafted
+    # prefix: each round is block verified (decode.block). Same test and threshold as above
+    # (p < 1e-4: a correct sampler fails at most once in 10^4 runs; fixed seeds), at T=1
+    target, head = toy
+    observed, exact, stats = _samples(target, head, N, tree=TreeSpec(3, 1, 1, min_prob=0.2), temperature=1.0)
+    assert stats.per_position_acceptance[1] > 0
+    assert chi_square_p_value(observed, exact, N) > 1e-4
+
+
+def test_chain_tree_chi_square_catches_a_correction_from_p_in_block_verification(toy, monkeypatch):
+    # the test above can fail, and its rounds go through block verification: the bug patched into
+    # decode.block alone (the tree's own walk keeps its residual) gives p ~ 2e-18 from 1,000 samples
+    # (measured), far below the 1e-4 a correct sampler passes
+    from specdec_models.decode import block
+
+    monkeypatch.setattr(block, "residual", lambda p, q: p)
+    target, head = toy
+    observed, exact, _ = _samples(target, head, 1000, tree=TreeSpec(3, 1, 1), temperature=1.0)
+    assert chi_square_p_value(observed, exact, 1000) < 1e-12

@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_decode import chi_square_p_value
+from test_decode import chi_square_p_value, correction_from_p
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
 from specdec_models.decode import generate
@@ -263,8 +263,7 @@ def test_speculative_sampling_with_hf_models_is_lossless_chi_square(toy, drafter
 
 @pytest.mark.parametrize("drafter", ["draft", "prophet"])
 def test_hf_chi_square_catches_a_correction_drawn_from_p(toy, drafter, monkeypatch):
-    import specdec_models.decode.speculative as spec
-    monkeypatch.setattr(spec, "residual", lambda p, q: p)
+    correction_from_p(monkeypatch)                    # block verification's, the default, and token's
     observed, exact, _ = toy_samples(toy, drafter, 6000, temperature=1.0)
     assert chi_square_p_value(observed, exact, 6000) < 1e-20
 

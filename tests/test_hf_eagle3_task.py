@@ -249,6 +249,28 @@ def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, t
     assert "round_drawn_1" in table and "chains of 3" in table
 
 
+def test_the_comparison_times_block_and_token_verification_side_by_side(online, hf, tmp_path, capsys):
+    # --token-verify adds a token-verified twin of the chain and of each tree of one child per node
+    # (not of wider trees); at T=0 the twins emit their drafter's tokens, and the greedy check
+    # against transformers leaves them out (it checks the drafters themselves)
+    from conftest import load_script
+
+    out = tmp_path / "compare"
+    assert load_script("compare_hf_drafts").main([
+        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--tree", "3,1,1,0.2",
+        "--tree", "2,2,1", "--token-verify", "--prompts", str(hf["prompts"]), "--chat", "--count", "2",
+        "--batch1-count", "2", "--batch1-only", "--max-new-tokens", "8", "--rounds", "1", "--gamma", "3",
+        "--check-count", "1", "--dtype", "float32", "--out", str(out)]) == 0, capsys.readouterr().err
+    report = json.loads((out / "results.json").read_text())
+    methods = ["plain", "eagle3 tiny", "eagle3 tiny (token verify)", "eagle3 tiny tree 3,1,1, q >= 0.2",
+               "eagle3 tiny tree 3,1,1, q >= 0.2 (token verify)", "eagle3 tiny tree 2,2,1"]
+    assert [r["method"] for r in report["rows"]] == methods * 2            # T=0, then T=1
+    greedy = {r["method"]: r["new_tokens"] for r in report["rows"] if r["temperature"] == 0}
+    assert len(set(greedy.values())) == 1
+    assert set(report["greedy_equals_transformers_generate"]) == {m for m in methods if "token verify" not in m}
+    assert all(report["greedy_equals_transformers_generate"].values())
+
+
 # ---------------------------------------------------------------- starting from an export
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ from ..sampling import SamplingConfig
 from . import generate
 from .cost import stored_profile
 from .inputs import parse_gamma
+from .speculative import VERIFY
 from .tree import TreeSpec
 
 METHODS = ("base", "draft", "prophet", "eagle3")
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokens drafted per round (default 5), or auto: the gamma with the best predicted "
                              "speed-up, from the export's metadata speed_profile or measured on the first tokens")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
+    parser.add_argument("--verify", choices=VERIFY, default="block",
+                        help="how a sampled draft chain is accepted: block (default; decode/block.py: lossless, "
+                             "never fewer tokens per round) or token by token")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--repetition-penalty", type=float, default=None,
@@ -182,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
                              prophet=prophet, gamma=args.gamma, speed_profile=profile, temperature=sampling.temperature,
                              top_k=sampling.top_k, top_p=sampling.top_p,
-                             repetition_penalty=sampling.repetition_penalty, eos_id=args.eos_id,
+                             repetition_penalty=sampling.repetition_penalty, eos_id=args.eos_id, verify=args.verify,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
     continuations = [byte_tokenizer.decode(t) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
@@ -217,7 +221,7 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
                              top_k=sampling.top_k, top_p=sampling.top_p,
                              repetition_penalty=sampling.repetition_penalty, eos_id=eos, vocab_size=hf.vocab_size,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed),
-                             tree=args.tree)
+                             tree=args.tree, verify=args.verify)
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
 

@@ -19,8 +19,11 @@ Every round keeps this invariant per row: the target's cache holds all tokens bu
 verify call feeds [pending, d_1 .. d_gamma] and yields p_1 .. p_{gamma+1}. Draft token i is
 accepted with probability min(1, p_i(d_i) / q_i(d_i)) using its own uniform; at the first
 rejection a correction is drawn from norm(max(0, p_i - q_i)), and after gamma acceptances a bonus
-from p_{gamma+1}. p and q come from the same `sampling.to_probs`, so the output is distributed
-exactly as the processed target's tokens; temperature 0 compares argmaxes exactly.
+from p_{gamma+1} (token verification, `verify="token"`). By default a sampled chain is verified as
+a block instead (`decode.block`, Sun et al. 2024): the same draws and uniforms, a weight carried
+from token to token, never fewer accepted tokens in expectation. p and q come from the same
+`sampling.to_probs`, so the output is distributed exactly as the processed target's tokens;
+temperature 0 compares argmaxes exactly.
 
 Rows of a batch accept different counts: each row keeps its own cache length (rollback is a
 per-row length), so no row ever attends to padding or to another row's rejected tokens. Each row
@@ -46,11 +49,13 @@ from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..prophet import ProphetHead
 from ..sampling import SamplingConfig, residual, sample, to_probs
+from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
 from .stats import DecodeStats
 from .tree import TreeSpec, tree_generate
 
+VERIFY = ("block", "token")   # how a sampled chain is accepted (generate's `verify`)
 AUTO_GAMMA_MAX = 8          # gamma="auto" chooses among 1..8 (fewer when a prophet was trained for fewer)
 CALIBRATION_STEPS = 3       # plain target steps timed as the unit of c and v
 RECHOOSE_ROUNDS = 16        # after calibrating, choose again every 16 rounds from all the samples
@@ -180,6 +185,7 @@ def generate(
     speed_profile: SpeedProfile | None = None,
     repetition_penalty: float | None = None,
     tree: TreeSpec | None = None,
+    verify: str = "block",
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
@@ -209,12 +215,17 @@ def generate(
     instead of a chain, with `lookup` prompt-lookup tokens as one more path, and verifies it in one
     call (`decode.tree`: lossless at every temperature, rows one after another); the tree's depth
     takes gamma's place, so gamma must not be "auto".
+    `verify` ("block" or "token") picks how a sampled chain is accepted: block verification
+    (`decode.block`, the default: lossless, and never fewer tokens per round in expectation) or
+    token by token (the module docstring). A tree verifies by block only where its round is a
+    single chain (`decode.tree`); greedy decoding accepts the same tokens either way.
 
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
     target, draft = as_decoders(target, draft, vocab_size)
     method = check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile)
     sampling = SamplingConfig(temperature, top_k, top_p, repetition_penalty)
+    check(verify in VERIFY, f"verify must be one of {', '.join(VERIFY)}, got {verify!r}")
     rows_in = prompt_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
@@ -226,14 +237,16 @@ def generate(
         check(not sampling.penalised and not timing, "tree drafting does not take a repetition penalty or timing=True")
         stats = DecodeStats(method="eagle3_tree", batch=len(rows_in), gamma=tree.depth)
         t0 = time.perf_counter()
-        tokens = tree_generate(target, prophet, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats)
+        tokens = tree_generate(target, prophet, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats,
+                               block=verify == "block")
         stats.wall_seconds = time.perf_counter() - t0
         stats.new_tokens = sum(t.numel() for t in tokens)
         return tokens, stats.finish()
     stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma_max if method != "base" else 0,
                         step_times=StepTimes() if timing else None)
     t0 = time.perf_counter()
-    run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma_max, sampling, eos_id, generator, stats)
+    run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma_max, sampling, eos_id, generator, stats,
+                    block=verify == "block")
     if max_new_tokens > 0:
         run.prefill()
         adapt = method != "base" and gamma == AUTO and speed_profile is None
@@ -264,8 +277,10 @@ def _move_rows(t: Tensor, dst: Tensor, src: Tensor, batch: int) -> Tensor:
 class _Decoding:
     """The state of one generate call: models, caches, rows, counters and the clock."""
 
-    def __init__(self, target, draft, prophet, rows_in, max_new, gamma, sampling, eos_id, generator, stats) -> None:
+    def __init__(self, target, draft, prophet, rows_in, max_new, gamma, sampling, eos_id, generator, stats,
+                 block: bool = True) -> None:
         self.target, self.draft, self.prophet = target, draft, prophet
+        self.block = block                                      # sampled chains verified by block
         self.sampling, self.eos_id, self.generator = sampling, eos_id, generator
         self.method = stats.method
         self.stats = stats
@@ -521,18 +536,20 @@ class _Decoding:
         logits = self.clock(verify_key(g), self.target, torch.cat([rows.last(1), drafts], 1), cache=cache).logits
         self.count_call()
         p = to_probs(logits, sampling, contexts)                    # (b, g + 1, vocab)
-        px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
-        qx = q.gather(-1, drafts[..., None])[..., 0]
-        if sampling.greedy:
-            accept = px > 0                                         # draft token == target argmax
-        else:
+        if not sampling.greedy:
             u = torch.rand(b, g, device=q.device, generator=self.generator)   # one uniform per position
-            accept = u * qx < px                                    # u < p/q without dividing
-        prefix = accept.int().cumprod(1)                            # (b, g): 1 while all so far accepted
-        k = prefix.sum(1)                                           # accepted drafts per row
-        kc = k.clamp(max=g - 1)
-        fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
-        final = torch.where((k < g)[:, None], fix, p[:, g])
+        if not sampling.greedy and self.block:
+            k, final = block_verify(p, q, drafts, u)                # accepted drafts per row, next token's p
+            prefix = (torch.arange(g, device=k.device) < k[:, None]).int()
+        else:
+            # token by token: greedy accepts the target's argmax, sampling u < p/q without dividing
+            px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
+            accept = px > 0 if sampling.greedy else u * q.gather(-1, drafts[..., None])[..., 0] < px
+            prefix = accept.int().cumprod(1)                        # (b, g): 1 while all so far accepted
+            k = prefix.sum(1)                                       # accepted drafts per row
+            kc = k.clamp(max=g - 1)
+            fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
+            final = torch.where((k < g)[:, None], fix, p[:, g])
         block = torch.cat([drafts, drafts[:, :1]], 1)
         block[rows.arange_b, k] = self.pick(final)
         # alpha: sum_x min(p, q) at each position whose acceptance test ran (up to the first rejection)

@@ -38,6 +38,13 @@ after the node's drawn children: accepted with probability p'(x) under the resid
 else the token is drawn from p' without x, renormalised; together these draw exactly from p' (for
 any x not chosen from the target's own draws), so the emitted token is still distributed as p.
 
+A tree of one child per node (`topk` 1: a chain, as long as `depth` or cut by `min_prob`) is
+verified by block at T > 0 (`decode.block`, `generate(..., verify="block")`, the default) in every
+round without a looked-up path: lossless for a chain whose length depends on its own drafted
+prefix, and never fewer tokens than the walk below. Whether a round has a looked-up path depends
+only on the committed context, never on this round's draws, so choosing the verification by it
+cannot bias the output (a choice by the drawn values could). Rounds with one take the walk.
+
 Two knobs make the tree fit each round rather than the worst one:
 - `min_prob` (EAGLE-2's observation: the head's draft probability tracks acceptance): a depth is
   expanded only from frontier nodes whose cumulative draft probability is at least `min_prob`, so
@@ -82,6 +89,7 @@ from torch import Tensor
 from ..errors import check, check_positive_int
 from ..hf import HFDecoder
 from ..sampling import SamplingConfig, residual, sample, to_probs
+from .block import block_verify
 from .stats import DecodeStats
 
 
@@ -277,8 +285,10 @@ class _Tree:
 
 class _TreeDecoding:
     def __init__(self, target: HFDecoder, head, spec: TreeSpec, sampling: SamplingConfig, eos_id: int | None,
-                 generator: torch.Generator | None, stats: DecodeStats) -> None:
+                 generator: torch.Generator | None, stats: DecodeStats, block: bool = True) -> None:
         self.target, self.head, self.spec = target, head, spec
+        # sampled chains (topk 1) in rounds without a looked-up path are verified by block
+        self.block = block and spec.topk == 1 and not sampling.greedy
         self.sampling, self.eos_id, self.generator, self.stats = sampling, eos_id, generator, stats
         self.vocab = target.vocab_size
 
@@ -372,6 +382,8 @@ class _TreeDecoding:
     def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
         """The accepted path (node ids) and the token after it, from the target's distributions p
         (1 + nodes, vocab): row 0 at the root (the pending token), row i + 1 at node i."""
+        if self.block and not tree.lookup_path:
+            return self.walk_chain(tree, p)
         path: list[int] = []
         node = -1
         while True:
@@ -411,6 +423,19 @@ class _TreeDecoding:
                 return path, self.pick(probs)
             node = accepted
             path.append(node)
+
+    def walk_chain(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
+        """`walk` for a tree that is one chain of drawn nodes, by block verification (`decode.block`)."""
+        chain: list[int] = []
+        while tree.children.get(chain[-1] if chain else -1):
+            chain.append(tree.children[chain[-1] if chain else -1][0])
+        if not chain:
+            return [], self.pick(p[0])
+        q = torch.stack([tree.q[tree.parent[c]] for c in chain])[None]                   # (1, g, vocab)
+        u = torch.tensor([[self.uniform() for _ in chain]], dtype=torch.float64)
+        drafts = torch.tensor([[tree.tokens[c] for c in chain]], device=q.device)
+        kept, final = block_verify(p[[0] + [c + 1 for c in chain]][None], q, drafts, u.to(q.device))
+        return chain[: int(kept)], self.pick(final[0])
 
     def row(self, prompt: Tensor, max_new: int) -> list[int]:
         """Decode one prompt (n,) to at most max_new tokens (cut after EOS)."""
@@ -461,14 +486,15 @@ class _TreeDecoding:
 
 def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: int, spec: TreeSpec,
                   sampling: SamplingConfig, eos_id: int | None, generator: torch.Generator | None,
-                  stats: DecodeStats) -> list[Tensor]:
+                  stats: DecodeStats, block: bool = True) -> list[Tensor]:
     """Decode each row with tree drafting (module docstring); fills `stats`' counters. Called by
-    `generate(..., tree=TreeSpec(...))`, which has checked its arguments."""
+    `generate(..., tree=TreeSpec(...))`, which has checked its arguments; `block`: verify sampled
+    chains by block (module docstring)."""
     check(isinstance(spec, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(spec).__name__}")
     stats.accepted_at = [0] * spec.max_depth
     stats.drafted_at = [0] * spec.max_depth
     stats.drafted = stats.accepted = 0
-    run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats)
+    run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats, block)
     out = []
     for row in rows:
         tokens = run.row(row, max_new_tokens) if max_new_tokens > 0 else []

@@ -306,7 +306,9 @@ class HFDrafters:
     """The drafters of one Hugging Face target to compare: eagle3 heads (name, directory) in any
     layout (each also with tree drafting for every `decode.TreeSpec` in `trees`), an hf_prophet
     export, a student model directory, transformers' prompt lookup proposing
-    `prompt_lookup` tokens (0: none), and an untrained head of the prophet's config (seed 0)."""
+    `prompt_lookup` tokens (0: none), and an untrained head of the prophet's config (seed 0). With
+    `token_verify`, each eagle3 chain, and each tree of one child per node, is also decoded with
+    `verify="token"` beside the default block verification (the same drafts, side by side)."""
 
     eagle3: list[tuple[str, str]] = field(default_factory=list)
     eagle3_gamma: int | None = None        # None: the comparison's gamma
@@ -315,6 +317,7 @@ class HFDrafters:
     student: str | None = None
     prompt_lookup: int = 0
     random_head: bool = False
+    token_verify: bool = False     # each eagle3 chain (and chain-shaped tree) also verified token by token
 
     def build(self, model: Any) -> dict[str, dict[str, Any]]:
         """`generate` keyword arguments by drafter name, built on `model` (in its dtype)."""
@@ -327,9 +330,15 @@ class HFDrafters:
         drafters = {}
         for name, directory in self.eagle3:
             head = load_eagle3(directory, model).to(device=device, dtype=dtype)
-            drafters[f"eagle3 {name}"] = {"prophet": head, **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
+            chain = {"prophet": head, **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
+            drafters[f"eagle3 {name}"] = chain
+            if self.token_verify:
+                drafters[f"eagle3 {name} (token verify)"] = {**chain, "verify": "token"}
             for tree in self.trees:
                 drafters[f"eagle3 {name} tree {tree.label}"] = {"prophet": head, "tree": tree}
+                if self.token_verify and tree.topk == 1:
+                    drafters[f"eagle3 {name} tree {tree.label} (token verify)"] = {"prophet": head, "tree": tree,
+                                                                                 "verify": "token"}
         if self.prophet:
             head = load_export(self.prophet, target=model).to(device=device, dtype=dtype)
             drafters[NAMES["prophet"]] = {"prophet": head}
@@ -376,7 +385,8 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
             rows.append({"prompt_set": name, **row})
     del model, built
     fp32 = load_causal_lm(target, dtype=torch.float32, what="target").to(device)
-    checked = {k: v for k, v in drafters.build(fp32).items() if "prompt_lookup" not in v}
+    # prompt lookup is transformers' own; a token-verified twin accepts at T=0 what its drafter does
+    checked = {k: v for k, v in drafters.build(fp32).items() if not {"prompt_lookup", "verify"} & set(v)}
     greedy = greedy_matches_transformers(fp32, prompt_sets[0][1][:check_count], checked, gamma=gamma,
                                          max_new_tokens=max_new_tokens)
     return {"rows": rows, "greedy_equals_transformers_generate": greedy, "device_name": device_name(device)}
