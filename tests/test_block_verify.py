@@ -154,3 +154,17 @@ def test_a_draft_the_target_never_emits_keeps_nothing_and_corrects_from_the_resi
     tau, final = block_verify(p, q, torch.tensor([[0, 1]]), torch.zeros(1, 2))
     assert tau.tolist() == [0]                                   # p(x_1) = 0: w_1 = w_2 = 0
     assert torch.allclose(final[0], torch.tensor([0.0, 0.5, 0.5]))
+
+
+def test_the_benchmarks_expected_kept_drafts_match_the_enumeration():
+    # train.bench.acceptance.expected_kept (what `compare_hf_drafts.py acceptance` reports per
+    # round) against the enumerated rounds above, for every 3-token draft of seed 2's tables
+    from train.bench.acceptance import expected_kept
+
+    t = Tables(2)
+    for draft in itertools.product(range(V), repeat=3):
+        p = torch.stack([t.p(draft[:i]) for i in range(4)])[None]
+        q = torch.stack([t.q(draft[:i]) for i in range(3)])[None]
+        token, block = expected_kept(p, q, torch.tensor([draft]))
+        for got, outcomes in ((token, token_outcomes), (block, block_outcomes)):
+            assert float(got) == pytest.approx(sum(prob * (len(e) - 1) for prob, e in outcomes(t, draft)), abs=1e-12)

@@ -245,6 +245,7 @@ def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, t
     assert row["positions"] >= row["rounds"] >= 2
     assert all(0 <= row[k] <= 1 for k in ("drawn_1", "drawn_3", "top_1", "decoded_1", "round_drawn_1"))
     assert row["round_logit_error"] < 1e-4
+    assert 0 <= row["round_kept_token"] <= 3 and 0 <= row["round_kept_block"] <= 3       # chains of 3
     table = (out / "table.md").read_text()
     assert "round_drawn_1" in table and "chains of 3" in table
 

@@ -40,6 +40,16 @@ why a chain's first draft is accepted less in decoding than `drawn_1` says:
 
 decoded_1 estimates round_drawn_1 (the same expectation, drawn once per round); round_logit_error
 is rounding when the head's cache is right.
+
+The decoding's own rounds also compare the two ways to verify a sampled chain
+(`specdec_models.decode.block`), on the very chains drafted, exactly over the uniforms (so the
+comparison carries no sampling noise of its own):
+
+    round_kept_token    expected drafts kept per round under token verification:
+                        sum_k prod_{i<=k} min(1, p_i(x_i) / q_i(x_i))
+    round_kept_block    the same under block verification: sum_i i P(tau = i)
+
+A round emits one token more than it keeps, so 1 + round_kept_* is its expected tokens per call.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ import torch
 from torch import Tensor
 
 from specdec_models.decode import generate, speculative
+from specdec_models.decode.block import block_weights
 from specdec_models.errors import check, check_positive_int
 from specdec_models.sampling import SamplingConfig, residual, to_probs
 
@@ -99,6 +110,37 @@ def observed_round_starts(seen: list[tuple[int, Tensor]]) -> Iterator[None]:
         speculative._Decoding._eagle3_round = original
 
 
+def expected_kept(p: Tensor, q: Tensor, drafts: Tensor) -> tuple[Tensor, Tensor]:
+    """Expected drafts kept per row under token and under block verification, exact over the
+    uniforms, for chains `drafts` (b, g) drawn from q (b, g, vocab), the target's p (b, g + 1, vocab)."""
+    px = p[:, : drafts.shape[1]].gather(-1, drafts[..., None])[..., 0].double()
+    qx = q.gather(-1, drafts[..., None])[..., 0].double()
+    token = torch.clamp(px / qx, max=1.0).cumprod(1).sum(1)
+    _, h = block_weights(p, q, drafts)
+    later = torch.cat([torch.flip(torch.cumprod(torch.flip(1 - h, [1]), 1), [1])[:, 1:],
+                       torch.ones_like(h[:, :1])], 1)                 # prod_{j > i} (1 - h_j)
+    steps = torch.arange(1, h.shape[1] + 1, dtype=h.dtype, device=h.device)
+    return token, (steps * h * later).sum(1)
+
+
+@contextmanager
+def observed_block_rounds(seen: list[tuple[float, float]]) -> Iterator[None]:
+    """While inside, every block-verified round (`generate`'s default when sampling) appends each
+    row's (expected kept drafts under token verification, under block verification) to `seen`."""
+    original = speculative.block_verify
+
+    def observed(p: Tensor, q: Tensor, drafts: Tensor, u: Tensor) -> Any:
+        token, block = expected_kept(p, q, drafts)
+        seen.extend(zip(token.tolist(), block.tolist()))
+        return original(p, q, drafts, u)
+
+    speculative.block_verify = observed
+    try:
+        yield
+    finally:
+        speculative.block_verify = original
+
+
 @torch.no_grad()
 def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *, temperature: float = 1.0,
                            top_p: float | None = None, max_new_tokens: int = 64, eos_id: int | None = None,
@@ -117,10 +159,11 @@ def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *,
     ids = head.draft_ids
     sums: dict[str, float] = {}
     positions, rounds, accepted, at_starts, error = 0, 0, 0, [], 0.0
+    kept: list[tuple[float, float]] = []                 # per round: expected kept drafts, token and block
     mc = torch.Generator().manual_seed(seed)
     for i, prompt in enumerate(prompts):
         seen: list[tuple[int, Tensor]] = []
-        with observed_round_starts(seen):
+        with observed_round_starts(seen), observed_block_rounds(kept):
             answers, stats = generate(target, [prompt], max_new_tokens, temperature=temperature, top_p=top_p,
                                       eos_id=eos_id, prophet=head, gamma=gamma, vocab_size=vocab,
                                       generator=torch.Generator(device=head.device).manual_seed(seed + i))
@@ -159,4 +202,6 @@ def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *,
     check(positions > 0, "no answer was long enough to draft for (2 tokens or more)")
     return {"positions": positions, **{name: value / positions for name, value in sums.items()},
             "rounds": rounds, "decoded_1": accepted / max(rounds, 1),
-            "round_drawn_1": sum(at_starts) / max(len(at_starts), 1), "round_logit_error": error}
+            "round_drawn_1": sum(at_starts) / max(len(at_starts), 1), "round_logit_error": error,
+            "round_kept_token": sum(t for t, _ in kept) / max(len(kept), 1),
+            "round_kept_block": sum(b for _, b in kept) / max(len(kept), 1)}
