@@ -17,10 +17,12 @@ runs again, so a killed recipe resumes at the step it was in):
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache;
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
-5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also with a 3,2,1 draft
-   tree, with a 6,3,1 tree grown only where its draft probability stays >= 0.3 plus an adaptive
-   prompt-lookup path of 4..16 tokens, and with a 5-deep chain grown while it stays >= 0.4 plus a
-   2..4-token lookup, the fastest in fp32 on a CPU: README "Few-row fp32 matmuls"; at batch 1),
+5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also with a 6-deep
+   chain grown while its draft probability stays >= 0.1, block-verified at T=1, the fastest there:
+   README "Block verification at T=1"; with a 6,3,1 tree grown only where its draft probability
+   stays >= 0.3 plus an adaptive prompt-lookup path of 4..16 tokens; and with a 5-deep chain grown
+   while it stays >= 0.4 plus a 2..4-token lookup, the fastest at T=0 in fp32 on a CPU: README
+   "Few-row fp32 matmuls"; at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
    interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU);
@@ -97,7 +99,7 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
                "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(rounds), "--gamma", "4", "--dtype",
                "auto", "--device", args.device, "--out", str(out)]
     if "eagle3" in args.heads:
-        command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "3,2,1", "--tree",
+        command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "6,1,1,0.1", "--tree",
                     "6,3,1,4..16,0.3", "--tree", "5,1,1,2..4,0.4"]
     if "prophet" in args.heads:
         command += ["--prophet", str(runs["prophet"] / "export")]
