@@ -199,6 +199,7 @@ def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *,
             if length - 2 in drawn_1:       # (a round always has a token after it: the answer goes on)
                 at_starts.append(drawn_1[length - 2])
                 error = max(error, float((decoded.float() - logits[length - 2]).abs().max()))
+    check(len(kept) == rounds, "block-verified rounds went unobserved")       # every sampled chain round is one
     check(positions > 0, "no answer was long enough to draft for (2 tokens or more)")
     return {"positions": positions, **{name: value / positions for name, value in sums.items()},
             "rounds": rounds, "decoded_1": accepted / max(rounds, 1),
