@@ -197,8 +197,9 @@ def test_eval_callback_chooses_gamma_per_temperature_and_batch_and_checkpoints_t
                                                                                          (1.0, 1), (1.0, 2)]
     for stored in callback.speed_profiles:
         profile, tag, b = SpeedProfile.from_dict(stored), temperature_tag(stored["temperature"]), stored["batch"]
-        assert list(profile.per_position_acceptance) == [metrics[f"val/per_position_acceptance/pos{i}/{tag}"]
-                                                         for i in range(1, GAMMA + 1)]
+        # the logged metrics are float32: 5/6 reads 0.8333333134651184 there
+        assert list(profile.per_position_acceptance) == pytest.approx(
+            [metrics[f"val/per_position_acceptance/pos{i}/{tag}"] for i in range(1, GAMMA + 1)], rel=1e-6)
         assert sorted(profile.v_by_gamma) == list(range(1, GAMMA + 1)) and profile.c > 0
         best = profile.best_gamma()
         assert metrics[f"val/best_gamma/b{b}/{tag}"] == best

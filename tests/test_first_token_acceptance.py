@@ -80,7 +80,9 @@ def test_first_token_measures_are_probabilities_within_their_bounds(target):
     m = first_token_acceptance(target, head, prompts, max_new_tokens=12, k=3, draws=4, taus=(0.5,))
     assert m["positions"] == 2 * 11                  # every answer token after the first is drafted for
     assert set(m) == {"positions", "target_top_1", "mass_in_vocab", "drawn_1", "top_1", "drawn_3", "top_3",
-                      "drawn_1/tau0.5", "rounds", "decoded_1", "round_drawn_1", "round_logit_error"}
+                      "drawn_1/tau0.5", "rounds", "decoded_1", "round_drawn_1", "round_logit_error",
+                      "round_kept_token", "round_kept_block"}
+    assert 0 < m["round_kept_token"] <= 4 and 0 < m["round_kept_block"] <= 4          # chains of gamma 4
     assert 2 <= m["rounds"] <= m["positions"] and 0 <= m["decoded_1"] <= 1 and 0 < m["round_drawn_1"] < 1
     assert m["round_logit_error"] < 1e-4             # the head's cache in decoding is the teacher-forced one
     assert 0 < m["top_1"] <= m["top_3"] <= m["mass_in_vocab"] < 1
