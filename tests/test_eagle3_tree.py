@@ -525,6 +525,9 @@ def test_a_sampled_chain_tree_is_block_verified_and_lossless_chi_square(toy):
     assert chi_square_p_value(observed, exact, N) > 1e-4
 
 
+# with `make test-slow` (1,000 rows one at a time, about 17 s): in the default run the chain's catch
+# tests (test_decode, test_eagle3) patch the same bug into block verification
+@pytest.mark.slow
 def test_chain_tree_chi_square_catches_a_correction_from_p_in_block_verification(toy, monkeypatch):
     # the test above can fail, and its rounds go through block verification: the bug patched into
     # decode.block alone (the tree's own walk keeps its residual) gives p ~ 2e-18 from 1,000 samples
