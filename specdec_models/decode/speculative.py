@@ -552,7 +552,7 @@ class _Decoding:
             final = torch.where((k < g)[:, None], fix, p[:, g])
         block = torch.cat([drafts, drafts[:, :1]], 1)
         block[rows.arange_b, k] = self.pick(final)
-        # alpha: sum_x min(p, q) at each position whose acceptance test ran (up to the first rejection)
+        # alpha: sum_x min(p, q) at each position up to and including the first one not kept
         overlap = torch.minimum(p[:, :g], q).sum(-1)                # (b, g)
         tested = (torch.arange(g, device=k.device) <= k[:, None]) & active[:, None]
         self.alpha_sum += (overlap * tested).sum()

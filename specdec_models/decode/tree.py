@@ -427,8 +427,10 @@ class _TreeDecoding:
     def walk_chain(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
         """`walk` for a tree that is one chain of drawn nodes, by block verification (`decode.block`)."""
         chain: list[int] = []
-        while tree.children.get(chain[-1] if chain else -1):
-            chain.append(tree.children[chain[-1] if chain else -1][0])
+        node = -1
+        while tree.children.get(node):
+            node = tree.children[node][0]
+            chain.append(node)
         if not chain:
             return [], self.pick(p[0])
         q = torch.stack([tree.q[tree.parent[c]] for c in chain])[None]                   # (1, g, vocab)
