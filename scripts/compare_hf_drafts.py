@@ -80,6 +80,11 @@ def check_inputs(args) -> None:
     elif args.command != "compare":
         return
     check_device(args.device)
+    if args.also_dtype:
+        from specdec_models.hardware import resolve_dtype
+
+        check(resolve_dtype(args.dtype, args.device) != resolve_dtype(args.also_dtype, args.device),
+              f"--also-dtype {args.also_dtype} is the comparison's own dtype (--dtype {args.dtype}): name the other one")
     check(args.prompts, f"{args.command} needs --prompts FILE (repeatable: NAME=FILE)")
     for _, path in prompt_sets(args):
         check(Path(path).is_file(), f"--prompts {path} does not exist")
@@ -161,13 +166,17 @@ def compare(args, loaded) -> dict:
     torch_dtype = resolve_dtype(args.dtype, args.device)
     dtype = str(torch_dtype).removeprefix("torch.")
     few_rows = resolve_few_rows(args.few_rows, args.device, torch_dtype)
+    also = args.also_dtype and resolve_dtype(args.also_dtype, args.device)
+    also_few_rows = bool(also) and resolve_few_rows(args.few_rows, args.device, also)
     result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
                         check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
                         temperatures=tuple(args.temperatures), few_rows=few_rows,
+                        other_dtype=args.also_dtype, other_few_rows=also_few_rows,
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
-    return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel()},
+    return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel(),
+                         "also_few_rows": also_few_rows},
             **result}
 
 
@@ -234,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare: the target's and drafters' dtype; default auto: bfloat16 on a CUDA device "
                              "with bf16 or a CPU with bf16 instructions, else float32 (specdec_models/hardware.py); greedy "
                              "exactness against transformers is checked in float32")
+    parser.add_argument("--also-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="compare: also decode plainly and with every drafter in this dtype, interleaved (methods "
+                             "marked [DTYPE]), and report each speed-up over the faster of the two plain decodings too: "
+                             "for a host where the dtypes race (few-row fp32 against bf16 instructions)")
     parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
                         help="compare: compute the models' linear layers on 1-32 rows as W @ x.T "
                              "(specdec_models/few_rows.py); default auto: on in float32 on a CPU")

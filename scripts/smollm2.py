@@ -25,7 +25,9 @@ runs again, so a killed recipe resumes at the step it was in):
    "Few-row fp32 matmuls"; at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
-   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU);
+   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU); on a
+   CPU with bf16 instructions but no AMX also in fp32, where plain decoding is faster, and every
+   speed-up is also given over the faster plain decoding (specdec_models/hardware.py, racing_dtype);
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
@@ -92,12 +94,18 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
                out: Path) -> list[str]:
     """The comparison's command: every draft trained (--heads, the student unless --student-minutes
     is 0), prompt lookup and plain decoding on both evaluation sets, in --compare-rounds rounds (1 on
-    a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU)."""
+    a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU); on a CPU with bf16
+    instructions but no AMX, in fp32 too (`hardware.racing_dtype`)."""
+    from specdec_models.hardware import racing_dtype
+
     rounds = args.compare_rounds or (2 if args.device == "cuda" else 1)
     command = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
                "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
                "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(rounds), "--gamma", "4", "--dtype",
                "auto", "--device", args.device, "--out", str(out)]
+    # where bf16 instructions make trees cheap but fp32 plain decoding is faster (no AMX), both race
+    if racing_dtype(args.device) is not None:
+        command += ["--also-dtype", "float32"]
     if "eagle3" in args.heads:
         command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "6,1,1,0.1", "--tree",
                     "6,3,1,4..16,0.3", "--tree", "5,1,1,2..4,0.4"]

@@ -15,7 +15,11 @@ on which host"):
   1.52 / 2.03 fp32 steps, so in bf16 every drafted method ran slower than plain decoding
   (0.58-0.73x), in fp32 the tree did not (plain decoding alone was faster in bf16 there: 65
   against 88 ms a token); with few-row fp32 layers (`few_rows.py`) a drafted fp32 decoding ran
-  1.24-1.31x as fast as plain bf16 decoding there.
+  1.24-1.31x as fast as plain bf16 decoding there;
+- an AMD EPYC with AVX-512 and avx512_bf16, no AMX: a bf16 step took 46.4 ms, a few-row fp32 step
+  (numba) 38.4, a bf16 verify of 16 tokens 62.3 against fp32's 99.7; bf16 generated the cache at
+  500-800 tokens/s, and a bf16 tree was the fastest drafting at T=0, while fp32 plain decoding
+  beat bf16's (`racing_dtype` below).
 
 So `fast_dtype("cpu")`, the dtype decoding and caching run in by default ("auto"), is bf16 where
 /proc/cpuinfo lists `avx512_bf16` or `amx_bf16` and fp32 elsewhere; on a CUDA device, bf16
@@ -68,9 +72,24 @@ def fast_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     return torch.bfloat16 if cuda is False and BF16_INSTRUCTIONS & cpu_flags() else torch.float32
 
 
+def racing_dtype(device: str | torch.device = "cpu") -> torch.dtype | None:
+    """The dtype whose plain decoding may beat `fast_dtype(device)`'s on `device`: fp32 on a CPU with
+    bf16 dot products but no AMX, else None. There bf16 verifies many tokens cheaply (a tree), while a
+    1-token fp32 step with few-row layers is the faster plain decoding: on an AMD EPYC with
+    avx512_bf16 (interleaved, 200 cached tokens) a bf16 step took 46.4 ms, a numba few-row fp32 step
+    38.4; fp32 plain decoding ran 1.16-1.36x bf16's, and a bf16 tree beat every fp32 drafting at T=0
+    (README, "A host with bf16 instructions but no AMX"). So a comparison there races both dtypes
+    (`compare_hf_drafts.py --also-dtype`) and reports speed-ups over the faster plain decoding. With
+    AMX a bf16 step costs half an fp32 one, and on a CUDA device bf16 is the faster: no race."""
+    if cuda_device(device) is not False:
+        return None
+    flags = cpu_flags()
+    return torch.float32 if "avx512_bf16" in flags and "amx_bf16" not in flags else None
+
+
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     """A dtype named on a command line: "bfloat16", "float32", or "auto" (`fast_dtype(device)`)."""
     return fast_dtype(device) if name == "auto" else getattr(torch, name)
 
 
-__all__ = ["BF16_INSTRUCTIONS", "cpu_flags", "cuda_device", "fast_dtype", "resolve_dtype"]
+__all__ = ["BF16_INSTRUCTIONS", "cpu_flags", "cuda_device", "fast_dtype", "racing_dtype", "resolve_dtype"]

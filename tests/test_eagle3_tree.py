@@ -441,6 +441,38 @@ def test_the_comparison_interleaves_methods_prompt_by_prompt_within_a_round(monk
                    (8, "plain"): (3.0, 1.0), (8, "A"): (0.75, 4.0), (8, "B"): (6.0, 0.5)}
 
 
+def test_a_method_on_another_target_instance_is_compared_with_its_own_plain(monkeypatch):
+    """{"target": other} decodes with another instance of the target (another dtype): its methods'
+    speed-ups and greedy equality are over that instance's plain decoding, and every row's
+    speedup_over_fastest_plain over the faster plain of each round."""
+    from train.bench import drafts
+
+    other = object()
+    # seconds per prompt by (method, round): the other plain is faster in round 0, slower in round 1
+    per_prompt = {("plain", 0): 1.0, ("A", 0): 0.5, ("plain", 1): 1.0, ("A", 1): 0.5,
+                  ("plain [x]", 0): 0.5, ("A [x]", 0): 0.25, ("plain [x]", 1): 2.0, ("A [x]", 1): 1.0}
+    tokens = {"plain": [1, 2], "A": [1, 2], "plain [x]": [1, 3], "A [x]": [1, 3]}
+
+    def fake_decode(target, prompts, batch, kwargs, seed, *, max_new_tokens, **_):
+        name = kwargs.get("name") or ("plain [x]" if kwargs.get("target") is other else "plain")
+        assert (kwargs.get("target") is other) == name.endswith("[x]")
+        counts = dict.fromkeys(drafts.COUNTS, 1.0) | {"accepted_at": [1], "drafted_at": [1]}
+        if max_new_tokens < 8:                                    # the warm-up
+            return 1.0, counts, [tokens[name] for _ in prompts]
+        return per_prompt[name, seed // 1000] * len(prompts), counts, [tokens[name] for _ in prompts]
+
+    monkeypatch.setattr(drafts, "_decode", fake_decode)
+    prompts = [torch.tensor([10 + i]) for i in range(2)]
+    methods = {"A": {"name": "A"}, "plain [x]": {"target": other},
+               "A [x]": {"name": "A [x]", "target": other}}
+    rows = drafts.compare_drafters(None, prompts, methods, gamma=2, temperatures=(0.0,), batches={1: 2},
+                                   max_new_tokens=8, rounds=2)
+    got = {r["method"]: (r["speedup"], r["speedup_over_fastest_plain"], r["greedy_equal_plain"]) for r in rows}
+    # round 0: fastest plain 2 tokens/s ([x]); round 1: 1 token/s (plain); medians of the two rounds
+    assert got == {"plain": (1.0, (0.5 + 1.0) / 2, True), "A": (2.0, (1.0 + 2.0) / 2, True),
+                   "plain [x]": (1.0, (1.0 + 0.5) / 2, True), "A [x]": (2.0, (2.0 + 1.0) / 2, True)}
+
+
 def test_with_eos_the_comparison_stops_every_method_there_and_compares_token_rates(monkeypatch):
     """Rows stopped at EOS differ in length between methods at T > 0: each speed-up is then the
     method's tokens per second over plain decoding's, per round, and eos_id reaches every decode."""

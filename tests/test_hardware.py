@@ -13,6 +13,7 @@ from train import hardware
 XEON_NO_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
 XEON_AMX = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
 EPYC_AVX2 = "processor\t: 0\nflags\t\t: fpu sse avx avx2 fma f16c\n"
+EPYC_AVX512_BF16 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
 
 
 @pytest.fixture
@@ -49,6 +50,17 @@ def test_decoding_and_caching_on_a_cpu_run_in_bf16_only_with_bf16_instructions(m
     assert specdec_hardware.fast_dtype("cpu") == specdec_hardware.resolve_dtype("auto") == expected
     assert specdec_hardware.resolve_dtype("float32") == torch.float32       # a named dtype is taken as given
     assert specdec_hardware.resolve_dtype("bfloat16") == torch.bfloat16
+
+
+@pytest.mark.parametrize("cpuinfo, expected", [(EPYC_AVX512_BF16, torch.float32), (XEON_NO_AMX, torch.float32),
+                                               (XEON_AMX, None), (EPYC_AVX2, None), ("", None)])
+def test_fp32_races_bf16_only_on_a_cpu_with_bf16_instructions_and_no_amx(monkeypatch, machine, cpuinfo, expected):
+    machine(cpuinfo)
+    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: True)
+    assert specdec_hardware.racing_dtype("cpu") == expected
+    assert specdec_hardware.racing_dtype("cuda") is None                   # a GPU decodes in bf16 alone
+    if expected is not None:                                               # the race is with auto's choice
+        assert specdec_hardware.fast_dtype("cpu") == torch.bfloat16
 
 
 @pytest.mark.parametrize("bf16", [True, False])

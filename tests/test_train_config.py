@@ -263,6 +263,8 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
     # CPU one round, interleaved prompt by prompt; the command is read by compare_hf_drafts' parser
     import argparse
 
+    import torch
+
     recipe, compare = load_script("smollm2"), load_script("compare_hf_drafts")
     parsed = []
 
@@ -274,6 +276,10 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
         raise Parsed
 
     monkeypatch.setattr(compare, "check_inputs", capture)
+    from specdec_models import hardware
+
+    racing = {"cpu": None}                  # the fp32 race on a CPU with bf16 instructions, no AMX
+    monkeypatch.setattr(hardware, "racing_dtype", lambda device: racing.get(device))
     runs = {name: tmp_path / name for name in ("eagle3", "prophet", "student")}
     for device, rounds, expected in (("cpu", None, 1), ("cuda", None, 2), ("cpu", 3, 3)):
         args = argparse.Namespace(compare_rounds=rounds, device=device, eval_prompts=8, max_new_tokens=64,
@@ -285,6 +291,12 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
         assert (got.rounds, got.device, got.count, got.batch1_count) == (expected, device, 8, 2)
         assert got.prophet == str(runs["prophet"] / "export") and got.student == str(runs["student"] / "export")
         assert got.eagle3 == [f"specdec={runs['eagle3'] / 'export'}"] and len(got.tree) == 3
+        assert got.also_dtype is None
+    racing["cpu"] = torch.float32
+    command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c")
+    with pytest.raises(Parsed):
+        compare.main(command[2:])
+    assert parsed[-1].also_dtype == "float32" and parsed[-1].dtype == "auto"
     with pytest.raises(SystemExit) as error:
         recipe.main(["--out", str(tmp_path / "r"), "--compare-rounds", "0"])
     assert error.value.code == 2 and not (tmp_path / "r").exists()

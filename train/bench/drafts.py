@@ -53,7 +53,10 @@ COUNTS = ("new_tokens", "row_calls", "drafted", "accepted", "alpha_sum", "alpha_
 def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, Any], seed: int,
             **settings: Any) -> tuple[float, dict[str, Any], list[list[int]]]:
     """Decode `prompts` in batches of `batch`; (seconds, summed counts of the DecodeStats (and
-    per-position accepted_at / drafted_at), new tokens per row)."""
+    per-position accepted_at / drafted_at), new tokens per row). A "target" in `kwargs` decodes with
+    that model in place of `target` (the same target in another dtype)."""
+    if "target" in kwargs:
+        target, kwargs = kwargs["target"], {k: v for k, v in kwargs.items() if k != "target"}
     if "prompt_lookup" in kwargs:
         return _prompt_lookup(target, prompts, kwargs["prompt_lookup"], seed, **settings)
     counts: dict[str, Any] = {key: 0.0 for key in COUNTS}
@@ -131,11 +134,20 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     from plain decoding (in bf16 a multi-token verify may round differently from a 1-token step).
     `batches`: batch size -> how many of `prompts` are decoded at that size (default {1: 4, 8:
     all}). `report` gets a line per (temperature, batch size) when it is done: each method's
-    tokens per call and speed-up so far (a comparison runs for minutes)."""
+    tokens per call and speed-up so far (a comparison runs for minutes).
+
+    A drafter's keyword arguments may name another instance of the target, {"target": model} (the
+    same weights in another dtype, `compare_hf(other_dtype=...)`); {"target": model} alone is plain
+    decoding with it. Each method is then compared with the plain decoding of its own target
+    instance (speedup, greedy_equal_plain, greedy_agreement), and every row also gets
+    speedup_over_fastest_plain: the median over rounds of its token rate over the fastest plain
+    decoding's in that round, the speed-up a user gets over the best they could do without a draft."""
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
     check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
           "rounds must be >= 1 and each batch size decode between 1 and len(prompts) prompts")
     every = {"plain": {}, **drafters}
+    plains = [name for name, kw in every.items() if not set(kw) - {"target"}]
+    plain_of = {name: next(p for p in plains if every[p].get("target") is kw.get("target")) for name, kw in every.items()}
     settings = dict(max_new_tokens=max_new_tokens, gamma=gamma, vocab_size=vocab_size, eos_id=eos_id)
     rows = []
     for temperature in temperatures:
@@ -150,7 +162,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
             seconds: dict[str, list[float]] = {name: [] for name in methods}
             emitted: dict[str, list[int]] = {name: [] for name in methods}       # new tokens per round
             totals: dict[str, dict[str, float]] = {}
-            equal, plain = dict.fromkeys(methods, True), []
+            equal, plain = dict.fromkeys(methods, True), {}
             agree: dict[str, list[float]] = {name: [] for name in methods}
             for r in range(rounds):
                 for name in methods:
@@ -167,9 +179,11 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                         old = totals.get(name, {})
                         totals[name] = {k: _add(old.get(k, []), v) if isinstance(v, list) else old.get(k, 0.0) + v
                                         for k, v in counts.items()}
-                        plain = tokens if name == "plain" else plain
-                        equal[name] = equal[name] and tokens == plain
-                        agree[name] += [_common_prefix(a, b) / max(len(b), 1) for a, b in zip(tokens, plain)]
+                        if name in plains:                   # each method beside its own target's plain
+                            plain[name] = tokens
+                        base = plain[plain_of[name]]
+                        equal[name] = equal[name] and tokens == base
+                        agree[name] += [_common_prefix(a, b) / max(len(b), 1) for a, b in zip(tokens, base)]
             rate = {name: [n / s for n, s in zip(emitted[name], seconds[name])] for name in methods}
             for name in methods:
                 c = totals[name]
@@ -181,7 +195,10 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "per_position_acceptance": [a / d if d else None for a, d in zip(c["accepted_at"], c["drafted_at"])],
                     "seconds": statistics.median(seconds[name]),
                     "tokens_per_second": statistics.median(rate[name]),
-                    "speedup": statistics.median(r / b for b, r in zip(rate["plain"], rate[name])),
+                    "speedup": statistics.median(r / b for b, r in zip(rate[plain_of[name]], rate[name])),
+                    **({"speedup_over_fastest_plain": statistics.median(
+                        r / max(rate[p][i] for p in plains) for i, r in enumerate(rate[name]))}
+                       if len(plains) > 1 else {}),
                     "greedy_equal_plain": equal[name] if temperature == 0 else None,
                     "greedy_agreement": statistics.mean(agree[name]) if temperature == 0 else None,
                     # the exact counts the rates come from, over every round
@@ -210,13 +227,15 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
     """`compare_drafters`' rows as the lines of a markdown table."""
     fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
     sets = "prompt_set" in (rows[0] if rows else {})
+    fastest = any("speedup_over_fastest_plain" in r for r in rows)
     lines = [("| prompts " if sets else "") + "| temperature | batch | method | tokens/call | acceptance per position "
-             "| alpha | tokens/s | speed-up |", ("|---" if sets else "") + "|---:|---:|---|---:|---|---:|---:|---:|"]
+             "| alpha | tokens/s | speed-up |" + (" over the fastest plain |" if fastest else ""),
+             ("|---" if sets else "") + "|---:|---:|---|---:|---|---:|---:|---:|" + ("---:|" if fastest else "")]
     for r in rows:
         per = " ".join(fmt(a, ".2f") for a in r.get("per_position_acceptance") or []) or "–"
         lines.append((f"| {r['prompt_set']} " if sets else "") + f"| {r['temperature']:g} | {r['batch']} | {r['method']} | "
                      f"{r['tokens_per_call']:.2f} | {per} | {fmt(r['alpha'], '.3f')} | {r['tokens_per_second']:.1f} | "
-                     f"{r['speedup']:.2f}x |")
+                     f"{r['speedup']:.2f}x |" + (f" {r['speedup_over_fastest_plain']:.2f}x |" if fastest else ""))
     return lines
 
 
@@ -226,7 +245,9 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
     plt = pyplot()
 
     sets = list(dict.fromkeys(r.get("prompt_set", "") for r in rows))
-    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
+    # with plain decoding in two dtypes, every bar is over the faster of the two (the other plain's included)
+    key = "speedup_over_fastest_plain" if any("speedup_over_fastest_plain" in r for r in rows) else "speedup"
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain" or key != "speedup"]
     pick = {(r.get("prompt_set", ""), r["method"], r["temperature"], r["batch"]): r for r in rows}
     fig, axes = plt.subplots(len(sets), 2, figsize=(12, 3.8 * len(sets)), squeeze=False)
     width = 0.8 / max(len(methods), 1)
@@ -237,14 +258,14 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
         ax_calls, ax_speed = axes[row]
         for i, m in enumerate(methods):
             calls = [(j, pick[name, m, t, 1]["tokens_per_call"]) for j, t in enumerate(temps) if (name, m, t, 1) in pick]
-            speed = [(j, pick[(name, m, *k)]["speedup"]) for j, k in enumerate(keys) if (name, m, *k) in pick]
+            speed = [(j, pick[(name, m, *k)][key]) for j, k in enumerate(keys) if (name, m, *k) in pick]
             ax_calls.bar([j + i * width for j, _ in calls], [v for _, v in calls], width, label=m, color=colors(i))
             ax_speed.bar([j + i * width for j, _ in speed], [v for _, v in speed], width, label=m, color=colors(i))
         ax_calls.set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
         ax_calls.set_ylabel("tokens per target call, batch 1")
         ax_speed.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, b{b}" for t, b in keys])
         ax_speed.axhline(1.0, color="grey", lw=0.8)
-        ax_speed.set_ylabel("speed-up over plain decoding")
+        ax_speed.set_ylabel("speed-up over plain decoding" if key == "speedup" else "over the fastest plain decoding")
         if name:
             ax_calls.set_title(f"{name} prompts", fontsize=10)
             ax_speed.set_title(f"{name} prompts", fontsize=10)
@@ -270,6 +291,13 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
                   "few-row linear layers (numba's kernel, specdec_models/few_rows_kernel.py)" if numba else
                   "few-row linear layers (W @ x.T, specdec_models/few_rows.py)")
         lines += ["", f"Target and drafters in {settings['dtype']}, {layers}."]
+        if settings.get("also_dtype"):
+            other = settings["also_dtype"]
+            other_layers = ("few-row linear layers" if settings.get("also_few_rows") else "torch's own linear layers")
+            lines += ["", (f"Methods marked [{other}] decode the same target cast to {other} ({other_layers}), "
+                           "interleaved with the others; each speed-up is over plain decoding in the method's own "
+                           "dtype, and 'over the fastest plain' over the faster plain decoding of the two in the same "
+                           "round.")]
     if "rounds" in settings:
         n = settings["rounds"]
         stopped = settings.get("no_eos_stop") is False          # earlier reports decoded a fixed length
@@ -355,7 +383,8 @@ class HFDrafters:
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
                batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0),
-               few_rows: bool = False, eos_id: int | None = None) -> dict[str, Any]:
+               few_rows: bool = False, eos_id: int | None = None, other_dtype: str | None = None,
+               other_few_rows: bool = False) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
     `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all; not
     without `batch8`),
@@ -367,14 +396,29 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     drafter's linear layers to `few_rows.FewRowsLinear` (plain decoding and prompt lookup included;
     the fp32 check against transformers keeps torch's own layers). `eos_id`: every method stops a
     row there (the check against transformers decodes `max_new_tokens` whole, a stricter test).
+    `other_dtype` ("float32", "bfloat16"): plain decoding and every drafter also decode with a copy of
+    the target in that dtype (methods named "... [dtype]", `other_few_rows` as `few_rows` for them),
+    interleaved with the rest, and every row gets speedup_over_fastest_plain (`compare_drafters`):
+    on a host where the two dtypes race, the speed-up over the faster plain decoding.
     Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
+    import copy
+
     from specdec_models.hf.weights import load_causal_lm
 
+    check(other_dtype is None or other_dtype != dtype, f"the other dtype must differ from the comparison's ({dtype})")
+    # the copy first: the loaded weights, not their cast to `dtype`, become the other dtype's
+    other = None if other_dtype is None else copy.deepcopy(loaded.model).to(device=device, dtype=getattr(torch, other_dtype))
     model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
     built = drafters.build(model)
     if few_rows:
         for module in [model] + [kw[k] for kw in built.values() for k in ("prophet", "draft") if k in kw]:
             use_few_rows(module)
+    if other is not None:
+        twins = {"plain": {}, **drafters.build(other)}
+        if other_few_rows:
+            for module in [other] + [kw[k] for kw in twins.values() for k in ("prophet", "draft") if k in kw]:
+                use_few_rows(module)
+        built.update({f"{name} [{other_dtype}]": {**kw, "target": other} for name, kw in twins.items()})
     rows = []
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
@@ -383,7 +427,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
                                     vocab_size=len(loaded.tokenizer), eos_id=eos_id,
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
-    del model, built
+    del model, built, other
     fp32 = load_causal_lm(target, dtype=torch.float32, what="target").to(device)
     # prompt lookup is transformers' own; a token-verified twin accepts at T=0 what its drafter does
     checked = {k: v for k, v in drafters.build(fp32).items() if not {"prompt_lookup", "verify"} & set(v)}
