@@ -18,8 +18,8 @@ on which host"):
   1.24-1.31x as fast as plain bf16 decoding there;
 - an AMD EPYC with AVX-512 and avx512_bf16, no AMX: a bf16 step took 46.4 ms, a few-row fp32 step
   (numba) 38.4, a bf16 verify of 16 tokens 62.3 against fp32's 99.7; bf16 generated the cache at
-  500-800 tokens/s, and a bf16 tree was the fastest drafting at T=0, while fp32 plain decoding
-  beat bf16's (`racing_dtype` below).
+  500-800 tokens/s, and a bf16 tree was the fastest drafting at T=0 in 8-prompt comparisons,
+  while fp32 plain decoding beat bf16's (`racing_dtype` below).
 
 So `fast_dtype("cpu")`, the dtype decoding and caching run in by default ("auto"), is bf16 where
 /proc/cpuinfo lists `avx512_bf16` or `amx_bf16` and fp32 elsewhere; on a CUDA device, bf16
@@ -77,8 +77,9 @@ def racing_dtype(device: str | torch.device = "cpu") -> torch.dtype | None:
     bf16 dot products but no AMX, else None. There bf16 verifies many tokens cheaply (a tree), while a
     1-token fp32 step with few-row layers is the faster plain decoding: on an AMD EPYC with
     avx512_bf16 (interleaved, 200 cached tokens) a bf16 step took 46.4 ms, a numba few-row fp32 step
-    38.4; fp32 plain decoding ran 1.16-1.36x bf16's, and a bf16 tree beat every fp32 drafting at T=0
-    (README, "A host with bf16 instructions but no AMX"). So a comparison there races both dtypes
+    38.4; fp32 plain decoding ran 1.16-1.36x bf16's, and in two 8-prompt comparisons a bf16 tree was
+    the fastest drafting at T=0 (tied once with the fp32 tree) while fp32 chains beat bf16's (README,
+    "A host with bf16 instructions but no AMX"). So a comparison there races both dtypes
     (`compare_hf_drafts.py --also-dtype`) and reports speed-ups over the faster plain decoding. With
     AMX a bf16 step costs half an fp32 one, and on a CUDA device bf16 is the faster: no race."""
     if cuda_device(device) is not False:
