@@ -380,6 +380,12 @@ class HFDrafters:
         return drafters
 
 
+def _use_few_rows(model: Any, built: dict[str, dict[str, Any]]) -> None:
+    """Switch the linear layers of `model` and of every drafter `built` on it to few-row layers."""
+    for module in [model] + [kw[k] for kw in built.values() for k in ("prophet", "draft") if k in kw]:
+        use_few_rows(module)
+
+
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
                batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0),
@@ -411,13 +417,11 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
     built = drafters.build(model)
     if few_rows:
-        for module in [model] + [kw[k] for kw in built.values() for k in ("prophet", "draft") if k in kw]:
-            use_few_rows(module)
+        _use_few_rows(model, built)
     if other is not None:
         twins = {"plain": {}, **drafters.build(other)}
         if other_few_rows:
-            for module in [other] + [kw[k] for kw in twins.values() for k in ("prophet", "draft") if k in kw]:
-                use_few_rows(module)
+            _use_few_rows(other, twins)
         built.update({f"{name} [{other_dtype}]": {**kw, "target": other} for name, kw in twins.items()})
     rows = []
     for name, prompts in prompt_sets:
