@@ -133,6 +133,34 @@ def test_adapter_with_ragged_per_row_rollback_matches_uncached_forward(tmp_path,
     assert cache.slots >= int(cache.lengths.max())
 
 
+def test_the_adapter_passes_its_cache_by_the_name_the_model_takes(models):
+    """transformers >= 5.24 takes the KV cache as `cache` (past_key_values is deprecated, removed in
+    5.40); older versions as `past_key_values`: the adapter asks the model's forward which."""
+    import inspect
+    import warnings
+
+    from specdec_models.hf.adapter import cache_argument
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            pass
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None):
+            pass
+
+    assert cache_argument(Old()) == "past_key_values" and cache_argument(New()) == "cache"
+    model = models["llama"]
+    assert cache_argument(model) == ("cache" if "cache" in inspect.signature(type(model).forward).parameters
+                                     else "past_key_values")
+    dec = HFDecoder(model)
+    cache = dec.new_cache(1, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)                 # no deprecated argument passed
+        dec(torch.tensor([[1, 2, 3]]), cache=cache)
+    assert cache.lengths.tolist() == [3]
+
+
 def test_adapter_slices_logits_and_refuses_models_without_a_causal_head(models, tmp_path):
     x = torch.randint(0, V, (2, 7))
     with torch.no_grad():

@@ -30,6 +30,34 @@ def test_smollm2_loads_as_the_model_it_claims_to_be(smollm2):
     assert model.lm_head.weight is model.model.embed_tokens.weight                    # tied
     assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
     assert model.dtype == torch.float32 and tokenizer.chat_template
+    # dequantized to dense layers (what the few-row kernels and the weights' hash read), not packed blocks
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 30 * 7 + 1 and all(type(m) is torch.nn.Linear for m in linears)
+
+
+def test_a_gguf_file_is_loaded_dense_and_a_model_directory_as_it_is(monkeypatch, tmp_path):
+    """transformers versions with `GgufConfig` are asked for dequantized weights (they warn, wrongly,
+    that SmolLM2's stay packed otherwise); a save_pretrained directory gets no quantization config."""
+    calls = []
+
+    class Model:
+        def eval(self):
+            return self
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda **kw: calls.append(kw) or Model())
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(loading, "_require", lambda *a, **k: None)
+    (tmp_path / "config.json").write_text("{}")
+    loading.load_causal_lm(gguf)
+    loading.load_causal_lm(tmp_path)
+    assert calls[0]["gguf_file"] == "m.gguf" and "gguf_file" not in calls[1]
+    assert "quantization_config" not in calls[1]
+    if hasattr(transformers, "GgufConfig"):
+        assert calls[0]["quantization_config"].dequantize is True
+    else:
+        assert "quantization_config" not in calls[0]
 
 
 @pytest.mark.real

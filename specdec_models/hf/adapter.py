@@ -39,6 +39,7 @@ transformers is imported lazily: `specdec_models` imports without it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Sequence
@@ -69,6 +70,21 @@ def logits_width(model: Any) -> int:
     head = model.get_output_embeddings()
     weight = getattr(head, "weight", None)
     return int(weight.shape[0]) if weight is not None else int(text_config(model.config).vocab_size)
+
+
+def cache_argument(model: Any) -> str:
+    """The name a causal LM's forward takes its KV cache by: `cache` from transformers 5.24 on
+    (where `past_key_values` is deprecated, to be removed in 5.40), `past_key_values` before."""
+    return _cache_argument(type(model))
+
+
+@functools.cache
+def _cache_argument(cls: type) -> str:
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -159,9 +175,9 @@ class HFKVCache:
         extra = {} if keep is None else {"logits_to_keep": keep}
         if embeds or self.keep_embeds or self.keep_layers:
             extra["output_hidden_states"] = True
-        out = model(input_ids=tokens, attention_mask=mask, position_ids=pos,
-                    past_key_values=self.kv, use_cache=True, **extra)
-        check(out.past_key_values is self.kv,
+        name = cache_argument(model)
+        out = model(input_ids=tokens, attention_mask=mask, position_ids=pos, use_cache=True, **{name: self.kv}, **extra)
+        check(getattr(out, name) is self.kv,
               f"{type(model).__name__} did not use the DynamicCache it was given: its cache cannot be rolled back per row")
         if self.keep_embeds:
             h = out.hidden_states[-1]                                                    # (b, n, hidden)

@@ -118,6 +118,21 @@ def _where(path: Path) -> dict[str, Any]:
     return dict(pretrained_model_name_or_path=str(path), local_files_only=True)
 
 
+def _dense(path: Path) -> dict[str, Any]:
+    """from_pretrained's arguments that load a GGUF file's weights dequantized to dense tensors, as
+    this project's layers (few-row kernels, the weights' hash) expect. Transformers versions that can
+    keep a GGUF file's weights packed (`GgufConfig`) do it only for some architectures, and for every
+    other (Llama's, SmolLM2's) still warn, wrongly, that they keep them packed and cast each matmul:
+    asking for dense weights says what happens and silences it."""
+    if path.suffix != ".gguf":
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:                             # older versions always dequantize
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
 def load_tokenizer(path: str | os.PathLike, what: str = "model") -> Any:
     """The tokenizer of a GGUF file or a model directory (seconds: load it before the model to
     find a mismatch early)."""
@@ -167,7 +182,7 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float3
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(**_where(path), dtype=dtype).eval()
+        return AutoModelForCausalLM.from_pretrained(**_where(path), **_dense(path), dtype=dtype).eval()
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise SpecdecError(f"{what}: cannot load a causal LM from {path}: {_one_line(error)}") from None
 

@@ -32,6 +32,7 @@ from torch import Tensor
 from specdec_models.decode import generate
 from specdec_models.errors import check
 from specdec_models.hf import logits_width
+from specdec_models.hf.adapter import cache_argument
 
 PROMPTS = [
     "What is the capital of France? Explain briefly.",
@@ -108,15 +109,15 @@ def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float
     context of c tokens: transformers' own DynamicCache, contiguous, logits at every new position."""
     from transformers import DynamicCache
 
-    kv = DynamicCache()
-    model(input_ids=context, past_key_values=kv, use_cache=True)
+    kv = {cache_argument(model): DynamicCache()}
+    model(input_ids=context, use_cache=True, **kv)
     new = context[:, -n:]
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        model(input_ids=new, past_key_values=kv, use_cache=True)
+        model(input_ids=new, use_cache=True, **kv)
         times.append(time.perf_counter() - t0)
-        kv.crop(-n)
+        next(iter(kv.values())).crop(-n)
     return statistics.median(times)
 
 
