@@ -3,13 +3,16 @@
     python scripts/bench_train.py [--precisions 32-true bf16-mixed]          # pipeline vs plain loop
     python scripts/bench_train.py --peer [--sizes 512x10+512x2] [--windows-per-seq 64]
     python scripts/bench_train.py --quality [--threshold 0.4] [--max-steps 200]
+    python scripts/bench_train.py --eagle3-step CACHE --draft-vocab COUNTS.json --threads 1   # which precision
 
 Default: the Lightning pipeline (`model=mid`, task=prophet) against a plain PyTorch loop on the
 same batches (`train.bench.pipeline`; goal >= 0.97). `--peer`: our joint train step (fp32 AdamW, seq 512,
 batch 4) against lucidrains' `ModelWithProphetWrapper`, as published and with its feed-forward
 applied, live in the same process (`train.bench.train_step`). `--quality`: train time
 until the prophet's T=0 acceptance on validation prompts reaches a threshold, ours against the
-peer, trained interleaved (`train.bench.train_quality`). Reports: bench/train*.json,
+peer, trained interleaved (`train.bench.train_quality`). `--eagle3-step`: an eagle3 head's
+training step on a hidden-state cache in each precision, interleaved, beside the precision
+train/hardware.py's flag rule picks (`train.bench.eagle3_step`). Reports: bench/train*.json,
 .md and .png (`--out` sets the stem). Data: `--data`, else the shared text file, else synthetic.
 """
 
@@ -25,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specdec_models.errors import SpecdecError, check
-from train.bench import pipeline, train_quality, train_step
+from train.bench import eagle3_step, pipeline, train_quality, train_step
 from train.bench.data import byte_batches, data_file, validation_rows
 from train.bench.report import load_note, machine, write_report
 
@@ -64,11 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--peer", action="store_true", help="our train step vs the live peer's")
     mode.add_argument("--quality", action="store_true", help="time-to-quality, ours vs the peer")
+    mode.add_argument("--eagle3-step", metavar="CACHE",
+                      help="an eagle3 head's training step on this hidden-state cache, per precision, interleaved")
+    parser.add_argument("--draft-vocab", help="--eagle3-step: token counts of scripts/draft_vocab.py")
+    parser.add_argument("--draft-vocab-size", type=int, default=8192,
+                        help="--eagle3-step: draft vocabulary size (0: the target's whole vocabulary)")
+    parser.add_argument("--batch-size", type=int, default=4, help="--eagle3-step: cache rows a step")
+    parser.add_argument("--ttt-steps", type=int, default=4, help="--eagle3-step: unrolled draft steps")
+    parser.add_argument("--aux-layers", type=int, nargs="+", help="--eagle3-step: fused layers (default [2, L//2, L-3])")
     parser.add_argument("--model", default="mid", help="pipeline: conf/model group (default: mid)")
     parser.add_argument("--precisions", nargs="+", default=list(pipeline.PRECISIONS))
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (pipeline 2, --peer 1)")
     parser.add_argument("--steps", type=int, default=4, help="pipeline: steps per round; --peer: timed rounds")
-    parser.add_argument("--rounds", type=int, default=3, help="pipeline: timed rounds, each side")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="pipeline: timed rounds, each side (default 3); --eagle3-step: timed rounds (default 12)")
     parser.add_argument("--override", nargs="*", default=[], help="pipeline: extra Hydra overrides")
     parser.add_argument("--sizes", nargs="+", default=list(train_step.SIZES), help="--peer: sizes")
     parser.add_argument("--windows-per-seq", type=int, nargs="*", default=[64],
@@ -87,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=64, help="--quality: prompt bytes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 on an oversubscribed CPU)")
-    parser.add_argument("--out", help="report stem (default bench/train, bench/train_peer, bench/train_quality)")
+    parser.add_argument("--out", help="report stem (default bench/train, bench/train_peer, bench/train_quality, "
+                                      "bench/train_eagle3_step)")
     args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 12 if args.eagle3_step else 3
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     try:
@@ -101,7 +116,16 @@ def main(argv: list[str] | None = None) -> int:
               ">= 1 and --warmup >= 0")
         with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
             path, desc = data_file(args.data, DEFAULT_DATA, Path(tmp))
-            if args.peer:
+            if args.eagle3_step:
+                check(args.draft_vocab_size >= 0, "--draft-vocab-size must be >= 0 (0: the whole vocabulary)")
+                report = eagle3_step.bench_eagle3_step(
+                    args.eagle3_step, args.draft_vocab, precisions=tuple(args.precisions), rounds=args.rounds,
+                    warmup=1 if args.warmup is None else args.warmup, batch_size=args.batch_size,
+                    ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab_size or None,
+                    aux_layers=args.aux_layers, seed=args.seed,
+                    log=lambda line: print(line, file=sys.stderr))
+                md, plot, stem, desc = eagle3_step.markdown, None, "train_eagle3_step", f"cache {args.eagle3_step}"
+            elif args.peer:
                 args.warmup = 1 if args.warmup is None else args.warmup
                 report, md, plot, stem = run_peer(args, path), train_step.markdown, train_step.plot, "train_peer"
             elif args.quality:

@@ -1,6 +1,6 @@
 """specdec_models/hardware.py and train/hardware.py: the dtype decoding and caching run in and the
-training precision a config resolves to are decided by the machine's flags (AMX on a CPU, bf16
-support on CUDA), never by a clock."""
+training precision a config resolves to are decided by the machine's flags and vendor (on a CPU: AMX,
+or avx512_bf16 on AMD; bf16 support on CUDA), never by a clock."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import torch
 from specdec_models import hardware as specdec_hardware
 from train import hardware
 
-XEON_NO_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
-XEON_AMX = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
-EPYC_AVX2 = "processor\t: 0\nflags\t\t: fpu sse avx avx2 fma f16c\n"
-EPYC_AVX512_BF16 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
+XEON_NO_AMX = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+XEON_AMX = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+EPYC_AVX2 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx avx2 fma f16c\n"
+EPYC_AVX512_BF16 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+                    "flags\t\t: fpu avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n\n"
+                    "processor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: fpu\n")
 
 
 @pytest.fixture
@@ -26,16 +28,27 @@ def machine(monkeypatch, tmp_path):
     return use
 
 
-def test_cpu_flags_are_the_first_cpus_and_empty_without_cpuinfo(tmp_path):
+def test_cpu_flags_and_vendor_are_the_first_cpus_and_empty_without_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text(XEON_NO_AMX)
     assert hardware.cpu_flags(info) == {"fpu", "sse", "avx2", "avx512f", "avx512_bf16", "avx512_fp16"}
+    assert specdec_hardware.cpu_vendor(info) == "GenuineIntel"
+    info.write_text(EPYC_AVX512_BF16)                # the second CPU's vendor and flags are not read
+    assert specdec_hardware.cpu_vendor(info) == "AuthenticAMD" and "avx512_bf16" in hardware.cpu_flags(info)
     assert hardware.cpu_flags(tmp_path / "missing") == frozenset()
+    assert specdec_hardware.cpu_vendor(tmp_path / "missing") == ""
 
 
-@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (XEON_NO_AMX, "32-true"), ("", "32-true")])
+# an AMD CPU with AVX2 only, or an Intel one with avx512_bf16 but no AMX, trains faster in fp32
+AMD_AVX512_BF16_NO_VENDOR = EPYC_AVX512_BF16.replace("vendor_id\t: AuthenticAMD\n", "")
+
+
+@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (EPYC_AVX512_BF16, "bf16-mixed"),
+                                               (XEON_NO_AMX, "32-true"), (EPYC_AVX2, "32-true"),
+                                               (AMD_AVX512_BF16_NO_VENDOR, "32-true"), ("", "32-true")])
 @pytest.mark.parametrize("accelerator", ["cpu", "auto"])
-def test_a_cpu_trains_in_bf16_mixed_only_with_amx(monkeypatch, machine, cpuinfo, expected, accelerator):
+def test_a_cpu_trains_in_bf16_mixed_with_amx_or_with_avx512_bf16_on_amd(monkeypatch, machine, cpuinfo, expected,
+                                                                        accelerator):
     machine(cpuinfo)
     monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
     assert hardware.fast_precision(accelerator) == expected
@@ -84,7 +97,8 @@ def test_a_cuda_device_trains_in_bf16_mixed_where_it_has_bf16(monkeypatch, machi
 
 
 @pytest.mark.parametrize("experiment", ["smollm2_eagle3", "smollm2_prophet"])
-@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (XEON_NO_AMX, "32-true")])
+@pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, "bf16-mixed"), (EPYC_AVX512_BF16, "bf16-mixed"),
+                                               (XEON_NO_AMX, "32-true")])
 def test_the_smollm2_experiments_resolve_their_precision_from_the_machine(compose, machine, experiment, cpuinfo,
                                                                           expected):
     machine(cpuinfo)

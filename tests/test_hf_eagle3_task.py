@@ -205,6 +205,35 @@ def test_two_cpu_processes_train_the_head_each_on_its_share_of_the_cache(hf, cac
     assert (out / "export" / "config.json").is_file()
 
 
+def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_the_rules_choice(caches, tmp_path,
+                                                                                                 capsys):
+    """scripts/bench_train.py --eagle3-step: both precisions step their own copy of the head on the
+    cache's rows, interleaved; the report holds every timed step, paired ratios and the rule's pick."""
+    from conftest import load_script
+
+    from train.hardware import fast_precision
+
+    bench_train = load_script("bench_train")
+
+    out = tmp_path / "bench"
+    argv = ["--eagle3-step", str(caches["full"]), "--draft-vocab-size", "0", "--aux-layers", "0", "1", "2",
+            "--ttt-steps", "3", "--rounds", "3", "--out", str(out)]
+    assert bench_train.main(argv) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    rows = {row["precision"]: row for row in report["precisions"]}
+    assert list(rows) == ["32-true", "bf16-mixed"] and report["rounds"] == 3
+    for row in rows.values():
+        assert len(row["seconds"]) == 3 and all(s > 0 for s in row["seconds"])
+        pairs = [a / b for a, b in zip(row["seconds"], rows["32-true"]["seconds"])]
+        assert row["median_ratio_over_32-true"] == pytest.approx(sorted(pairs)[1])
+    assert rows["32-true"]["median_ratio_over_32-true"] == 1.0
+    assert report["fastest"] == min(rows, key=lambda p: rows[p]["median_seconds"])
+    assert report["rule"] == fast_precision("cpu") and report["rule"] in out.with_suffix(".md").read_text()
+    assert bench_train.main(["--eagle3-step", str(caches["full"]), "--draft-vocab-size", "0", "--precisions",
+                             "16-true", "--out", str(out)]) == 2
+    assert "--precisions" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("experiment", ["hf_eagle3", "hf_prophet"])
 def test_heads_train_under_bf16_mixed_precision_as_the_smollm2_experiments_do(hf, caches, tmp_path, experiment):
     """experiment=smollm2_eagle3 / smollm2_prophet train with trainer.precision=bf16-mixed where the
