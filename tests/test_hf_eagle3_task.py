@@ -229,9 +229,14 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
     assert rows["32-true"]["median_ratio_over_32-true"] == 1.0
     assert report["fastest"] == min(rows, key=lambda p: rows[p]["median_seconds"])
     assert report["rule"] == fast_precision("cpu") and report["rule"] in out.with_suffix(".md").read_text()
-    assert bench_train.main(["--eagle3-step", str(caches["full"]), "--draft-vocab-size", "0", "--precisions",
-                             "16-true", "--out", str(out)]) == 2
-    assert "--precisions" in capsys.readouterr().err
+    for argv, message in [(["--draft-vocab-size", "0", "--precisions", "16-true"], "--precisions"),
+                          (["--draft-vocab-size", "8"], "give --draft-vocab"),
+                          (["--draft-vocab", str(tmp_path / "none.json")], "does not exist")]:
+        capsys.readouterr()
+        assert bench_train.main(["--eagle3-step", str(caches["full"]), *argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert bench_train.main(["--eagle3-step", str(tmp_path / "no_cache"), "--draft-vocab-size", "0"]) == 2
 
 
 @pytest.mark.parametrize("experiment", ["hf_eagle3", "hf_prophet"])

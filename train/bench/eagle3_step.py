@@ -61,6 +61,10 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precision
           f"--precisions: give distinct ones of {', '.join(PRECISIONS)}, got {list(precisions)}")
     check(rounds >= 1 and warmup >= 0 and batch_size >= 1 and ttt_steps >= 1,
           "--rounds, --batch-size and --ttt-steps must be >= 1, --warmup >= 0")
+    check(draft_vocab_size is None or counts is not None,
+          f"a draft vocabulary of {draft_vocab_size} tokens is chosen from token counts: give --draft-vocab COUNTS.json "
+          f"(scripts/draft_vocab.py), or --draft-vocab-size 0 for the target's whole vocabulary")
+    check(counts is None or Path(counts).expanduser().is_file(), f"--draft-vocab {counts} does not exist")
     meta = check_cache(cache)
     check(meta["model"]["kind"] == "hf", f"{cache} caches a specdec export's embeddings, not a Hugging Face target's")
     dtype = fast_dtype("cpu")
@@ -69,7 +73,6 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precision
     vocab = min(len(target.tokenizer), logits_width(model))
     size = vocab if draft_vocab_size is None else draft_vocab_size
     check(size <= vocab, f"--draft-vocab-size {size} exceeds the target's vocabulary ({vocab})")
-    check(size == vocab or counts is not None, f"a draft vocabulary of {size} < {vocab} tokens needs --draft-vocab")
     ids = None if size == vocab else choose_draft_vocab(read_token_counts(counts, target.tokenizer, vocab), size)
     config = Eagle3Config.for_target(model, draft_vocab_size=size, aux_layers=aux_layers, vocab_size=vocab)
     order = [int(i) for i in meta["layers"]]
