@@ -8,8 +8,9 @@ forward, backward and AdamW on one thread; README, "The same recipe on a host wi
 - on the host of the earlier rounds, bf16-mixed ran 1.8x the fp32 step rate;
 - on an Intel Xeon with AVX-512 and its bf16 instructions but no AMX, it ran at 0.68x (2.88 s a
   step against 1.94 s);
-- on an AMD EPYC (Zen 4) with AVX-512 and avx512_bf16, no AMX, it ran 1.76x (median of 12
-  interleaved pairs: 1.37 s a step against 2.30 s). One-thread matmuls at the head's shapes ran
+- on an AMD EPYC (Zen 4) with AVX-512 and avx512_bf16, no AMX, it ran 1.76x (`python
+  scripts/bench_train.py --eagle3-step`, 12 interleaved rounds: 1.244 s a step against 2.209 s,
+  paired ratio 0.568). One-thread matmuls at the head's shapes ran
   184-207 GFLOP/s in bf16 there against 71-96 in fp32: Zen 4 executes a 512-bit fp32 FMA as two
   256-bit halves, while its bf16 dot product (vdpbf16ps) does twice the work per instruction.
 

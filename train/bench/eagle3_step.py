@@ -55,7 +55,7 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precision
     from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
     from specdec_models.hf.weights import load_model
 
-    from ..tasks.hf_eagle3 import read_token_counts
+    from ..tasks.hf_eagle3 import cached_layers, read_token_counts
 
     check(len(precisions) >= 1 and all(p in PRECISIONS for p in precisions) and len(set(precisions)) == len(precisions),
           f"--precisions: give distinct ones of {', '.join(PRECISIONS)}, got {list(precisions)}")
@@ -89,9 +89,7 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precision
 
     def batch() -> tuple[torch.Tensor, ...]:
         rows = cache_rows(dataset, np.sort(rng.choice(meta["windows"], batch_size, replace=False)), meta)
-        parts = rows["embeds"].unflatten(-1, (len(order), -1))
-        aux = torch.cat([parts[..., order.index(i), :] for i in config.aux_layers], -1).float()
-        last = parts[..., order.index(config.target_layers), :]
+        aux, last = cached_layers(rows["embeds"], order, config.aux_layers, config.target_layers)
         return rows["tokens"], aux, last, label_mask(rows, rows["embeds"].shape[1])
 
     def step(precision: str, inputs: tuple[torch.Tensor, ...]) -> float:

@@ -109,7 +109,8 @@ def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float
     context of c tokens: transformers' own DynamicCache, contiguous, logits at every new position."""
     from transformers import DynamicCache
 
-    kv = {cache_argument(model): DynamicCache()}
+    cache = DynamicCache()
+    kv = {cache_argument(model): cache}
     model(input_ids=context, use_cache=True, **kv)
     new = context[:, -n:]
     times = []
@@ -117,7 +118,7 @@ def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float
         t0 = time.perf_counter()
         model(input_ids=new, use_cache=True, **kv)
         times.append(time.perf_counter() - t0)
-        next(iter(kv.values())).crop(-n)
+        cache.crop(-n)
     return statistics.median(times)
 
 

@@ -211,6 +211,16 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ the module
 
+def cached_layers(embeds: torch.Tensor, order: list[int], aux_layers: list[int],
+                  last_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux (b, n, A*H), last (b, n, H)) from a cache batch's "embeds" (b, n, len(order)*H), which
+    concatenates the hidden states of the layers `order` in that order."""
+    parts = embeds.unflatten(-1, (len(order), -1))
+    aux = torch.cat([parts[..., order.index(i), :] for i in aux_layers], -1)
+    return aux, parts[..., order.index(last_layer), :]
+
+
+
 class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
 
@@ -251,11 +261,8 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         layers = self.head.aux_layers
         last_layer = self.head.config.target_layers
         if isinstance(batch, dict):
-            tokens, embeds = batch["tokens"], batch["embeds"]
-            order = self.hparams.cache_layers or [last_layer]
-            parts = embeds.unflatten(-1, (len(order), -1))
-            aux = torch.cat([parts[..., order.index(i), :] for i in layers], -1)
-            return tokens, aux, parts[..., order.index(last_layer), :], label_mask(batch, embeds.shape[1])
+            aux, last = cached_layers(batch["embeds"], self.hparams.cache_layers or [last_layer], layers, last_layer)
+            return batch["tokens"], aux, last, label_mask(batch, batch["embeds"].shape[1])
         tokens = batch
         with torch.no_grad():
             out = self.target(input_ids=tokens[:, :-1], output_hidden_states=True, use_cache=False, logits_to_keep=1)
