@@ -245,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                              "exactness against transformers is checked in float32")
     parser.add_argument("--also-dtype", choices=("float32", "bfloat16"), default=None,
                         help="compare: also decode plainly and with every drafter in this dtype, interleaved (methods "
-                             "marked [DTYPE]), and report each speed-up over the faster of the two plain decodings too: "
-                             "for a host where the dtypes race (few-row fp32 against bf16 instructions)")
+                             "marked [DTYPE]; the drafters at batch 1 only, plain decoding at batch 8 too), and report "
+                             "each speed-up over the faster of the two plain decodings too: for a host where the dtypes "
+                             "race (few-row fp32 against bf16 instructions)")
     parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
                         help="compare: compute the models' linear layers on 1-32 rows as W @ x.T "
                              "(specdec_models/few_rows.py); default auto: on in float32 on a CPU")

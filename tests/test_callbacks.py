@@ -163,22 +163,25 @@ def test_eval_callback_every_n_validations_decodes_at_every_nth_and_the_last(tmp
     resumed = SpeculativeEval(every=2)
     resumed.load_state_dict(callback.state_dict())
     assert resumed._validations == 5
-    with pytest.raises(SpecdecError, match="speculative_eval.every"):
-        SpeculativeEval(every=0)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(SpecdecError, match="speculative_eval.every must be an integer >= 0"):
+            SpeculativeEval(every=bad)
 
 
-def test_eval_callback_every_n_decodes_at_a_signalled_stop(tmp_path):
-    """every=10, stopped after step 3 (conftest's StopAt sets should_stop as Lightning's Timer does
-    when max_time runs out): the validation at that stop decodes."""
+@pytest.mark.parametrize("every", [10, 0])
+def test_eval_callback_every_n_decodes_at_a_signalled_stop(tmp_path, every):
+    """every=10 or 0 (only at the end), stopped after step 3 (conftest's StopAt sets should_stop as
+    Lightning's Timer does when max_time runs out): the validation at that stop decodes, and
+    without the stop only the one at max_steps does."""
     callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=4, gamma=GAMMA, temperatures=[0.0],
-                               every=10)
+                               every=every)
     trainer, _ = fit(tmp_path, callback, max_steps=8, val_check_interval=1)
     assert trainer.global_step == 8                         # without the stop: 8 steps, no decoding before the last
     lines = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
     assert [r["step"] for r in lines] == [8]
     (tmp_path / SAMPLES_FILE).unlink()
     stopped = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=4, gamma=GAMMA, temperatures=[0.0],
-                              every=10)
+                              every=every)
     trainer = L.Trainer(max_steps=8, val_check_interval=1, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         accelerator="cpu", devices=1, default_root_dir=tmp_path, callbacks=[StopAt(3), stopped])

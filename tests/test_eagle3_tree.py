@@ -471,6 +471,13 @@ def test_a_method_on_another_target_instance_is_compared_with_its_own_plain(monk
     # round 0: fastest plain 2 tokens/s ([x]); round 1: 1 token/s (plain); medians of the two rounds
     assert got == {"plain": (1.0, (0.5 + 1.0) / 2, True), "A": (2.0, (1.0 + 2.0) / 2, True),
                    "plain [x]": (1.0, (1.0 + 0.5) / 2, True), "A [x]": (2.0, (2.0 + 1.0) / 2, True)}
+    # at batch 2 the other instance's drafter is left out, its plain decoding is not (it may be the faster)
+    rows = drafts.compare_drafters(None, prompts, methods, gamma=2, temperatures=(0.0,), batches={1: 2, 2: 2},
+                                   max_new_tokens=8, rounds=2)
+    assert [(r["batch"], r["method"]) for r in rows] == [(1, m) for m in ("plain", "A", "plain [x]", "A [x]")] + [
+        (2, m) for m in ("plain", "A", "plain [x]")]
+    assert {r["method"]: r["speedup_over_fastest_plain"] for r in rows if r["batch"] == 2} == {
+        "plain": (0.5 + 1.0) / 2, "A": (1.0 + 2.0) / 2, "plain [x]": (1.0 + 0.5) / 2}
 
 
 def test_with_eos_the_comparison_stops_every_method_there_and_compares_token_rates(monkeypatch):

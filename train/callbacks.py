@@ -157,7 +157,8 @@ class SpeculativeEval(SpecdecCallback):
         check(tree is None or isinstance(tree, str),
               f"speculative_eval.tree must be \"depth,topk,width[,lookup[..max]][,min_prob][,nodes=n]\" or null, got {tree!r}")
         self.tree = None if tree is None else TreeSpec.parse(tree)
-        check_positive_int(every, "speculative_eval.every")
+        check(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+              f"speculative_eval.every must be an integer >= 0 (0: only at the end of training), got {every!r}")
         self.every = every
         resolve_few_rows(few_rows, "cpu", torch.float32, "speculative_eval.few_rows")   # checked before any work
         self.few_rows = few_rows
@@ -379,11 +380,11 @@ class SpeculativeEval(SpecdecCallback):
         self._validations = int(state_dict.get("validations", 0))
 
     def due(self, trainer: L.Trainer) -> bool:
-        """Whether this validation decodes: every `every`-th one, and the one that ends training
-        (a stop signalled by `max_time` or a callback, the step budget reached, or the last batch
-        of the last epoch)."""
+        """Whether this validation decodes: every `every`-th one (none with `every` 0), and the
+        one that ends training (a stop signalled by `max_time` or a callback, the step budget
+        reached, or the last batch of the last epoch)."""
         self._validations += 1
-        if self.every == 1 or self._validations % self.every == 0 or trainer.should_stop:
+        if self.every == 1 or (self.every and self._validations % self.every == 0) or trainer.should_stop:
             return True
         if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:
             return True
