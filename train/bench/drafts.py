@@ -157,10 +157,10 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     for temperature in temperatures:
         for batch, count in batches.items():
             chosen = prompts[:count]
-            # prompt lookup and tree drafting decode one row at a time, and another target instance
-            # drafts, at batch 1 only
+            # at batch 1 only: prompt lookup and tree drafting (they decode one row at a time), and the
+            # drafters on another target instance (its plain decoding runs at every batch size)
             methods = {name: kw for name, kw in every.items()
-                       if batch == 1 or not ({"prompt_lookup", "tree"} & set(kw) or name not in plains and "target" in kw)}
+                       if batch == 1 or not ({"prompt_lookup", "tree"} & set(kw) or (name not in plains and "target" in kw))}
             for kwargs in methods.values():        # warm-up: first calls at a shape pay one-time costs
                 _decode(target, chosen[:batch], batch, kwargs, seed, temperature=temperature,
                         **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
