@@ -160,7 +160,7 @@ def compare(args, loaded) -> dict:
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
                           token_verify=args.token_verify)
-    from specdec_models.few_rows import kernel, resolve_few_rows
+    from specdec_models.few_rows import describe, kernel, resolve_few_rows
     from specdec_models.hardware import resolve_dtype
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
@@ -176,7 +176,8 @@ def compare(args, loaded) -> dict:
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel(),
-                         "also_few_rows": also_few_rows},
+                         "few_rows_how": few_rows and describe(torch_dtype), "also_few_rows": also_few_rows,
+                         "also_few_rows_how": also_few_rows and describe(also)},
             **result}
 
 
@@ -249,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
                              "each speed-up over the faster of the two plain decodings too: for a host where the dtypes "
                              "race (few-row fp32 against bf16 instructions)")
     parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
-                        help="compare: compute the models' linear layers on 1-32 rows as W @ x.T "
-                             "(specdec_models/few_rows.py); default auto: on in float32 on a CPU")
+                        help="compare: compute the models' linear layers on few rows with the kernels of "
+                             "specdec_models/few_rows.py (fp32: numba's or W @ x.T, oneDNN with packed weights; "
+                             "bf16: oneDNN with packed weights); default auto: on a CPU in float32, and in bfloat16 "
+                             "where oneDNN runs bf16")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")

@@ -1,19 +1,27 @@
 """Few-row linear layers (`specdec_models.few_rows`): the same function as `F.linear` up to fp32
-rounding at every row count with either kernel (torch's, numba's), torch's own path for training
-and large calls, switched in place and back without touching weights, and greedy decoding through
-them still the target's own."""
+rounding at every row count with either small-row kernel (torch's, numba's) and oneDNN's packed
+weights above them, bit for bit `F.linear` in bf16, a packed weight packed again when the weight
+changes, torch's own path for training and large fp32 calls, switched in place and back without
+touching weights, and greedy decoding through them still the target's own."""
+
+import copy
+
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_models import SpecdecError, few_rows_kernel
+from specdec_models import SpecdecError, few_rows, few_rows_kernel
 from specdec_models.few_rows import (
     MAX_ROWS,
+    SMALL_ROWS,
     FewRowsLinear,
+    describe,
     few_rows_pays,
+    few_rows_while,
     kernel,
+    packs,
     resolve_few_rows,
     set_kernel,
     use_few_rows,
@@ -38,7 +46,8 @@ def _layer(bias: bool, seed: int = 0) -> nn.Linear:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (2, 48), (3, 5, 48), (MAX_ROWS, 48), (1, MAX_ROWS + 1, 48)])
+@pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (2, 48), (SMALL_ROWS, 48), (SMALL_ROWS + 1, 48), (3, 5, 48),
+                                   (MAX_ROWS, 48), (1, MAX_ROWS + 1, 48)])
 def test_few_rows_compute_f_linear_up_to_rounding(bias, shape, each_kernel):
     layer = _layer(bias)
     assert type(layer) is FewRowsLinear
@@ -51,6 +60,62 @@ def test_few_rows_compute_f_linear_up_to_rounding(bias, shape, each_kernel):
     # the same sums in another order: both within fp32 rounding of the exact product
     torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (2, 48), (3, 5, 48), (MAX_ROWS, 48), (2, 100, 48)])
+def test_bf16_calls_are_f_linears_bit_for_bit(shape):
+    # oneDNN with a packed weight where this CPU runs its bf16 kernels, F.linear itself elsewhere:
+    # either way the very bits of F.linear on the same rows, at every row count. (F.linear itself
+    # rounds a strided 3-D input's product differently from the same rows made contiguous; here a
+    # strided input gets the contiguous rows' bits.)
+    layer = _layer(True).to(torch.bfloat16)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+
+    def want(rows):
+        if not packs(torch.bfloat16):                       # F.linear's own path, whatever its strides
+            return F.linear(rows, layer.weight, layer.bias)
+        flat = rows.contiguous().reshape(-1, 48)
+        return F.linear(flat, layer.weight, layer.bias).reshape(*rows.shape[:-1], 80)
+
+    with torch.no_grad():
+        assert torch.equal(layer(x), want(x))
+        strided = x[..., 1:, :] if len(shape) > 2 else x[1:]
+        assert torch.equal(layer(strided), want(strided))
+    assert (layer in few_rows._packed) == packs(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dtype):
+    if not packs(dtype):
+        pytest.skip(f"oneDNN's packed {dtype} product does not run on this CPU or torch")
+    layer = _layer(True).to(dtype)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    x = torch.randn(SMALL_ROWS + 3, 48, dtype=dtype)                 # above the small-row kernel: packed
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0, "atol": 0}
+
+    def check_against_f_linear():
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), **tol)
+
+    check_against_f_linear()
+    assert layer in few_rows._packed
+    assert list(layer.state_dict()) == ["weight", "bias"]
+    assert all(torch.equal(v, layer.state_dict()[k]) for k, v in state.items())
+    twin = copy.deepcopy(layer)                                      # the packed tensor could not be copied
+    with torch.no_grad():
+        layer.weight.mul_(-2)                                        # in place, as an optimizer step
+    check_against_f_linear()
+    layer.weight = nn.Parameter(torch.randn(80, 48, dtype=dtype))   # another tensor
+    check_against_f_linear()
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), F.linear(x, twin.weight, twin.bias), **tol)
+    use_few_rows(layer, False)                                       # switched back: the packed copy goes
+    assert layer not in few_rows._packed and type(layer) is nn.Linear
+    with few_rows_while([layer]):
+        with torch.no_grad():
+            layer(x)
+        assert layer in few_rows._packed
+    assert layer not in few_rows._packed and type(layer) is nn.Linear
 
 
 def test_calls_that_record_gradients_and_large_calls_take_torchs_own_path(each_kernel):
@@ -96,22 +161,30 @@ def test_the_numba_kernel_is_chosen_where_it_is_installed_and_a_bad_choice_is_on
 
 @pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
 def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kernel, monkeypatch):
-    # with the numba kernel chosen an fp32 call goes through it; bf16 and torch's kernel do not
+    # with the numba kernel chosen a small fp32 call goes through it, a larger one too where oneDNN
+    # cannot take it; bf16 and torch's kernel do not
     calls = []
     real = few_rows_kernel.matmul_wt
     monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w: calls.append(x.shape) or real(x, w))
     layer = _layer(True)
     with torch.no_grad():
         layer(torch.randn(3, 48))
+        layer(torch.randn(SMALL_ROWS + 1, 48))
         layer.to(torch.bfloat16)(torch.randn(3, 48, dtype=torch.bfloat16))
-    assert calls == ([(3, 48)] if each_kernel == "numba" else [])
+    larger = [] if packs(torch.float32) else [(SMALL_ROWS + 1, 48)]
+    assert calls == ([(3, 48), *larger] if each_kernel == "numba" else [])
 
 
-def test_the_rule_is_fp32_on_a_cpu_and_the_setting_is_checked():
+def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_the_setting_is_checked(monkeypatch):
     assert few_rows_pays("cpu", torch.float32) and few_rows_pays(torch.device("cpu"), torch.float32)
-    assert not few_rows_pays("cpu", torch.bfloat16) and not few_rows_pays("cuda", torch.float32)
-    assert resolve_few_rows("auto", "cpu", torch.float32) and not resolve_few_rows("auto", "cpu", torch.bfloat16)
+    assert few_rows_pays("cpu", torch.bfloat16) == packs(torch.bfloat16)
+    assert not few_rows_pays("cuda", torch.float32) and not few_rows_pays("cuda", torch.bfloat16)
+    assert not few_rows_pays("cpu", torch.float16)
+    assert resolve_few_rows("auto", "cpu", torch.float32)
+    assert resolve_few_rows("auto", "cpu", torch.bfloat16) == packs(torch.bfloat16)
     assert resolve_few_rows("on", "cpu", torch.bfloat16) and not resolve_few_rows("off", "cpu", torch.float32)
+    monkeypatch.setitem(few_rows._packs, torch.bfloat16, False)      # a CPU without oneDNN's bf16 kernels
+    assert not few_rows_pays("cpu", torch.bfloat16) and not resolve_few_rows("auto", "cpu", torch.bfloat16)
     with pytest.raises(SpecdecError, match="auto, on or off"):
         resolve_few_rows("yes", "cpu", torch.float32)
 
@@ -133,3 +206,14 @@ def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, eac
     for kwargs in ({}, {"prophet": head, "gamma": 3}, {"prophet": head, "tree": TreeSpec(3, 2, 2, 3)}):
         got, _ = generate(model, prompts, 12, temperature=0, **kwargs)
         assert [t.tolist() for t in got] == alone, kwargs
+
+
+def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel):
+    small = "numba's kernel" if each_kernel == "numba" else "W @ x.T"
+    for packed in (True, False):
+        monkeypatch.setitem(few_rows._packs, torch.bfloat16, packed)
+        monkeypatch.setitem(few_rows._packs, torch.float32, packed)
+        assert describe(torch.bfloat16) == ("oneDNN with packed weights" if packed else
+                                            "F.linear (oneDNN cannot run bf16 here)")
+        assert describe(torch.float32) == (f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to "
+                                           f"{MAX_ROWS}" if packed else f"{small} up to {MAX_ROWS} rows")

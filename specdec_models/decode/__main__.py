@@ -113,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "verify of many tokens is slow: specdec_models/hardware.py); greedy output is exactly "
                              "transformers' in float32")
     parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
-                        help="Hugging Face target: compute linear layers called on 1-32 rows as W @ x.T "
-                             "(specdec_models/few_rows.py); default auto: on in float32 on the CPU, where MKL's own "
-                             "few-row kernel is slow")
+                        help="Hugging Face target: compute linear layers called on few rows with the kernels of "
+                             "specdec_models/few_rows.py; default auto: on the CPU in float32, where MKL's own few-row "
+                             "kernel is slow, and in bfloat16 where oneDNN runs bf16 (packed weights)")
     return parser
 
 

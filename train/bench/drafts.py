@@ -291,14 +291,15 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
     settings = report.get("settings", {})
     if "dtype" in settings:
-        numba = settings.get("few_rows_kernel") == "numba"
-        layers = ("torch's own linear layers" if not settings.get("few_rows") else
-                  "few-row linear layers (numba's kernel, specdec_models/few_rows_kernel.py)" if numba else
-                  "few-row linear layers (W @ x.T, specdec_models/few_rows.py)")
-        lines += ["", f"Target and drafters in {settings['dtype']}, {layers}."]
+        def layers(on: bool, how: str | None) -> str:
+            return ("torch's own linear layers" if not on else
+                    f"few-row linear layers ({how}; specdec_models/few_rows.py)" if how else "few-row linear layers")
+
+        lines += ["", f"Target and drafters in {settings['dtype']}, "
+                      f"{layers(settings.get('few_rows'), settings.get('few_rows_how'))}."]
         if settings.get("also_dtype"):
             other = settings["also_dtype"]
-            other_layers = ("few-row linear layers" if settings.get("also_few_rows") else "torch's own linear layers")
+            other_layers = layers(settings.get("also_few_rows"), settings.get("also_few_rows_how"))
             lines += ["", (f"Methods marked [{other}] decode the same target cast to {other} ({other_layers}), "
                            "interleaved with the others; each speed-up is over plain decoding in the method's own "
                            "dtype, and 'over the fastest plain' over the faster plain decoding of the two in the same "

@@ -129,9 +129,10 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     (`HFDecoder`, batch 1, after `context` random tokens): {"chain": {n: ratio}, "tree": {n:
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
     drafting does. `few_rows` adds "chain, few rows" and "tree, few rows": the same calls with the
-    model's linear layers switched to `few_rows.FewRowsLinear` (and back after each) on torch's
-    kernel, and where numba is installed "chain, few rows, numba" and "tree, few rows, numba" on
-    numba's (`few_rows_kernel`). Medians over `repeats` rounds, every size, mask and layer kind
+    model's linear layers switched to `few_rows.FewRowsLinear` (and back after each) with torch's
+    small-row kernel, and for an fp32 model where numba is installed "chain, few rows, numba" and
+    "tree, few rows, numba" with numba's (`few_rows_kernel`); bf16 few-row calls take oneDNN's
+    packed weights whatever the kernel. Medians over `repeats` rounds, every size, mask and layer kind
     interleaved within a round; the unit is the chain's 1-token call with torch's own layers."""
     from specdec_models import few_rows_kernel
     from specdec_models.few_rows import FewRowsLinear, kernel, set_kernel, use_few_rows
@@ -146,7 +147,8 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     vocab = target.vocab_size
     ctx = torch.randint(0, vocab, (1, context), generator=g)
     kinds = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
-    kinds += ["chain, few rows, numba", "tree, few rows, numba"] if few_rows and few_rows_kernel.available() else []
+    fp32 = next(model.parameters()).dtype == torch.float32                # numba's kernel serves fp32 only
+    kinds += ["chain, few rows, numba", "tree, few rows, numba"] if few_rows and fp32 and few_rows_kernel.available() else []
     times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in kinds}
     before = kernel()
     try:
