@@ -8,11 +8,14 @@ side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tok
     python scripts/bench_hf.py --verify-cost 5 9 16 28 --dtype bfloat16   # a call on n tokens / a 1-token step
     python scripts/bench_hf.py --verify-cost 4 8 16 --few-rows            # also with specdec_models/few_rows.py
                                                                           # (torch's kernel, and numba's if installed)
+    python scripts/bench_hf.py --verify-cost 4 8 16 --few-rows --dtype bfloat16 --also-dtype float32
+                                                                          # both dtypes interleaved, one unit
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 
@@ -44,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
                              "chain's verify and through a tree's 4-D mask (train.bench.hf.verify_costs)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the target's dtype")
+    parser.add_argument("--also-dtype", choices=("float32", "bfloat16"),
+                        help="--verify-cost: also time a copy of the target in this dtype, interleaved, in the same "
+                             "unit (the --dtype model's 1-token step): which dtype's calls are cheaper here")
     parser.add_argument("--few-rows", action="store_true",
                         help="--verify-cost: also time the calls with few-row linear layers (specdec_models/few_rows.py)")
     parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
@@ -57,14 +63,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify_cost:
             check(args.context >= 1, f"--context must be >= 1, got {args.context}")
             check(all(n >= 1 for n in args.verify_cost), f"--verify-cost sizes must be >= 1, got {args.verify_cost}")
+        check(args.also_dtype is None or args.verify_cost, "--also-dtype goes with --verify-cost")
+        check(args.also_dtype != args.dtype, f"--also-dtype must differ from --dtype ({args.dtype})")
         loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
+        also = copy.deepcopy(loaded.model).to(getattr(torch, args.also_dtype)) if args.also_dtype else None
         loaded.model.to(getattr(torch, args.dtype))
         if args.verify_cost:
             from train.bench.hf import verify_costs
 
             costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats,
-                                 few_rows=args.few_rows)
-            print(json.dumps({"model": str(loaded.source), "dtype": args.dtype, "context": args.context, **costs}))
+                                 few_rows=args.few_rows, also=also)
+            result = {"model": str(loaded.source), "dtype": args.dtype, "also_dtype": args.also_dtype,
+                      "context": args.context, **costs}
+            print(json.dumps(result))
+            if args.json:
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump(result, f, indent=1)
             return 0
         check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
               "give one of --draft-layers, --prophet, --prophet-layers")

@@ -30,8 +30,9 @@ Same function, other rounding in fp32: the sums run in another order, so outputs
 The rule `few_rows_pays(device, dtype)`: fp32 on a CPU, and bf16 on a CPU that runs oneDNN's bf16
 kernels. Autograd is left to `F.linear`: a call that records gradients takes its path, so training
 is unchanged. A packed weight is kept beside its layer (not in it: state_dict and copies are
-untouched) and packed again when the weight changes (another tensor, or an in-place update such as
-an optimizer step: the evaluation callback decodes so between training steps).
+untouched). It is packed when the layer is switched (so no decoding call pays for it) and again
+when the weight changes (another tensor, or an in-place update such as an optimizer step: the
+evaluation callback decodes so between training steps); switching the layer back drops it.
 
 `kernel()` names the small-row fp32 kernel in use, `set_kernel` picks one
 (`SPECDEC_FEW_ROWS_KERNEL=torch` in the environment does it at import); `packs(dtype)` says whether
@@ -123,17 +124,32 @@ class FewRowsLinear(nn.Linear):
 _packed: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Tensor]] = weakref.WeakKeyDictionary()
 
 
-def _packed_linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    """x @ W.T (+ bias) with oneDNN and the layer's weight packed once (again when it changed)."""
+def _packed_weight(layer: nn.Linear) -> Tensor:
+    """The layer's weight packed for oneDNN: packed once, again when the weight changed."""
     weight = layer.weight
-    key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+    key = (id(weight), weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
     hit = _packed.get(layer)
     if hit is None or hit[0] != key:
-        hit = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+        with torch.no_grad():
+            hit = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
         _packed[layer] = hit
+    return hit[1]
+
+
+def _packed_linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    """x @ W.T (+ bias) with oneDNN and the layer's packed weight."""
     flat = x.reshape(-1, layer.in_features)
-    out = torch.ops.mkldnn._linear_pointwise(flat, hit[1], layer.bias, "none", [], "")
+    out = torch.ops.mkldnn._linear_pointwise(flat, _packed_weight(layer), layer.bias, "none", [], "")
     return out.reshape(*x.shape[:-1], layer.out_features)
+
+
+def _pack(layers: Iterable[nn.Module]) -> None:
+    """Pack the weights the packed path will read now, so no decoding call pays for it (a timed
+    call would): bf16 and fp32 CPU weights where oneDNN serves their dtype."""
+    for layer in layers:
+        w = layer.weight
+        if w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and packs(w.dtype):
+            _packed_weight(layer)
 
 
 def _forget_packed(layers: Iterable[nn.Module]) -> None:
@@ -188,8 +204,7 @@ def use_few_rows(module: nn.Module, on: bool = True) -> int:
         if type(layer) is before:
             layer.__class__ = after
             switched += 1
-            if not on:
-                _forget_packed([layer])
+            (_pack if on else _forget_packed)([layer])
     return switched
 
 
@@ -202,6 +217,7 @@ def few_rows_while(modules: Iterable[nn.Module], on: bool = True) -> Iterator[in
     switched = list(found.values()) if on else []
     for layer in switched:
         layer.__class__ = FewRowsLinear
+    _pack(switched)
     try:
         yield len(switched)
     finally:

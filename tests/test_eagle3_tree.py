@@ -552,6 +552,17 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     assert kernel() == before                                                          # restored
     assert all(v > 0 for c in costs.values() for v in c.values())
     assert not any(isinstance(m, FewRowsLinear) for m in models["llama"].modules())     # switched back
+    # the same target in bf16 beside it, in the same unit; numba's kernel is timed for fp32 only
+    import copy
+
+    twin = copy.deepcopy(models["llama"]).to(torch.bfloat16)
+    costs = verify_costs(models["llama"], 8, [1, 3], repeats=2, few_rows=True, also=twin)
+    bf16 = {"[bfloat16] chain", "[bfloat16] tree", "[bfloat16] chain, few rows", "[bfloat16] tree, few rows"}
+    assert set(costs) == {"chain", "tree", "chain, few rows", "tree, few rows"} | numba | bf16
+    assert costs["chain"][1] == 1.0 and all(v > 0 for c in costs.values() for v in c.values())
+    assert not any(isinstance(m, FewRowsLinear) for m in twin.modules())
+    with pytest.raises(SpecdecError, match="another dtype"):
+        verify_costs(models["llama"], 8, [1, 3], also=copy.deepcopy(models["llama"]))
 
 
 def test_a_sampled_chain_tree_is_block_verified_and_lossless_chi_square(toy):

@@ -97,8 +97,10 @@ def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dt
         with torch.no_grad():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), **tol)
 
+    use_few_rows(layer, False)
+    use_few_rows(layer)
+    assert layer in few_rows._packed                         # packed when switched: no call pays for it
     check_against_f_linear()
-    assert layer in few_rows._packed
     assert list(layer.state_dict()) == ["weight", "bias"]
     assert all(torch.equal(v, layer.state_dict()[k]) for k, v in state.items())
     twin = copy.deepcopy(layer)                                      # the packed tensor could not be copied
@@ -112,9 +114,8 @@ def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dt
     use_few_rows(layer, False)                                       # switched back: the packed copy goes
     assert layer not in few_rows._packed and type(layer) is nn.Linear
     with few_rows_while([layer]):
-        with torch.no_grad():
-            layer(x)
         assert layer in few_rows._packed
+        check_against_f_linear()
     assert layer not in few_rows._packed and type(layer) is nn.Linear
 
 

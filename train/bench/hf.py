@@ -124,7 +124,7 @@ def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float
 
 @torch.no_grad()
 def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, seed: int = 0,
-                 few_rows: bool = False) -> dict[str, dict[int, float]]:
+                 few_rows: bool = False, also: Any = None) -> dict[str, dict[int, float]]:
     """What a target call on n new tokens costs over a 1-token step, through specdec's own cache
     (`HFDecoder`, batch 1, after `context` random tokens): {"chain": {n: ratio}, "tree": {n:
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
@@ -132,29 +132,41 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     model's linear layers switched to `few_rows.FewRowsLinear` (and back after each) with torch's
     small-row kernel, and for an fp32 model where numba is installed "chain, few rows, numba" and
     "tree, few rows, numba" with numba's (`few_rows_kernel`); bf16 few-row calls take oneDNN's
-    packed weights whatever the kernel. Medians over `repeats` rounds, every size, mask and layer kind
-    interleaved within a round; the unit is the chain's 1-token call with torch's own layers."""
+    packed weights whatever the kernel. `also`: the same target in another dtype (a copy), timed
+    the same way beside it, its kinds named "[dtype] chain" and so on: a host where the dtypes race
+    (`hardware.racing_dtype`) then shows which dtype's step and verify are cheaper. Medians over
+    `repeats` rounds, every size, mask, layer kind and model interleaved within a round; the unit is
+    the first model's chain 1-token call with torch's own layers."""
     from specdec_models import few_rows_kernel
     from specdec_models.few_rows import FewRowsLinear, kernel, set_kernel, use_few_rows
     from specdec_models.hf import HFDecoder
 
     check(1 in sizes and all(isinstance(n, int) and n >= 1 for n in sizes),
           f"sizes must be integers >= 1 and include 1 (the unit), got {sizes}")
-    check(not any(isinstance(m, FewRowsLinear) for m in model.modules()),
+    models = [model] + ([] if also is None else [also])
+    check(not any(isinstance(m, FewRowsLinear) for one in models for m in one.modules()),
           "verify_costs times torch's own linear layers: give a model without few-row layers")
-    target = HFDecoder(model)
+    dtypes = [next(one.parameters()).dtype for one in models]
+    check(also is None or dtypes[1] != dtypes[0], f"also= must be the target in another dtype than {dtypes[0]}")
     g = torch.Generator().manual_seed(seed)
-    vocab = target.vocab_size
+    vocab = HFDecoder(model).vocab_size
     ctx = torch.randint(0, vocab, (1, context), generator=g)
-    kinds = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
-    fp32 = next(model.parameters()).dtype == torch.float32                # numba's kernel serves fp32 only
-    kinds += ["chain, few rows, numba", "tree, few rows, numba"] if few_rows and fp32 and few_rows_kernel.available() else []
+    kinds: dict[str, tuple[Any, str]] = {}                      # name -> (model, kind)
+    for i, (one, dtype) in enumerate(zip(models, dtypes)):
+        mine = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
+        if few_rows and dtype == torch.float32 and few_rows_kernel.available():   # numba's kernel serves fp32 only
+            mine += ["chain, few rows, numba", "tree, few rows, numba"]
+        prefix = f"[{str(dtype).removeprefix('torch.')}] " if i else ""
+        kinds.update({prefix + kind: (one, kind) for kind in mine})
+    decoders = {id(one): HFDecoder(one) for one in models}
     times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in kinds}
     before = kernel()
     try:
         for _ in range(repeats):
-            for (kind, n), seconds in times.items():
-                use_few_rows(model, "few rows" in kind)
+            for (name, n), seconds in times.items():
+                one, kind = kinds[name]
+                target = decoders[id(one)]
+                use_few_rows(one, "few rows" in kind)
                 set_kernel("numba" if kind.endswith("numba") else "torch")
                 cache = target.new_cache(1, context + n + 1)
                 target(ctx, cache=cache)
@@ -164,7 +176,8 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
                 target(tokens, cache=cache, tree=tree)
                 seconds.append(time.perf_counter() - t0)
     finally:
-        use_few_rows(model, False)
+        for one in models:
+            use_few_rows(one, False)
         set_kernel(before)
     unit = statistics.median(times["chain", 1])
     return {m: {n: round(statistics.median(times[m, n]) / unit, 3) for n in sizes} for m in kinds}
