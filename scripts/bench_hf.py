@@ -18,10 +18,12 @@ import argparse
 import copy
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 from specdec_models.errors import SpecdecError, check
+from specdec_models.files import write_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="--verify-cost: also time the calls with few-row linear layers (specdec_models/few_rows.py)")
     parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
     args = parser.parse_args(argv)
     try:
         if args.threads is not None:
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             check(args.context >= 1, f"--context must be >= 1, got {args.context}")
             check(all(n >= 1 for n in args.verify_cost), f"--verify-cost sizes must be >= 1, got {args.verify_cost}")
         check(args.also_dtype is None or args.verify_cost, "--also-dtype goes with --verify-cost")
+        check(args.plot is None or args.verify_cost, "--plot goes with --verify-cost")
         check(args.also_dtype != args.dtype, f"--also-dtype must differ from --dtype ({args.dtype})")
         loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
         also = copy.deepcopy(loaded.model).to(getattr(torch, args.also_dtype)) if args.also_dtype else None
@@ -77,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
                       "context": args.context, **costs}
             print(json.dumps(result))
             if args.json:
-                with open(args.json, "w", encoding="utf-8") as f:
-                    json.dump(result, f, indent=1)
+                write_file(Path(args.json), lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
+            if args.plot:
+                from train.bench.hf import plot_verify_costs
+
+                write_file(Path(args.plot), lambda f: plot_verify_costs(result, f))
             return 0
         check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
               "give one of --draft-layers, --prophet, --prophet-layers")

@@ -19,7 +19,10 @@ on which host"):
 - an AMD EPYC with AVX-512 and avx512_bf16, no AMX: a bf16 step took 46.4 ms, a few-row fp32 step
   (numba) 38.4, a bf16 verify of 16 tokens 62.3 against fp32's 99.7; bf16 generated the cache at
   500-800 tokens/s, and a bf16 tree was the fastest drafting at T=0 in 8-prompt comparisons,
-  while fp32 plain decoding beat bf16's (`racing_dtype` below).
+  while fp32 plain decoding beat bf16's (`racing_dtype` below). With bf16 weights packed once for
+  oneDNN (`few_rows.py`, r12) a bf16 step costs about a numba fp32 step (0.80-0.86 of an unpacked
+  bf16 step, both) and a bf16 verify of 8 tokens 0.91-0.98 against fp32's 1.32-1.33: the two plain
+  decodings came within a few percent of each other, the faster one either dtype by cell.
 
 So `fast_dtype("cpu")`, the dtype decoding and caching run in by default ("auto"), is bf16 where
 /proc/cpuinfo lists `avx512_bf16` or `amx_bf16` and fp32 elsewhere; on a CUDA device, bf16
@@ -93,7 +96,9 @@ def racing_dtype(device: str | torch.device = "cpu") -> torch.dtype | None:
     avx512_bf16 (interleaved, 200 cached tokens) a bf16 step took 46.4 ms, a numba few-row fp32 step
     38.4; fp32 plain decoding ran 1.16-1.36x bf16's, and in two 8-prompt comparisons a bf16 tree was
     the fastest drafting at T=0 (tied once with the fp32 tree) while fp32 chains beat bf16's (README,
-    "A host with bf16 instructions but no AMX"). So a comparison there races both dtypes
+    "A host with bf16 instructions but no AMX"). With bf16 weights packed for oneDNN (r12) the two
+    plain decodings came within a few percent, either the faster by cell, so the race stays. So a
+    comparison there races both dtypes
     (`compare_hf_drafts.py --also-dtype`) and reports speed-ups over the faster plain decoding. With
     AMX a bf16 step costs half an fp32 one, and on a CUDA device bf16 is the faster: no race."""
     if cuda_device(device) is not False:

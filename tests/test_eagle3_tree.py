@@ -563,6 +563,15 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     assert not any(isinstance(m, FewRowsLinear) for m in twin.modules())
     with pytest.raises(SpecdecError, match="another dtype"):
         verify_costs(models["llama"], 8, [1, 3], also=copy.deepcopy(models["llama"]))
+    import io
+
+    from train.bench.hf import plot_verify_costs
+
+    png = io.BytesIO()
+    plot_verify_costs({"dtype": "float32", "context": 8, **costs}, png)
+    assert png.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SpecdecError, match="no verify costs"):
+        plot_verify_costs({"dtype": "float32"}, io.BytesIO())
 
 
 def test_a_sampled_chain_tree_is_block_verified_and_lossless_chi_square(toy):

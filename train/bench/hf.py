@@ -183,6 +183,35 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     return {m: {n: round(statistics.median(times[m, n]) / unit, 3) for n in sizes} for m in kinds}
 
 
+def plot_verify_costs(result: dict[str, Any], f) -> None:
+    """A PNG of `verify_costs`' result (a dict holding its kinds, e.g. bench_hf's JSON) into the
+    binary file f: a call's cost in 1-token steps against the new tokens it carries, one line per
+    kind, the first model's dashed, the cheapest 1-token step as a dotted line."""
+    from .report import pyplot
+
+    plt = pyplot()
+    kinds = {k: v for k, v in result.items() if isinstance(v, dict) and v and all(str(n).isdigit() for n in v)}
+    check(bool(kinds), "no verify costs to plot")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    dtype = result.get("dtype", "")
+    two = any(name.startswith("[") for name in kinds)          # the first model's kinds get their dtype too
+    for name, costs in kinds.items():
+        sizes = sorted(int(n) for n in costs)
+        values = [costs[n] if n in costs else costs[str(n)] for n in sizes]
+        label = f"[{dtype}] {name}" if two and dtype and not name.startswith("[") else name
+        ax.plot(sizes, values, marker="o", ms=3, ls="-" if "few rows" in name else "--", label=label)
+    floor = min(c.get(1, c.get("1")) for c in kinds.values())
+    ax.axhline(floor, color="grey", ls=":", lw=1, label=f"cheapest 1-token step ({floor:.2f})")
+    ax.set_xlabel("new tokens in the call")
+    ax.set_ylabel(f"cost in {dtype} 1-token steps (torch's layers)".replace("  ", " "))
+    ax.set_title(f"A target call's cost, {result.get('context', '?')} cached tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
 def model_call_floor(result: dict[str, Any], model: Any, prompts: list[Tensor], draft: Any = None) -> dict[str, Any]:
     """What the model calls of specdec's run in `result` cost alone, timed in isolation with
     transformers' contiguous cache (prefills excluded): target calls x one call of 1 (plain) or
