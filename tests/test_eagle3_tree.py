@@ -597,3 +597,16 @@ def test_chain_tree_chi_square_catches_a_correction_from_p_in_block_verification
     target, head = toy
     observed, exact, _ = _samples(target, head, 1000, tree=TreeSpec(3, 1, 1), temperature=1.0)
     assert chi_square_p_value(observed, exact, 1000) < 1e-12
+
+
+def test_the_greedy_check_decodes_a_chain_at_its_own_gamma(models):
+    # compare_hf_drafts.py --eagle3-gamma gives the eagle3 chain its own gamma: the greedy check
+    # against transformers' generate() takes it (it once passed gamma twice and crashed)
+    from train.bench.drafts import greedy_matches_transformers
+
+    model = models["llama"]
+    head = head_for(model, draft=60, layers=[1, 2, 0])
+    prompts = [torch.tensor([1, 4, 2, 9]), torch.tensor([3, 3, 0])]
+    got = greedy_matches_transformers(model, prompts, {"chain": {"prophet": head, "gamma": 3}}, gamma=5,
+                                      max_new_tokens=8)
+    assert got == {"plain": True, "chain": True}

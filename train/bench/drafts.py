@@ -220,10 +220,11 @@ def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: di
                                 gamma: int = 5, max_new_tokens: int = 64) -> dict[str, bool]:
     """{method: greedy `generate` (plain, and with each drafter) gives exactly transformers' own
     greedy `target.generate()` on every prompt} (`train.bench.hf.compare_with_hf_generate`;
-    one prompt per call: transformers' left padding would change its own numbers)."""
+    one prompt per call: transformers' left padding would change its own numbers). A drafter's own
+    "gamma" (the eagle3 chain's `eagle3_gamma`) overrides `gamma`."""
     from .hf import compare_with_hf_generate
 
-    return {name: all(compare_with_hf_generate(target, [p], max_new_tokens, gamma=gamma, repeats=0, **kwargs)["equal"]
+    return {name: all(compare_with_hf_generate(target, [p], max_new_tokens, repeats=0, **{"gamma": gamma, **kwargs})["equal"]
                       for p in prompts)
             for name, kwargs in {"plain": {}, **drafters}.items()}
 
