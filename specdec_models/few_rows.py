@@ -18,11 +18,12 @@ matmuls", "A numba kernel for few rows" and "Packed bf16 weights for decoding"):
   oneDNN; on the AMD EPYC with avx512_bf16 it beat numba's kernel from 6 rows on (8 rows: 85 us
   against 103 for a 1536 x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
-  (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). It is the kernel `F.linear` already calls in
-  bf16, with the weight's reordering into the blocked layout done once rather than at every call:
-  the outputs are bit for bit `F.linear`'s, and on the EPYC with avx512_bf16 a 1-token step of
+  (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but
+  hands it the weight in torch's plain layout at every call; here it is in oneDNN's blocked layout,
+  packed once. The outputs are bit for bit `F.linear`'s, and on the EPYC with avx512_bf16 a 1-token step of
   SmolLM2 took 35 ms instead of 43 and an 8-token verify 39 instead of 53. Where oneDNN does not
-  run bf16, bf16 calls are `F.linear`'s (torch's (W @ x.T).T gained nothing in bf16 on any host).
+  run bf16, bf16 calls are `F.linear`'s (torch's (W @ x.T).T gained nothing in bf16 on the hosts
+  timed).
 
 Same function, other rounding in fp32: the sums run in another order, so outputs differ from
 `F.linear`'s in the last bits (about 1e-6 relative), as a multi-token verify already differs from a
