@@ -6,7 +6,6 @@ touching weights, and greedy decoding through them still the target's own."""
 
 import copy
 
-
 import pytest
 import torch
 import torch.nn.functional as F

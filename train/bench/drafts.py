@@ -296,8 +296,8 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
             return ("torch's own linear layers" if not on else
                     f"few-row linear layers ({how}; specdec_models/few_rows.py)" if how else "few-row linear layers")
 
-        lines += ["", f"Target and drafters in {settings['dtype']}, "
-                      f"{layers(settings.get('few_rows'), settings.get('few_rows_how'))}."]
+        ours = layers(settings.get("few_rows"), settings.get("few_rows_how"))
+        lines += ["", f"Target and drafters in {settings['dtype']}, {ours}."]
         if settings.get("also_dtype"):
             other = settings["also_dtype"]
             other_layers = layers(settings.get("also_few_rows"), settings.get("also_few_rows_how"))
