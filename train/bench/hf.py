@@ -186,7 +186,7 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
 def plot_verify_costs(result: dict[str, Any], f) -> None:
     """A PNG of `verify_costs`' result (a dict holding its kinds, e.g. bench_hf's JSON) into the
     binary file f: a call's cost in 1-token steps against the new tokens it carries, one line per
-    kind, the first model's dashed, the cheapest 1-token step as a dotted line."""
+    kind (dashed: torch's own layers; solid: few-row layers), the cheapest 1-token step as a dotted line."""
     from .report import pyplot
 
     plt = pyplot()
