@@ -20,7 +20,7 @@ from test_hf_prophet_task import cfg as prophet_cfg
 
 import train.run as train_run
 from specdec_models.errors import SpecdecError
-from specdec_models.hf.weights import load_causal_lm, load_tokenizer, tokenizer_fingerprint
+from specdec_models.hf.weights import load_causal_lm, load_tokenizer, tokenizer_fingerprint, vocabulary_fingerprint
 from train.data.hf_embeddings import label_mask
 from train.tasks.hf_eagle3 import COUNTS_FORMAT
 
@@ -82,6 +82,29 @@ def test_draft_vocabulary_comes_from_token_counts(hf, tmp_path):
     f = counts_file(tmp_path / "counts.json", tok, counts)
     kwargs = validate(cfg(hf, tmp_path / "r", "head.draft_vocab_size=3", f"head.draft_vocab={f}"))
     assert kwargs["draft_ids"] == [5, 9, 11]
+
+
+def test_token_counts_are_read_by_what_ids_mean_not_how_a_library_serialized_the_tokenizer(hf, tmp_path):
+    # a count file counted under another transformers version of the same tokenizer (found on a GPU
+    # machine: transformers 5.17 serialized SmolLM2's GGUF tokenizer unlike 5.24 here) carries another
+    # tokenizer_sha256 but the same vocabulary_sha256: accepted; another vocabulary is refused
+    from train.draft_vocab import write_counts
+    from train.tasks.hf_eagle3 import read_token_counts
+
+    tok, other = load_tokenizer(hf["llama"]), load_tokenizer(hf["mismatch"])
+    assert vocabulary_fingerprint(tok) != vocabulary_fingerprint(other)
+    counts = torch.arange(len(tok))
+    f = write_counts(tmp_path / "c.json", counts, tok, {"test": True})
+    data = json.loads(f.read_text())
+    assert data["vocabulary_sha256"] == vocabulary_fingerprint(tok)
+    assert data["tokenizer_sha256"] == tokenizer_fingerprint(tok)
+    data["tokenizer_sha256"] = "0" * 64                                   # another library's serialization
+    f.write_text(json.dumps(data))
+    assert read_token_counts(f, tok, len(tok)).tolist() == counts.tolist()
+    data["vocabulary_sha256"] = vocabulary_fingerprint(other)
+    f.write_text(json.dumps(data))
+    with pytest.raises(SpecdecError, match="another tokenizer"):
+        read_token_counts(f, tok, len(tok))
 
 
 def test_head_init_layer_starts_the_heads_layer_from_the_targets(hf, tmp_path):

@@ -24,7 +24,7 @@ import torch
 
 from specdec_models.errors import check
 from specdec_models.files import write_file
-from specdec_models.hf import tokenizer_fingerprint
+from specdec_models.hf import tokenizer_fingerprint, vocabulary_fingerprint
 
 from .data.embeddings_cache import cache_rows, check_cache, open_cache
 from .data.hf_embeddings import label_mask
@@ -71,8 +71,9 @@ def count_greedy_tokens(cache: str | os.PathLike, target: Any, rows: np.ndarray,
 def write_counts(path: str | os.PathLike, counts: torch.Tensor, tokenizer: Any, source: dict[str, Any]) -> Path:
     """Write a token-count file (read by task=hf_eagle3's head.draft_vocab) atomically."""
     path = Path(path).expanduser()
-    data = {"format": COUNTS_FORMAT, "tokenizer_sha256": tokenizer_fingerprint(tokenizer), "source": source,
-            "total": int(counts.sum()), "counts": counts.tolist()}
+    data = {"format": COUNTS_FORMAT, "vocabulary_sha256": vocabulary_fingerprint(tokenizer),
+            "tokenizer_sha256": tokenizer_fingerprint(tokenizer), "source": source, "total": int(counts.sum()),
+            "counts": counts.tolist()}
     text = json.dumps(data)
     write_file(path, lambda f: f.write(text.encode("utf-8")))
     return path

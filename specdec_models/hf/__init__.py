@@ -8,7 +8,8 @@ a frozen Hugging Face target. Their export formats live in `specdec_models.expor
 - `weights`: loading from a local directory or a GGUF file (`check_source`, `load_tokenizer`,
   `load_config`, `load_causal_lm`, `load_model`, `smollm2_gguf`, `load_smollm2`, `model_dir`),
   what a config says (`head_rows`, `max_positions`, `parameter_count`), identities
-  (`weights_sha256`, `target_identity`, `tokenizer_fingerprint`, `model_dir_fingerprint`) and the
+  (`weights_sha256`, `target_identity`, `tokenizer_fingerprint`, `vocabulary_fingerprint`,
+  `model_dir_fingerprint`) and the
   tokenizer checks (`special_tokens`, `check_same_tokenizer`).
 - `prophet`: `HFProphet`, a prophet head on the target's last-layer hidden states.
 - `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of the target's layers, and its draft vocabulary.
@@ -40,6 +41,7 @@ from .weights import (
     special_tokens,
     target_identity,
     tokenizer_fingerprint,
+    vocabulary_fingerprint,
     weights_sha256,
 )
 
@@ -60,5 +62,5 @@ __all__ = [  # HFRun, encode_prompt, load_hf_run: loaded on first use
     "encode_prompt", "head_rows", "is_hf_model", "load_causal_lm", "load_config",
     "load_hf_run", "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
     "model_dir_fingerprint", "parameter_count", "smollm2_gguf", "special_tokens", "target_identity",
-    "text_config", "tokenizer_fingerprint", "weights_sha256",
+    "text_config", "tokenizer_fingerprint", "vocabulary_fingerprint", "weights_sha256",
 ]

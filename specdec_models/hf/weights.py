@@ -15,7 +15,8 @@
   it was trained for and an embeddings cache of the model it was made by, the weights hash included.
 - `tokenizer_fingerprint(tokenizer)`, `model_dir_fingerprint(directory)`: cheap identities of a
   tokenizer (what decides its ids) and of a model directory (its config and weight files' sizes),
-  checked when a run resumes or a cached tokenization is reused.
+  checked when a run resumes or a cached tokenization is reused; `vocabulary_fingerprint(tokenizer)`:
+  what its ids mean, the same under any library version (token-count files carry it).
 - `special_tokens`, `check_same_tokenizer`: target and draft must share one tokenizer.
 
 The `real` extra (what the tests marked `real` need):
@@ -260,6 +261,17 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(json.dumps(special_tokens(tokenizer), sort_keys=True).encode())
     h.update(str(getattr(tokenizer, "chat_template", None)).encode())
+    return h.hexdigest()
+
+
+def vocabulary_fingerprint(tokenizer: Any) -> str:
+    """sha256 of what an id means: every token's id and the special tokens (what
+    `check_same_tokenizer` compares). Unlike `tokenizer_fingerprint` it does not change with the
+    version of `tokenizers` or transformers that serialized the tokenizer: the same GGUF's tokenizer
+    under transformers 5.17 and 5.24 serializes differently, and a token-count file counted under one
+    was refused under the other."""
+    h = hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps(special_tokens(tokenizer), sort_keys=True).encode())
     return h.hexdigest()
 
 

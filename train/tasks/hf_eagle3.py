@@ -51,7 +51,7 @@ from specdec_models.export import read_export_config, read_export_tensors
 from specdec_models.files import one_line
 from specdec_models.hf import HFDecoder, logits_width
 from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
-from specdec_models.hf.weights import tokenizer_fingerprint
+from specdec_models.hf.weights import tokenizer_fingerprint, vocabulary_fingerprint
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule, label_mask
@@ -116,9 +116,12 @@ def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torc
         raise SpecdecError(f"head.draft_vocab: {path} is not a token-count file: {' '.join(str(error).split())}") from None
     check(isinstance(data, dict) and data.get("format") == COUNTS_FORMAT,
           f"head.draft_vocab: {path} is not a token-count file of scripts/draft_vocab.py")
-    check(data.get("tokenizer_sha256") == tokenizer_fingerprint(tokenizer),
-          f"head.draft_vocab: {path} was counted with another tokenizer than the target's: count again for this "
-          f"target (scripts/draft_vocab.py)")
+    # files written since carry the vocabulary's fingerprint, which no library version changes; older
+    # ones only the tokenizer's serialized definition
+    same = (data["vocabulary_sha256"] == vocabulary_fingerprint(tokenizer) if "vocabulary_sha256" in data
+            else data.get("tokenizer_sha256") == tokenizer_fingerprint(tokenizer))
+    check(same, f"head.draft_vocab: {path} was counted with another tokenizer than the target's: count again for "
+                f"this target (scripts/draft_vocab.py)")
     counts = data.get("counts")
     check(isinstance(counts, list) and len(counts) == vocab_size,
           f"head.draft_vocab: {path} holds {len(counts) if isinstance(counts, list) else 'no'} counts, the target's "
