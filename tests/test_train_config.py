@@ -237,8 +237,29 @@ def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overri
     [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
     cfg = compose(command[3:])
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-    assert cfg.data.batch_size == 32 and cfg.data.num_workers == 4 and cfg.trainer.val_check_interval == 500
-    assert cfg.task.ttt_steps == 6 and cfg.trainer.max_time == "00:00:05:00"
+    assert cfg.data.batch_size == 64 and cfg.data.num_workers == 8 and cfg.trainer.val_check_interval == 500
+    assert cfg.task.ttt_steps == 6 and cfg.optim.warmup_steps == 100 and cfg.trainer.max_time == "00:00:05:00"
+    args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
+                              train_args=["task.ttt_steps=4"])
+    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
+    assert compose(command[3:]).task.ttt_steps == 4                      # the overrides asked come last
+
+
+@pytest.mark.parametrize("device, given, expected", [
+    ("cpu", {}, (2048, 2048, 30)),
+    ("cuda", {}, (40000, 12288, 5)),
+    ("cuda", {"rows": 4096, "train_minutes": 8.0}, (40000, 4096, 8.0)),
+    ("cpu", {"prompts": 100}, (100, 2048, 30)),
+])
+def test_the_smollm2_recipe_sizes_its_data_and_training_for_the_device_unless_told(device, given, expected):
+    # --device cuda: the prompts, rows and minutes of the H100 head that met the goals (r13); a value
+    # given on the command line wins on either device
+    import argparse
+
+    recipe = load_script("smollm2")
+    args = argparse.Namespace(device=device, **{"prompts": None, "rows": None, "train_minutes": None, **given})
+    got = recipe.device_defaults(args)
+    assert (got.prompts, got.rows, got.train_minutes) == expected
 
 
 def test_the_smollm2_recipe_writes_any_minutes_as_lightnings_duration(compose, tmp_path):
