@@ -34,8 +34,8 @@ runs again, so a killed recipe resumes at the step it was in):
 On a machine with a CUDA GPU, `--device cuda` runs the cache, the heads' training and the comparison
 there (GPU_DEFAULTS: 40,000 prompts, 12,288 rows, larger generation and training batches, 6 unroll
 steps, 5 training minutes, validation every 500 steps: the settings of the H100 head that met the
-goals; `--train-args` adds Hydra overrides to both heads' runs); `--heads eagle3` trains the eagle3 head alone and
-`--until STEP` stops after STEP (e.g. `--until train`, to compare elsewhere).
+goals; `--train-args` adds Hydra overrides to both heads' runs); `--heads eagle3` trains the eagle3
+head alone and `--until STEP` stops after STEP (e.g. `--until train`, to compare elsewhere).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ HEADS = ("eagle3", "prophet")
 # 47 GB (README, "A head trained on an H100"). The prompts, rows and training are r13's H100 head's, which
 # met issue 16's goals on both prompt sets: 40,000 prompts drawn (24,120 distinct), 12,288 rows cached in 105 s
 # of generation, 2,514 steps of 64 rows with 6 unroll steps in 4 min 50 s, 13 passes over the rows (README, "A
-# head trained on a lent H100, decoded with packed bf16 weights"); on a CPU the defaults of the parser
+# head trained on a lent H100, decoded with packed bf16 weights"). On a CPU, CPU_DEFAULTS
 GPU_DEFAULTS = {"cache_batch": 4096, "prompts": 40000, "rows": 12288, "train_minutes": 5,
                 "train": ["trainer.accelerator=gpu", "data.batch_size=64", "data.num_workers=8",
                           "trainer.val_check_interval=500", "task.ttt_steps=6", "optim.warmup_steps=100"]}
