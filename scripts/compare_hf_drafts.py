@@ -159,7 +159,7 @@ def compare(args, loaded) -> dict:
     drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
-                          token_verify=args.token_verify)
+                          token_verify=args.token_verify, auto_gamma=args.eagle3_auto)
     from specdec_models.few_rows import describe, kernel, resolve_few_rows
     from specdec_models.hardware import resolve_dtype
 
@@ -259,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
     parser.add_argument("--eagle3-gamma", type=int, default=None,
                         help="compare: the eagle3 heads' gamma (default --gamma; a cheap head pays at another gamma)")
+    parser.add_argument("--eagle3-auto", action="store_true",
+                        help="compare: each eagle3 head also decodes with gamma auto (calibrated on each call's first "
+                             "tokens; plain decoding for the rest of the call where no gamma is predicted to pay)")
     parser.add_argument("--tree", action="append", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,nodes=N]",
                         help="compare: each eagle3 head also drafts this tree, with LOOKUP prompt-lookup tokens as "
                              "one more path if given (LOOKUP..MAX: adaptive up to MAX), expanding only nodes of draft "

@@ -226,7 +226,8 @@ def test_command_line_run_with_a_missing_export_prints_one_error_line_and_exits_
 def test_gamma_auto_calibrates_or_uses_the_exports_speed_profile(exports, capsys, tmp_path):
     common = ("--prompt", "The fox", "--max-new-tokens", 20, "--temperature", 0, "--gamma", "auto")
     calibrated = cli_json(capsys, "--export", exports / "prophet", *common)["stats"]
-    assert 1 <= calibrated["gamma"] <= 5 and calibrated["measured_speedup"] > 0
+    # the tiny prophet is barely trained: 0 (plain decoding, no gamma pays) is a valid choice too
+    assert 0 <= calibrated["gamma"] <= 5 and calibrated["measured_speedup"] > 0
     assert len(calibrated["speed_profile"]["per_position_acceptance"]) == 5     # prophet_train_length 6
     # an export that stores a profile (as training may) decodes at the profile's best gamma
     from specdec_models import load_export

@@ -159,6 +159,17 @@ def test_best_gamma_stays_within_the_measurements_and_the_limit():
     assert useless.best_gamma() == 1 and useless.predicted(1) == pytest.approx(1 / (0.3 + 1.125))
 
 
+def test_best_gamma_is_plain_decoding_when_no_gamma_beats_it():
+    useless = SpeedProfile(0.3, {8: 2.0}, [0.0] * 8)
+    assert useless.best_gamma(plain=True) == 0 and useless.predicted(0) == 1.0
+    # batch 8 on a CPU: verify calls cost about a step per extra token; 0.53 acceptance does not pay
+    batch8 = SpeedProfile(0.25, {1: 1.5, 2: 1.9, 4: 2.6}, [0.53, 0.34, 0.17, 0.07])
+    assert max(batch8.predicted(g) for g in range(1, 5)) < 1 and batch8.best_gamma(plain=True) == 0
+    # where one gamma pays, plain=True changes nothing
+    good = SpeedProfile(0.05, {2: 1.2, 8: 1.9}, [0.9, 0.8, 0.7, 0.2, 0.1, 0.05, 0.0, 0.0])
+    assert good.best_gamma(plain=True) == good.best_gamma() == 3 and good.predicted(3) > 1
+
+
 def test_speed_profile_round_trips_through_json_and_refuses_nonsense():
     import json
 
@@ -208,25 +219,42 @@ def test_auto_gamma_with_a_profile_decodes_at_its_best_gamma_and_stays_exact():
     assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 30, temperature=0)[0]]
 
 
-def test_auto_gamma_calibrates_and_picks_gamma_1_for_a_draft_that_never_agrees():
-    # acceptance 0 at every position: E(gamma) = 1, so the cheapest round (gamma 1) wins
+def test_auto_gamma_calibrates_and_falls_back_to_plain_decoding_for_a_draft_that_never_agrees():
+    # acceptance 0 at every position: E(gamma) = 1, so every gamma is predicted slower than plain
     target = tiny(sharpen=4.0)
-    got, stats = generate(target, ragged_prompts(), 40, draft=never_agreeing_draft(target), temperature=0,
-                          gamma="auto", timing=True)
-    assert stats.gamma == 1
+    draft = never_agreeing_draft(target)
+    got, stats = generate(target, ragged_prompts(), 40, draft=draft, temperature=0, gamma="auto", timing=True)
+    assert stats.gamma == 0 and stats.predicted_speedup == 1.0
     assert stats.speed_profile["per_position_acceptance"] == [0.0] * 8
     assert set(stats.speed_profile["v_by_gamma"]) == {"1", "2", "4", "8"}  # the calibration's gammas
-    assert stats.step_times.calls["target"] == 3                            # its plain steps
     assert stats.step_times.calls[verify_key(8)] == 3                       # three passes
-    assert stats.measured_speedup > 0 and stats.predicted_speedup > 0
+    assert stats.measured_speedup > 0
+    # the 16 tokens of the prefill, 3 plain steps and 12 rounds (one token each) calibrate; the other
+    # 24 are plain steps that no longer feed the draft
+    _, calibrated = generate(target, ragged_prompts(), 16, draft=draft, temperature=0, gamma="auto", timing=True)
+    assert calibrated.step_times.calls["target"] == 3
+    assert stats.step_times.calls["target"] == 3 + 24
+    assert stats.step_times.calls[DRAFT] == calibrated.step_times.calls[DRAFT]
     assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 40, temperature=0)[0]]
+
+
+def test_auto_gamma_with_a_profile_that_no_gamma_pays_decodes_plainly_and_stays_exact():
+    target = tiny(sharpen=4.0)
+    draft = tiny(dim=16, depth=1, seed=3, sharpen=4.0)
+    profile = SpeedProfile(0.25, {1: 1.5, 2: 1.9, 4: 2.6}, [0.53, 0.34, 0.17, 0.07])
+    got, stats = generate(target, ragged_prompts(), 30, draft=draft, temperature=0, gamma="auto",
+                          speed_profile=profile, timing=True)
+    assert stats.gamma == 0 and stats.drafted == 0
+    assert DRAFT not in stats.step_times.calls and not stats.step_times.verify_gammas()
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 30, temperature=0)[0]]
 
 
 def test_auto_gamma_for_a_prophet_stays_within_what_it_was_trained_for():
     mp = tiny_prophet(sharpen=4.0)          # prophet_train_length 6: gamma <= 5
     prompts = ragged_prompts()
     got, stats = generate(mp.model, prompts, 40, prophet=mp, temperature=0, gamma="auto")
-    assert 1 <= stats.gamma <= 5 and len(stats.speed_profile["per_position_acceptance"]) == 5
+    # an untrained prophet accepts nothing, so no gamma pays: 0 (plain decoding) is a valid choice
+    assert 0 <= stats.gamma <= 5 and len(stats.speed_profile["per_position_acceptance"]) == 5
     assert stats.step_times is None          # calibration timed privately
     assert [t.tolist() for t in got] == [t.tolist() for t in generate(mp.model, prompts, 40, temperature=0)[0]]
 

@@ -312,18 +312,20 @@ def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, t
 def test_the_comparison_times_block_and_token_verification_side_by_side(online, hf, tmp_path, capsys):
     # --token-verify adds a token-verified twin of the chain and of each tree of one child per node
     # (not of wider trees); at T=0 the twins emit their drafter's tokens, and the greedy check
-    # against transformers leaves them out (it checks the drafters themselves)
+    # against transformers leaves them out (it checks the drafters themselves). --eagle3-auto adds the
+    # head at gamma auto, checked like the others
     from conftest import load_script
 
     out = tmp_path / "compare"
     assert load_script("compare_hf_drafts").main([
         "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--tree", "3,1,1,0.2",
-        "--tree", "2,2,1", "--token-verify", "--prompts", str(hf["prompts"]), "--chat", "--count", "2",
-        "--batch1-count", "2", "--batch1-only", "--max-new-tokens", "8", "--rounds", "1", "--gamma", "3",
+        "--tree", "2,2,1", "--token-verify", "--eagle3-auto", "--prompts", str(hf["prompts"]), "--chat", "--count",
+        "2", "--batch1-count", "2", "--batch1-only", "--max-new-tokens", "8", "--rounds", "1", "--gamma", "3",
         "--check-count", "1", "--dtype", "float32", "--out", str(out)]) == 0, capsys.readouterr().err
     report = json.loads((out / "results.json").read_text())
-    methods = ["plain", "eagle3 tiny", "eagle3 tiny (token verify)", "eagle3 tiny tree 3,1,1, q >= 0.2",
-               "eagle3 tiny tree 3,1,1, q >= 0.2 (token verify)", "eagle3 tiny tree 2,2,1"]
+    methods = ["plain", "eagle3 tiny", "eagle3 tiny (token verify)", "eagle3 tiny gamma auto",
+               "eagle3 tiny tree 3,1,1, q >= 0.2", "eagle3 tiny tree 3,1,1, q >= 0.2 (token verify)",
+               "eagle3 tiny tree 2,2,1"]
     assert [r["method"] for r in report["rows"]] == methods * 2            # T=0, then T=1
     greedy = {r["method"]: r["new_tokens"] for r in report["rows"] if r["temperature"] == 0}
     assert len(set(greedy.values())) == 1
@@ -397,6 +399,9 @@ def test_a_head_starts_from_an_exports_weights_and_draft_vocabulary(hf, start_ex
 
     kwargs = validate(cfg(hf, tmp_path / "r", "head.draft_vocab_size=8", f"head.init_from={start_export}"))
     assert kwargs["draft_ids"] == [2, 3, 5, 8, 13, 21, 30, 34]        # the export's, with no token counts given
+    # head.init_layer=true (experiment=smollm2_eagle3's default) gives way: the export's weights are the start
+    assert not validate(cfg(hf, tmp_path / "q", "head.draft_vocab_size=8", f"head.init_from={start_export}",
+                            "head.init_layer=true"))["init_layer"]
     saved = read_export_tensors(start_export)
     state = HFEagle3Module(**kwargs).head.state_dict()
     assert set(state) == set(saved)
@@ -422,7 +427,6 @@ def test_a_head_starts_from_an_exports_weights_and_draft_vocabulary(hf, start_ex
     ("shapes", r"holds a head of other shapes: aux_layers \[0, 1, 2\] \(this run: \[1, 2\]\)"),
     ("other_target", "holds a head for another target"),
     ("other_vocab", "chooses another draft vocabulary than the export"),
-    ("with_init_layer", "head.init_from and head.init_layer=true both choose"),
     ("not_eagle3", "holds an export of kind hf_prophet; the head starts from an hf_eagle3 export"),
 ])
 def test_a_bad_start_export_is_one_line_before_any_work(hf, start_export, tmp_path, case, message):
@@ -432,7 +436,7 @@ def test_a_bad_start_export_is_one_line_before_any_work(hf, start_export, tmp_pa
 
     tok = load_tokenizer(hf["llama"])
     start = start_export
-    extra = {"shapes": ["head.aux_layers=[1,2]"], "with_init_layer": ["head.init_layer=true"],
+    extra = {"shapes": ["head.aux_layers=[1,2]"],
              "other_vocab": [f"head.draft_vocab={counts_file(tmp_path / 'c.json', tok, list(range(len(tok))))}"]}
     if case == "missing":
         start = tmp_path / "nothing"

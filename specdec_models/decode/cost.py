@@ -229,7 +229,9 @@ class SpeedProfile:
 
     def v(self, gamma: int) -> float:
         """v(gamma): measured, or interpolated between the nearest measured gammas (v(0) = 1)."""
-        check(1 <= gamma <= max(self.v_by_gamma), f"v is known up to gamma {max(self.v_by_gamma)}, not {gamma}")
+        check(0 <= gamma <= max(self.v_by_gamma), f"v is known up to gamma {max(self.v_by_gamma)}, not {gamma}")
+        if gamma == 0:
+            return 1.0
         if gamma in self.v_by_gamma:
             return self.v_by_gamma[gamma]
         known = {0: 1.0, **self.v_by_gamma}
@@ -241,14 +243,17 @@ class SpeedProfile:
         return expected_tokens_from_acceptance(self.per_position_acceptance, gamma)
 
     def predicted(self, gamma: int) -> float:
-        """The predicted speed-up over plain decoding at this gamma."""
+        """The predicted speed-up over plain decoding at this gamma (1 at gamma 0: plain decoding)."""
         return predicted_speedup(self.expected_tokens(gamma), gamma, self.c, self.v(gamma))
 
-    def best_gamma(self, limit: int | None = None) -> int:
+    def best_gamma(self, limit: int | None = None, *, plain: bool = False) -> int:
         """The gamma in 1..gamma_max (and <= limit) with the largest predicted speed-up (the
-        smaller gamma on a tie)."""
+        smaller gamma on a tie). With `plain`, 0 (plain decoding, speed-up 1 by definition) when
+        no gamma is predicted to beat it: drafting can lose, e.g. at batch 8 on a CPU, where a
+        verify call of 8 x (gamma + 1) tokens costs far more than a step of 8."""
         top = self.gamma_max if limit is None else min(self.gamma_max, limit)
-        return max(range(1, top + 1), key=lambda g: (self.predicted(g), -g))
+        best = max(range(1, top + 1), key=lambda g: (self.predicted(g), -g))
+        return 0 if plain and self.predicted(best) <= 1.0 else best
 
     @classmethod
     def from_samples(cls, samples: dict[str, list[float]], per_position_acceptance: Sequence[float],

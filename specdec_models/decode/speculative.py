@@ -203,7 +203,9 @@ def generate(
     counting the per-position acceptance (positions 5-8 from the gamma-8 rounds); c and v are
     ratios of medians, v is interpolated between the measured gammas, and the rest is decoded at
     the best gamma, chosen again every 16 rounds from all samples so far (the calls at the chosen
-    gamma sharpen its v and the acceptance of its positions). Every calibration token is a real,
+    gamma sharpen its v and the acceptance of its positions). When no gamma is predicted to beat
+    plain decoding (a speed-up <= 1: at batch 8 on a 2-core CPU every draft loses), gamma becomes 0
+    and the call decodes plainly to its end, no longer feeding the draft. Every calibration token is a real,
     lossless output token. Calibrating times every model call, which on a GPU costs a
     synchronisation per call; a given profile times nothing. `stats.gamma`
     is the gamma chosen; `stats.predicted_speedup` and `stats.measured_speedup` compare.
@@ -254,8 +256,8 @@ def generate(
             stats.gamma = gamma = run.choose_gamma(speed_profile)
         rounds = 0
         while not run.finished():
-            if method == "base":
-                run.base_step()
+            if method == "base" or gamma == 0:      # gamma 0: auto found no gamma that beats plain decoding
+                run.base_step(drafting=method != "base" and gamma != 0)
                 continue
             run.verify(gamma, run.draft_round(gamma))
             rounds += 1
@@ -347,7 +349,7 @@ class _Decoding:
         return self._adopt(profile)
 
     def _adopt(self, profile: SpeedProfile) -> int:
-        gamma = profile.best_gamma(limit=self.gamma_max)
+        gamma = profile.best_gamma(limit=self.gamma_max, plain=True)
         self.stats.speed_profile = profile.to_dict()
         self.stats.predicted_speedup = profile.predicted(gamma)
         return gamma
@@ -421,18 +423,20 @@ class _Decoding:
             return self.clock(key, model, tokens, cache=cache, logits_at=at).logits[:, 0]
         return self.clock(key, model, tokens, cache=cache).logits[self.rows.arange_b, at]
 
-    def base_step(self) -> None:
-        """One plain step: feed each row's pending token, sample the next one."""
+    def base_step(self, drafting: bool = True) -> None:
+        """One plain step: feed each row's pending token, sample the next one. `drafting`: keep
+        a draft or EAGLE-3 head in step for later rounds (False once the call decodes plainly to its
+        end: gamma 0)."""
         rows = self.rows
         pending = rows.last(1)
         before = self.cache.lengths.clone()
         logits = self._feed(self.target, self.cache, TARGET, pending)
-        if self.draft is not None:       # a draft must not fall behind: its catch-up reads 2 tokens
+        if drafting and self.draft is not None:   # a draft must not fall behind: its catch-up reads 2 tokens
             self._feed(self.draft, self.draft_cache, DRAFT, pending)
         self.count_call()
         probs = to_probs(logits, self.sampling, rows.context())
         rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
-        if self.method == "eagle3":
+        if drafting and self.method == "eagle3":
             self._extend_head(before)
 
     def _extend_head(self, before: Tensor) -> None:

@@ -343,7 +343,9 @@ class HFDrafters:
     export, a student model directory, transformers' prompt lookup proposing
     `prompt_lookup` tokens (0: none), and an untrained head of the prophet's config (seed 0). With
     `token_verify`, each eagle3 chain, and each tree of one child per node, is also decoded with
-    `verify="token"` beside the default block verification (the same drafts, side by side)."""
+    `verify="token"` beside the default block verification (the same drafts, side by side); with
+    `auto_gamma`, each eagle3 head also decodes with gamma "auto" (calibrated on each call's first
+    tokens: plain decoding for the rest of the call where no gamma pays)."""
 
     eagle3: list[tuple[str, str]] = field(default_factory=list)
     eagle3_gamma: int | None = None        # None: the comparison's gamma
@@ -353,6 +355,7 @@ class HFDrafters:
     prompt_lookup: int = 0
     random_head: bool = False
     token_verify: bool = False     # each eagle3 chain (and chain-shaped tree) also verified token by token
+    auto_gamma: bool = False       # each eagle3 head also decodes with gamma "auto" (calibrated in the call)
 
     def build(self, model: Any) -> dict[str, dict[str, Any]]:
         """`generate` keyword arguments by drafter name, built on `model` (in its dtype)."""
@@ -369,6 +372,8 @@ class HFDrafters:
             drafters[f"eagle3 {name}"] = chain
             if self.token_verify:
                 drafters[f"eagle3 {name} (token verify)"] = {**chain, "verify": "token"}
+            if self.auto_gamma:
+                drafters[f"eagle3 {name} gamma auto"] = {"prophet": head, "gamma": "auto"}
             for tree in self.trees:
                 drafters[f"eagle3 {name} tree {tree.label}"] = {"prophet": head, "tree": tree}
                 if self.token_verify and tree.topk == 1:
