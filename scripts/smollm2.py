@@ -17,12 +17,14 @@ runs again, so a killed recipe resumes at the step it was in):
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache;
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
-5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also with a 6-deep
+5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also at gamma auto,
+   which decodes plainly where no gamma pays, as at batch 8 on a 2-core CPU; with a 6-deep
    chain grown while its draft probability stays >= 0.1, block-verified at T=1, the fastest there:
    README "Block verification at T=1"; with a 6,3,1 tree grown only where its draft probability
-   stays >= 0.3 plus an adaptive prompt-lookup path of 4..16 tokens; and with a 5-deep chain grown
+   stays >= 0.3 plus an adaptive prompt-lookup path of 4..16 tokens; with the 8,4,3 tree + lookup
+   grown where it stays >= 0.2, which drafts the most at T=0 in bf16; and with a 5-deep chain grown
    while it stays >= 0.4 plus a 2..4-token lookup, the fastest at T=0 in fp32 on a CPU: README
-   "Few-row fp32 matmuls"; at batch 1),
+   "Few-row fp32 matmuls"; trees at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
    interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU); on a
@@ -124,8 +126,8 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
     if racing_dtype(args.device) is not None:
         command += ["--also-dtype", "float32"]
     if "eagle3" in args.heads:
-        command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--tree", "6,1,1,0.1", "--tree",
-                    "6,3,1,4..16,0.3", "--tree", "5,1,1,2..4,0.4"]
+        command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--eagle3-auto", "--tree", "6,1,1,0.1",
+                    "--tree", "6,3,1,4..16,0.3", "--tree", "8,4,3,4..16,0.2", "--tree", "5,1,1,2..4,0.4"]
     if "prophet" in args.heads:
         command += ["--prophet", str(runs["prophet"] / "export")]
     if args.student_minutes:

@@ -20,9 +20,10 @@ reports coverage and the draft cost c per size); the file records the tokenizer 
 and another target's is refused in one line. `head.draft_vocab_size: null` keeps the whole
 vocabulary (no file needed). `head.train_lm_head`: the LM head's rows start from the target's and
 train, or stay frozen. `head.init_layer`: the decoder layer starts as the target's layer that reads
-the highest aux layer, the fc as the identity on it (`Eagle3Head.init_layer_from`; off by default:
-README, "Starting the head's layer from the target's"). `head.init_from=EXPORT`: the head starts from
-an hf_eagle3 export's weights (its draft vocabulary too) and trains on, with a fresh optimizer and
+the highest aux layer, the fc as the identity on it (`Eagle3Head.init_layer_from`; off by default,
+on in experiment=smollm2_eagle3: README, "Starting the head's layer from the target's").
+`head.init_from=EXPORT`: the head starts from an hf_eagle3 export's weights (its draft vocabulary
+too; they replace any start `head.init_layer` chose) and trains on, with a fresh optimizer and
 schedule: more data and steps for a head trained before. The export must be for this target and of
 this head's shapes; the run's export records where it started.
 
@@ -99,8 +100,6 @@ class Eagle3Sizes:
         check(isinstance(self.init_layer, bool), f"head.init_layer must be true or false, got {self.init_layer!r}")
         check(self.init_from is None or (isinstance(self.init_from, str) and self.init_from),
               f"head.init_from must be an export directory or null, got {self.init_from!r}")
-        check(not (self.init_from and self.init_layer),
-              "head.init_from and head.init_layer=true both choose the head's starting weights: set one")
 
 
 # ------------------------------------------------------------------------------ token counts
@@ -206,7 +205,8 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
         metadata["init_from"] = {"path": str(Path(sizes.init_from).resolve()),
                                  "weights_sha256": start["weights_sha256"]}
     return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
-                draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, init_layer=sizes.init_layer,
+                draft_ids=draft_ids, train_lm_head=sizes.train_lm_head,
+                init_layer=sizes.init_layer and start is None,        # an export's weights replace any start
                 init_from=None if start is None else str(Path(sizes.init_from).resolve()),
                 ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), cache_layers=cache_layers,
                 metadata=metadata)
