@@ -257,7 +257,7 @@ def generate(
         rounds = 0
         while not run.finished():
             if method == "base" or gamma == 0:      # gamma 0: auto found no gamma that beats plain decoding
-                run.base_step(drafting=method != "base" and gamma != 0)
+                run.base_step(drafting=False)
                 continue
             run.verify(gamma, run.draft_round(gamma))
             rounds += 1
