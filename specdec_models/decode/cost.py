@@ -230,11 +230,9 @@ class SpeedProfile:
     def v(self, gamma: int) -> float:
         """v(gamma): measured, or interpolated between the nearest measured gammas (v(0) = 1)."""
         check(0 <= gamma <= max(self.v_by_gamma), f"v is known up to gamma {max(self.v_by_gamma)}, not {gamma}")
-        if gamma == 0:
-            return 1.0
-        if gamma in self.v_by_gamma:
-            return self.v_by_gamma[gamma]
         known = {0: 1.0, **self.v_by_gamma}
+        if gamma in known:
+            return known[gamma]
         lo = max(g for g in known if g < gamma)
         hi = min(g for g in known if g > gamma)
         return known[lo] + (known[hi] - known[lo]) * (gamma - lo) / (hi - lo)
