@@ -86,12 +86,21 @@ def process_logits(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None = No
     return logits
 
 
+def greedy_tokens(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None = None) -> Tensor:
+    """The argmax (...) of the penalised logits (..., vocab): the token greedy decoding picks, on
+    which `to_probs` puts its one-hot. Read from the logits in their own dtype (a widening cast
+    changes no value, so no index either): decoding at temperature 0 builds no (..., vocab)
+    tensor, where a copy and a one-hot of 8 rows x 5 positions x 49,152 tokens cost 15 ms of a
+    70 ms verify call on 2 CPU cores."""
+    return (penalise(logits, cfg, seen) if cfg.penalised else logits).argmax(dim=-1)
+
+
 def to_probs(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None = None) -> Tensor:
     """The processed distribution (..., vocab) in fp32; a one-hot on the (penalised) argmax when
     greedy (top-k and top-p never drop the argmax). `seen`: see `penalise`."""
     if cfg.greedy:
         probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        return probs.scatter_(-1, penalise(logits, cfg, seen).argmax(dim=-1, keepdim=True), 1.0)
+        return probs.scatter_(-1, greedy_tokens(logits, cfg, seen).unsqueeze(-1), 1.0)
     return process_logits(logits, cfg, seen).softmax(dim=-1)
 
 

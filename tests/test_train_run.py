@@ -75,7 +75,9 @@ def test_the_export_keeps_the_last_evaluations_speed_profiles_for_gamma_auto(tra
     assert decode_main(["--export", str(trained["export_dir"]), "--prompt", "abc", "--max-new-tokens", "12",
                         "--temperature", "0", "--gamma", "auto", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)["stats"]
-    assert stats["gamma"] == t0.best_gamma() and stats["speed_profile"] == t0.to_dict()
+    # the stored profile's choice, which may be 0 (plain decoding) where its timings predict no
+    # gamma pays: the profile's c and v were timed during training, so either can happen
+    assert stats["gamma"] == t0.best_gamma(plain=True) and stats["speed_profile"] == t0.to_dict()
 
 
 def test_export_loads_and_matches_the_trained_module(trained):

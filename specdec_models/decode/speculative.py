@@ -48,7 +48,7 @@ from ..errors import SpecdecError, check
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..prophet import ProphetHead
-from ..sampling import SamplingConfig, residual, sample, to_probs
+from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
@@ -71,6 +71,8 @@ def calibration_gammas(gamma_max: int) -> list[int]:
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from ..hf import Eagle3Head
 
 
 class _Rows:
@@ -323,6 +325,13 @@ class _Decoding:
     def pick(self, probs: Tensor) -> Tensor:
         return probs.argmax(-1) if self.sampling.greedy else sample(probs, self.generator)
 
+    def next_tokens(self, logits: Tensor, seen: Tensor | None) -> Tensor:
+        """The token of each row after logits (b, vocab): the argmax when greedy (no one-hot of
+        the vocabulary built: `sampling.greedy_tokens`), else a draw from the processed distribution."""
+        if self.sampling.greedy:
+            return greedy_tokens(logits, self.sampling, seen)
+        return sample(to_probs(logits, self.sampling, seen), self.generator)
+
     def count_call(self) -> None:
         self.stats.target_calls += 1
         self.row_calls += (~self.rows.done).sum()
@@ -400,8 +409,7 @@ class _Decoding:
         last = self._logits_at(PREFILL, target, padded, self.cache, rows.lens - 1)
         self.cache.rollback(rows.lens)
         self.count_call()
-        probs = to_probs(last, self.sampling, rows.context())
-        rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
+        rows.emit(self.next_tokens(last, rows.context())[:, None], torch.ones_like(rows.lens), self.eos_id)
         if eagle3:
             self.draft_cache = self.prophet.new_cache(b, rows.capacity)
             self._extend_head(torch.zeros_like(rows.lens))
@@ -434,8 +442,7 @@ class _Decoding:
         if drafting and self.draft is not None:   # a draft must not fall behind: its catch-up reads 2 tokens
             self._feed(self.draft, self.draft_cache, DRAFT, pending)
         self.count_call()
-        probs = to_probs(logits, self.sampling, rows.context())
-        rows.emit(self.pick(probs)[:, None], torch.ones_like(rows.lens), self.eos_id)
+        rows.emit(self.next_tokens(logits, rows.context())[:, None], torch.ones_like(rows.lens), self.eos_id)
         if drafting and self.method == "eagle3":
             self._extend_head(before)
 
@@ -503,23 +510,33 @@ class _Decoding:
         def step(tok: Tensor) -> Tensor:
             def call() -> Tensor:
                 state[0] = head.extend(tok[:, None], state[0], cache)
-                return head.to_target_vocab(head.logits(state[0][:, 0]))
+                return head.logits(state[0][:, 0])
             return self.clock(DRAFT, call)
 
-        return self._sample_drafts(head.to_target_vocab(logits), gamma, step)
+        return self._sample_drafts(logits, gamma, step, head=head)
 
-    def _sample_drafts(self, logits: Tensor, gamma: int, step) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample_drafts(self, logits: Tensor, gamma: int, step, head: Eagle3Head | None = None
+                       ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Draw gamma drafts from the first draft logits (b, vocab) on, `step(token)` giving the
-        next logits; (drafts, q, contexts) as `draft_round` returns them."""
+        next logits; (drafts, q, contexts) as `draft_round` returns them. `head`: the logits are an
+        EAGLE-3 head's, over its draft vocabulary (`Eagle3Head.to_target_vocab` spreads them).
+        Greedy decoding without a repetition penalty builds no q (None): a draft is its model's
+        argmax (the head's mapped to the target's id; its draft ids ascend, so ties resolve as
+        over the spread logits), which is all `verify` reads at temperature 0."""
         rows = self.rows
         drafts, qs = [], []
         seen, contexts = rows.seen, []                            # seen: (b, vocab + 1) or None
+        argmax_only = self.sampling.greedy and not self.sampling.penalised
         for i in range(gamma):
             context = None if seen is None else seen[:, : rows.vocab]
-            q = to_probs(logits, self.sampling, context)
-            tok = self.pick(q)
+            if argmax_only:
+                tok = logits.argmax(-1)
+                tok = tok if head is None else head.target_ids(tok)
+            else:
+                q = to_probs(logits if head is None else head.to_target_vocab(logits), self.sampling, context)
+                tok = self.pick(q)
+                qs.append(q)
             drafts.append(tok)
-            qs.append(q)
             if seen is not None:
                 contexts.append(context)
                 seen = seen.clone().scatter_(1, tok[:, None], True)
@@ -527,37 +544,48 @@ class _Decoding:
                 logits = step(tok)
         if seen is not None:
             contexts.append(seen[:, : rows.vocab])
-        return torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(contexts, 1) if contexts else None
+        return (torch.stack(drafts, 1), torch.stack(qs, 1) if qs else None,
+                torch.stack(contexts, 1) if contexts else None)
 
-    def verify(self, gamma: int, proposal: tuple[Tensor, Tensor, Tensor | None]) -> None:
+    def verify(self, gamma: int, proposal: tuple[Tensor, Tensor | None, Tensor | None]) -> None:
         """Score [pending, drafts] in one target call, accept a prefix per row, emit the accepted
         drafts plus one correction or bonus token, and roll the cache back per row."""
         rows, cache, sampling = self.rows, self.cache, self.sampling
-        drafts, q, contexts = proposal                              # (b, g), (b, g, vocab), (b, g + 1, vocab)
+        drafts, q, contexts = proposal                  # (b, g), (b, g, vocab) or None (greedy), (b, g + 1, vocab)
         b, g = drafts.shape
         before = cache.lengths.clone()
         active = ~rows.done
         logits = self.clock(verify_key(g), self.target, torch.cat([rows.last(1), drafts], 1), cache=cache).logits
         self.count_call()
-        p = to_probs(logits, sampling, contexts)                    # (b, g + 1, vocab)
-        if not sampling.greedy:
-            u = torch.rand(b, g, device=q.device, generator=self.generator)   # one uniform per position
-        if not sampling.greedy and self.block:
-            k, final = block_verify(p, q, drafts, u)                # accepted drafts per row, next token's p
-            prefix = (torch.arange(g, device=k.device) < k[:, None]).int()
-        else:
-            # token by token: greedy accepts the target's argmax, sampling u < p/q without dividing
-            px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
-            accept = px > 0 if sampling.greedy else u * q.gather(-1, drafts[..., None])[..., 0] < px
+        if sampling.greedy:
+            # the target's argmax at each position (no (b, g + 1, vocab) one-hot built): a draft is
+            # accepted while it is the argmax, the next token is the argmax after the accepted ones,
+            # and sum_x min(p, q) of two one-hots is 1 where they agree
+            best = greedy_tokens(logits, sampling, contexts)         # (b, g + 1)
+            accept = best[:, :g] == drafts
             prefix = accept.int().cumprod(1)                        # (b, g): 1 while all so far accepted
             k = prefix.sum(1)                                       # accepted drafts per row
-            kc = k.clamp(max=g - 1)
-            fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
-            final = torch.where((k < g)[:, None], fix, p[:, g])
+            after = best[rows.arange_b, k]
+            overlap = accept.float()
+        else:
+            p = to_probs(logits, sampling, contexts)                # (b, g + 1, vocab)
+            u = torch.rand(b, g, device=q.device, generator=self.generator)   # one uniform per position
+            if self.block:
+                k, final = block_verify(p, q, drafts, u)            # accepted drafts per row, next token's p
+                prefix = (torch.arange(g, device=k.device) < k[:, None]).int()
+            else:
+                # token by token: accept where u < p/q, without dividing
+                px = p[:, :g].gather(-1, drafts[..., None])[..., 0]
+                prefix = (u * q.gather(-1, drafts[..., None])[..., 0] < px).int().cumprod(1)
+                k = prefix.sum(1)
+                kc = k.clamp(max=g - 1)
+                fix = residual(p[rows.arange_b, kc], q[rows.arange_b, kc])
+                final = torch.where((k < g)[:, None], fix, p[:, g])
+            after = self.pick(final)
+            # alpha: sum_x min(p, q) at each position up to and including the first one not kept
+            overlap = torch.minimum(p[:, :g], q).sum(-1)            # (b, g)
         block = torch.cat([drafts, drafts[:, :1]], 1)
-        block[rows.arange_b, k] = self.pick(final)
-        # alpha: sum_x min(p, q) at each position up to and including the first one not kept
-        overlap = torch.minimum(p[:, :g], q).sum(-1)                # (b, g)
+        block[rows.arange_b, k] = after
         tested = (torch.arange(g, device=k.device) <= k[:, None]) & active[:, None]
         self.alpha_sum += (overlap * tested).sum()
         self.alpha_count += tested.sum()

@@ -88,7 +88,7 @@ from torch import Tensor
 
 from ..errors import check, check_positive_int
 from ..hf import HFDecoder
-from ..sampling import SamplingConfig, residual, sample, to_probs
+from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .stats import DecodeStats
 
@@ -381,7 +381,8 @@ class _TreeDecoding:
 
     def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
         """The accepted path (node ids) and the token after it, from the target's distributions p
-        (1 + nodes, vocab): row 0 at the root (the pending token), row i + 1 at node i."""
+        (1 + nodes, vocab): row 0 at the root (the pending token), row i + 1 at node i. Sampling
+        only: greedy decoding takes `walk_greedy`."""
         if self.block and not tree.lookup_path:
             return self.walk_chain(tree, p)
         path: list[int] = []
@@ -391,14 +392,6 @@ class _TreeDecoding:
             kids = tree.children.get(node, [])
             if not kids:
                 return path, self.pick(probs)                                  # a leaf: the bonus token
-            if self.sampling.greedy:
-                best = int(probs.argmax())
-                match = [c for c in kids if tree.tokens[c] == best]
-                if not match:
-                    return path, best
-                node = match[0]
-                path.append(node)
-                continue
             q = tree.q.get(node)
             accepted = None
             for c in (c for c in kids if c not in tree.looked_up):            # recursive rejection sampling
@@ -422,6 +415,20 @@ class _TreeDecoding:
             if accepted is None:
                 return path, self.pick(probs)
             node = accepted
+            path.append(node)
+
+    def walk_greedy(self, tree: _Tree, best: list[int]) -> tuple[list[int], int]:
+        """`walk` at temperature 0, from the target's argmax at the root and at each node (best[0],
+        best[i + 1]; no (1 + nodes, vocab) one-hot built): follow the child that holds the argmax
+        while there is one; the argmax where none does is the token after the path."""
+        path: list[int] = []
+        node = -1
+        while True:
+            token = best[node + 1]
+            match = [c for c in tree.children.get(node, []) if tree.tokens[c] == token]
+            if not match:
+                return path, token
+            node = match[0]
             path.append(node)
 
     def walk_chain(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
@@ -465,7 +472,10 @@ class _TreeDecoding:
             logits = target(ids, cache=cache, tree=(offsets, allowed.to(device))).logits[0]     # (1 + nodes, vocab)
             stats.target_calls += 1
             stats.row_calls += 1
-            path, last = self.walk(tree, to_probs(logits.float(), self.sampling))
+            if self.sampling.greedy:
+                path, last = self.walk_greedy(tree, greedy_tokens(logits, self.sampling).tolist())
+            else:
+                path, last = self.walk(tree, to_probs(logits.float(), self.sampling))
             looked = tree.lookup_path
             lookup = self.spec.next_lookup(lookup, path[: len(looked)] == looked if looked else None)
             keep = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=device)

@@ -423,6 +423,10 @@ class Eagle3Head(DraftHead):
         """Draft-vocabulary logits (..., draft_vocab_size) of the layer's outputs."""
         return self.lm_head(self.norm(hidden))
 
+    def target_ids(self, draft_tokens: Tensor) -> Tensor:
+        """The target ids (...) of draft-vocabulary tokens (...)."""
+        return draft_tokens + self.d2t.to(draft_tokens.device)[draft_tokens]
+
     def to_target_vocab(self, logits: Tensor) -> Tensor:
         """Draft logits (..., draft) spread over the target vocabulary (..., target vocab), -inf
         outside the draft vocabulary: what sampling and the verify step read."""
