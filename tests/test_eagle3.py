@@ -228,12 +228,15 @@ def test_eagle3_chi_square_catches_a_correction_drawn_from_p(toy, monkeypatch):
     assert chi_square_p_value(observed, exact, 6000) < 1e-20
 
 
-def _samples(target, head, n, tree=None, prompt=(1, 4, 2), **kw):
-    """n samples of 3 new tokens after `prompt` (chain drafting at gamma 2, or the `tree`): (counts
-    of the 512 outcomes, their exact probabilities under the target, stats)."""
+def _samples(target, head, n, tree=None, prompt=(1, 4, 2), datastore=None, **kw):
+    """n samples of 3 new tokens after `prompt` (chain drafting at gamma 2, or the `tree`, with
+    the `datastore` if given): (counts of the 512 outcomes, their exact probabilities under the
+    target, stats)."""
     prompt = torch.tensor(prompt)
     g = torch.Generator().manual_seed(1234)
-    tokens, stats = generate(target, prompt.expand(n, -1), 3, gamma=2, generator=g, prophet=head, tree=tree, **kw)
+    extra = {} if datastore is None else {"datastore": datastore}
+    tokens, stats = generate(target, prompt.expand(n, -1), 3, gamma=2, generator=g, prophet=head, tree=tree,
+                             **extra, **kw)
     index = (torch.stack(tokens) * torch.tensor([64, 8, 1])).sum(1)
     with torch.no_grad():
         seqs = torch.cartesian_prod(*[torch.arange(8)] * 3)

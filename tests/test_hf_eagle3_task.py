@@ -449,3 +449,53 @@ def test_a_bad_start_export_is_one_line_before_any_work(hf, start_export, tmp_pa
         validate(cfg(hf, out, "head.draft_vocab_size=8", f"head.init_from={start}", *extra.get(case, []),
                      target="other" if case == "other_target" else "llama"))
     assert "\n" not in str(err.value) and not out.exists()
+
+
+def test_a_datastore_of_the_caches_answers_drafts_in_the_comparison_and_the_cli(online, hf, caches, tmp_path, capsys):
+    # `datastore` writes the answers of a regenerated cache's training rows with the target's
+    # vocabulary fingerprint; `compare --datastore` adds a "+ datastore" row to each tree with a
+    # lookup (not to one without), checked against transformers like the others; the decoding CLI
+    # drafts with it; a datastore of another tokenizer is refused in one line by both
+    from conftest import load_script
+    from test_decode_cli import cli
+
+    from specdec_models.decode.datastore import Datastore
+    from train.data.regenerate import cache_answers
+
+    script = load_script("compare_hf_drafts")
+    store_file = tmp_path / "store.npz"
+    assert script.main(["datastore", "--target", str(hf["llama"]), "--cache", str(caches["full"]),
+                        "--val-windows", "4", "--out", str(store_file)]) == 0, capsys.readouterr().err
+    store = Datastore.load(store_file)
+    answers = cache_answers(caches["full"], 4)
+    assert store.rows == answers and len(answers) == 24 - 4 and all(answers)
+    assert store.source["vocabulary_sha256"] == vocabulary_fingerprint(load_tokenizer(hf["llama"]))
+    out = tmp_path / "compare"
+    assert script.main([
+        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--tree", "2,2,1,2..8",
+        "--tree", "2,2,1", "--datastore", str(store_file), "--prompts", str(hf["prompts"]), "--chat", "--count", "2",
+        "--batch1-count", "2", "--batch1-only", "--max-new-tokens", "8", "--rounds", "1", "--gamma", "3",
+        "--temperatures", "0", "--check-count", "1", "--dtype", "float32", "--out", str(out)]) == 0, capsys.readouterr().err
+    report = json.loads((out / "results.json").read_text())
+    methods = ["plain", "eagle3 tiny", "eagle3 tiny tree 2,2,1 + lookup 2..8",
+               "eagle3 tiny tree 2,2,1 + lookup 2..8 + datastore", "eagle3 tiny tree 2,2,1"]
+    assert [r["method"] for r in report["rows"]] == methods
+    assert report["greedy_equals_transformers_generate"] == dict.fromkeys(methods, True)
+    capsys.readouterr()
+    common = ("--hf-model", hf["llama"], "--eagle3", online["export_dir"], "--prompt", "a b c", "--temperature", 0,
+              "--max-new-tokens", 8, "--ignore-eos", "--json", "--dtype", "float32", "--tree", "2,2,1,2..8")
+    status, with_store, err = cli(capsys, *common, "--datastore", store_file)
+    assert status == 0, err
+    status, without, err = cli(capsys, *common)
+    assert status == 0, err
+    assert json.loads(with_store)["continuations"] == json.loads(without)["continuations"]
+    foreign = tmp_path / "foreign.npz"
+    Datastore(answers).save(foreign, {"vocabulary_sha256": "0" * 64})
+    status, _, err = cli(capsys, *common, "--datastore", foreign)
+    assert status == 2 and "another tokenizer" in err and err.count("\n") == 1
+    assert script.main(["compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}",
+                        "--tree", "2,2,1,2", "--datastore", str(foreign), "--prompts", str(hf["prompts"]), "--chat",
+                        "--count", "2", "--batch1-only", "--out", str(tmp_path / "c2")]) == 2
+    assert "another tokenizer" in capsys.readouterr().err
+    status, _, err = cli(capsys, *common[:-2], "--tree", "2,2,1", "--datastore", store_file)
+    assert status == 2 and "with a lookup" in err and err.count("\n") == 1

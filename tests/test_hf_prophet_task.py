@@ -355,6 +355,10 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
             assert r["new_tokens"] == next(p["new_tokens"] for p in rows if p["method"] == "plain"
                                            and p["batch"] == r["batch"] and p["temperature"] == 0)
         assert r["tokens_per_call"] == pytest.approx(r["new_tokens"] / r["row_calls"])
+        # a batched call serves every unfinished row: between row_calls / rows and row_calls calls
+        rows_at_once = r["batch"] if r["method"] != lookup else 1
+        assert r["row_calls"] / rows_at_once <= r["target_calls"] <= r["row_calls"]
+        assert r["batch"] > 1 or r["target_calls"] == r["row_calls"]
         assert (r["acceptance_rate"] is None) == (r["method"] in ("plain", lookup))
         assert r["method"] != "plain" or r["tokens_per_call"] == 1
         assert r["greedy_equal_plain"] is (True if r["temperature"] == 0 else None), r["method"]

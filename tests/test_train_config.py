@@ -308,10 +308,12 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
     for device, rounds, expected in (("cpu", None, 1), ("cuda", None, 2), ("cpu", 3, 3)):
         args = argparse.Namespace(compare_rounds=rounds, device=device, eval_prompts=8, max_new_tokens=64,
                                   heads=["eagle3", "prophet"], student_minutes=6)
-        command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c")
+        command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c",
+                                    tmp_path / "d.npz")
         with pytest.raises(Parsed):
             compare.main(command[2:])
         got = parsed[-1]
+        assert got.datastore == str(tmp_path / "d.npz")
         assert (got.rounds, got.device, got.count, got.batch1_count) == (expected, device, 8, 2)
         assert got.prophet == str(runs["prophet"] / "export") and got.student == str(runs["student"] / "export")
         assert got.eagle3 == [f"specdec={runs['eagle3'] / 'export'}"] and got.eagle3_auto

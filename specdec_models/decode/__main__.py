@@ -42,6 +42,7 @@ from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
 from . import generate
 from .cost import stored_profile
+from .datastore import Datastore
 from .inputs import parse_gamma
 from .speculative import VERIFY
 from .tree import TreeSpec
@@ -86,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "each fully accepted lookup, up to 16); a last number with a point expands only nodes "
                              "whose draft probability reaches it (e.g. 6,3,1,4..16,0.3); nodes=N verifies only the N most "
                              "probable of the head's nodes (e.g. 6,3,2,4..16,0.3,nodes=12)")
+    parser.add_argument("--datastore", metavar="FILE",
+                        help="with --tree and its lookup: a datastore of the target's own answers (scripts/"
+                             "compare_hf_drafts.py datastore): where it matches a longer n-gram than prompt lookup "
+                             "does in the context, its continuation is the tree's looked-up path")
     parser.add_argument("--method", choices=METHODS,
                         help="default: draft with --draft, prophet with --prophet or a model_with_prophet export, "
                              "else base")
@@ -146,6 +151,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.tree is not None:
         args.tree = TreeSpec.parse(args.tree)          # parsed once, before any model is loaded
         check(args.eagle3, "--tree drafts with an EAGLE-3 head: give --eagle3 DIR")
+    if args.datastore is not None:
+        check(args.tree is not None and args.tree.lookup > 0,
+              "--datastore proposes a tree's looked-up path: give --tree with a lookup (e.g. 8,4,3,4..16,0.2)")
+        args.datastore = Datastore.load(args.datastore)
     given = [flag for flag, value in (("--export", args.export), ("--hf-model", args.hf_model), ("--gguf", args.gguf))
              if value is not None]
     check(len(given) <= 1, f"give one target, not {' and '.join(given)}")
@@ -212,6 +221,11 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
     dtype = resolve_dtype(args.dtype, "cpu")
     hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3, dtype=dtype,
                      few_rows=resolve_few_rows(args.few_rows, "cpu", dtype))
+    if args.datastore is not None and "vocabulary_sha256" in args.datastore.source:
+        from ..hf.weights import vocabulary_fingerprint
+
+        check(args.datastore.source["vocabulary_sha256"] == vocabulary_fingerprint(hf.tokenizer),
+              "--datastore holds answers in another tokenizer than the target's: write it from this target's cache")
     max_len = HFDecoder(hf.target).cfg.max_seq_len
     prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len)
     eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id
@@ -221,7 +235,7 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
                              top_k=sampling.top_k, top_p=sampling.top_p,
                              repetition_penalty=sampling.repetition_penalty, eos_id=eos, vocab_size=hf.vocab_size,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed),
-                             tree=args.tree, verify=args.verify)
+                             tree=args.tree, verify=args.verify, datastore=args.datastore)
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
 

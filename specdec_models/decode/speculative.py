@@ -51,6 +51,7 @@ from ..prophet import ProphetHead
 from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
+from .datastore import Datastore
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
 from .stats import DecodeStats
 from .tree import TreeSpec, tree_generate
@@ -188,6 +189,7 @@ def generate(
     repetition_penalty: float | None = None,
     tree: TreeSpec | None = None,
     verify: str = "block",
+    datastore: Datastore | None = None,
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
 
@@ -218,7 +220,9 @@ def generate(
     `tree=TreeSpec(depth, topk, width, lookup)` (an EAGLE-3 head only) drafts a tree of candidates
     instead of a chain, with `lookup` prompt-lookup tokens as one more path, and verifies it in one
     call (`decode.tree`: lossless at every temperature, rows one after another); the tree's depth
-    takes gamma's place, so gamma must not be "auto".
+    takes gamma's place, so gamma must not be "auto". `datastore` (a `decode.datastore.Datastore`,
+    with a tree whose lookup is on): where it matches a longer n-gram than prompt lookup does in the
+    context, the looked-up path is the datastore's continuation (the target's own earlier answers).
     `verify` ("block" or "token") picks how a sampled chain is accepted: block verification
     (`decode.block`, the default: lossless, and never fewer tokens per round in expectation) or
     token by token (the module docstring). A tree verifies by block only where its round is a
@@ -234,6 +238,10 @@ def generate(
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
     gamma_max = (AUTO_GAMMA_MAX if limit is None else min(AUTO_GAMMA_MAX, limit)) if gamma == AUTO else gamma
+    check(datastore is None or (tree is not None and tree.lookup > 0),
+          "a datastore proposes a tree's looked-up path: pass it with a tree whose lookup is on (e.g. 8,4,3,4..16)")
+    check(datastore is None or isinstance(datastore, Datastore),
+          f"datastore must be a decode.datastore.Datastore, got {type(datastore).__name__}")
     if tree is not None:
         check(method == "eagle3", f"tree drafting needs an EAGLE-3 head (prophet=Eagle3Head), not method {method!r}")
         check(gamma != AUTO and speed_profile is None, "tree drafting has its own depth: pass an integer gamma "
@@ -242,7 +250,7 @@ def generate(
         stats = DecodeStats(method="eagle3_tree", batch=len(rows_in), gamma=tree.depth)
         t0 = time.perf_counter()
         tokens = tree_generate(target, prophet, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats,
-                               block=verify == "block")
+                               block=verify == "block", datastore=datastore)
         stats.wall_seconds = time.perf_counter() - t0
         stats.new_tokens = sum(t.numel() for t in tokens)
         return tokens, stats.finish()

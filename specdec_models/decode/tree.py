@@ -90,6 +90,7 @@ from ..errors import check, check_positive_int
 from ..hf import HFDecoder
 from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
+from .datastore import Datastore
 from .stats import DecodeStats
 
 
@@ -192,16 +193,32 @@ def lookup_continuation(context: list[int], length: int, max_ngram: int = 3) -> 
     tokens of `context`, for the largest n <= max_ngram that occurs earlier ([] if none does).
     Where what followed runs into the end of the context, the context is read as a loop: the
     d tokens between the occurrence and the end repeat (a small model's greedy loops)."""
+    return lookup_match(context, length, max_ngram)[1]
+
+
+def lookup_match(context: list[int], length: int, max_ngram: int = 3) -> tuple[int, list[int]]:
+    """(n, `lookup_continuation`): the n of the n-gram the continuation follows (0 and [] if none)."""
     end = len(context)
     if length <= 0:
-        return []
+        return 0, []
     for n in range(min(max_ngram, end - 1), 0, -1):
         tail = context[end - n:]
         for start in range(end - n - 1, -1, -1):         # latest first: in a loop, its last turn
             if context[start:start + n] == tail:
                 period = end - (start + n)
-                return [context[start + n + i % period] for i in range(length)]
-    return []
+                return n, [context[start + n + i % period] for i in range(length)]
+    return 0, []
+
+
+def looked_up_path(context: list[int], length: int, datastore: Datastore | None = None) -> list[int]:
+    """A round's looked-up path: prompt lookup's continuation of `context`, or the datastore's
+    where that follows a longer n-gram (a tie goes to the context's own match)."""
+    n, path = lookup_match(context, length)
+    if datastore is not None:
+        m, stored = datastore.match(context, length)
+        if m > n:
+            path = stored
+    return path
 
 
 def _without(q: Tensor, x: int) -> Tensor | None:
@@ -285,8 +302,9 @@ class _Tree:
 
 class _TreeDecoding:
     def __init__(self, target: HFDecoder, head, spec: TreeSpec, sampling: SamplingConfig, eos_id: int | None,
-                 generator: torch.Generator | None, stats: DecodeStats, block: bool = True) -> None:
-        self.target, self.head, self.spec = target, head, spec
+                 generator: torch.Generator | None, stats: DecodeStats, block: bool = True,
+                 datastore: Datastore | None = None) -> None:
+        self.target, self.head, self.spec, self.datastore = target, head, spec, datastore
         # sampled chains (topk 1) in rounds without a looked-up path are verified by block
         self.block = block and spec.topk == 1 and not sampling.greedy
         self.sampling, self.eos_id, self.generator, self.stats = sampling, eos_id, generator, stats
@@ -376,7 +394,7 @@ class _TreeDecoding:
                 frontier += tree.add(i, tokens, [tree.score[i] + s for s in scores], q)
         if self.sampling.greedy:
             tree = tree.pruned(spec.nodes)
-        tree.add_path(lookup_continuation(context, lookup))
+        tree.add_path(looked_up_path(context, lookup, self.datastore))
         return tree
 
     def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
@@ -498,15 +516,17 @@ class _TreeDecoding:
 
 def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: int, spec: TreeSpec,
                   sampling: SamplingConfig, eos_id: int | None, generator: torch.Generator | None,
-                  stats: DecodeStats, block: bool = True) -> list[Tensor]:
+                  stats: DecodeStats, block: bool = True, datastore: Datastore | None = None) -> list[Tensor]:
     """Decode each row with tree drafting (module docstring); fills `stats`' counters. Called by
     `generate(..., tree=TreeSpec(...))`, which has checked its arguments; `block`: verify sampled
-    chains by block (module docstring)."""
+    chains by block (module docstring); `datastore`: where prompt lookup finds nothing, the
+    looked-up path is the datastore's continuation where its n-gram is longer than the context's
+    own match (`decode.datastore`)."""
     check(isinstance(spec, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(spec).__name__}")
     stats.accepted_at = [0] * spec.max_depth
     stats.drafted_at = [0] * spec.max_depth
     stats.drafted = stats.accepted = 0
-    run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats, block)
+    run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats, block, datastore)
     out = []
     for row in rows:
         tokens = run.row(row, max_new_tokens) if max_new_tokens > 0 else []

@@ -47,7 +47,7 @@ from specdec_models.files import staged_dir
 
 from .report import pyplot
 
-COUNTS = ("new_tokens", "row_calls", "drafted", "accepted", "alpha_sum", "alpha_count")
+COUNTS = ("new_tokens", "target_calls", "row_calls", "drafted", "accepted", "alpha_sum", "alpha_count")
 
 
 def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, Any], seed: int,
@@ -114,8 +114,8 @@ def _prompt_lookup(target: Any, prompts: list[Tensor], n: int, seed: int, *, max
     finally:
         hook.remove()
     counts = {key: 0.0 for key in COUNTS}
-    counts.update(new_tokens=float(sum(len(r) for r in rows)), row_calls=float(calls[0]), accepted_at=[],
-                  drafted_at=[])
+    counts.update(new_tokens=float(sum(len(r) for r in rows)), target_calls=float(calls[0]), row_calls=float(calls[0]),
+                  accepted_at=[], drafted_at=[])
     return seconds, counts, rows
 
 
@@ -129,7 +129,10 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     decoding (the median of the per-round ratios of token rates: of seconds, where every row emits
     max_new_tokens; rows stop at `eos_id` when it is given), at temperature 0 greedy_equal_plain
     (every row's tokens equal plain decoding's, every round), and the counts summed over the rounds
-    (new_tokens, row_calls, drafted, accepted: tokens_per_call = new_tokens / row_calls), and at
+    (new_tokens, target_calls, row_calls, drafted, accepted: tokens_per_call = new_tokens / row_calls;
+    at batch 8, target_calls against plain decoding's shows what the slowest row costs: a batch
+    makes calls until its last row is done, so a draft saves calls only as far as that row's
+    acceptance goes, whatever the others'), and at
     temperature 0 greedy_agreement, the mean fraction of a row emitted before its first difference
     from plain decoding (in bf16 a multi-token verify may round differently from a 1-token step).
     `batches`: batch size -> how many of `prompts` are decoded at that size (default {1: 4, 8:
@@ -207,7 +210,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "greedy_equal_plain": equal[name] if temperature == 0 else None,
                     "greedy_agreement": statistics.mean(agree[name]) if temperature == 0 else None,
                     # the exact counts the rates come from, over every round
-                    **{k: int(c[k]) for k in ("new_tokens", "row_calls", "drafted", "accepted")},
+                    **{k: int(c[k]) for k in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted")},
                 })
             if report is not None:
                 report(f"T={temperature:g} batch {batch}: " + ", ".join(
@@ -345,7 +348,9 @@ class HFDrafters:
     `token_verify`, each eagle3 chain, and each tree of one child per node, is also decoded with
     `verify="token"` beside the default block verification (the same drafts, side by side); with
     `auto_gamma`, each eagle3 head also decodes with gamma "auto" (calibrated on each call's first
-    tokens: plain decoding for the rest of the call where no gamma pays)."""
+    tokens: plain decoding for the rest of the call where no gamma pays); with a `datastore`
+    (`decode.datastore.Datastore`), each tree with a lookup also drafts with it (its looked-up path
+    from the datastore where that matches a longer n-gram than prompt lookup)."""
 
     eagle3: list[tuple[str, str]] = field(default_factory=list)
     eagle3_gamma: int | None = None        # None: the comparison's gamma
@@ -356,6 +361,7 @@ class HFDrafters:
     random_head: bool = False
     token_verify: bool = False     # each eagle3 chain (and chain-shaped tree) also verified token by token
     auto_gamma: bool = False       # each eagle3 head also decodes with gamma "auto" (calibrated in the call)
+    datastore: Any = None          # decode.datastore.Datastore: each tree with a lookup also drafts with it
 
     def build(self, model: Any) -> dict[str, dict[str, Any]]:
         """`generate` keyword arguments by drafter name, built on `model` (in its dtype)."""
@@ -376,6 +382,9 @@ class HFDrafters:
                 drafters[f"eagle3 {name} gamma auto"] = {"prophet": head, "gamma": "auto"}
             for tree in self.trees:
                 drafters[f"eagle3 {name} tree {tree.label}"] = {"prophet": head, "tree": tree}
+                if self.datastore is not None and tree.lookup:
+                    drafters[f"eagle3 {name} tree {tree.label} + datastore"] = {"prophet": head, "tree": tree,
+                                                                              "datastore": self.datastore}
                 if self.token_verify and tree.topk == 1:
                     drafters[f"eagle3 {name} tree {tree.label} (token verify)"] = {"prophet": head, "tree": tree,
                                                                                  "verify": "token"}

@@ -64,14 +64,14 @@ def _hf_generate(model: Any, prompts: list[Tensor], n: int, pad_id: int) -> list
 
 def compare_with_hf_generate(model: Any, prompts: list[Tensor], max_new_tokens: int, *, draft: Any = None,
                              prophet: Any = None, gamma: int = 4, repeats: int = 3, pad_id: int = 0,
-                             tree: Any = None) -> dict[str, Any]:
+                             tree: Any = None, datastore: Any = None) -> dict[str, Any]:
     """Time HF greedy `generate()` and specdec's `generate` (temperature 0) interleaved; return
     {"hf": {...}, "ours": {...}, "ratio": median of per-pair (ours tokens/s) / (hf tokens/s),
     "equal": every row identical, "tokens_per_call", ...}. Seconds are per call, tokens/s count
     all rows' new tokens; repeats=0 only checks the tokens (no timing)."""
     check(isinstance(repeats, int) and repeats >= 0, f"repeats must be an integer >= 0, got {repeats!r}")
     check(len(prompts) >= 1, "give at least one prompt")
-    kwargs = dict(draft=draft, prophet=prophet, gamma=gamma, temperature=0, tree=tree)
+    kwargs = dict(draft=draft, prophet=prophet, gamma=gamma, temperature=0, tree=tree, datastore=datastore)
 
     def ours() -> tuple[list[list[int]], Any]:
         tokens, stats = generate(model, prompts, max_new_tokens, **kwargs)

@@ -382,6 +382,24 @@ def write_cache_text(cache: str | os.PathLike, tokenizer: Any, out: str | os.Pat
     return len(rows)
 
 
+def cache_answers(cache: str | os.PathLike, val_windows: int = 0) -> list[list[int]]:
+    """The answers of a regenerated cache's training rows (all but its last `val_windows`), as
+    token lists: each row from its prompt's end to its valid_len (the stop token included, the
+    padding after it left out). A `decode.datastore.Datastore` of them proposes the target's own
+    phrasing to a draft tree (`decode.tree.looked_up_path`)."""
+    from .embeddings_cache import open_cache, read_cache_meta
+
+    meta = read_cache_meta(cache)
+    check(meta.get("source", {}).get("kind") == "regenerated",
+          f"{cache} holds windows of a text, not the target's answers: a datastore is built from a cache of "
+          f"scripts/cache_embeddings.py --prompts")
+    check(0 <= val_windows < meta["windows"], f"val_windows must be in [0, {meta['windows']}), got {val_windows}")
+    table = open_cache(cache, meta).select_columns(["tokens", "prompt_len", "valid_len"])
+    table = table.select(range(meta["windows"] - val_windows))
+    return [r[p:n] for r, p, n in zip(table["tokens"].to_pylist(), table["prompt_len"].to_pylist(),
+                                        table["valid_len"].to_pylist())]
+
+
 # ---------------------------------------------------------------- prompts from any text
 
 TEMPLATES = (
