@@ -113,6 +113,19 @@ def test_a_datastore_without_a_looked_up_path_is_refused_in_one_line(toy, kwargs
     assert "\n" not in str(err.value)
 
 
+def test_a_datastore_file_round_trips_and_a_bad_one_is_one_line(tmp_path):
+    store = Datastore([[1, 2, 3, 4], [5, 6, 7, 8, 9]], keep=4)
+    store.save(tmp_path / "s.npz", {"cache": "C"})
+    back = Datastore.load(tmp_path / "s.npz")
+    assert back.rows == store.rows and back.keep == 4 and back.source == {"cache": "C"}
+    assert back.continuation([1, 2, 3], 1) == [4] and not list(tmp_path.glob(".tmp-*"))
+    (tmp_path / "bad.npz").write_bytes(b"not a datastore")
+    for path, message in ((tmp_path / "none.npz", "does not exist"), (tmp_path / "bad.npz", "not a datastore file")):
+        with pytest.raises(SpecdecError, match=message) as err:
+            Datastore.load(path)
+        assert "\n" not in str(err.value)
+
+
 def test_bad_datastore_settings_are_one_line():
     for kwargs, message in (({"min_ngram": 0}, "min_ngram"), ({"min_ngram": 3, "max_ngram": 2}, "max_ngram"),
                             ({"keep": 0}, "keep")):

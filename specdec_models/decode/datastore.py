@@ -75,8 +75,8 @@ class Datastore:
     def load(cls, path: str | os.PathLike) -> Datastore:
         """A datastore `save` wrote; a missing or foreign file is one line."""
         path = Path(path).expanduser()
-        check(path.is_file(), f"datastore {path} does not exist (write one with scripts/cache_embeddings.py's "
-                              f"regenerated cache and Datastore.save, or the SmolLM2 recipe's datastore step)")
+        check(path.is_file(), f"datastore {path} does not exist (write one from a regenerated cache: "
+                              f"scripts/compare_hf_drafts.py datastore --cache CACHE --out FILE)")
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
