@@ -84,9 +84,8 @@ class Datastore:
         except (OSError, ValueError, KeyError) as error:
             raise SpecdecError(f"datastore {path} is not a datastore file ({' '.join(str(error).split())})") from None
         check(isinstance(meta, dict) and meta.get("format") == FORMAT, f"datastore {path} is not a datastore file")
-        ends = np.cumsum(lengths)
-        check(int(ends[-1]) == len(tokens) if len(ends) else len(tokens) == 0, f"datastore {path} is damaged")
-        rows = [tokens[e - n:e].tolist() for e, n in zip(ends.tolist(), lengths.tolist())]
+        check(int(lengths.sum()) == len(tokens), f"datastore {path} is damaged")
+        rows = np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []
         store = cls(rows, min_ngram=meta["min_ngram"], max_ngram=meta["max_ngram"], keep=meta["keep"])
         store.source = meta.get("source", {})
         return store
