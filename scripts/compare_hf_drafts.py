@@ -306,11 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eagle3-auto", action="store_true",
                         help="compare: each eagle3 head also decodes with gamma auto (calibrated on each call's first "
                              "tokens; plain decoding for the rest of the call where no gamma is predicted to pay)")
-    parser.add_argument("--tree", action="append", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,nodes=N]",
+    parser.add_argument("--tree", action="append", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]",
                         help="compare: each eagle3 head also drafts this tree, with LOOKUP prompt-lookup tokens as "
                              "one more path if given (LOOKUP..MAX: adaptive up to MAX), expanding only nodes of draft "
                              "probability >= MIN_PROB if given, verifying only the N most probable of the head's nodes if "
-                             "nodes=N is given, e.g. 6,3,1,4..16,0.3 or 6,3,2,4..16,0.3,nodes=12 (batch 1; repeatable)")
+                             "nodes=N is given, at T=0 only those of draft probability >= P if keep=P is given, e.g. 6,3,1,4..16,0.3, "
+                             "6,3,2,4..16,0.3,nodes=12 or 8,4,3,4..16,0.1,keep=0.05 (batch 1; repeatable)")
     parser.add_argument("--datastore", metavar="FILE|CACHE",
                         help="compare: each --tree with a lookup also drafts with a datastore of the target's own answers "
                              "(a file of the datastore command, or a regenerated cache's training rows: all but "

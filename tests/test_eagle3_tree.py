@@ -3,6 +3,8 @@ its own path, greedy output is the target's at any tree shape, with or without a
 path, sampling is lossless (chi-square, recursive rejection sampling, looked-up tokens as
 point-mass candidates), and bad input is one line. Tiny random targets built from configs."""
 
+import math
+
 import pytest
 import torch
 
@@ -199,6 +201,36 @@ def test_pruning_keeps_the_most_probable_nodes_as_a_tree():
     sure.add(-1, [1, 3], [0.0, 0.0], None)
     sure.add(0, [2], [0.0], None)
     assert sure.pruned(2).tokens == [1, 3] and sure.pruned(2).parent == [-1, -1]
+    # a floor on the nodes' own scores (`keep`): the ones at or above it, as a tree; with a budget, both
+    kept = tree.pruned(0, -0.45)                             # nodes 0, 3, 5 (1 is at -0.5, 2 and 4 lower)
+    assert kept.tokens == [4, 8, 2] and kept.parent == [-1, 0, 1] and kept.children == {-1: [0], 0: [1], 1: [2]}
+    assert tree.pruned(2, -0.45).tokens == [4, 8] and tree.pruned(0, -2.0) is tree
+    assert tree.pruned(0, 0.0).tokens == []                 # nothing is sure: an empty tree, a plain step
+
+
+def test_keep_verifies_only_the_likely_nodes_and_stays_exact(toy, monkeypatch):
+    # greedy: with `keep` the verify call holds only head nodes of cumulative draft probability >=
+    # keep (fewer than the full tree's), and the output is still the target's (seeded, deterministic)
+    from specdec_models.decode import tree as tree_module
+
+    target, head = toy[0], _long_path_head(toy[0])
+    prompts = toy_prompts()
+    alone, _ = hf_greedy(target, prompts, 24)
+    (full, full_stats), (cut, cut_stats) = _greedy(target, head, prompts, 24, TreeSpec(4, 3, 3),
+                                                   TreeSpec(4, 3, 3, keep=0.3))
+    assert cut == alone == full
+    assert cut_stats.drafted < full_stats.drafted
+    scores = []
+    draft = tree_module._TreeDecoding.draft
+
+    def recorded(self, *args, **kwargs):
+        tree = draft(self, *args, **kwargs)
+        scores.extend(tree.score)
+        return tree
+
+    monkeypatch.setattr(tree_module._TreeDecoding, "draft", recorded)
+    generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, keep=0.3))
+    assert scores and min(scores) >= math.log(0.3)
 
 
 def test_a_node_budget_verifies_at_most_its_nodes_and_stays_exact(toy):
@@ -370,6 +402,9 @@ def test_tree_spec_and_bad_input(models):
     assert TreeSpec.parse("6,3,2, nodes=12") == TreeSpec(6, 3, 2, nodes=12)
     assert TreeSpec(6, 3, 2, 4, nodes=12).label == "6,3,2 + lookup 4, 12 nodes"
     assert TreeSpec(6, 3, 2, 4, nodes=12).max_nodes == 12 + 4 and TreeSpec(2, 2, 1, nodes=9).max_nodes == 4
+    assert TreeSpec.parse("8,4,3,4..16,0.1,keep=0.05") == TreeSpec(8, 4, 3, 4, 16, 0.1, keep=0.05)
+    assert TreeSpec.parse("6,3,2,nodes=12,keep=0.1") == TreeSpec.parse("6,3,2,keep=0.1,nodes=12")
+    assert TreeSpec(8, 4, 3, 4, 16, 0.1, keep=0.05).label == "8,4,3 + lookup 4..16, q >= 0.1, nodes q >= 0.05"
     model = models["llama"]
     head = head_for(model, draft=40)
     prompt = [torch.tensor([1, 2, 3])]
@@ -386,6 +421,10 @@ def test_tree_spec_and_bad_input(models):
         (lambda: TreeSpec.parse("3,2,1,nodes=x"), "DEPTH,TOPK,WIDTH"),
         (lambda: TreeSpec.parse("3,2,1,nodes=4,0.3"), "DEPTH,TOPK,WIDTH"),
         (lambda: TreeSpec(3, 2, 1, nodes=-1), "tree nodes"),
+        (lambda: TreeSpec(3, 2, 1, keep=1.0), "tree keep must be in"),
+        (lambda: TreeSpec.parse("3,2,1,keep=x"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec.parse("3,2,1,size=4"), "DEPTH,TOPK,WIDTH"),
+        (lambda: TreeSpec.parse("3,2,1,nodes=4,nodes=5"), "DEPTH,TOPK,WIDTH"),
         (lambda: generate(model, prompt, 4, tree=TreeSpec()), "EAGLE-3 head"),
         (lambda: generate(model, prompt, 4, prophet=head, gamma="auto", tree=TreeSpec()), "own depth"),
         (lambda: generate(model, prompt, 4, prophet=head, repetition_penalty=1.2, tree=TreeSpec()), "repetition"),
@@ -610,3 +649,26 @@ def test_the_greedy_check_decodes_a_chain_at_its_own_gamma(models):
     got = greedy_matches_transformers(model, prompts, {"chain": {"prophet": head, "gamma": 3}}, gamma=5,
                                       max_new_tokens=8)
     assert got == {"plain": True, "chain": True}
+
+
+def test_tree_stats_count_the_heads_nodes_by_their_draft_probability(toy):
+    # every verified head node lands in one bin of its cumulative draft probability q, with whether
+    # the target accepted it; without a lookup that is every drafted and accepted node (deterministic)
+    from specdec_models.decode.stats import NODE_Q_EDGES, DecodeStats, node_q_bins
+    from train.bench.drafts import node_table
+
+    target, head = toy
+    ((_, stats),) = _greedy(target, head, toy_prompts(), 24, TreeSpec(3, 3, 2))
+    assert len(stats.nodes_by_q) == len(stats.accepted_by_q) == len(NODE_Q_EDGES) + 1 == len(node_q_bins())
+    assert sum(stats.nodes_by_q) == stats.drafted and sum(stats.accepted_by_q) == stats.accepted > 0
+    assert all(0 <= a <= n for a, n in zip(stats.accepted_by_q, stats.nodes_by_q))
+    merged = DecodeStats.merge([stats, stats])
+    assert merged.nodes_by_q == [2 * n for n in stats.nodes_by_q]
+    assert merged.accepted_by_q == [2 * a for a in stats.accepted_by_q]
+    ((_, looked),) = _greedy(target, head, [torch.tensor(LOOP)], 24, TreeSpec(3, 3, 2, 4))
+    assert sum(looked.nodes_by_q) < looked.drafted                  # looked-up nodes have no q: not counted
+    row = {"temperature": 0.0, "method": "eagle3 tree", "nodes_by_q": [4, 0] + [0] * 6 + [2],
+           "accepted_by_q": [1, 0] + [0] * 6 + [2]}
+    lines = node_table([row, {"temperature": 0.0, "method": "plain"}])
+    assert lines[-1] == "| 0 | eagle3 tree | 4, 0.250 | – | – | – | – | – | – | – | 2, 1.000 |"
+    assert "q <0.01" in lines[-3] and "q >=0.7" in lines[-3] and node_table([{"method": "plain"}]) == []

@@ -22,7 +22,7 @@ drafts), or a Hugging Face target with its draft or its prophet head
     val/best_predicted_speedup/b{B}/t{T}     at batch B = 1 and B = num_prompts (`choose_gamma`)
     val/spec_eval_seconds                    wall time of the whole evaluation (not training time)
 
-With `tree="depth,topk,width[,lookup[..max]][,min_prob][,nodes=n]"` (an EAGLE-3 head), the same prompts are also
+With `tree="depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]"` (an EAGLE-3 head), the same prompts are also
 decoded with that draft tree (`specdec_models.decode.tree`, rows one after another) and plainly one row at
 a time:
 
@@ -130,7 +130,7 @@ class SpeculativeEval(SpecdecCallback):
         rows is a chain of small latency-bound ops: on a CPU shared with other work, one thread
         can be many times faster than two that wait for each other. `choose_gamma`: time the
         cost ratios and pick the best gamma in 1..gamma per temperature and batch size (module
-        docstring). `tree` ("depth,topk,width[,lookup[..max]][,min_prob][,nodes=n]", an EAGLE-3 head only):
+        docstring). `tree` ("depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]", an EAGLE-3 head only):
         also decode with that draft tree (`decode.tree`), rows one after another as tree drafting
         runs, and log it beside the chain (module docstring). `every`: decode at every `every`-th
         validation, and at the one that ends training; a run stopped by `max_time` counts the
@@ -155,7 +155,7 @@ class SpeculativeEval(SpecdecCallback):
         check(isinstance(choose_gamma, bool), f"speculative_eval.choose_gamma must be true or false, got {choose_gamma!r}")
         self.choose_gamma = choose_gamma
         check(tree is None or isinstance(tree, str),
-              f"speculative_eval.tree must be \"depth,topk,width[,lookup[..max]][,min_prob][,nodes=n]\" or null, got {tree!r}")
+              f"speculative_eval.tree must be \"depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]\" or null, got {tree!r}")
         self.tree = None if tree is None else TreeSpec.parse(tree)
         check(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
               f"speculative_eval.every must be an integer >= 0 (0: only at the end of training), got {every!r}")

@@ -3,11 +3,23 @@ stats of several calls merge into one."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import check
 from .cost import StepTimes
+
+
+# the bins of a tree node's cumulative draft probability q in `DecodeStats.nodes_by_q`: [0, 0.01),
+# [0.01, 0.02), ..., [0.7, 1]
+NODE_Q_EDGES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
+
+
+def node_q_bins() -> list[str]:
+    """The bins' labels: '<0.01', '0.01-0.02', ..., '>=0.7'."""
+    edges = [f"{e:g}" for e in NODE_Q_EDGES]
+    return [f"<{edges[0]}"] + [f"{a}-{b}" for a, b in itertools.pairwise(edges)] + [f">={edges[-1]}"]
 
 
 @dataclass
@@ -23,7 +35,11 @@ class DecodeStats:
     `gamma="auto"`, gamma is the gamma chosen, speed_profile what it was chosen from (a
     `cost.SpeedProfile` as a dict), predicted_speedup its prediction at that gamma, and
     measured_speedup (when generate calibrated) the call's tokens/s over plain decoding's model
-    rate, batch / (its timed 1-token target step): neither counts plain decoding's own overhead."""
+    rate, batch / (its timed 1-token target step): neither counts plain decoding's own overhead.
+    Tree drafting also counts its head's verified nodes by their cumulative draft probability q
+    (`nodes_by_q[i]`, bins split at `NODE_Q_EDGES`) and how many of them the target accepted
+    (`accepted_by_q[i]`): where the head's q tracks acceptance, these say which nodes pay for their
+    place in the verify call (`TreeSpec`'s `min_prob` and `keep`)."""
 
     method: str
     batch: int | None
@@ -48,6 +64,8 @@ class DecodeStats:
     alpha_count: int = 0
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
+    nodes_by_q: list[int] = field(default_factory=list)        # tree drafting: head nodes per q bin
+    accepted_by_q: list[int] = field(default_factory=list)     # and those accepted
 
     _INTERNAL = ("alpha_sum", "alpha_count", "accepted_at", "drafted_at")
 
@@ -88,6 +106,9 @@ class DecodeStats:
         pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
         out.accepted_at = [sum(col) for col in zip(*(pad(s.accepted_at) for s in items))] if width else []
         out.drafted_at = [sum(col) for col in zip(*(pad(s.drafted_at) for s in items))] if width else []
+        for name in ("nodes_by_q", "accepted_by_q"):
+            counts = [getattr(s, name) for s in items if getattr(s, name)]
+            setattr(out, name, [sum(col) for col in zip(*counts)] if counts else [])
         if any(s.step_times is not None for s in items):
             out.step_times = StepTimes.merge([s.step_times for s in items])
         return out.finish()

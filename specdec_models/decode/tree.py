@@ -45,7 +45,7 @@ prefix, and never fewer tokens than the walk below. Whether a round has a looked
 only on the committed context, never on this round's draws, so choosing the verification by it
 cannot bias the output (a choice by the drawn values could). Rounds with one take the walk.
 
-Two knobs make the tree fit each round rather than the worst one:
+These knobs make the tree fit each round rather than the worst one:
 - `min_prob` (EAGLE-2's observation: the head's draft probability tracks acceptance): a depth is
   expanded only from frontier nodes whose cumulative draft probability is at least `min_prob`, so
   `TreeSpec(6, 3, 1, min_prob=0.3)` goes 6 deep along a path the head is sure of and stops at the
@@ -70,6 +70,15 @@ Two knobs make the tree fit each round rather than the worst one:
   It is for hardware where a verify of many nodes costs about one step (a GPU). On 2 CPU cores,
   where the recipe's floored tree verifies 6-7 nodes, a budget did not pay (README, "A node
   budget"): the extra depth it affords costs head steps the extra tokens do not repay.
+- `keep` (greedy decoding: a floor on the nodes verified, not only on those expanded): `min_prob`
+  decides which nodes get children, but each expanded node brings all its `topk` children into the
+  verify call, most of them unlikely. The head's cumulative draft probability tracks how often a
+  node is accepted (on the recipe's held-out prompts a node of q in [0.1, 0.2) was accepted 18-22%
+  of the time, one below 0.01 0.5-1%: README, "Larger trees at T=0, and verifying only the nodes
+  that pay"; `stats.nodes_by_q` counts them for any run), and each
+  verified node costs the same, so the nodes worth verifying are those above a threshold: `keep`
+  cuts the head's nodes below it (and expands none below it). Exact for the same reason as the
+  budget; sampling ignores it (a drawn child cannot be dropped for its own value).
 
 Rows of a batch are decoded one after another (the tree's verify already fills the target call);
 `stats.per_position_acceptance[k]` is the fraction of rounds that accepted at least k + 1 tokens
@@ -79,6 +88,7 @@ of the tree; `stats.drafted` counts the draft nodes the target verified (the loo
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -91,7 +101,7 @@ from ..hf import HFDecoder
 from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .datastore import Datastore
-from .stats import DecodeStats
+from .stats import NODE_Q_EDGES, DecodeStats
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,8 @@ class TreeSpec:
     node, `width` nodes expanded per depth after the first, and `lookup` tokens of prompt lookup
     (0: none) as one more path; `lookup_max` > 0 makes the lookup adaptive (from `lookup` up to
     `lookup_max`), `min_prob` > 0 expands only nodes whose cumulative draft probability reaches it,
-    `nodes` > 0 verifies at most that many head nodes, the most probable (module docstring)."""
+    `nodes` > 0 verifies at most that many head nodes, the most probable; `keep` > 0 verifies only
+    head nodes whose cumulative draft probability reaches it (greedy decoding; module docstring)."""
 
     # the default is the best of the shapes measured on a 2-core CPU (README, "Tree drafting"), where
     # a verify call's cost grows with its tokens; where verifying many tokens is nearly free (a GPU),
@@ -112,6 +123,7 @@ class TreeSpec:
     lookup_max: int = 0
     min_prob: float = 0.0
     nodes: int = 0                # the head's nodes verified per round, most probable first (0: all)
+    keep: float = 0.0             # greedy: verify only head nodes of cumulative draft probability >= keep
 
     def __post_init__(self) -> None:
         for name in ("depth", "topk", "width"):
@@ -123,23 +135,33 @@ class TreeSpec:
         check(self.lookup_max == 0 or self.lookup_max >= self.lookup >= 1,
               f"an adaptive lookup needs 1 <= lookup <= lookup_max, got lookup {self.lookup}, "
               f"lookup_max {self.lookup_max}")
-        check(isinstance(self.min_prob, (int, float)) and 0 <= self.min_prob < 1,
-              f"tree min_prob must be in [0, 1), got {self.min_prob!r}")
+        for name in ("min_prob", "keep"):
+            value = getattr(self, name)
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1,
+                  f"tree {name} must be in [0, 1), got {value!r}")
 
     @classmethod
     def parse(cls, text: str) -> TreeSpec:
-        """'DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB][,nodes=N]', e.g. '5,3,3', '3,2,1,4',
-        '3,2,1,4..16' (lookup adapting up to 16), '6,2,1,4..16,0.2' (depth up to 6 while the best
-        path's draft probability stays >= 0.2) or '6,3,2,4..16,0.3,nodes=12' (the 12 most probable
-        of the head's nodes verified)."""
-        usage = ("a tree is DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB][,nodes=N] (positive integers, "
-                 f"MIN_PROB in [0, 1); e.g. 5,3,3 or 3,2,1,4..16 or 6,3,2,4,0.2,nodes=12), got {text!r}")
+        """'DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB][,keep=P][,nodes=N]', e.g. '5,3,3',
+        '3,2,1,4', '3,2,1,4..16' (lookup adapting up to 16), '6,2,1,4..16,0.2' (depth up to 6 while
+        the best path's draft probability stays >= 0.2), '6,3,2,4..16,0.3,nodes=12' (the 12 most
+        probable of the head's nodes verified) or '8,4,3,4..16,0.1,keep=0.05' (greedy: only head
+        nodes of draft probability >= 0.05 verified)."""
+        usage = ("a tree is DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB][,keep=P][,nodes=N] (positive "
+                 "integers, MIN_PROB and P in [0, 1); e.g. 5,3,3 or 3,2,1,4..16 or 6,3,2,4,0.2,nodes=12 or "
+                 f"8,4,3,4..16,0.1,keep=0.05), got {text!r}")
         parts = [p.strip() for p in text.split(",")]
-        nodes = 0
-        if len(parts) > 3 and parts[-1].startswith("nodes="):
-            value = parts.pop()[len("nodes="):]
-            check(value.isdigit(), usage)
-            nodes = int(value)
+        named: dict[str, str] = {}
+        while len(parts) > 3 and "=" in parts[-1]:
+            name, _, value = parts.pop().partition("=")
+            check(name.strip() in ("keep", "nodes") and name.strip() not in named, usage)
+            named[name.strip()] = value.strip()
+        check(named.get("nodes", "0").isdigit(), usage)
+        nodes = int(named.get("nodes", "0"))
+        try:
+            keep = float(named.get("keep", "0"))
+        except ValueError:
+            check(False, usage)
         min_prob = 0.0
         if len(parts) > 3 and "." in parts[-1] and ".." not in parts[-1]:
             try:
@@ -149,15 +171,17 @@ class TreeSpec:
         lookup = parts[3].split("..") if len(parts) == 4 else ["0"]
         check(len(parts) in (3, 4) and all(p.isdigit() for p in parts[:3] + lookup) and len(lookup) <= 2, usage)
         return cls(*(int(p) for p in parts[:3]), lookup=int(lookup[0]),
-                   lookup_max=int(lookup[1]) if len(lookup) == 2 else 0, min_prob=min_prob, nodes=nodes)
+                   lookup_max=int(lookup[1]) if len(lookup) == 2 else 0, min_prob=min_prob, nodes=nodes, keep=keep)
 
     @property
     def label(self) -> str:
-        """'3,2,1', '3,2,1 + lookup 6', '6,2,1 + lookup 4..16, q >= 0.2', '6,3,2, 12 nodes'."""
+        """'3,2,1', '3,2,1 + lookup 6', '6,2,1 + lookup 4..16, q >= 0.2', '6,3,2, 12 nodes',
+        '8,4,3 + lookup 4..16, q >= 0.1, nodes q >= 0.05'."""
         text = f"{self.depth},{self.topk},{self.width}"
         if self.lookup:
             text += f" + lookup {self.lookup}" + (f"..{self.lookup_max}" if self.adaptive else "")
         text += f", q >= {self.min_prob:g}" if self.min_prob else ""
+        text += f", nodes q >= {self.keep:g}" if self.keep else ""
         return text + (f", {self.nodes} nodes" if self.nodes else "")
 
     @property
@@ -275,15 +299,17 @@ class _Tree:
                 self.looked_up.add(node)
             self.lookup_path.append(node)
 
-    def pruned(self, budget: int) -> _Tree:
-        """The `budget` nodes of highest cumulative draft log-probability, as a tree of their own
-        (ids renumbered in order; all of them when budget is 0 or not smaller than the tree); ties
-        go to the earlier node, so every kept node's parent is kept. Greedy decoding only (module
-        docstring), before any lookup path."""
+    def pruned(self, budget: int, floor: float = -math.inf) -> _Tree:
+        """The nodes of cumulative draft log-probability >= `floor`, at most the `budget` (0: no
+        limit) highest, as a tree of their own (ids renumbered in order; itself when nothing is
+        cut); ties go to the earlier node, so every kept node's parent is kept (a child's score is
+        at most its parent's). Greedy decoding only (module docstring), before any lookup path."""
         n = len(self.tokens)
-        if budget <= 0 or n <= budget:
+        ranked = [i for i in sorted(range(n), key=lambda i: (-self.score[i], i)) if self.score[i] >= floor]
+        ranked = ranked[:budget] if budget > 0 else ranked
+        if len(ranked) == n:
             return self
-        keep = sorted(sorted(range(n), key=lambda i: (-self.score[i], i))[:budget])
+        keep = sorted(ranked)
         tree, new = _Tree(), {-1: -1}
         for i in keep:                          # a parent ranks before its children, so it is in `new`
             new[i] = tree.add(new[self.parent[i]], [self.tokens[i]], [self.score[i]], None)[0]
@@ -358,6 +384,8 @@ class _TreeDecoding:
         done_v: list[Tensor] = []
         processed: list[int] = []
         floor = math.log(spec.min_prob) if spec.min_prob > 0 else -math.inf
+        kept = math.log(spec.keep) if spec.keep > 0 and self.sampling.greedy else -math.inf
+        floor = max(floor, kept)          # greedy: a node below `keep` is cut, and so are its children
         for _ in range(spec.depth - 1):
             chosen = [i for i in sorted(frontier, key=lambda i: -tree.score[i])[: spec.width] if tree.score[i] >= floor]
             chosen = chosen[: math.ceil(left / spec.topk)] if left < math.inf else chosen     # ones the budget reaches
@@ -393,7 +421,7 @@ class _TreeDecoding:
                 left -= len(tokens)
                 frontier += tree.add(i, tokens, [tree.score[i] + s for s in scores], q)
         if self.sampling.greedy:
-            tree = tree.pruned(spec.nodes)
+            tree = tree.pruned(spec.nodes, kept)
         tree.add_path(looked_up_path(context, lookup, self.datastore))
         return tree
 
@@ -508,6 +536,12 @@ class _TreeDecoding:
                 stats.accepted_at[k] += int(k < len(path))
             stats.drafted += len(tree.tokens)
             stats.accepted += len(path)
+            on_path = set(path)
+            for i, score in enumerate(tree.score):           # the head's nodes by their cumulative q
+                if i not in tree.looked_up:
+                    b = bisect.bisect_right(NODE_Q_EDGES, math.exp(score))
+                    stats.nodes_by_q[b] += 1
+                    stats.accepted_by_q[b] += i in on_path
             out += new
             if self.eos_id is not None and self.eos_id in out:
                 out = out[: out.index(self.eos_id) + 1]
@@ -526,6 +560,8 @@ def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: i
     stats.accepted_at = [0] * spec.max_depth
     stats.drafted_at = [0] * spec.max_depth
     stats.drafted = stats.accepted = 0
+    stats.nodes_by_q = [0] * (len(NODE_Q_EDGES) + 1)
+    stats.accepted_by_q = [0] * (len(NODE_Q_EDGES) + 1)
     run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats, block, datastore)
     out = []
     for row in rows:

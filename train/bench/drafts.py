@@ -60,7 +60,7 @@ def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, An
     if "prompt_lookup" in kwargs:
         return _prompt_lookup(target, prompts, kwargs["prompt_lookup"], seed, **settings)
     counts: dict[str, Any] = {key: 0.0 for key in COUNTS}
-    counts.update(accepted_at=[], drafted_at=[])
+    counts.update(accepted_at=[], drafted_at=[], nodes_by_q=[], accepted_by_q=[])
     rows: list[list[int]] = []
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
@@ -69,7 +69,7 @@ def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, An
         rows.extend(t.tolist() for t in tokens)
         for key in COUNTS:
             counts[key] += float(getattr(stats, key))
-        for key in ("accepted_at", "drafted_at"):
+        for key in ("accepted_at", "drafted_at", "nodes_by_q", "accepted_by_q"):
             counts[key] = _add(counts[key], getattr(stats, key))
     return time.perf_counter() - t0, counts, rows
 
@@ -211,6 +211,9 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
                     "greedy_agreement": statistics.mean(agree[name]) if temperature == 0 else None,
                     # the exact counts the rates come from, over every round
                     **{k: int(c[k]) for k in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted")},
+                    # tree drafting: the head's verified nodes by cumulative draft probability, and those accepted
+                    **({"nodes_by_q": c["nodes_by_q"], "accepted_by_q": c["accepted_by_q"]}
+                       if any(c.get("nodes_by_q", [])) else {}),
                 })
             if report is not None:
                 report(f"T={temperature:g} batch {batch}: " + ", ".join(
@@ -230,6 +233,27 @@ def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: di
     return {name: all(compare_with_hf_generate(target, [p], max_new_tokens, repeats=0, **{"gamma": gamma, **kwargs})["equal"]
                       for p in prompts)
             for name, kwargs in {"plain": {}, **drafters}.items()}
+
+
+def node_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The tree rows' verified head nodes by cumulative draft probability q, each cell 'nodes,
+    share accepted' (`DecodeStats.nodes_by_q`): where a share is below what a verified node costs,
+    a higher `keep` or `min_prob` pays. [] when no row drafted a tree."""
+    from specdec_models.decode.stats import node_q_bins
+
+    trees = [r for r in rows if any(r.get("nodes_by_q", []))]
+    if not trees:
+        return []
+    sets = "prompt_set" in trees[0]
+    lines = ["", ("Tree drafting: the head's verified nodes by their cumulative draft probability q (nodes, share "
+                  "accepted by the target):"), "",
+             ("| prompts " if sets else "") + "| temperature | method | " + " | ".join(f"q {b}" for b in node_q_bins()) + " |",
+             ("|---" if sets else "") + "|---:|---|" + "---|" * len(node_q_bins())]
+    for r in trees:
+        cells = [f"{n:,}, {a / n:.3f}" if n else "–" for n, a in zip(r["nodes_by_q"], r["accepted_by_q"])]
+        lines.append((f"| {r['prompt_set']} " if sets else "") + f"| {r['temperature']:g} | {r['method']} | "
+                     + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -321,6 +345,7 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     if agree:
         lines += ["", "Greedy agreement with plain decoding in the comparison's dtype (mean fraction of a row "
                       "emitted before its first difference): " + "; ".join(agree)]
+    lines += node_table(report["rows"])
     with staged_dir(out) as tmp:
         (tmp / "results.json").write_text(json.dumps(report, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
