@@ -303,10 +303,13 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
             ax_calls.set_title(f"{name} prompts", fontsize=10)
             ax_speed.set_title(f"{name} prompts", fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(methods), 3), fontsize=8, frameon=False)
+    # fewer columns for long labels (a tree's label with its lookup, floors and datastore), so none is cut
+    longest = max((len(label) for label in labels), default=0)
+    ncol = max(1, min(len(methods), 3 if longest <= 45 else 2 if longest <= 80 else 1))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     fig.suptitle(f"Drafts for SmolLM2-135M-Instruct on {where}")
-    fig.tight_layout(rect=(0, 0.03 + 0.03 * ((len(methods) - 1) // 3), 1, 1))   # room for the legend below
-    fig.savefig(path, dpi=120)
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * ((len(methods) - 1) // ncol), 1, 1))   # room for the legend below
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
