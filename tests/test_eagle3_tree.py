@@ -173,16 +173,22 @@ def test_greedy_adaptive_lookup_follows_the_targets_loops_further(toy):
     assert stats.per_position_acceptance[4] > 0.1                # paths beyond the fixed lookup's 2 + 1
 
 
+def _exact_runs(toy, *specs):
+    """The stats of greedy tree decoding of the toy's prompts (24 tokens, the long-path head) with
+    each spec, after checking that every output is the target's own greedy output."""
+    target, head = toy[0], _long_path_head(toy[0])
+    prompts = toy_prompts()
+    alone, _ = hf_greedy(target, prompts, 24)
+    runs = _greedy(target, head, prompts, 24, *specs)
+    assert all(out == alone for out, _ in runs)
+    return [stats for _, stats in runs]
+
+
 def test_min_prob_stops_the_tree_where_the_head_is_unsure(toy):
     # no node of this toy head reaches q = 0.999, so the tree never grows past the root's children:
     # no round accepts two head nodes; without the floor some do. Output exact either way
     # (seeded, greedy: deterministic)
-    target, head = toy[0], _long_path_head(toy[0])
-    prompts = toy_prompts()
-    alone, _ = hf_greedy(target, prompts, 24)
-    (deep, deep_stats), (cut, cut_stats) = _greedy(target, head, prompts, 24, TreeSpec(4, 3, 3),
-                                                   TreeSpec(4, 3, 3, min_prob=0.999))
-    assert cut == alone == deep
+    deep_stats, cut_stats = _exact_runs(toy, TreeSpec(4, 3, 3), TreeSpec(4, 3, 3, min_prob=0.999))
     assert deep_stats.per_position_acceptance[1] > 0.2 and cut_stats.per_position_acceptance[1:] == [0.0] * 3
 
 
@@ -213,13 +219,9 @@ def test_keep_verifies_only_the_likely_nodes_and_stays_exact(toy, monkeypatch):
     # keep (fewer than the full tree's), and the output is still the target's (seeded, deterministic)
     from specdec_models.decode import tree as tree_module
 
-    target, head = toy[0], _long_path_head(toy[0])
-    prompts = toy_prompts()
-    alone, _ = hf_greedy(target, prompts, 24)
-    (full, full_stats), (cut, cut_stats) = _greedy(target, head, prompts, 24, TreeSpec(4, 3, 3),
-                                                   TreeSpec(4, 3, 3, keep=0.3))
-    assert cut == alone == full
+    full_stats, cut_stats = _exact_runs(toy, TreeSpec(4, 3, 3), TreeSpec(4, 3, 3, keep=0.3))
     assert cut_stats.drafted < full_stats.drafted
+    target, head = toy[0], _long_path_head(toy[0])
     scores = []
     draft = tree_module._TreeDecoding.draft
 
@@ -229,7 +231,7 @@ def test_keep_verifies_only_the_likely_nodes_and_stays_exact(toy, monkeypatch):
         return tree
 
     monkeypatch.setattr(tree_module._TreeDecoding, "draft", recorded)
-    generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, keep=0.3))
+    generate(target, toy_prompts(), 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, keep=0.3))
     assert scores and min(scores) >= math.log(0.3)
 
 
@@ -238,14 +240,10 @@ def test_a_node_budget_verifies_at_most_its_nodes_and_stays_exact(toy):
     # target's; a budget of the whole tree changes nothing (seeded, greedy: deterministic). Which
     # 5 are kept: the next test. (This toy head is untrained: its deep chains are surer than its
     # root's third child, so acceptance per call is no measure of the choice.)
-    target, head = toy[0], _long_path_head(toy[0])
-    prompts = toy_prompts()
-    alone, _ = hf_greedy(target, prompts, 24)
-    (full, full_stats), (cut, cut_stats), (same, same_stats) = _greedy(
-        target, head, prompts, 24, TreeSpec(4, 3, 3), TreeSpec(4, 3, 3, nodes=5), TreeSpec(4, 3, 3, nodes=30))
-    assert cut == alone == full == same
-    assert cut_stats.drafted <= 5 * (cut_stats.row_calls - len(prompts)) < full_stats.drafted
-    assert full_stats.drafted == 30 * (full_stats.row_calls - len(prompts))
+    full_stats, cut_stats, same_stats = _exact_runs(toy, TreeSpec(4, 3, 3), TreeSpec(4, 3, 3, nodes=5),
+                                                    TreeSpec(4, 3, 3, nodes=30))
+    assert cut_stats.drafted <= 5 * (cut_stats.row_calls - len(toy_prompts())) < full_stats.drafted
+    assert full_stats.drafted == 30 * (full_stats.row_calls - len(toy_prompts()))
     assert (same_stats.drafted, same_stats.per_position_acceptance) == (full_stats.drafted, full_stats.per_position_acceptance)
 
 
