@@ -18,8 +18,9 @@ drafts), or a Hugging Face target with its draft or its prophet head
     val/speedup/t{T}                         wall time of base / speculative decoding
     val/predicted_speedup/t{T}               E / (gamma c + v) from this run's own per-position
                                              acceptance and timed model calls (compare with speedup)
-    val/best_gamma/b{B}/t{T}                 the gamma in 1..gamma with the best predicted speed-up
-    val/best_predicted_speedup/b{B}/t{T}     at batch B = 1 and B = num_prompts (`choose_gamma`)
+    val/best_gamma/b{B}/t{T}                 the gamma in 1..gamma with the best predicted speed-up,
+                                             0 where none beats plain decoding (as gamma="auto" decides)
+    val/best_predicted_speedup/b{B}/t{T}     at batch B = 1 and B = num_prompts (1 at gamma 0)
     val/spec_eval_seconds                    wall time of the whole evaluation (not training time)
 
 With `tree="depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]"` (an EAGLE-3 head), the same prompts are also
@@ -274,7 +275,7 @@ class SpeculativeEval(SpecdecCallback):
             profile = SpeedProfile.from_times(times, acceptance, b)
             if b == batch:      # the run's own v(gamma) and c at its batch size are the better measurement
                 profile = SpeedProfile(run.c, {**profile.v_by_gamma, self.gamma: run.v(self.gamma)}, acceptance, b)
-            best = profile.best_gamma()
+            best = profile.best_gamma(plain=True)        # 0: no gamma beats plain decoding (batch 8 on a CPU)
             metrics[f"val/best_gamma/b{b}/{tag}"] = best
             metrics[f"val/best_predicted_speedup/b{b}/{tag}"] = profile.predicted(best)
             profiles.append({"temperature": temperature, **profile.to_dict()})
