@@ -10,7 +10,6 @@ from typing import Sequence
 from ..errors import check
 from .cost import StepTimes
 
-
 # the bins of a tree node's cumulative draft probability q in `DecodeStats.nodes_by_q`: [0, 0.01),
 # [0.01, 0.02), ..., [0.7, 1]
 NODE_Q_EDGES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
@@ -102,13 +101,10 @@ class DecodeStats:
         for name in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted", "wall_seconds",
                      "alpha_sum", "alpha_count"):
             setattr(out, name, sum(getattr(s, name) for s in items))
-        width = max(len(s.accepted_at) for s in items)
-        pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
-        out.accepted_at = [sum(col) for col in zip(*(pad(s.accepted_at) for s in items))] if width else []
-        out.drafted_at = [sum(col) for col in zip(*(pad(s.drafted_at) for s in items))] if width else []
-        for name in ("nodes_by_q", "accepted_by_q"):
-            counts = [getattr(s, name) for s in items if getattr(s, name)]
-            setattr(out, name, [sum(col) for col in zip(*counts)] if counts else [])
+        # per-position and per-bin counts, summed position by position (a shorter list counts 0 beyond its end)
+        for name in ("accepted_at", "drafted_at", "nodes_by_q", "accepted_by_q"):
+            counts = [getattr(s, name) for s in items]
+            setattr(out, name, [sum(c[i] for c in counts if i < len(c)) for i in range(max(map(len, counts)))])
         if any(s.step_times is not None for s in items):
             out.step_times = StepTimes.merge([s.step_times for s in items])
         return out.finish()
