@@ -94,6 +94,27 @@ def test_ttt_loss_masks_labels_and_learns(llama):
     assert float(loss.detach()) < 0.5 * first
 
 
+def test_tv_weight_adds_the_rejection_probability_of_a_sampled_draft(llama):
+    # tv_weight w adds w * (1 - sum_x min(p, q)) per counted position to each step's KL, weighted alike
+    head = head_for(llama, draft=48, layers=[0, 1, 2]).float()
+    tokens = torch.randint(0, V, (2, 15))
+    aux, last = aux_states(llama, tokens[:, :-1], head.aux_layers)
+    mask = torch.ones(2, 14, dtype=torch.bool)
+    mask[:, :4] = False
+    with torch.no_grad():
+        plain = head.ttt_loss(tokens, aux, last, mask, steps=2, decay=0.5)
+        mixed = head.ttt_loss(tokens, aux, last, mask, steps=2, decay=0.5, tv_weight=2.0)
+        p = torch.softmax(head.target_draft_logits(last[:, 1:]), -1)                  # labels 1..13
+        tv = []
+        for k, logits in enumerate(head.ttt_logits(tokens, aux, 2)):
+            q = torch.softmax(logits.float(), -1)                                     # predicts label t + 1 + k
+            label = mask[:, 1 + k:]
+            tv.append((1 - torch.minimum(p[:, k:], q).sum(-1))[label].mean())
+    assert torch.equal(mixed.step_kl, plain.step_kl)                                 # the KL is still reported alone
+    assert 0 < float(tv[0]) < 1
+    torch.testing.assert_close(mixed.loss, plain.loss + 2.0 * (tv[0] + 0.5 * tv[1]), rtol=1e-5, atol=1e-6)
+
+
 def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama):
     # steps 1.. computed for the needed chains only give exactly the full computation's outputs there
     head = head_for(llama, draft=48, layers=[0, 1, 2])

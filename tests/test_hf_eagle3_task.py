@@ -132,6 +132,7 @@ def test_head_init_layer_starts_the_heads_layer_from_the_targets(hf, tmp_path):
     ("counts_missing", "head.draft_vocab is not set"),
     ("counts_other_tokenizer", "another tokenizer"),
     ("ttt_steps", "task.ttt_steps"),
+    ("tv_weight", "task.tv_weight must be a number >= 0"),
     ("other_kind", r"head.kind=prophet is trained by task=hf_prophet"),
     ("init_layer", "head.init_layer must be true or false"),
     ("unknown_kind", r"head.kind must be one of prophet, eagle3, got 'medusa'"),
@@ -140,7 +141,7 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
     from train.run import validate
     extra = {"aux_out_of_range": ["head.aux_layers=[1,2,9]"],
              "counts_missing": ["head.draft_vocab_size=8"],
-             "ttt_steps": ["task.ttt_steps=0"], "other_kind": ["head.kind=prophet"],
+             "ttt_steps": ["task.ttt_steps=0"], "tv_weight": ["task.tv_weight=-1"], "other_kind": ["head.kind=prophet"],
              "init_layer": ["head.init_layer=3"],
              "unknown_kind": ["head.kind=medusa"]}.get(case, [])
     if case == "counts_other_tokenizer":

@@ -503,7 +503,7 @@ class Eagle3Head(DraftHead):
         return [self.logits(f[:, :T - k]) for k, f in enumerate(self.ttt_features(tokens, aux, steps))]
 
     def ttt_loss(self, tokens: Tensor, aux: Tensor, last: Tensor, label_mask: Tensor | None = None, *,
-                 steps: int = 4, decay: float = 0.8, target_logits: Tensor | None = None,
+                 steps: int = 4, decay: float = 0.8, tv_weight: float = 0.0, target_logits: Tensor | None = None,
                  greedy_in_vocab: Tensor | None = None) -> TTTLoss:
         """The training-time-test loss (module docstring) on rows tokens (b, n + 1), with the
         target's aux hidden states aux (b, n, A*H) and its last-layer hidden states after the final
@@ -513,6 +513,9 @@ class Eagle3Head(DraftHead):
         `greedy_in_vocab` (b, n - 1): whether the target's greedy token at positions 1..n-1 lies
         in the draft vocabulary (`greedy_in_vocab`); without it the hit counts compare argmaxes
         over the draft vocabulary only, which overstates them by the greedy tokens outside it.
+        `tv_weight`: add that multiple of the total-variation distance TV(p, q) = 1 - sum_x min(p(x),
+        q(x)) to each step's KL (p renormalised over the draft vocabulary, as for the KL): the
+        probability that a T = 1 draft from q is rejected (module docstring).
 
         Both LM heads (the head's and the target's rows) run at the counted positions only: in a
         regenerated row the prompt and the padding after EOS cost no logits (about half a row)."""
@@ -544,7 +547,10 @@ class Eagle3Head(DraftHead):
             logq = torch.log_softmax(self.logits(feature[sel]).float(), -1)                    # (Mk, draft)
             kl = p_logp[rows] - (p[rows] * logq).sum(-1)                             # (Mk,) KL(p || q)
             count = sel.sum().clamp_min(1)
-            losses.append(kl.sum() / count * decay ** k)
+            loss = kl
+            if tv_weight:                                   # rejection probability of a T = 1 draft
+                loss = kl + tv_weight * (1 - torch.minimum(p[rows], logq.exp()).sum(-1))
+            losses.append(loss.sum() / count * decay ** k)
             with torch.no_grad():
                 right = torch.zeros_like(sel)
                 right[sel] = logq.argmax(-1) == label[rows]

@@ -69,11 +69,14 @@ class Eagle3Options:
 
     ttt_steps: int = 4            # draft steps unrolled in training (each fed the head's own features)
     ttt_decay: float = 0.8        # weight of step k: ttt_decay ** k
+    tv_weight: float = 0.0        # weight of the T = 1 rejection probability TV(p, q) beside the KL
 
     def __post_init__(self) -> None:
         check_positive_int(self.ttt_steps, "task.ttt_steps")
         check(isinstance(self.ttt_decay, (int, float)) and 0 < self.ttt_decay <= 1,
               f"task.ttt_decay must be in (0, 1], got {self.ttt_decay!r}")
+        check(isinstance(self.tv_weight, (int, float)) and not isinstance(self.tv_weight, bool)
+              and 0 <= self.tv_weight < float("inf"), f"task.tv_weight must be a number >= 0, got {self.tv_weight!r}")
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,8 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
                 draft_ids=draft_ids, train_lm_head=sizes.train_lm_head,
                 init_layer=sizes.init_layer and start is None,        # an export's weights replace any start
                 init_from=None if start is None else str(Path(sizes.init_from).resolve()),
-                ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), cache_layers=cache_layers,
+                ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), tv_weight=float(options.tv_weight),
+                cache_layers=cache_layers,
                 metadata=metadata)
 
 
@@ -229,7 +233,7 @@ class HFEagle3Module(HFTargetHead, TaskModule):
 
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  draft_ids: list[int] | None = None, train_lm_head: bool = True, init_layer: bool = False,
-                 init_from: str | None = None, ttt_steps: int = 4, ttt_decay: float = 0.8,
+                 init_from: str | None = None, ttt_steps: int = 4, ttt_decay: float = 0.8, tv_weight: float = 0.0,
                  cache_layers: list[int] | None = None,
                  optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
                  compile: bool = False) -> None:
@@ -277,7 +281,8 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         self.target                                                   # on the module's device
         ok = self.head.greedy_in_vocab(last[:, 1:]) if greedy else None
         return self.head.ttt_loss(tokens, aux, last, mask, steps=self.hparams.ttt_steps,
-                                  decay=self.hparams.ttt_decay, greedy_in_vocab=ok), tokens.shape[0]
+                                  decay=self.hparams.ttt_decay, tv_weight=self.hparams.get("tv_weight", 0.0),
+                                  greedy_in_vocab=ok), tokens.shape[0]
 
     def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out, _ = self._loss(batch)
