@@ -70,27 +70,8 @@ from specdec_models.sampling import SamplingConfig, residual, to_probs
 def rrs_acceptance(p: Tensor, q: Tensor, k: int, draws: int, generator: torch.Generator | None = None) -> float:
     """The probability that one of k candidates drawn from q (vocab,) without replacement is
     accepted by recursive rejection sampling against p (vocab,): the mean over `draws` draws of
-    the candidates of the exact acceptance probability given them."""
-    check_positive_int(k, "candidates")
-    check_positive_int(draws, "draws")
-    total = 0.0
-    for _ in range(draws):
-        p_i, q_i, missed = p.double(), q.double(), 1.0
-        for _ in range(k):
-            mass = float(q_i.sum())
-            if mass <= 0:
-                break
-            q_i = q_i / mass
-            x = int(torch.multinomial(q_i, 1, generator=generator))
-            accept = min(1.0, float(p_i[x] / q_i[x]))
-            total += missed * accept
-            missed *= 1 - accept
-            if missed <= 0:                             # accepted for sure: no residual to test against
-                break
-            p_i = residual(p_i, q_i)                    # what the next candidate is tested against
-            q_i = q_i.clone()
-            q_i[x] = 0
-    return total / draws
+    the candidates of the exact acceptance probability given them (`rrs_acceptance_rows` on one row)."""
+    return float(rrs_acceptance_rows(p[None], q[None], k, draws, generator)[0])
 
 
 def rrs_acceptance_rows(p: Tensor, q: Tensor, k: int, draws: int,
