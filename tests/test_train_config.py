@@ -223,7 +223,8 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
         assert cfg.trainer.max_time == "00:00:30:00" and cfg.data.seq_len == 256
         assert cfg.trainer.accelerator == "cpu" and not any(c.startswith("data.batch_size") for c in command)
         assert cfg.callbacks.speculative_eval.every == 0          # decoded at the end only: the comparison decodes
-    # the eagle3 head's layer starts as the target's (README, "Starting the head's layer from the target's")
+    # the eagle3 head's layer starts as the target's
+    # (docs/smollm2_history.md, "Starting the head's layer from the target's")
     assert compose(commands[0][3:]).head.init_layer is True
 
 

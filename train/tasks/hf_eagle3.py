@@ -21,7 +21,7 @@ and another target's is refused in one line. `head.draft_vocab_size: null` keeps
 vocabulary (no file needed). `head.train_lm_head`: the LM head's rows start from the target's and
 train, or stay frozen. `head.init_layer`: the decoder layer starts as the target's layer that reads
 the highest aux layer, the fc as the identity on it (`Eagle3Head.init_layer_from`; off by default,
-on in experiment=smollm2_eagle3: README, "Starting the head's layer from the target's").
+on in experiment=smollm2_eagle3: docs/smollm2_history.md, "Starting the head's layer from the target's").
 `head.init_from=EXPORT`: the head starts from an hf_eagle3 export's weights (its draft vocabulary
 too; they replace any start `head.init_layer` chose) and trains on, with a fresh optimizer and
 schedule: more data and steps for a head trained before. The export must be for this target and of
