@@ -18,11 +18,20 @@ lane, then a horizontal add), so outputs differ from `F.linear`'s in the last bi
 few-row path's already do. Numba is optional (`pip install specdec[fast]`): `available()` says
 whether it is installed, and `few_rows` falls back to torch's matmul without it. The kernel compiles
 on its first call (a few seconds; cached beside this file where that is writable).
+
+Threads: numba starts its thread pool once, of NUMBA_NUM_THREADS threads (by default one per core),
+and its OpenMP workers spin between products. A process that runs torch on fewer threads than the
+host has cores (the recipe trains two heads side by side with OMP_NUM_THREADS=1 each, and each
+decodes at the end of its training) would still start a pool of every core, and two such processes
+fight over the cores: on a 2-core Intel Xeon each decoded 1-2 tokens/s instead of 15 alone, 9.7
+with a pool of one thread. So unless NUMBA_NUM_THREADS is set, the pool gets torch's thread count
+at the first product (`_pool_size`); a product then runs on min(torch's threads, the pool).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from functools import cache
 
 import numpy as np
@@ -36,9 +45,16 @@ def available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def _pool_size() -> None:
+    """Size numba's thread pool to torch's threads, unless NUMBA_NUM_THREADS says otherwise: it is
+    read when numba is imported (the module docstring)."""
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(torch.get_num_threads()))
+
+
 @cache
 def _compiled():
     """The kernel, compiled on first use (numba's cache keeps the machine code beside this file)."""
+    _pool_size()
     import numba
 
     @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)

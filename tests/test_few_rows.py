@@ -160,6 +160,27 @@ def test_the_numba_kernel_is_chosen_where_it_is_installed_and_a_bad_choice_is_on
 
 
 @pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
+@pytest.mark.parametrize(("env", "pool"), [({"OMP_NUM_THREADS": "1"}, 1),
+                                           ({"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "2"}, 2)])
+def test_numbas_pool_gets_torchs_threads_unless_numba_num_threads_is_set(env, pool):
+    # a pool of every core in a one-thread process spins against its neighbours (few_rows_kernel's
+    # docstring); numba reads its pool size once, at import, so each case runs in a fresh process
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from specdec_models import few_rows_kernel as k; print(torch.get_num_threads()); "
+            "k.matmul_wt(torch.randn(2, 8), torch.randn(4, 8)); import numba; "
+            "print(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())")
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
+    torch_threads, numba_pool, torch_threads_after = map(int, out.stdout.split())
+    assert (torch_threads, numba_pool) == (1, pool)
+    if pool == 1:          # a larger pool shares its OpenMP runtime with torch's and raised torch's threads here
+        assert torch_threads_after == 1
+
+
+@pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
 def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kernel, monkeypatch):
     # with the numba kernel chosen a small fp32 call goes through it, a larger one too where oneDNN
     # cannot take it; bf16 and torch's kernel do not
