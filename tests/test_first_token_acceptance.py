@@ -43,7 +43,7 @@ def exact_rrs(p: list[float], q: list[float], k: int) -> float:
     return total
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("k", [1, 2, pytest.param(3, marks=pytest.mark.slow)])   # k=3: about 8 s
 def test_rrs_acceptance_matches_an_exact_enumeration(k):
     # each draw's value lies in [0, 1] (sd <= 0.5): with 4,000 draws the standard error is <= 0.0079,
     # so a tolerance of 0.04 (5 standard errors) fails a correct estimator less than once in 10^6 runs
@@ -163,6 +163,7 @@ def test_the_heldout_command_refuses_bad_input_in_one_line(tmp_path, capsys, mon
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow     # about 16 s on 2 cores; in the default run the enumerations above check the formula exactly
 def test_a_chains_first_draft_is_accepted_as_often_as_its_overlap_at_the_round_starts(toy):
     # decoded_1 (accepted first drafts / rounds) estimates round_drawn_1 (the mean of sum min(p, q)
     # at the same round starts): each round accepts with its own probability, so the difference has
