@@ -83,6 +83,10 @@ def test_a_tree_drafts_the_datastore_where_prompt_lookup_finds_nothing(tmp_path)
     assert stats.per_position_acceptance[3] > 0                   # a path of 4 accepted: the stored one
 
 
+# with `make test-slow` (about 30 s on 2 cores): a datastore's path is tested as any looked-up path,
+# a point-mass candidate under the residual, whose chi-square test at T=1 stays in the default run
+# (test_eagle3_tree.py, the adaptive lookup)
+@pytest.mark.slow
 def test_a_datastore_path_samples_losslessly_chi_square(toy):  # noqa: F811
     # after the prompt 1, 4, 2 a new token leaves prompt lookup empty, so the round's looked-up
     # path is the datastore's, a stored continuation for each token after 4, 2 (some outside the

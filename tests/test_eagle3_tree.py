@@ -369,6 +369,7 @@ def test_node_budget_sampling_is_lossless_chi_square(toy, setting):
     assert chi_square_p_value(observed, exact, N) > 1e-4
 
 
+@pytest.mark.slow     # about 14 s; the default run keeps the tree's catch of a correction drawn from p
 def test_lookup_chi_square_catches_a_rejected_token_left_in_p(toy, monkeypatch):
     from specdec_models.decode import tree
 
