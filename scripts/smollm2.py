@@ -22,13 +22,14 @@ runs again, so a killed recipe resumes at the step it was in):
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also at gamma auto,
    which decodes plainly where no gamma pays, as at batch 8 on a 2-core CPU; with a 6-deep
    chain grown while its draft probability stays >= 0.1, block-verified at T=1, the fastest there:
-   docs/smollm2_history.md, "Block verification at T=1"; with an 8,4,3 tree grown only where its draft probability
-   stays >= 0.2 plus an adaptive prompt-lookup path of 4..16 tokens, the fastest tree at T=1, and
-   grown where it stays >= 0.1, which drafts the most at T=0 (docs/smollm2_history.md, "Larger trees at T=0"; the
-   6,3,1 tree of earlier rounds left the comparison in r16, level with the 8,4,3 one and 4 minutes
-   of its time); and with a 5-deep chain grown
-   while it stays >= 0.4 plus a 2..4-token lookup, the fastest at T=0 in fp32 on a CPU:
-   docs/smollm2_history.md, "Few-row fp32 matmuls"; each tree with a lookup also with the datastore; trees at batch 1),
+   docs/smollm2_history.md, "Block verification at T=1"; with an 8,4,3 tree grown only where its
+   draft probability stays >= 0.2 plus an adaptive prompt-lookup path of 4..16 tokens, the fastest
+   tree at T=1, and grown where it stays >= 0.1, which drafts the most at T=0
+   (docs/smollm2_history.md, "Larger trees at T=0"; the 6,3,1 tree of earlier rounds left the
+   comparison in r16, level with the 8,4,3 one and 4 minutes of its time); and with a 5-deep chain
+   grown while it stays >= 0.4 plus a 2..4-token lookup, the fastest at T=0 in fp32 on a CPU:
+   docs/smollm2_history.md, "Few-row fp32 matmuls"; each tree with a lookup also with the
+   datastore; trees at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
    interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU); on a

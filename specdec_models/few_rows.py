@@ -3,8 +3,8 @@
 Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-32 for a verify or a
 draft tree at batch 1. PyTorch computes `F.linear(x, W)` = x @ W.T with its CPU BLAS, and for a
 few rows that runs far below what reading the weights costs. `FewRowsLinear` computes the same
-product another way, chosen by dtype and row count (timed on the hosts of docs/smollm2_history.md, "Few-row fp32
-matmuls", "A numba kernel for few rows" and "Packed bf16 weights for decoding"):
+product another way, chosen by dtype and row count (timed on the hosts of docs/smollm2_history.md:
+"Few-row fp32 matmuls", "A numba kernel for few rows" and "Packed bf16 weights for decoding"):
 
 - fp32, up to `SMALL_ROWS` rows: numba's kernel (`few_rows_kernel`, when numba is installed:
   `pip install specdec[fast]`), which streams each weight row once and runs near the host's

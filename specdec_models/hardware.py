@@ -3,8 +3,8 @@
 bf16 halves the bytes a matmul reads, but only hardware with bf16 instructions also computes it
 fast. Elsewhere a bf16 matmul is converted and computed slowly, which a 1-token decoding step
 hides (it is bound by reading the weights) and every call on many tokens shows: a verify, a tree,
-a batch of rows being generated. Measured on SmolLM2-135M, 2 CPU threads (docs/smollm2_history.md, "Which dtype,
-on which host"):
+a batch of rows being generated. Measured on SmolLM2-135M, 2 CPU threads
+(docs/smollm2_history.md, "Which dtype, on which host"):
 - a host with AMX (the earlier rounds' host): bf16 decoded a step in 22.7 ms against 43.6 in fp32,
   a 6-token verify cost 1.10 steps, and bf16 generated a cache 1.6-1.8x as fast;
 - an Intel Xeon with AVX-512 and its bf16 instructions (avx512_bf16) but no AMX: a bf16 verify

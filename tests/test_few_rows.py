@@ -173,7 +173,8 @@ def test_numbas_pool_gets_torchs_threads_unless_numba_num_threads_is_set(env, po
             "k.matmul_wt(torch.randn(2, 8), torch.randn(4, 8)); import numba; "
             "print(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())")
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                         check=True)
     torch_threads, numba_pool, torch_threads_after = map(int, out.stdout.split())
     assert (torch_threads, numba_pool) == (1, pool)
     if pool == 1:          # a larger pool shares its OpenMP runtime with torch's and raised torch's threads here
