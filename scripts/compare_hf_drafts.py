@@ -137,8 +137,13 @@ def check_inputs(args) -> None:
           "give --eagle3 NAME=DIR, --prophet, --student and/or --prompt-lookup N")
     check(all(t >= 0 for t in args.temperatures) and len(set(args.temperatures)) == len(args.temperatures),
           f"--temperatures must be distinct numbers >= 0, got {args.temperatures}")
-    check(min(args.count, args.batch1_count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
-          "--count, --batch1-count, --check-count, --rounds and --max-new-tokens must be >= 1")
+    check(min(args.count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
+          "--count, --check-count, --rounds and --max-new-tokens must be >= 1")
+    check(args.batch1_count >= 0 and (args.batch1_count or not args.batch1_only),
+          "--batch1-count must be >= 0, and >= 1 with --batch1-only (else nothing is decoded)")
+    check(args.eagle3_gamma is None or (min(args.eagle3_gamma) >= 1
+                                        and len(set(args.eagle3_gamma)) == len(args.eagle3_gamma)),
+          f"--eagle3-gamma takes distinct gammas >= 1, got {args.eagle3_gamma}")
     if args.prophet:
         check(read_export_config(args.prophet)["kind"] == "hf_prophet", f"--prophet {args.prophet} is no head export")
     if args.eagle3:
@@ -211,7 +216,7 @@ def compare(args, loaded) -> dict:
               f"--datastore {args.datastore} holds answers in another tokenizer than the target's: write it again "
               f"from this target's cache")
         print(f"datastore: {datastore.tokens:,} tokens of {len(datastore.rows):,} answers in {args.datastore}")
-    drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gamma=args.eagle3_gamma,
+    drafters = HFDrafters(eagle3=eagle3_heads(args), eagle3_gammas=tuple(args.eagle3_gamma or ()),
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
                           token_verify=args.token_verify, auto_gamma=args.eagle3_auto, datastore=datastore)
@@ -358,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
-    parser.add_argument("--eagle3-gamma", type=int, default=None,
-                        help="compare: the eagle3 heads' gamma (default --gamma; a cheap head pays at another gamma)")
+    parser.add_argument("--eagle3-gamma", type=int, nargs="+", default=None, metavar="G",
+                        help="compare: the eagle3 heads' gamma (default --gamma; a cheap head pays at another gamma); "
+                             "several: each head decodes a chain at each, named 'eagle3 NAME gamma G'")
     parser.add_argument("--eagle3-auto", action="store_true",
                         help="compare: each eagle3 head also decodes with gamma auto (calibrated on each call's first "
                              "tokens; plain decoding for the rest of the call where no gamma is predicted to pay)")
@@ -379,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                              "verified token by token (generate's verify='token'; block verification is the default)")
     parser.add_argument("--chat", action="store_true", help="compare: prompts through the chat template")
     parser.add_argument("--count", type=int, default=16, help="compare: prompts decoded at batch 8")
-    parser.add_argument("--batch1-count", type=int, default=4, help="compare: prompts decoded one at a time")
+    parser.add_argument("--batch1-count", type=int, default=4,
+                        help="compare: prompts decoded one at a time (0: none, batch 8 only)")
     parser.add_argument("--batch1-only", action="store_true", help="compare: leave out the batch-8 decoding")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--no-eos-stop", action="store_true",

@@ -1,7 +1,7 @@
 """Linear layers for decoding's few-row calls on a CPU: fp32 and bf16 verification get cheap.
 
-Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-32 for a verify or a
-draft tree at batch 1. PyTorch computes `F.linear(x, W)` = x @ W.T with its CPU BLAS, and for a
+Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-64 for a verify or a
+draft tree at batch 1, or a verify at batch 8. PyTorch computes `F.linear(x, W)` = x @ W.T with its CPU BLAS, and for a
 few rows that runs far below what reading the weights costs. `FewRowsLinear` computes the same
 product another way, chosen by dtype and row count (timed on the hosts of docs/smollm2_history.md:
 "Few-row fp32 matmuls", "A numba kernel for few rows" and "Packed bf16 weights for decoding"):
@@ -13,10 +13,14 @@ product another way, chosen by dtype and row count (timed on the hosts of docs/s
   kernel: there a 4-token verify cost 0.91-0.93 of torch's 1-token step. For a single row MKL's
   matrix-vector kernel is itself slower than its 2-row product, so one row is computed as two (the
   row twice) and the first kept.
-- fp32, `SMALL_ROWS` + 1 to `MAX_ROWS` rows: oneDNN's product with the weight packed once into its
-  blocked layout (`torch.ops.mkldnn`, the path torch.compile's CPU backend takes), where torch has
-  oneDNN; on the AMD EPYC with avx512_bf16 it beat numba's kernel from 6 rows on (8 rows: 85 us
-  against 103 for a 1536 x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102.
+- fp32, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed once into
+  its blocked layout (`torch.ops.mkldnn`, the path torch.compile's CPU backend takes), where torch
+  has oneDNN; on the AMD EPYC with avx512_bf16 it beat numba's kernel from 6 rows on (8 rows: 85 us
+  against 103 for a 1536 x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102. On
+  the Intel Xeon without bf16 instructions, SmolLM2's five weight shapes (its LM head included)
+  took 2.0-2.1x less time than `F.linear` at 40 rows, 1.4x less at 64, about the same from 128 on
+  ("Batch 8 at gammas 1 to 4"): a batch-8 verify of 5 tokens (40 rows) takes this path.
+  Without oneDNN, fp32 calls of up to `MAX_ROWS` rows take the small-row kernel.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
   (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but
   hands it the weight in torch's plain layout at every call; here it is in oneDNN's blocked layout,
@@ -27,7 +31,8 @@ product another way, chosen by dtype and row count (timed on the hosts of docs/s
 
 Same function, other rounding in fp32: the sums run in another order, so outputs differ from
 `F.linear`'s in the last bits (about 1e-6 relative), as a multi-token verify already differs from a
-1-token step. Above `MAX_ROWS` rows in fp32 (a prefill, a training batch) MKL's own layout is used.
+1-token step. Above `PACKED_ROWS` rows in fp32 (a prefill, a training batch), and above `MAX_ROWS`
+without oneDNN, MKL's own layout is used.
 The rule `few_rows_pays(device, dtype)`: fp32 on a CPU, and bf16 on a CPU that runs oneDNN's bf16
 kernels. Autograd is left to `F.linear`: a call that records gradients takes its path, so training
 is unchanged. A packed weight is kept beside its layer (not in it: state_dict and copies are
@@ -61,8 +66,9 @@ from torch import Tensor, nn
 from . import few_rows_kernel
 from .errors import check
 
-MAX_ROWS = 32
+MAX_ROWS = 32                  # fp32 without oneDNN: the small-row kernel up to here
 SMALL_ROWS = 4                 # fp32: the small-row kernel up to here, oneDNN's packed weights above
+PACKED_ROWS = 64               # fp32: oneDNN's packed weights up to here, MKL's own layout above
 PACK_ROWS = 16                 # the row count oneDNN chooses the packed layout for
 KERNELS = ("numba", "torch")
 _kernel = "numba" if few_rows_kernel.available() else "torch"
@@ -102,10 +108,10 @@ class FewRowsLinear(nn.Linear):
         cpu = x.device.type == "cpu" and x.dtype == weight.dtype
         if cpu and x.dtype == torch.bfloat16:                             # any row count: F.linear's bits
             return _packed_linear(self, x) if packs(torch.bfloat16) else F.linear(x, weight, self.bias)
+        if cpu and x.dtype == torch.float32 and SMALL_ROWS < rows <= PACKED_ROWS and packs(torch.float32):
+            return _packed_linear(self, x)
         if rows > MAX_ROWS:
             return F.linear(x, weight, self.bias)
-        if cpu and x.dtype == torch.float32 and rows > SMALL_ROWS and packs(torch.float32):
-            return _packed_linear(self, x)
         flat = x.reshape(rows, self.in_features)
         if _kernel == "numba" and cpu and x.dtype == torch.float32:
             out = few_rows_kernel.matmul_wt(flat, weight)
@@ -183,7 +189,7 @@ def describe(dtype: torch.dtype) -> str:
     if dtype == torch.bfloat16:
         return "oneDNN with packed weights" if packs(dtype) else "F.linear (oneDNN cannot run bf16 here)"
     if dtype == torch.float32 and packs(dtype):
-        return f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to {MAX_ROWS}"
+        return f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to {PACKED_ROWS}"
     return f"{small} up to {MAX_ROWS} rows"
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from specdec_models import SpecdecError, few_rows, few_rows_kernel
 from specdec_models.few_rows import (
     MAX_ROWS,
+    PACKED_ROWS,
     SMALL_ROWS,
     FewRowsLinear,
     describe,
@@ -46,7 +47,7 @@ def _layer(bias: bool, seed: int = 0) -> nn.Linear:
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (2, 48), (SMALL_ROWS, 48), (SMALL_ROWS + 1, 48), (3, 5, 48),
-                                   (MAX_ROWS, 48), (1, MAX_ROWS + 1, 48)])
+                                   (MAX_ROWS, 48), (1, MAX_ROWS + 1, 48), (PACKED_ROWS, 48), (PACKED_ROWS + 1, 48)])
 def test_few_rows_compute_f_linear_up_to_rounding(bias, shape, each_kernel):
     layer = _layer(bias)
     assert type(layer) is FewRowsLinear
@@ -125,7 +126,7 @@ def test_calls_that_record_gradients_and_large_calls_take_torchs_own_path(each_k
     assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
     got.sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
-    big = torch.randn(MAX_ROWS + 1, 48)
+    big = torch.randn(PACKED_ROWS + 1, 48)
     with torch.no_grad():
         assert torch.equal(layer(big), F.linear(big, layer.weight, layer.bias))
         empty = torch.randn(0, 48)
@@ -238,4 +239,4 @@ def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel):
         assert describe(torch.bfloat16) == ("oneDNN with packed weights" if packed else
                                             "F.linear (oneDNN cannot run bf16 here)")
         assert describe(torch.float32) == (f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to "
-                                           f"{MAX_ROWS}" if packed else f"{small} up to {MAX_ROWS} rows")
+                                           f"{PACKED_ROWS}" if packed else f"{small} up to {MAX_ROWS} rows")

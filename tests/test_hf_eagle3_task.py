@@ -373,6 +373,46 @@ def test_the_comparison_refuses_its_own_dtype_as_the_other(hf, tmp_path, capsys)
     assert not (tmp_path / "c").exists()
 
 
+def test_the_comparison_races_the_chain_at_several_gammas_at_batch_8_only(online, hf, tmp_path, capsys):
+    # --eagle3-gamma 1 2 decodes a chain per gamma, named by it; --batch1-count 0 leaves out batch 1
+    # (the batch-8 study of the README). At T=0 every chain emits plain decoding's tokens, and a
+    # chain at gamma g drafts at most g tokens a row-call
+    from conftest import load_script
+
+    out = tmp_path / "compare"
+    assert load_script("compare_hf_drafts").main([
+        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--eagle3-gamma", "1",
+        "2", "--prompts", str(hf["prompts"]), "--chat", "--count", "2", "--batch1-count", "0", "--max-new-tokens",
+        "8", "--rounds", "1", "--check-count", "1", "--dtype", "float32", "--temperatures", "0",
+        "--out", str(out)]) == 0, capsys.readouterr().err
+    report = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert list(rows) == ["plain", "eagle3 tiny gamma 1", "eagle3 tiny gamma 2"]
+    assert {r["batch"] for r in rows.values()} == {8}
+    assert all(r["greedy_equal_plain"] for r in rows.values())
+    for gamma in (1, 2):
+        row = rows[f"eagle3 tiny gamma {gamma}"]
+        assert 0 < row["drafted"] <= gamma * row["row_calls"]
+    assert report["greedy_equals_transformers_generate"] == {"plain": True, "eagle3 tiny gamma 1": True,
+                                                             "eagle3 tiny gamma 2": True}
+    assert (out / "compare.png").is_file()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch1-count", "0", "--batch1-only"], "--batch1-count must be >= 0, and >= 1 with --batch1-only"),
+    (["--eagle3-gamma", "2", "2"], "--eagle3-gamma takes distinct gammas >= 1"),
+])
+def test_the_comparison_refuses_an_empty_or_repeated_setting(online, hf, tmp_path, capsys, argv, message):
+    from conftest import load_script
+
+    code = load_script("compare_hf_drafts").main([
+        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
+        str(hf["prompts"]), *argv, "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "c").exists()
+
+
 # ---------------------------------------------------------------- starting from an export
 
 @pytest.fixture(scope="module")

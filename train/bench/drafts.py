@@ -227,7 +227,7 @@ def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: di
     """{method: greedy `generate` (plain, and with each drafter) gives exactly transformers' own
     greedy `target.generate()` on every prompt} (`train.bench.hf.compare_with_hf_generate`;
     one prompt per call: transformers' left padding would change its own numbers). A drafter's own
-    "gamma" (the eagle3 chain's `eagle3_gamma`) overrides `gamma`."""
+    "gamma" (an eagle3 chain's, `HFDrafters.eagle3_gammas`) overrides `gamma`."""
     from .hf import compare_with_hf_generate
 
     return {name: all(compare_with_hf_generate(target, [p], max_new_tokens, repeats=0, **{"gamma": gamma, **kwargs})["equal"]
@@ -302,7 +302,7 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
         if name:
             ax_calls.set_title(f"{name} prompts", fontsize=10)
             ax_speed.set_title(f"{name} prompts", fontsize=10)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = axes[0][1].get_legend_handles_labels()      # every method has a speed-up bar
     # fewer columns for long labels (a tree's label with its lookup, floors and datastore), so none is cut
     longest = max((len(label) for label in labels), default=0)
     ncol = max(1, min(len(methods), 3 if longest <= 45 else 2 if longest <= 80 else 1))
@@ -381,7 +381,7 @@ class HFDrafters:
     from the datastore where that matches a longer n-gram than prompt lookup)."""
 
     eagle3: list[tuple[str, str]] = field(default_factory=list)
-    eagle3_gamma: int | None = None        # None: the comparison's gamma
+    eagle3_gammas: tuple[int, ...] = ()   # the eagle3 chains' gammas (none: the comparison's; several: a chain each)
     trees: list[Any] = field(default_factory=list)   # decode.TreeSpec: each eagle3 head also drafts these trees
     prophet: str | None = None
     student: str | None = None
@@ -402,10 +402,13 @@ class HFDrafters:
         drafters = {}
         for name, directory in self.eagle3:
             head = load_eagle3(directory, model).to(device=device, dtype=dtype)
-            chain = {"prophet": head, **({"gamma": self.eagle3_gamma} if self.eagle3_gamma else {})}
-            drafters[f"eagle3 {name}"] = chain
-            if self.token_verify:
-                drafters[f"eagle3 {name} (token verify)"] = {**chain, "verify": "token"}
+            gammas = self.eagle3_gammas or (None,)
+            for gamma in gammas:
+                chain = {"prophet": head, **({"gamma": gamma} if gamma else {})}
+                label = f"eagle3 {name}" + (f" gamma {gamma}" if len(gammas) > 1 else "")
+                drafters[label] = chain
+                if self.token_verify:
+                    drafters[f"{label} (token verify)"] = {**chain, "verify": "token"}
             if self.auto_gamma:
                 drafters[f"eagle3 {name} gamma auto"] = {"prophet": head, "gamma": "auto"}
             for tree in self.trees:
@@ -441,8 +444,8 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
                few_rows: bool = False, eos_id: int | None = None, other_dtype: str | None = None,
                other_few_rows: bool = False) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
-    `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts) and batch 8 (all; not
-    without `batch8`),
+    `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts; none for 0) and batch 8
+    (all; not without `batch8`),
     then greedy exactness against transformers' own `generate()` in fp32 on the first set's first
     `check_count` prompts (the target reloaded from `target`: bf16's multi-token verify may round
     differently from a 1-token step, and the rows' greedy_equal_plain say how often it did).
@@ -461,6 +464,11 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     from specdec_models.hf.weights import load_causal_lm
 
     check(other_dtype is None or other_dtype != dtype, f"the other dtype must differ from the comparison's ({dtype})")
+    check(batch1_count >= 0 and (batch1_count or batch8), "nothing to decode: batch1_count is 0 and batch8 is off")
+
+    def batches(count: int) -> dict[int, int]:
+        return {**({1: batch1_count} if batch1_count else {}), **({8: count} if batch8 else {})}
+
     # the copy first: the loaded weights, not their cast to `dtype`, become the other dtype's
     other = None if other_dtype is None else copy.deepcopy(loaded.model).to(device=device, dtype=getattr(torch, other_dtype))
     model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
@@ -476,7 +484,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
                                     temperatures=tuple(temperatures),
-                                    batches={1: batch1_count, **({8: len(prompts)} if batch8 else {})},
+                                    batches=batches(len(prompts)),
                                     vocab_size=len(loaded.tokenizer), eos_id=eos_id,
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
