@@ -1,8 +1,8 @@
 """Linear layers for decoding's few-row calls on a CPU: fp32 and bf16 verification get cheap.
 
 Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-64 for a verify or a
-draft tree at batch 1, or a verify at batch 8. PyTorch computes `F.linear(x, W)` = x @ W.T with its CPU BLAS, and for a
-few rows that runs far below what reading the weights costs. `FewRowsLinear` computes the same
+draft tree at batch 1, or a verify at batch 8. PyTorch computes `F.linear(x, W)` = x @ W.T with its
+CPU BLAS, and for a few rows that runs far below what reading the weights costs. `FewRowsLinear` computes the same
 product another way, chosen by dtype and row count (timed on the hosts of docs/smollm2_history.md:
 "Few-row fp32 matmuls", "A numba kernel for few rows" and "Packed bf16 weights for decoding"):
 
