@@ -465,10 +465,6 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
 
     check(other_dtype is None or other_dtype != dtype, f"the other dtype must differ from the comparison's ({dtype})")
     check(batch1_count >= 0 and (batch1_count or batch8), "nothing to decode: batch1_count is 0 and batch8 is off")
-
-    def batches(count: int) -> dict[int, int]:
-        return {**({1: batch1_count} if batch1_count else {}), **({8: count} if batch8 else {})}
-
     # the copy first: the loaded weights, not their cast to `dtype`, become the other dtype's
     other = None if other_dtype is None else copy.deepcopy(loaded.model).to(device=device, dtype=getattr(torch, other_dtype))
     model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
@@ -484,7 +480,8 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
                                     temperatures=tuple(temperatures),
-                                    batches=batches(len(prompts)),
+                                    batches={**({1: batch1_count} if batch1_count else {}),
+                                             **({8: len(prompts)} if batch8 else {})},
                                     vocab_size=len(loaded.tokenizer), eos_id=eos_id,
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
