@@ -220,7 +220,7 @@ def compare(args, loaded) -> dict:
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
                           token_verify=args.token_verify, auto_gamma=args.eagle3_auto, datastore=datastore)
-    from specdec_models.few_rows import describe, kernel, resolve_few_rows
+    from specdec_models.few_rows import describe, fp32_library, kernel, resolve_few_rows
     from specdec_models.hardware import resolve_dtype
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
@@ -236,6 +236,7 @@ def compare(args, loaded) -> dict:
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel(),
+                         "few_rows_fp32": few_rows and fp32_library(),
                          "few_rows_how": few_rows and describe(torch_dtype), "also_few_rows": also_few_rows,
                          "also_few_rows_how": also_few_rows and describe(also)},
             **result}

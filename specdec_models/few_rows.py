@@ -3,24 +3,35 @@
 Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-64 for a verify or a
 draft tree at batch 1, or a verify at batch 8. PyTorch computes `F.linear(x, W)` = x @ W.T with its
 CPU BLAS, and for a few rows that runs far below what reading the weights costs. `FewRowsLinear` computes the same
-product another way, chosen by dtype and row count (timed on the hosts of docs/smollm2_history.md:
-"Few-row fp32 matmuls", "A numba kernel for few rows" and "Packed bf16 weights for decoding"):
+product another way, chosen by dtype, row count and host (timed on the hosts of docs/smollm2_history.md:
+"Few-row fp32 matmuls", "A numba kernel for few rows", "Packed bf16 weights for decoding" and
+"MKL's packed fp32 product on the Xeon (r20)"):
 
-- fp32, up to `SMALL_ROWS` rows: numba's kernel (`few_rows_kernel`, when numba is installed:
+- fp32 on an Intel CPU (`fp32_library()` "mkl"): up to `LINEAR_ROWS` rows `F.linear` itself, and
+  from there to `PACKED_ROWS` rows MKL's product with the weight packed once into its own layout
+  (`torch.ops.mkl`, where torch has MKL: the fp32 path torch.compile's CPU backend takes). On the
+  Intel Xeon without bf16 instructions, over a model's worth of SmolLM2's weight shapes streamed
+  from memory (2 threads; docs/smollm2_history.md, "MKL's packed fp32 product on the Xeon (r20)"),
+  `F.linear` took 29-33 ms for 1-3 rows, at memory speed, and then jumped (65 for 4 rows, 134 for
+  16), where MKL's packed product took 31 for 4 rows (numba's kernel 40, oneDNN's 41), 41 for 16
+  (oneDNN 55) and 96 for 64 (oneDNN 108-113). A plain SmolLM2 step through `F.linear` took 50.5 ms
+  against 60.4 through numba's kernel, so the small-row kernels below lose on this host. MKL's
+  layout is packed for 64 rows and serves every row count up to them; each weight shape is
+  checked once against `F.linear` before it is used (a layout MKL tied to the row count would fail
+  there, and that shape takes the rule below).
+- fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs the earlier rounds ran on), up to
+  `SMALL_ROWS` rows: numba's kernel (`few_rows_kernel`, when numba is installed:
   `pip install specdec[fast]`), which streams each weight row once and runs near the host's
   memory speed; on the AMD EPYC (AVX2) it made plain fp32 decoding of SmolLM2-135M 1.3-1.4x
   faster. Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL
   kernel: there a 4-token verify cost 0.91-0.93 of torch's 1-token step. For a single row MKL's
   matrix-vector kernel is itself slower than its 2-row product, so one row is computed as two (the
   row twice) and the first kept.
-- fp32, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed once into
-  its blocked layout (`torch.ops.mkldnn`, the path torch.compile's CPU backend takes), where torch
-  has oneDNN; on the AMD EPYC with avx512_bf16 it beat numba's kernel from 6 rows on (8 rows: 85 us
-  against 103 for a 1536 x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102. On
-  the Intel Xeon without bf16 instructions, SmolLM2's five weight shapes (its LM head included)
-  took 2.0-2.1x less time than `F.linear` at 40 rows, 1.4x less at 64, about the same from 128 on
-  ("Batch 8 at gammas 1 to 4"): a batch-8 verify of 5 tokens (40 rows) takes this path.
-  Without oneDNN, fp32 calls of up to `MAX_ROWS` rows take the small-row kernel.
+- fp32 elsewhere, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed
+  once into its blocked layout (`torch.ops.mkldnn`), where torch has oneDNN; on the AMD EPYC with
+  avx512_bf16 it beat numba's kernel from 6 rows on (8 rows: 85 us against 103 for a 1536 x 576
+  weight) and SmolLM2's 16-token verify took 68 ms against 102. Without oneDNN, fp32 calls of up
+  to `MAX_ROWS` rows take the small-row kernel.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
   (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but
   hands it the weight in torch's plain layout at every call; here it is in oneDNN's blocked layout,
@@ -40,9 +51,10 @@ untouched). It is packed when the layer is switched (so no decoding call pays fo
 when the weight changes (another tensor, or an in-place update such as an optimizer step: the
 evaluation callback decodes so between training steps); switching the layer back drops it.
 
-`kernel()` names the small-row fp32 kernel in use, `set_kernel` picks one
-(`SPECDEC_FEW_ROWS_KERNEL=torch` in the environment does it at import); `packs(dtype)` says whether
-oneDNN's packed path serves that dtype here.
+`fp32_library()` names the library of fp32 calls ("mkl" or "onednn"), `set_fp32_library` picks
+one (`SPECDEC_FEW_ROWS_FP32=onednn` in the environment does it at import); `kernel()` names the
+small-row fp32 kernel of the "onednn" rule, `set_kernel` picks one (`SPECDEC_FEW_ROWS_KERNEL=torch`
+likewise); `packs(dtype)` says whether oneDNN's packed path serves that dtype here.
 
 `use_few_rows(module)` switches every `nn.Linear` of a module to `FewRowsLinear` in place (the
 class only: parameters, tied weights and state_dict stay as they are); `use_few_rows(module,
@@ -65,13 +77,50 @@ from torch import Tensor, nn
 
 from . import few_rows_kernel
 from .errors import check
+from .hardware import cpu_vendor
 
 MAX_ROWS = 32                  # fp32 without oneDNN: the small-row kernel up to here
-SMALL_ROWS = 4                 # fp32: the small-row kernel up to here, oneDNN's packed weights above
-PACKED_ROWS = 64               # fp32: oneDNN's packed weights up to here, MKL's own layout above
+LINEAR_ROWS = 3                # fp32 by the "mkl" rule: F.linear itself up to here, MKL's packed product above
+SMALL_ROWS = 4                 # fp32 by the "onednn" rule: the small-row kernel up to here, oneDNN's packed weights above
+PACKED_ROWS = 64               # fp32: packed weights up to here (MKL's, or oneDNN's above SMALL_ROWS), F.linear above
 PACK_ROWS = 16                 # the row count oneDNN chooses the packed layout for
 KERNELS = ("numba", "torch")
+LIBRARIES = ("mkl", "onednn")
 _kernel = "numba" if few_rows_kernel.available() else "torch"
+
+
+def mkl_packs() -> bool:
+    """Whether this torch has MKL and the private ops of its packed fp32 product."""
+    try:
+        return bool(torch.backends.mkl.is_available() and callable(torch.ops.mkl._mkl_reorder_linear_weight)
+                    and callable(torch.ops.mkl._mkl_linear))
+    except (AttributeError, RuntimeError):                   # a torch without these private ops
+        return False
+
+
+# x (rows, in), packed, W, bias, rows -> x @ W.T (+ bias) by MKL with the packed weight; the row count
+# is passed as the op's batch size, which makes torch take the packed product rather than F.linear.
+# Looked up once: a torch.ops lookup costs microseconds, and a step makes hundreds of these calls
+_MKL_LINEAR = torch.ops.mkl._mkl_linear if mkl_packs() else None
+
+
+_library = "mkl" if mkl_packs() and cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+def fp32_library() -> str:
+    """The library of fp32 CPU calls of up to `PACKED_ROWS` rows: "mkl" (MKL's packed product, on an
+    Intel CPU) or "onednn" (the small-row kernel, then oneDNN's packed product; module docstring)."""
+    return _library
+
+
+def set_fp32_library(name: str) -> str:
+    """Compute fp32 CPU calls of up to `PACKED_ROWS` rows by the rule of `name`; returns the one
+    used before, so a caller can restore it."""
+    global _library
+    check(name in LIBRARIES, f"the few-row fp32 library must be one of {', '.join(LIBRARIES)}, got {name!r}")
+    check(name != "mkl" or mkl_packs(), "MKL's packed fp32 product needs a torch built with MKL (an x86 wheel)")
+    before, _library = _library, name
+    return before
 
 
 def kernel() -> str:
@@ -93,21 +142,34 @@ def set_kernel(name: str) -> str:
 
 if os.environ.get("SPECDEC_FEW_ROWS_KERNEL"):
     set_kernel(os.environ["SPECDEC_FEW_ROWS_KERNEL"])
+if os.environ.get("SPECDEC_FEW_ROWS_FP32"):
+    set_fp32_library(os.environ["SPECDEC_FEW_ROWS_FP32"])
 
 
 class FewRowsLinear(nn.Linear):
     """An `nn.Linear` that computes decoding's few-row calls on a CPU with the kernels of the module
-    docstring: numba's or torch's (W @ x.T).T for small fp32 calls, oneDNN with a packed weight for
-    larger fp32 calls and for bf16."""
+    docstring: MKL with a packed weight for fp32 calls on an Intel CPU; elsewhere numba's or torch's
+    (W @ x.T).T for small fp32 calls and oneDNN with a packed weight for larger ones; oneDNN with a
+    packed weight for bf16."""
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // self.in_features if self.in_features else 0
         weight = self.weight
-        if rows == 0 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        # first, with as few checks as can be: a plain step's hundreds of calls take this path by the "mkl" rule
+        if rows == 0 or (rows <= LINEAR_ROWS and _library == "mkl" and x.dtype == torch.float32):
+            return F.linear(x, weight, self.bias)
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             return F.linear(x, weight, self.bias)
         cpu = x.device.type == "cpu" and x.dtype == weight.dtype
         if cpu and x.dtype == torch.bfloat16:                             # any row count: F.linear's bits
             return _packed_linear(self, x) if packs(torch.bfloat16) else F.linear(x, weight, self.bias)
+        if cpu and x.dtype == torch.float32 and _library == "mkl":
+            if rows > PACKED_ROWS:
+                return F.linear(x, weight, self.bias)
+            packed = _packed_weight(self, "mkl")
+            if packed is not None:                          # None: a shape MKL's layout failed the check for
+                flat = x.reshape(rows, self.in_features).contiguous()
+                return _MKL_LINEAR(flat, packed, weight, self.bias, rows).view(*x.shape[:-1], self.out_features)
         if cpu and x.dtype == torch.float32 and SMALL_ROWS < rows <= PACKED_ROWS and packs(torch.float32):
             return _packed_linear(self, x)
         if rows > MAX_ROWS:
@@ -126,21 +188,51 @@ class FewRowsLinear(nn.Linear):
         return out.contiguous().reshape(*x.shape[:-1], self.out_features)
 
 
-# a layer's packed weight, with the weight's identity and version it was packed from; kept beside
-# the layer (weakly) because oneDNN's packed tensors cannot be copied or saved
-_packed: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Tensor]] = weakref.WeakKeyDictionary()
+# a layer's packed weight, with the weight's identity and version it was packed from and the library
+# it was packed for; kept beside the layer (weakly) because packed tensors cannot be copied or saved
+_packed: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Tensor | None]] = weakref.WeakKeyDictionary()
+# weight shape -> whether MKL's layout packed for PACKED_ROWS rows computes every row count right here
+_mkl_shapes: dict[tuple[int, int], bool] = {}
+MKL_CHECK_ROWS = (1, 2, 3, 5, 16, 17, 33, PACKED_ROWS)
 
 
-def _packed_weight(layer: nn.Linear) -> Tensor:
-    """The layer's weight packed for oneDNN: packed once, again when the weight changed."""
+def _packed_weight(layer: nn.Linear, library: str = "onednn") -> Tensor | None:
+    """The layer's weight packed for `library` ("mkl" or "onednn"): packed once, again when the
+    weight changed; None for MKL where its layout failed the check for this weight's shape."""
     weight = layer.weight
-    key = (id(weight), weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+    if library == "mkl" and _mkl_shapes.get(tuple(weight.shape)) is False:
+        return None                                   # this shape takes the "onednn" rule instead
+    key = (id(weight), weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape), library)
     hit = _packed.get(layer)
     if hit is None or hit[0] != key:
         with torch.no_grad():
-            hit = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+            w = weight.detach()
+            if library == "mkl":
+                packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACKED_ROWS)
+                packed = packed if _mkl_layout_checked(w, packed) else None
+            else:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
+        hit = (key, packed)
         _packed[layer] = hit
     return hit[1]
+
+
+def _mkl_layout_checked(weight: Tensor, packed: Tensor) -> bool:
+    """Whether MKL's product with `packed` (packed for PACKED_ROWS rows) equals `F.linear` up to
+    fp32 rounding at the row counts MKL_CHECK_ROWS; checked once per weight shape. MKL documents
+    its packed product without saying whether a layout packed for one row count serves others: on
+    the hosts timed it did (a wrong layout would give wrong sums, not rounding differences)."""
+    shape = (int(weight.shape[0]), int(weight.shape[1]))
+    if shape not in _mkl_shapes:
+        generator = torch.Generator().manual_seed(0)
+        ok = True
+        for rows in MKL_CHECK_ROWS:
+            x = torch.randn(rows, shape[1], generator=generator)
+            want = F.linear(x, weight)
+            got = _MKL_LINEAR(x, packed, weight, None, rows)
+            ok = ok and bool((got - want).abs().max() <= 1e-4 * (want.abs().max() + 1e-6))
+        _mkl_shapes[shape] = ok
+    return _mkl_shapes[shape]
 
 
 def _packed_linear(layer: nn.Linear, x: Tensor) -> Tensor:
@@ -152,10 +244,15 @@ def _packed_linear(layer: nn.Linear, x: Tensor) -> Tensor:
 
 def _pack(layers: Iterable[nn.Module]) -> None:
     """Pack the weights the packed path will read now, so no decoding call pays for it (a timed
-    call would): bf16 and fp32 CPU weights where oneDNN serves their dtype."""
+    call would): fp32 CPU weights for MKL on its rule, bf16 and fp32 ones for oneDNN where it serves
+    their dtype."""
     for layer in layers:
         w = layer.weight
-        if w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and packs(w.dtype):
+        if w.device.type != "cpu":
+            continue
+        if w.dtype == torch.float32 and _library == "mkl":
+            _packed_weight(layer, "mkl")
+        elif w.dtype in (torch.float32, torch.bfloat16) and packs(w.dtype):
             _packed_weight(layer)
 
 
@@ -188,6 +285,8 @@ def describe(dtype: torch.dtype) -> str:
     small = "numba's kernel" if _kernel == "numba" else "W @ x.T"
     if dtype == torch.bfloat16:
         return "oneDNN with packed weights" if packs(dtype) else "F.linear (oneDNN cannot run bf16 here)"
+    if dtype == torch.float32 and _library == "mkl":
+        return f"MKL with packed weights up to {PACKED_ROWS} rows"
     if dtype == torch.float32 and packs(dtype):
         return f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to {PACKED_ROWS}"
     return f"{small} up to {MAX_ROWS} rows"

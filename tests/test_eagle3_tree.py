@@ -584,16 +584,17 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     from specdec_models.few_rows import FewRowsLinear
 
     from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import kernel
+    from specdec_models.few_rows import fp32_library, kernel, mkl_packs
 
-    before = kernel()
+    before = kernel(), fp32_library()
     costs = verify_costs(models["llama"], 8, [1, 3], repeats=2, few_rows=True)
     numba = {"chain, few rows, numba", "tree, few rows, numba"} if few_rows_kernel.available() else set()
+    numba |= {"chain, few rows, mkl", "tree, few rows, mkl"} if mkl_packs() else set()      # fp32 only too
     assert set(costs) == {"chain", "tree", "chain, few rows", "tree, few rows"} | numba and costs["chain"][1] == 1.0
-    assert kernel() == before                                                          # restored
+    assert (kernel(), fp32_library()) == before                                        # restored
     assert all(v > 0 for c in costs.values() for v in c.values())
     assert not any(isinstance(m, FewRowsLinear) for m in models["llama"].modules())     # switched back
-    # the same target in bf16 beside it, in the same unit; numba's kernel is timed for fp32 only
+    # the same target in bf16 beside it, in the same unit; numba's kernel and MKL are timed for fp32 only
     import copy
 
     twin = copy.deepcopy(models["llama"]).to(torch.bfloat16)

@@ -1,6 +1,7 @@
 """Few-row linear layers (`specdec_models.few_rows`): the same function as `F.linear` up to fp32
-rounding at every row count with either small-row kernel (torch's, numba's) and oneDNN's packed
-weights above them, bit for bit `F.linear` in bf16, a packed weight packed again when the weight
+rounding at every row count, by MKL's packed product and by the other rule (either small-row kernel,
+torch's or numba's, and oneDNN's packed weights above them), bit for bit `F.linear` in bf16, MKL's
+layout checked per weight shape, a packed weight packed again when the weight
 changes, torch's own path for training and large fp32 calls, switched in place and back without
 touching weights, and greedy decoding through them still the target's own."""
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from specdec_models import SpecdecError, few_rows, few_rows_kernel
 from specdec_models.few_rows import (
+    LINEAR_ROWS,
     MAX_ROWS,
     PACKED_ROWS,
     SMALL_ROWS,
@@ -20,9 +22,12 @@ from specdec_models.few_rows import (
     describe,
     few_rows_pays,
     few_rows_while,
+    fp32_library,
     kernel,
+    mkl_packs,
     packs,
     resolve_few_rows,
+    set_fp32_library,
     set_kernel,
     use_few_rows,
 )
@@ -38,6 +43,16 @@ def each_kernel(request):
     set_kernel(before)
 
 
+@pytest.fixture(params=["mkl", "onednn"])
+def each_library(request):
+    """Run the test with each rule for fp32 calls (MKL's where torch has it), then restore the rule."""
+    if request.param == "mkl" and not mkl_packs():
+        pytest.skip("this torch has no MKL")
+    before = set_fp32_library(request.param)
+    yield request.param
+    set_fp32_library(before)
+
+
 def _layer(bias: bool, seed: int = 0) -> nn.Linear:
     torch.manual_seed(seed)
     layer = nn.Linear(48, 80, bias=bias)
@@ -48,7 +63,7 @@ def _layer(bias: bool, seed: int = 0) -> nn.Linear:
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (2, 48), (SMALL_ROWS, 48), (SMALL_ROWS + 1, 48), (3, 5, 48),
                                    (MAX_ROWS, 48), (1, MAX_ROWS + 1, 48), (PACKED_ROWS, 48), (PACKED_ROWS + 1, 48)])
-def test_few_rows_compute_f_linear_up_to_rounding(bias, shape, each_kernel):
+def test_few_rows_compute_f_linear_up_to_rounding(bias, shape, each_kernel, each_library):
     layer = _layer(bias)
     assert type(layer) is FewRowsLinear
     x = torch.randn(*shape)
@@ -85,8 +100,8 @@ def test_bf16_calls_are_f_linears_bit_for_bit(shape):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dtype):
-    if not packs(dtype):
+def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dtype, each_library):
+    if not (packs(dtype) or (dtype == torch.float32 and each_library == "mkl")):
         pytest.skip(f"oneDNN's packed {dtype} product does not run on this CPU or torch")
     layer = _layer(True).to(dtype)
     state = {k: v.clone() for k, v in layer.state_dict().items()}
@@ -183,9 +198,9 @@ def test_numbas_pool_gets_torchs_threads_unless_numba_num_threads_is_set(env, po
 
 
 @pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
-def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kernel, monkeypatch):
-    # with the numba kernel chosen a small fp32 call goes through it, a larger one too where oneDNN
-    # cannot take it; bf16 and torch's kernel do not
+def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kernel, each_library, monkeypatch):
+    # by the "onednn" rule, with the numba kernel chosen a small fp32 call goes through it, a larger
+    # one too where oneDNN cannot take it; bf16, torch's kernel and MKL's rule do not
     calls = []
     real = few_rows_kernel.matmul_wt
     monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w: calls.append(x.shape) or real(x, w))
@@ -195,7 +210,62 @@ def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kern
         layer(torch.randn(SMALL_ROWS + 1, 48))
         layer.to(torch.bfloat16)(torch.randn(3, 48, dtype=torch.bfloat16))
     larger = [] if packs(torch.float32) else [(SMALL_ROWS + 1, 48)]
-    assert calls == ([(3, 48), *larger] if each_kernel == "numba" else [])
+    assert calls == ([(3, 48), *larger] if each_kernel == "numba" and each_library == "onednn" else [])
+
+
+@pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
+def test_mkl_is_the_fp32_rule_on_intel_cpus_and_the_choice_is_checked(monkeypatch):
+    from specdec_models.hardware import cpu_vendor
+
+    assert fp32_library() == ("mkl" if cpu_vendor() == "GenuineIntel" else "onednn")
+    for bad, match in (("blas", "must be one of mkl, onednn"), ("mkl", "needs a torch built with MKL")):
+        if bad == "mkl":
+            monkeypatch.setattr(few_rows, "mkl_packs", lambda: False)
+        with pytest.raises(SpecdecError, match=match) as err:
+            set_fp32_library(bad)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
+def test_by_the_mkl_rule_up_to_3_rows_are_f_linear_and_4_to_64_mkls_packed_product(monkeypatch):
+    calls = []
+    monkeypatch.setattr(few_rows, "_MKL_LINEAR", lambda x, *a: calls.append(x.shape[0]) or torch.ops.mkl._mkl_linear(x, *a))
+    before = set_fp32_library("mkl")
+    try:
+        layer = _layer(True)
+        with torch.no_grad():
+            for rows in (1, LINEAR_ROWS, LINEAR_ROWS + 1, PACKED_ROWS, PACKED_ROWS + 1):
+                x = torch.randn(rows, 48)
+                got = layer(x)
+                if rows <= LINEAR_ROWS or rows > PACKED_ROWS:        # torch's own kernel: its very bits
+                    assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
+                torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    finally:
+        set_fp32_library(before)
+    assert calls == [LINEAR_ROWS + 1, PACKED_ROWS]
+
+
+@pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
+def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rule(monkeypatch):
+    # the check can fail: a layout packed from another weight of the same shape gives other sums
+    monkeypatch.setattr(few_rows, "_mkl_shapes", {})
+    w, other = torch.randn(80, 48), torch.randn(80, 48)
+    assert few_rows._mkl_layout_checked(w, torch.ops.mkl._mkl_reorder_linear_weight(w, PACKED_ROWS))
+    few_rows._mkl_shapes.clear()
+    assert not few_rows._mkl_layout_checked(w, torch.ops.mkl._mkl_reorder_linear_weight(other, PACKED_ROWS))
+    assert few_rows._mkl_shapes == {(80, 48): False}
+    # a shape that failed computes by the "onednn" rule, right, and is not packed for MKL again
+    before = set_fp32_library("mkl")
+    try:
+        layer = _layer(True)
+        for rows in (1, SMALL_ROWS + 1, PACKED_ROWS):
+            x = torch.randn(rows, 48)
+            with torch.no_grad():
+                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        if packs(torch.float32):                     # 5 and 64 rows: oneDNN's packed weight
+            assert few_rows._packed[layer][0][-1] == "onednn"
+    finally:
+        set_fp32_library(before)
 
 
 def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_the_setting_is_checked(monkeypatch):
@@ -212,7 +282,7 @@ def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_the_setting
         resolve_few_rows("yes", "cpu", torch.float32)
 
 
-def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, each_kernel):
+def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, each_kernel, each_library):
     # a tiny Llama target and an eagle3 head, both switched: chain and tree decoding emit what
     # transformers' generate() emits with torch's own layers
     pytest.importorskip("transformers")
@@ -231,8 +301,11 @@ def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, eac
         assert [t.tolist() for t in got] == alone, kwargs
 
 
-def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel):
+def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel, each_library):
     small = "numba's kernel" if each_kernel == "numba" else "W @ x.T"
+    if each_library == "mkl":
+        assert describe(torch.float32) == f"MKL with packed weights up to {PACKED_ROWS} rows"
+        return
     for packed in (True, False):
         monkeypatch.setitem(few_rows._packs, torch.bfloat16, packed)
         monkeypatch.setitem(few_rows._packs, torch.float32, packed)

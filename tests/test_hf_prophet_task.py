@@ -29,7 +29,7 @@ from specdec_models import load_export
 from specdec_models.decode import generate
 from specdec_models.errors import SpecdecError
 from specdec_models.export import read_export_config
-from specdec_models.few_rows import kernel
+from specdec_models.few_rows import describe, fp32_library, kernel
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.regenerate import build_hf_cache, prompts_from_text
@@ -336,8 +336,9 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     report = json.loads((out / "results.json").read_text())
     assert report["settings"]["few_rows"] is True                  # auto: float32 on the CPU
     assert report["settings"]["few_rows_kernel"] == kernel() and b1["settings"]["few_rows_kernel"] is False
-    assert "few-row linear layers" in (out / "table.md").read_text()
-    assert ("numba's kernel" in (out / "table.md").read_text()) == (kernel() == "numba")
+    assert report["settings"]["few_rows_fp32"] == fp32_library() and b1["settings"]["few_rows_fp32"] is False
+    assert f"few-row linear layers ({describe(torch.float32)}" in (out / "table.md").read_text()
+    assert ("numba's kernel" in (out / "table.md").read_text()) == (kernel() == "numba" and fp32_library() == "onednn")
     assert "the median over 2 rounds in one process" in (out / "table.md").read_text()
     assert "the median over 1 round in one process" in (tmp_path / "b1" / "table.md").read_text()
     methods = ["plain", "prophet (trained)", "student (distilled)", "prompt lookup (transformers, n=3)",

@@ -128,17 +128,28 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     """What a target call on n new tokens costs over a 1-token step, through specdec's own cache
     (`HFDecoder`, batch 1, after `context` random tokens): {"chain": {n: ratio}, "tree": {n:
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
-    drafting does. `few_rows` adds "chain, few rows" and "tree, few rows": the same calls with the
-    model's linear layers switched to `few_rows.FewRowsLinear` (and back after each) with torch's
-    small-row kernel, and for an fp32 model where numba is installed "chain, few rows, numba" and
-    "tree, few rows, numba" with numba's (`few_rows_kernel`); bf16 few-row calls take oneDNN's
-    packed weights whatever the kernel. `also`: the same target in another dtype (a copy), timed
-    the same way beside it, its kinds named "[dtype] chain" and so on: a host where the dtypes race
-    (`hardware.racing_dtype`) then shows which dtype's step and verify are cheaper. Medians over
-    `repeats` rounds, every size, mask, layer kind and model interleaved within a round; the unit is
-    the first model's chain 1-token call with torch's own layers."""
+    drafting does. `few_rows` adds "chain, few rows" and "tree, few rows": the same calls on a copy
+    of the model with its linear layers switched to `few_rows.FewRowsLinear` (once, a copy per
+    rule, so no timed call follows a fresh packing of the weights) by the "onednn" rule with
+    torch's small-row kernel; for an fp32 model where numba is installed "chain, few rows, numba"
+    and "tree, few rows, numba" with numba's (`few_rows_kernel`); and for an fp32 model where torch
+    has MKL "chain, few rows, mkl" and "tree, few rows, mkl" with MKL's packed product
+    (`few_rows.fp32_library`). bf16 few-row calls take oneDNN's packed weights whatever the kernel.
+    `also`: the same target in another dtype (a copy), timed the same way beside it, its kinds
+    named "[dtype] chain" and so on: a host where the dtypes race (`hardware.racing_dtype`) then
+    shows which dtype's step and verify are cheaper. Medians over `repeats` rounds, every size,
+    mask, layer kind and model interleaved within a round; the unit is the first model's chain
+    1-token call with torch's own layers."""
     from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import FewRowsLinear, kernel, set_kernel, use_few_rows
+    from specdec_models.few_rows import (
+        FewRowsLinear,
+        fp32_library,
+        kernel,
+        mkl_packs,
+        set_fp32_library,
+        set_kernel,
+        use_few_rows,
+    )
     from specdec_models.hf import HFDecoder
 
     check(1 in sizes and all(isinstance(n, int) and n >= 1 for n in sizes),
@@ -156,18 +167,33 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
         mine = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
         if few_rows and dtype == torch.float32 and few_rows_kernel.available():   # numba's kernel serves fp32 only
             mine += ["chain, few rows, numba", "tree, few rows, numba"]
+        if few_rows and dtype == torch.float32 and mkl_packs():
+            mine += ["chain, few rows, mkl", "tree, few rows, mkl"]
         prefix = f"[{str(dtype).removeprefix('torch.')}] " if i else ""
         kinds.update({prefix + kind: (one, kind) for kind in mine})
-    decoders = {id(one): HFDecoder(one) for one in models}
+    # each rule of few-row layers times its own copy of the model, switched and packed once: switching
+    # one model back and forth would pack it again before every call (untimed, but gigabytes of fresh
+    # memory between timed calls)
+    copies: dict[tuple[int, str], Any] = {}
+    kind_model: dict[str, Any] = {}
+    before, library = kernel(), fp32_library()
     times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in kinds}
-    before = kernel()
     try:
+        for name, (one, kind) in kinds.items():
+            rule = "plain" if "few rows" not in kind else "mkl" if kind.endswith("mkl") else "onednn"
+            if rule != "plain" and (id(one), rule) not in copies:
+                twin = copy.deepcopy(one)
+                set_fp32_library(rule)
+                use_few_rows(twin)
+                copies[id(one), rule] = twin
+            kind_model[name] = one if rule == "plain" else copies[id(one), rule]
+        decoders = {id(m): HFDecoder(m) for m in kind_model.values()}
         for _ in range(repeats):
             for (name, n), seconds in times.items():
-                one, kind = kinds[name]
-                target = decoders[id(one)]
-                use_few_rows(one, "few rows" in kind)
+                kind = kinds[name][1]
+                target = decoders[id(kind_model[name])]
                 set_kernel("numba" if kind.endswith("numba") else "torch")
+                set_fp32_library("mkl" if kind.endswith("mkl") else "onednn")
                 cache = target.new_cache(1, context + n + 1)
                 target(ctx, cache=cache)
                 tokens = torch.randint(0, vocab, (1, n), generator=g)
@@ -176,9 +202,8 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
                 target(tokens, cache=cache, tree=tree)
                 seconds.append(time.perf_counter() - t0)
     finally:
-        for one in models:
-            use_few_rows(one, False)
         set_kernel(before)
+        set_fp32_library(library)
     unit = statistics.median(times["chain", 1])
     return {m: {n: round(statistics.median(times[m, n]) / unit, 3) for n in sizes} for m in kinds}
 
