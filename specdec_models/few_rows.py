@@ -12,9 +12,9 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   (`torch.ops.mkl`, where torch has MKL: the fp32 path torch.compile's CPU backend takes). On the
   Intel Xeon without bf16 instructions, over a model's worth of SmolLM2's weight shapes streamed
   from memory (2 threads; docs/smollm2_history.md, "MKL's packed fp32 product on the Xeon (r20)"),
-  `F.linear` took 29-33 ms for 1-3 rows, at memory speed, and then jumped (65 for 4 rows, 134 for
-  16), where MKL's packed product took 31 for 4 rows (numba's kernel 40, oneDNN's 41), 41 for 16
-  (oneDNN 55) and 96 for 64 (oneDNN 108-113). A plain SmolLM2 step through `F.linear` took 50.5 ms
+  `F.linear` took 30-32 ms for 1-3 rows, about memory speed, and then jumped (67 for 4 rows, 135 for
+  16), where MKL's packed product took 31 for 4 rows (numba's kernel 39, oneDNN's 42), 42 for 16
+  (oneDNN 56) and 91 for 64 (oneDNN 113). A plain SmolLM2 step through `F.linear` took 50.5 ms
   against 60.4 through numba's kernel, so the small-row kernels below lose on this host. MKL's
   layout is packed for 64 rows and serves every row count up to them; each weight shape is
   checked once against `F.linear` before it is used (a layout MKL tied to the row count would fail
@@ -81,8 +81,8 @@ from .hardware import cpu_vendor
 
 MAX_ROWS = 32                  # fp32 without oneDNN: the small-row kernel up to here
 LINEAR_ROWS = 3                # fp32 by the "mkl" rule: F.linear itself up to here, MKL's packed product above
-SMALL_ROWS = 4                 # fp32 by the "onednn" rule: the small-row kernel up to here, oneDNN's packed weights above
-PACKED_ROWS = 64               # fp32: packed weights up to here (MKL's, or oneDNN's above SMALL_ROWS), F.linear above
+SMALL_ROWS = 4                 # fp32 by the "onednn" rule: the small-row kernel up to here, oneDNN above
+PACKED_ROWS = 64               # fp32: packed weights up to here (MKL's, or oneDNN's), F.linear above
 PACK_ROWS = 16                 # the row count oneDNN chooses the packed layout for
 KERNELS = ("numba", "torch")
 LIBRARIES = ("mkl", "onednn")
@@ -101,7 +101,7 @@ def mkl_packs() -> bool:
 # x (rows, in), packed, W, bias, rows -> x @ W.T (+ bias) by MKL with the packed weight; the row count
 # is passed as the op's batch size, which makes torch take the packed product rather than F.linear.
 # Looked up once: a torch.ops lookup costs microseconds, and a step makes hundreds of these calls
-_MKL_LINEAR = torch.ops.mkl._mkl_linear if mkl_packs() else None
+_MKL_LINEAR = torch.ops.mkl._mkl_linear.default if mkl_packs() else None
 
 
 _library = "mkl" if mkl_packs() and cpu_vendor() == "GenuineIntel" else "onednn"
@@ -160,7 +160,7 @@ class FewRowsLinear(nn.Linear):
             return F.linear(x, weight, self.bias)
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             return F.linear(x, weight, self.bias)
-        cpu = x.device.type == "cpu" and x.dtype == weight.dtype
+        cpu = x.is_cpu and x.dtype == weight.dtype
         if cpu and x.dtype == torch.bfloat16:                             # any row count: F.linear's bits
             return _packed_linear(self, x) if packs(torch.bfloat16) else F.linear(x, weight, self.bias)
         if cpu and x.dtype == torch.float32 and _library == "mkl":
@@ -168,8 +168,9 @@ class FewRowsLinear(nn.Linear):
                 return F.linear(x, weight, self.bias)
             packed = _packed_weight(self, "mkl")
             if packed is not None:                          # None: a shape MKL's layout failed the check for
-                flat = x.reshape(rows, self.in_features).contiguous()
-                return _MKL_LINEAR(flat, packed, weight, self.bias, rows).view(*x.shape[:-1], self.out_features)
+                flat = x.reshape(rows, self.in_features)
+                out = _MKL_LINEAR(flat if flat.is_contiguous() else flat.contiguous(), packed, weight, self.bias, rows)
+                return out if x.dim() == 2 else out.view(x.shape[:-1] + (self.out_features,))
         if cpu and x.dtype == torch.float32 and SMALL_ROWS < rows <= PACKED_ROWS and packs(torch.float32):
             return _packed_linear(self, x)
         if rows > MAX_ROWS:
@@ -188,9 +189,10 @@ class FewRowsLinear(nn.Linear):
         return out.contiguous().reshape(*x.shape[:-1], self.out_features)
 
 
-# a layer's packed weight, with the weight's identity and version it was packed from and the library
-# it was packed for; kept beside the layer (weakly) because packed tensors cannot be copied or saved
-_packed: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Tensor | None]] = weakref.WeakKeyDictionary()
+# a layer's packed weight: (the weight it was packed from, its version, the library, its storage's
+# address, the packed tensor); kept beside the layer (weakly) because packed tensors cannot be copied
+# or saved
+_packed: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
 # weight shape -> whether MKL's layout packed for PACKED_ROWS rows computes every row count right here
 _mkl_shapes: dict[tuple[int, int], bool] = {}
 MKL_CHECK_ROWS = (1, 2, 3, 5, 16, 17, 33, PACKED_ROWS)
@@ -198,23 +200,24 @@ MKL_CHECK_ROWS = (1, 2, 3, 5, 16, 17, 33, PACKED_ROWS)
 
 def _packed_weight(layer: nn.Linear, library: str = "onednn") -> Tensor | None:
     """The layer's weight packed for `library` ("mkl" or "onednn"): packed once, again when the
-    weight changed; None for MKL where its layout failed the check for this weight's shape."""
+    weight changed (another tensor, other storage, or an in-place update); None for MKL where its
+    layout failed the check for this weight's shape."""
     weight = layer.weight
+    hit = _packed.get(layer)
+    if (hit is not None and hit[0] is weight and hit[1] == weight._version and hit[2] == library
+            and hit[3] == weight.data_ptr()):
+        return hit[4]                                 # every decoding call: the checks kept few and cheap
     if library == "mkl" and _mkl_shapes.get(tuple(weight.shape)) is False:
         return None                                   # this shape takes the "onednn" rule instead
-    key = (id(weight), weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape), library)
-    hit = _packed.get(layer)
-    if hit is None or hit[0] != key:
-        with torch.no_grad():
-            w = weight.detach()
-            if library == "mkl":
-                packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACKED_ROWS)
-                packed = packed if _mkl_layout_checked(w, packed) else None
-            else:
-                packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
-        hit = (key, packed)
-        _packed[layer] = hit
-    return hit[1]
+    with torch.no_grad():
+        w = weight.detach()
+        if library == "mkl":
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACKED_ROWS)
+            packed = packed if _mkl_layout_checked(w, packed) else None
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
+    _packed[layer] = (weight, weight._version, library, weight.data_ptr(), packed)
+    return packed
 
 
 def _mkl_layout_checked(weight: Tensor, packed: Tensor) -> bool:
@@ -286,7 +289,7 @@ def describe(dtype: torch.dtype) -> str:
     if dtype == torch.bfloat16:
         return "oneDNN with packed weights" if packs(dtype) else "F.linear (oneDNN cannot run bf16 here)"
     if dtype == torch.float32 and _library == "mkl":
-        return f"MKL with packed weights up to {PACKED_ROWS} rows"
+        return f"F.linear up to {LINEAR_ROWS} rows, MKL with packed weights up to {PACKED_ROWS}"
     if dtype == torch.float32 and packs(dtype):
         return f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to {PACKED_ROWS}"
     return f"{small} up to {MAX_ROWS} rows"

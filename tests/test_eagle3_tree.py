@@ -616,6 +616,24 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
         plot_verify_costs({"dtype": "float32"}, io.BytesIO())
 
 
+def test_matmul_costs_time_every_few_row_path_over_the_models_weights(models):
+    import copy
+
+    from specdec_models import few_rows_kernel
+    from specdec_models.few_rows import mkl_packs, packs
+    from train.bench.hf import matmul_costs
+
+    costs = matmul_costs(models["llama"], [1, 5], repeats=2)
+    want = {"F.linear"} | ({"numba"} if few_rows_kernel.available() else set())
+    want |= ({"onednn"} if packs(torch.float32) else set()) | ({"mkl"} if mkl_packs() else set())
+    assert set(costs) == want
+    assert all(set(c) == {1, 5} and all(v > 0 for v in c.values()) for c in costs.values())
+    with pytest.raises(SpecdecError, match="fp32 model"):
+        matmul_costs(copy.deepcopy(models["llama"]).to(torch.bfloat16), [1])
+    with pytest.raises(SpecdecError, match="integers >= 1"):
+        matmul_costs(models["llama"], [0])
+
+
 # with `make test-slow` (about 40 s on 2 cores): in the default run block verification keeps its
 # chi-square tests through the chains' (test_decode, test_eagle3) and its exact enumeration (test_block_verify)
 @pytest.mark.slow

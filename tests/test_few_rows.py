@@ -229,7 +229,8 @@ def test_mkl_is_the_fp32_rule_on_intel_cpus_and_the_choice_is_checked(monkeypatc
 @pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
 def test_by_the_mkl_rule_up_to_3_rows_are_f_linear_and_4_to_64_mkls_packed_product(monkeypatch):
     calls = []
-    monkeypatch.setattr(few_rows, "_MKL_LINEAR", lambda x, *a: calls.append(x.shape[0]) or torch.ops.mkl._mkl_linear(x, *a))
+    real = torch.ops.mkl._mkl_linear
+    monkeypatch.setattr(few_rows, "_MKL_LINEAR", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
     before = set_fp32_library("mkl")
     try:
         layer = _layer(True)
@@ -263,7 +264,7 @@ def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rul
             with torch.no_grad():
                 torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         if packs(torch.float32):                     # 5 and 64 rows: oneDNN's packed weight
-            assert few_rows._packed[layer][0][-1] == "onednn"
+            assert few_rows._packed[layer][2] == "onednn"
     finally:
         set_fp32_library(before)
 
@@ -304,7 +305,8 @@ def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, eac
 def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel, each_library):
     small = "numba's kernel" if each_kernel == "numba" else "W @ x.T"
     if each_library == "mkl":
-        assert describe(torch.float32) == f"MKL with packed weights up to {PACKED_ROWS} rows"
+        want = f"F.linear up to {LINEAR_ROWS} rows, MKL with packed weights up to {PACKED_ROWS}"
+        assert describe(torch.float32) == want
         return
     for packed in (True, False):
         monkeypatch.setitem(few_rows._packs, torch.bfloat16, packed)
