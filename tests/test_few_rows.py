@@ -53,6 +53,14 @@ def each_library(request):
     set_fp32_library(before)
 
 
+@pytest.fixture
+def mkl_rule():
+    """The "mkl" rule for fp32 calls within the test, whatever this host's default, then restored."""
+    before = set_fp32_library("mkl")
+    yield
+    set_fp32_library(before)
+
+
 def _layer(bias: bool, seed: int = 0) -> nn.Linear:
     torch.manual_seed(seed)
     layer = nn.Linear(48, 80, bias=bias)
@@ -227,27 +235,23 @@ def test_mkl_is_the_fp32_rule_on_intel_cpus_and_the_choice_is_checked(monkeypatc
 
 
 @pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
-def test_by_the_mkl_rule_up_to_3_rows_are_f_linear_and_4_to_64_mkls_packed_product(monkeypatch):
+def test_by_the_mkl_rule_up_to_3_rows_are_f_linear_and_4_to_64_mkls_packed_product(monkeypatch, mkl_rule):
     calls = []
     real = torch.ops.mkl._mkl_linear
     monkeypatch.setattr(few_rows, "_MKL_LINEAR", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
-    before = set_fp32_library("mkl")
-    try:
-        layer = _layer(True)
-        with torch.no_grad():
-            for rows in (1, LINEAR_ROWS, LINEAR_ROWS + 1, PACKED_ROWS, PACKED_ROWS + 1):
-                x = torch.randn(rows, 48)
-                got = layer(x)
-                if rows <= LINEAR_ROWS or rows > PACKED_ROWS:        # torch's own kernel: its very bits
-                    assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
-                torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    finally:
-        set_fp32_library(before)
+    layer = _layer(True)
+    with torch.no_grad():
+        for rows in (1, LINEAR_ROWS, LINEAR_ROWS + 1, PACKED_ROWS, PACKED_ROWS + 1):
+            x = torch.randn(rows, 48)
+            got = layer(x)
+            if rows <= LINEAR_ROWS or rows > PACKED_ROWS:        # torch's own kernel: its very bits
+                assert torch.equal(got, F.linear(x, layer.weight, layer.bias))
+            torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
     assert calls == [LINEAR_ROWS + 1, PACKED_ROWS]
 
 
 @pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
-def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rule(monkeypatch):
+def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rule(monkeypatch, mkl_rule):
     # the check can fail: a layout packed from another weight of the same shape gives other sums
     monkeypatch.setattr(few_rows, "_mkl_shapes", {})
     w, other = torch.randn(80, 48), torch.randn(80, 48)
@@ -256,17 +260,13 @@ def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rul
     assert not few_rows._mkl_layout_checked(w, torch.ops.mkl._mkl_reorder_linear_weight(other, PACKED_ROWS))
     assert few_rows._mkl_shapes == {(80, 48): False}
     # a shape that failed computes by the "onednn" rule, right, and is not packed for MKL again
-    before = set_fp32_library("mkl")
-    try:
-        layer = _layer(True)
-        for rows in (1, SMALL_ROWS + 1, PACKED_ROWS):
-            x = torch.randn(rows, 48)
-            with torch.no_grad():
-                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-        if packs(torch.float32):                     # 5 and 64 rows: oneDNN's packed weight
-            assert few_rows._packed[layer][2] == "onednn"
-    finally:
-        set_fp32_library(before)
+    layer = _layer(True)
+    for rows in (1, SMALL_ROWS + 1, PACKED_ROWS):
+        x = torch.randn(rows, 48)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    if packs(torch.float32):                         # 5 and 64 rows: oneDNN's packed weight
+        assert few_rows._packed[layer][2] == "onednn"
 
 
 def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_the_setting_is_checked(monkeypatch):
