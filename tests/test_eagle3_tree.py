@@ -697,3 +697,20 @@ def test_tree_stats_count_the_heads_nodes_by_their_draft_probability(toy):
     lines = node_table([row, {"temperature": 0.0, "method": "plain"}])
     assert lines[-1] == "| 0 | eagle3 tree | 4, 0.250 | – | – | – | – | – | – | – | 2, 1.000 |"
     assert "q <0.01" in lines[-3] and "q >=0.7" in lines[-3] and node_table([{"method": "plain"}]) == []
+
+
+def test_the_comparisons_plot_gives_each_method_its_own_bars_and_a_dtype_twin_its_colour_hatched():
+    # the recipe's comparison races two dtypes: 13 methods and their [float32] twins, 26 bars a group;
+    # a colormap indexed past its end gave every method from the 21st on one colour (r21's figure)
+    from train.bench.drafts import bar_styles
+
+    bases = ["plain"] + [f"eagle3 tree {k}" for k in range(12)]
+    methods = bases + [f"{m} [float32]" for m in bases]
+    styles = bar_styles(methods)
+    assert len(set(styles.values())) == len(methods)                  # no two methods look alike
+    for m in bases:
+        (color, hatch), (twin_color, twin_hatch) = styles[m], styles[f"{m} [float32]"]
+        assert color == twin_color and hatch is None and twin_hatch == "//"
+    many = bar_styles([f"m{k}" for k in range(25)])                  # past tab20: colours again, dotted
+    assert len(set(many.values())) == 25 and many["m20"] == (many["m0"][0], "..")
+    assert bar_styles(["tree [x]", "tree [x] [bfloat16]"])["tree [x] [bfloat16]"][1] == "//"

@@ -272,6 +272,33 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def bar_styles(methods: list[str]) -> dict[str, tuple[Any, str | None]]:
+    """(colour, hatch) of each method's bars: one colour per method, shared by its twin in the
+    comparison's second dtype ("eagle3 specdec [float32]" beside "eagle3 specdec"), whose bars are
+    hatched. tab10 up to 10 colours, tab20 up to 20, then tab20 again with the other hatch: a
+    comparison racing two dtypes has over 20 bars per group (the recipe's: 26), and a colormap
+    indexed past its end gives every later method its last colour."""
+    plt = pyplot()
+    bases = list(dict.fromkeys(_base_method(m) for m in methods))
+    cmap = plt.get_cmap("tab10" if len(bases) <= 10 else "tab20")
+    size = cmap.N
+    styles = {}
+    for m in methods:
+        i = bases.index(_base_method(m))
+        twin = m != _base_method(m)
+        hatch = ("//" if twin else None) if i < size else ("xx" if twin else "..")
+        styles[m] = (cmap(i % size), hatch)
+    return styles
+
+
+def _base_method(method: str) -> str:
+    """A method's name without the second dtype's tag: "plain [float32]" -> "plain"."""
+    name, tag = method, ""
+    if method.endswith("]") and " [" in method:
+        name, tag = method.rsplit(" [", 1)
+    return name if tag in ("float32]", "bfloat16]", "float16]") else method
+
+
 def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> None:
     """Per prompt set: tokens per target call at batch 1 and the speed-up per (temperature, batch)
     of each drafter (a method absent at a setting, prompt lookup at batch 8, gets no bar)."""
@@ -284,7 +311,7 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
     pick = {(r.get("prompt_set", ""), r["method"], r["temperature"], r["batch"]): r for r in rows}
     fig, axes = plt.subplots(len(sets), 2, figsize=(12, 3.8 * len(sets)), squeeze=False)
     width = 0.8 / max(len(methods), 1)
-    colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")      # one colour per method
+    styles = bar_styles(methods)
     for row, name in enumerate(sets):
         keys = sorted({(r["temperature"], r["batch"]) for r in rows if r.get("prompt_set", "") == name})
         temps = sorted({t for t, _ in keys})
@@ -292,13 +319,15 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
         for i, m in enumerate(methods):
             calls = [(j, pick[name, m, t, 1]["tokens_per_call"]) for j, t in enumerate(temps) if (name, m, t, 1) in pick]
             speed = [(j, pick[(name, m, *k)][key]) for j, k in enumerate(keys) if (name, m, *k) in pick]
-            ax_calls.bar([j + i * width for j, _ in calls], [v for _, v in calls], width, label=m, color=colors(i))
-            ax_speed.bar([j + i * width for j, _ in speed], [v for _, v in speed], width, label=m, color=colors(i))
+            color, hatch = styles[m]
+            for ax, bars in ((ax_calls, calls), (ax_speed, speed)):
+                ax.bar([j + i * width for j, _ in bars], [v for _, v in bars], width, label=m, color=color,
+                       hatch=hatch, edgecolor="white" if hatch else None, linewidth=0)
         ax_calls.set_xticks([j + 0.4 - width / 2 for j in range(len(temps))], [f"T={t:g}" for t in temps])
-        ax_calls.set_ylabel("tokens per target call, batch 1")
+        ax_calls.set_ylabel("tokens per target call\n(batch 1)")
         ax_speed.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, b{b}" for t, b in keys])
         ax_speed.axhline(1.0, color="grey", lw=0.8)
-        ax_speed.set_ylabel("speed-up over plain decoding" if key == "speedup" else "over the fastest plain decoding")
+        ax_speed.set_ylabel("speed-up over\nplain decoding" if key == "speedup" else "speed-up over the\nfastest plain decoding")
         if name:
             ax_calls.set_title(f"{name} prompts", fontsize=10)
             ax_speed.set_title(f"{name} prompts", fontsize=10)
