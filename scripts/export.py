@@ -4,6 +4,11 @@ Writes the same export as the end of `python -m train` (safetensors + JSON confi
 through `train.checkpoints.export_checkpoint`; `specdec_models.load_export(OUT_DIR)` and
 `python -m specdec_models.decode --export OUT_DIR` load it. OUT_DIR must be new, empty or an
 export of the same model (which it replaces, and says so); `--force` writes into any folder.
+
+A checkpoint made on another machine (a GPU box) records that machine's paths: `--set
+target_path=FILE` (repeatable, KEY=VALUE) replaces a text setting the checkpoint holds before the
+model is built, e.g. a Hugging Face head's target model. The target's weights are still checked
+against the hash the checkpoint recorded.
 """
 
 from __future__ import annotations
@@ -20,11 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", help="the export directory to write")
     parser.add_argument("--force", action="store_true",
                         help="write even into a folder that is not an export, or over an export of another model")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="paths",
+                        help="replace a text setting the checkpoint recorded, e.g. target_path=FILE for a checkpoint "
+                             "made on another machine (repeatable)")
     args = parser.parse_args(argv)
+    paths = {}
+    for item in args.paths:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            parser.error(f"--set takes KEY=VALUE, got {item!r}")
+        paths[key] = value
     from train.checkpoints import export_checkpoint   # imports lightning: after argument parsing
 
     try:
-        path = export_checkpoint(args.ckpt, args.out_dir, force=args.force)
+        path = export_checkpoint(args.ckpt, args.out_dir, force=args.force, paths=paths)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

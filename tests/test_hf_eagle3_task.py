@@ -540,3 +540,30 @@ def test_a_datastore_of_the_caches_answers_drafts_in_the_comparison_and_the_cli(
     assert "another tokenizer" in capsys.readouterr().err
     status, _, err = cli(capsys, *common[:-2], "--tree", "2,2,1", "--datastore", store_file)
     assert status == 2 and "with a lookup" in err and err.count("\n") == 1
+
+
+def test_a_checkpoint_from_another_machine_exports_with_its_target_path_replaced(online, hf, tmp_path, capsys):
+    # a checkpoint made on a GPU box records that box's target path: `scripts/export.py --set
+    # target_path=...` exports it here, the same export as the run's own; another model is refused by
+    # the weights hash the checkpoint recorded, and a setting it lacks or holds as no text in one line
+    from conftest import load_script
+
+    ckpt = torch.load(online["last_ckpt"], map_location="cpu", weights_only=False)
+    elsewhere = tmp_path / "gpu-box" / "llama"
+    ckpt["hyper_parameters"]["target_path"] = str(elsewhere)
+    moved = tmp_path / "moved.ckpt"
+    torch.save(ckpt, moved)
+    export = load_script("export")
+    assert export.main([str(moved), str(tmp_path / "a")]) == 2
+    assert str(elsewhere) in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert export.main([str(moved), str(tmp_path / "b"), "--set", f"target_path={hf['llama']}"]) == 0
+    exported = json.loads((tmp_path / "b" / "config.json").read_text())
+    own = json.loads((online["export_dir"] / "config.json").read_text())
+    assert exported["weights_sha256"] == own["weights_sha256"]
+    capsys.readouterr()
+    for setting, message in ((f"target_path={hf['other']}", "holds other weights"),
+                             ("nope=x", "records no setting 'nope'"), ("head=x", "'head' of")):
+        assert export.main([str(moved), str(tmp_path / "c"), "--set", setting]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]   # not the loading bar
+        assert len(errors) == 1 and message in errors[0], errors
+    assert not (tmp_path / "c").exists()

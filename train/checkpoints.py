@@ -53,12 +53,27 @@ def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def load_module(ckpt_path: str | Path) -> tuple[TaskModule, dict[str, Any]]:
-    """(the module of a training checkpoint of any task, with its weights; the raw checkpoint)."""
+def load_module(ckpt_path: str | Path, paths: dict[str, str] | None = None) -> tuple[TaskModule, dict[str, Any]]:
+    """(the module of a training checkpoint of any task, with its weights; the raw checkpoint).
+    `paths`: text settings the checkpoint recorded, replaced (`replace_paths`)."""
     ckpt = read_checkpoint(ckpt_path)
-    module = get_task(ckpt.get("specdec_task", "prophet")).module(**ckpt["hyper_parameters"])
+    hparams = replace_paths(ckpt["hyper_parameters"], paths or {}, ckpt_path)
+    module = get_task(ckpt.get("specdec_task", "prophet")).module(**hparams)
     module.load_state_dict(ckpt["state_dict"])
     return module, ckpt
+
+
+def replace_paths(hparams: dict[str, Any], paths: dict[str, str], ckpt_path: str | Path) -> dict[str, Any]:
+    """`hparams` with the text settings named in `paths` replaced: a checkpoint made on another
+    machine records paths of that machine (a Hugging Face task's `target_path`), which the module
+    opens. Only settings the checkpoint holds as text can be replaced; what the module checks (the
+    target's weights hash) it still checks, so a path to another model is refused."""
+    text = sorted(k for k, v in hparams.items() if isinstance(v, str))
+    for key in paths:
+        check(key in hparams, f"{ckpt_path} records no setting {key!r}; its text settings: {', '.join(text) or 'none'}")
+        check(isinstance(hparams[key], str), f"{key!r} of {ckpt_path} is not a text setting (a path) but "
+                                             f"{type(hparams[key]).__name__}: only text settings can be replaced")
+    return {**hparams, **paths}
 
 
 def check_resumable(module: TaskModule, ckpt: dict[str, Any], ckpt_path: str | Path) -> None:
@@ -103,13 +118,15 @@ def export_metadata_of(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metadata: dict[str, Any] | None = None, *,
-                      force: bool = False, report: Callable[[str], Any] = print) -> Path:
+                      force: bool = False, report: Callable[[str], Any] = print,
+                      paths: dict[str, str] | None = None) -> Path:
     """Write the export of a training checkpoint of any task (see `TaskModule.write_export`) and
     return the directory. Refuses a folder that is not an export and an export of another model
-    unless `force`; says with `report` what it replaced."""
+    unless `force`; says with `report` what it replaced. `paths`: text settings of the checkpoint
+    replaced before the module is built (`replace_paths`: a checkpoint made on another machine)."""
     out_dir = Path(out_dir)
     check_writable_dir(out_dir, "export directory")
-    module, ckpt = load_module(ckpt_path)
+    module, ckpt = load_module(ckpt_path, paths)
     replaced = module.check_export_dir(out_dir, force)
     old_weights = _weights_sha256(out_dir) if replaced else None
     meta = {**module.run_export_metadata(), "global_step": int(ckpt.get("global_step", 0)),
