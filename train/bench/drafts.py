@@ -327,7 +327,8 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
         ax_calls.set_ylabel("tokens per target call\n(batch 1)")
         ax_speed.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"T={t:g}, b{b}" for t, b in keys])
         ax_speed.axhline(1.0, color="grey", lw=0.8)
-        ax_speed.set_ylabel("speed-up over\nplain decoding" if key == "speedup" else "speed-up over the\nfastest plain decoding")
+        ax_speed.set_ylabel("speed-up over\nplain decoding" if key == "speedup"
+                            else "speed-up over the\nfastest plain decoding")
         if name:
             ax_calls.set_title(f"{name} prompts", fontsize=10)
             ax_speed.set_title(f"{name} prompts", fontsize=10)
