@@ -291,12 +291,18 @@ def bar_styles(methods: list[str]) -> dict[str, tuple[Any, str | None]]:
     return styles
 
 
+def twin_name(method: str, dtype: str) -> str:
+    """The name of `method` decoding the comparison's second dtype: "plain [float32]"."""
+    return f"{method} [{dtype}]"
+
+
 def _base_method(method: str) -> str:
-    """A method's name without the second dtype's tag: "plain [float32]" -> "plain"."""
-    name, tag = method, ""
-    if method.endswith("]") and " [" in method:
-        name, tag = method.rsplit(" [", 1)
-    return name if tag in ("float32]", "bfloat16]", "float16]") else method
+    """A method's name without `twin_name`'s dtype tag: "plain [float32]" -> "plain"."""
+    for dtype in ("float32", "bfloat16", "float16"):
+        suffix = twin_name("", dtype)
+        if method.endswith(suffix):
+            return method[:-len(suffix)]
+    return method
 
 
 def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> None:
@@ -505,7 +511,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
         twins = {"plain": {}, **drafters.build(other)}
         if other_few_rows:
             _use_few_rows(other, twins)
-        built.update({f"{name} [{other_dtype}]": {**kw, "target": other} for name, kw in twins.items()})
+        built.update({twin_name(name, other_dtype): {**kw, "target": other} for name, kw in twins.items()})
     rows = []
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
