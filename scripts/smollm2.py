@@ -16,7 +16,8 @@ runs again, so a killed recipe resumes at the step it was in):
    the trees' looked-up path where it matches a longer n-gram than prompt lookup);
 4. training, side by side for the same wall time, at the same precision (--precision; by default
    the one faster on this CPU: train/hardware.py) and one thread each: the eagle3 head
-   (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache;
+   (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache
+   (the head that ends first, the prophet at its max_steps, hands its thread to the other: train.threads);
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also at gamma auto,
@@ -71,11 +72,13 @@ HEADS = ("eagle3", "prophet")
 # r13's H100 head's, which met issue 16's goals on both prompt sets: 40,000 prompts drawn (24,120
 # distinct), 12,288 rows cached in 105 s of generation, 2,514 steps of 64 rows with 6 unroll steps in
 # 4 min 50 s, 13 passes over the rows (docs/smollm2_history.md, "A head trained on a lent H100,
-# decoded with packed bf16 weights"). On a CPU, CPU_DEFAULTS
+# decoded with packed bf16 weights"). On a CPU, CPU_DEFAULTS: 4,096 rows, as many as --cache-minutes
+# allows where that is fewer (a Zen 5 EPYC cached 2,048 in 10.5 minutes, and its head, 4.8 passes over
+# them, stopped gaining on held-out rows while its training loss fell: docs/smollm2_history.md)
 GPU_DEFAULTS = {"cache_batch": 4096, "prompts": 40000, "rows": 12288, "train_minutes": 5,
                 "train": ["trainer.accelerator=gpu", "data.batch_size=64", "data.num_workers=8",
                           "trainer.val_check_interval=500", "task.ttt_steps=6", "optim.warmup_steps=100"]}
-CPU_DEFAULTS = {"prompts": 2048, "rows": 2048, "train_minutes": 30}
+CPU_DEFAULTS = {"prompts": 4096, "rows": 4096, "train_minutes": 30}
 
 
 def device_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -97,23 +100,53 @@ def max_time(minutes: float) -> str:
 
 
 def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
-                  runs: dict[str, Path]) -> list[list[str]]:
+                  runs: dict[str, Path], threads_file: Path | None = None) -> list[list[str]]:
     """The commands that train the heads (--heads: eagle3 and prophet) side by side on the cache,
-    for the same wall time at the same precision (--precision, else the one faster on the device)."""
+    for the same wall time at the same precision (--precision, else the one faster on the device).
+    `threads_file`: on a CPU, each run takes its CPU threads from it (`train.threads`), where
+    `side_by_side` hands over the threads of a head that ended."""
     from train.hardware import fast_precision
 
     gpu = args.device == "cuda"
+    share = [f"callbacks.threads_file.path={threads_file}"] if threads_file is not None and not gpu else []
     # the evaluation callback decodes only at the end (every=0): the comparison decodes each head anyway, and
     # in the experiments' rhythm (every 3rd validation) its decoding took 9% of the eagle3 head's 30 minutes
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
             f"trainer.max_time={max_time(args.train_minutes)}",
             f"trainer.precision={args.precision or fast_precision('gpu' if gpu else 'cpu')}",
-            "callbacks.speculative_eval.every=0", *(GPU_DEFAULTS["train"] if gpu else []), *args.train_args]
+            "callbacks.speculative_eval.every=0", *share, *(GPU_DEFAULTS["train"] if gpu else []), *args.train_args]
     commands = {"eagle3": [py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",
                            f"output_dir={runs['eagle3']}", "overwrite=true"],
                 "prophet": [py, "-m", "train", "experiment=smollm2_prophet", *same, f"output_dir={runs['prophet']}",
                             "overwrite=true"]}
     return [commands[h] for h in HEADS if h in args.heads]
+
+
+def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int,
+                 threads_file: Path | None = None) -> list[int]:
+    """Run `commands` at once from the repository, `threads` CPU threads each (OMP_NUM_THREADS), and
+    return their exit codes once all have ended. With `threads_file`, whenever one ends well the
+    threads it held go to those still running: the file (read by their `ThreadsFromFile`
+    callback, `train.threads`) then holds threads x commands // running; a file left by an
+    earlier run is removed first."""
+    from specdec_models.files import write_file
+
+    if threads_file is not None:
+        threads_file.unlink(missing_ok=True)
+    procs = [subprocess.Popen(c, cwd=REPO, env={**env, "OMP_NUM_THREADS": str(threads)}) for c in commands]
+    codes: list[int | None] = [None] * len(procs)
+    while None in codes:
+        time.sleep(0.5)
+        for i, proc in enumerate(procs):
+            if codes[i] is None and (code := proc.poll()) is not None:
+                codes[i] = code
+                running = codes.count(None)
+                if threads_file is not None and code == 0 and running:
+                    share = threads * len(procs) // running
+                    write_file(threads_file, lambda f, share=share: f.write(f"{share}\n".encode()))
+                    print(f"[side by side] command {i + 1} of {len(procs)} ended: the {running} left take "
+                          f"{share} threads each", flush=True)
+    return [int(code) for code in codes]
 
 
 def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, runs: dict[str, Path],
@@ -149,12 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/smollm2", help="the recipe's folder (steps resume inside it)")
     parser.add_argument("--text", default=str(TEXT), help="text for prompts (raw, .zip or .gz)")
-    # 2,048 rows and 6 student minutes keep the recipe inside 90 minutes on a host without AMX, where the cache
-    # of 3,072 rows took 38.9 minutes (docs/smollm2_history.md, "The same recipe on a host without AMX")
-    parser.add_argument("--prompts", type=int, default=None, help="training prompts (default 2048; 40000 with "
+    # the cache's 24 minutes and 6 student minutes keep the recipe inside 90 minutes on a host without AMX, where
+    # a cache of 3,072 rows took 38.9 minutes (docs/smollm2_history.md, "The same recipe on a host without AMX")
+    parser.add_argument("--prompts", type=int, default=None, help="training prompts (default 4096; 40000 with "
                                                                    "--device cuda)")
     parser.add_argument("--rows", type=int, default=None,
-                        help="cached rows, the target's answers (default 2048; 12288 with --device cuda)")
+                        help="cached rows, the target's answers (default 4096; 12288 with --device cuda)")
     parser.add_argument("--cache-minutes", type=float, default=24,
                         help="time budget of making the rows (the target loaded): a slower machine caches fewer than "
                              "--rows rather than overrun the recipe's 90 minutes; 0: no budget")
@@ -209,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     steps_file = out / "steps.json"
     done: dict[str, float] = json.loads(steps_file.read_text()) if steps_file.is_file() else {}
 
-    def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2) -> None:
+    def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2,
+             threads_file: Path | None = None) -> None:
         if STEPS.index(name) > STEPS.index(args.until):
             return
         if name in done and marker.exists():
@@ -217,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         print(f"[{name}] " + "\n    & ".join(" ".join(c) for c in commands), flush=True)
         t0 = time.perf_counter()
-        procs = [subprocess.Popen(c, cwd=REPO, env={**env, "OMP_NUM_THREADS": str(threads)}) for c in commands]
-        codes = [p.wait() for p in procs]
+        codes = side_by_side(commands, env, threads, threads_file)
         if any(codes):
             raise SystemExit(f"[{name}] failed (exit {codes}): fix it and run the recipe again to resume here")
         done[name] = time.perf_counter() - t0
@@ -250,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     step("datastore", [[py, "scripts/compare_hf_drafts.py", "datastore", "--cache", str(cache), "--out",
                         str(datastore)]], datastore)
     runs = {"eagle3": out / "eagle3", "prophet": out / "prophet", "student": out / "student"}
-    train = head_training(py, args, cache, counts, runs)
-    step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1)
+    threads_file = out / "train_threads"
+    train = head_training(py, args, cache, counts, runs, threads_file)
+    step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1, threads_file=threads_file)
     if args.student_minutes:
         student_models, corpus = out / "student_models", out / "student_corpus.jsonl"
         step("student_prep", [[py, "scripts/compare_hf_drafts.py", "student", "--out", str(student_models)],

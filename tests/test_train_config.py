@@ -215,10 +215,12 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
     args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision, device="cpu",
                               heads=["eagle3", "prophet"], train_args=[])
     runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
-    commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
+    commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs,
+                                    tmp_path / "threads")
     assert [c[3] for c in commands] == ["experiment=smollm2_eagle3", "experiment=smollm2_prophet"]
     for command in commands:
         cfg = compose(command[3:])
+        assert cfg.callbacks.threads_file.path == str(tmp_path / "threads")   # the head left takes the other's core
         assert cfg.trainer.precision == (precision or fast_precision("cpu"))
         assert cfg.trainer.max_time == "00:00:30:00" and cfg.data.seq_len == 256
         assert cfg.trainer.accelerator == "cpu" and not any(c.startswith("data.batch_size") for c in command)
@@ -237,9 +239,11 @@ def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overri
     args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
                               train_args=["task.ttt_steps=6"])
     runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
-    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
+    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs,
+                                     tmp_path / "threads")
     cfg = compose(command[3:])
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.callbacks.threads_file.path is None                     # no CPU threads to hand over
     assert cfg.data.batch_size == 64 and cfg.data.num_workers == 8 and cfg.trainer.val_check_interval == 500
     assert cfg.task.ttt_steps == 6 and cfg.optim.warmup_steps == 100 and cfg.trainer.max_time == "00:00:05:00"
     args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
@@ -249,10 +253,10 @@ def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overri
 
 
 @pytest.mark.parametrize("device, given, expected", [
-    ("cpu", {}, (2048, 2048, 30)),
+    ("cpu", {}, (4096, 4096, 30)),
     ("cuda", {}, (40000, 12288, 5)),
     ("cuda", {"rows": 4096, "train_minutes": 8.0}, (40000, 4096, 8.0)),
-    ("cpu", {"prompts": 100}, (100, 2048, 30)),
+    ("cpu", {"prompts": 100}, (100, 4096, 30)),
 ])
 def test_the_smollm2_recipe_sizes_its_data_and_training_for_the_device_unless_told(device, given, expected):
     # --device cuda: the prompts, rows and minutes of the H100 head that met the goals (r13); a value
