@@ -72,9 +72,9 @@ HEADS = ("eagle3", "prophet")
 # r13's H100 head's, which met issue 16's goals on both prompt sets: 40,000 prompts drawn (24,120
 # distinct), 12,288 rows cached in 105 s of generation, 2,514 steps of 64 rows with 6 unroll steps in
 # 4 min 50 s, 13 passes over the rows (docs/smollm2_history.md, "A head trained on a lent H100,
-# decoded with packed bf16 weights"). On a CPU, CPU_DEFAULTS: 4,096 rows, as many as --cache-minutes
-# allows where that is fewer (a Zen 5 EPYC cached 2,048 in 10.5 minutes, and its head, 4.8 passes over
-# them, stopped gaining on held-out rows while its training loss fell: docs/smollm2_history.md)
+# decoded with packed bf16 weights"). On a CPU, CPU_DEFAULTS: 4,096 rows, or as many as --cache-minutes
+# allows (a Zen 5 EPYC cached 2,048 in 10.5 minutes, and its head, 4.8 passes over them, stopped gaining
+# on held-out rows while its training loss fell: docs/smollm2_history.md, "More rows, and the idle core")
 GPU_DEFAULTS = {"cache_batch": 4096, "prompts": 40000, "rows": 12288, "train_minutes": 5,
                 "train": ["trainer.accelerator=gpu", "data.batch_size=64", "data.num_workers=8",
                           "trainer.val_check_interval=500", "task.ttt_steps=6", "optim.warmup_steps=100"]}
@@ -182,13 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/smollm2", help="the recipe's folder (steps resume inside it)")
     parser.add_argument("--text", default=str(TEXT), help="text for prompts (raw, .zip or .gz)")
-    # the cache's 24 minutes and 6 student minutes keep the recipe inside 90 minutes on a host without AMX, where
-    # a cache of 3,072 rows took 38.9 minutes (docs/smollm2_history.md, "The same recipe on a host without AMX")
+    # the cache's 21 minutes and 6 student minutes keep the recipe inside 90 minutes on the slowest host so far, an
+    # Intel Xeon without bf16 instructions: 2,048 rows in 20.6 minutes there, the recipe 83.7 (README, "Wall time")
     parser.add_argument("--prompts", type=int, default=None, help="training prompts (default 4096; 40000 with "
                                                                    "--device cuda)")
     parser.add_argument("--rows", type=int, default=None,
                         help="cached rows, the target's answers (default 4096; 12288 with --device cuda)")
-    parser.add_argument("--cache-minutes", type=float, default=24,
+    parser.add_argument("--cache-minutes", type=float, default=21,
                         help="time budget of making the rows (the target loaded): a slower machine caches fewer than "
                              "--rows rather than overrun the recipe's 90 minutes; 0: no budget")
     parser.add_argument("--cache-batch", type=int, default=None,
