@@ -17,7 +17,8 @@ runs again, so a killed recipe resumes at the step it was in):
 4. training, side by side for the same wall time, at the same precision (--precision; by default
    the one faster on this CPU: train/hardware.py) and one thread each: the eagle3 head
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache
-   (the head that ends first, the prophet at its max_steps, hands its thread to the other: train.threads);
+   (the head that ends first, the prophet at its max_steps, hands its thread to the other: train.threads;
+   one that fails stops the other, as the step then runs whole again on resume);
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also at gamma auto,
@@ -125,10 +126,11 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
 def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int,
                  threads_file: Path | None = None) -> list[int]:
     """Run `commands` at once from the repository, `threads` CPU threads each (OMP_NUM_THREADS), and
-    return their exit codes once all have ended. With `threads_file`, whenever one ends well the
-    threads it held go to those still running: the file (read by their `ThreadsFromFile`
-    callback, `train.threads`) then holds threads x commands // running; a file left by an
-    earlier run is removed first."""
+    return their exit codes once all have ended. One that fails stops the others (SIGTERM): the
+    step fails anyway and runs whole again when the recipe resumes, so their minutes would be lost.
+    With `threads_file`, whenever one ends well the threads it held go to those still running: the
+    file (read by their `ThreadsFromFile` callback, `train.threads`) then holds threads x commands
+    // running; a file left by an earlier run is removed first."""
     from specdec_models.files import write_file
 
     if threads_file is not None:
@@ -141,6 +143,12 @@ def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int,
             if codes[i] is None and (code := proc.poll()) is not None:
                 codes[i] = code
                 running = codes.count(None)
+                if code != 0 and running:
+                    print(f"[side by side] command {i + 1} of {len(procs)} failed (exit {code}): stopping the "
+                          f"{running} left", flush=True)
+                    for j, other in enumerate(procs):
+                        if codes[j] is None:
+                            other.terminate()
                 if threads_file is not None and code == 0 and running:
                     share = threads * len(procs) // running
                     write_file(threads_file, lambda f, share=share: f.write(f"{share}\n".encode()))

@@ -90,24 +90,22 @@ def test_side_by_side_hands_the_threads_of_a_run_that_ended_well_to_the_one_left
     assert seen.read_text() == "2\n"
 
 
-def test_side_by_side_hands_nothing_over_from_a_run_that_failed(tmp_path):
+def test_side_by_side_stops_the_others_when_one_fails_and_hands_nothing_over(tmp_path):
+    # the step fails anyway and runs whole again on resume: the others' minutes would be lost
     recipe = load_script("smollm2")
-    share, done = tmp_path / "threads", tmp_path / "first_done"
+    started, finished, share = tmp_path / "started", tmp_path / "finished", tmp_path / "threads"
     failing = script(tmp_path, "failing", f"""
-        import os, pathlib, sys
-        pathlib.Path({str(done)!r}).write_text(str(os.getpid()))
+        import pathlib, sys, time
+        while not pathlib.Path({str(started)!r}).exists():
+            time.sleep(0.05)
         sys.exit(3)
         """)
-    # it ends once the failing one has exited (a zombie until side_by_side reaps it): no run is left to
-    # take threads then, and the failure gave none
-    later = script(tmp_path, "later", f"""
+    # left alone it would end well after 120 s and say so; stopped, it ends by SIGTERM
+    long = script(tmp_path, "long", f"""
         import pathlib, time
-        done = pathlib.Path({str(done)!r})
-        while not done.exists() or not done.read_text():
-            time.sleep(0.05)
-        stat = pathlib.Path(f"/proc/{{done.read_text()}}/stat")
-        while stat.exists() and stat.read_text().split(") ")[-1][0] != "Z":
-            time.sleep(0.05)
+        pathlib.Path({str(started)!r}).write_text("")
+        time.sleep(120)
+        pathlib.Path({str(finished)!r}).write_text("")
         """)
-    assert recipe.side_by_side([failing, later], dict(os.environ), 1, share) == [3, 0]
-    assert not share.exists()
+    assert recipe.side_by_side([failing, long], dict(os.environ), 1, share) == [3, -15]
+    assert not finished.exists() and not share.exists()
