@@ -42,14 +42,16 @@ class ThreadsFromFile(L.Callback):
         except FileNotFoundError:
             return None
         except OSError as error:
-            return self.complain(f"cannot read it ({error.strerror})")
-        try:
-            threads = int(text.strip())
-        except ValueError:
-            threads = 0
-        return threads if threads >= 1 else self.complain(f"it holds {text.strip()[:40]!r}, not an integer >= 1")
+            self.complain(f"cannot read it ({error.strerror})")
+            return None
+        text = text.strip()
+        if not text.isdecimal() or int(text) < 1:
+            self.complain(f"it holds {text[:40]!r}, not an integer >= 1")
+            return None
+        return int(text)
 
     def complain(self, why: str) -> None:
+        """Warn once per run: the file is read before every step."""
         if not self.complained:
             log.warning(f"callbacks.threads_file: {self.path}: {why}; the threads stay {torch.get_num_threads()}")
             self.complained = True
