@@ -118,6 +118,7 @@ def check_inputs(args) -> None:
     elif args.command != "compare":
         return
     check_device(args.device)
+    check(args.also_dtype or not args.also_plain_only, "--also-plain-only goes with --also-dtype")
     if args.also_dtype:
         from specdec_models.hardware import resolve_dtype
 
@@ -233,6 +234,7 @@ def compare(args, loaded) -> dict:
                         check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
                         temperatures=tuple(args.temperatures), few_rows=few_rows,
                         other_dtype=args.also_dtype, other_few_rows=also_few_rows,
+                        other_drafters=not args.also_plain_only,
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel(),
@@ -356,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
                              "marked [DTYPE]; the drafters at batch 1 only, plain decoding at batch 8 too), and report "
                              "each speed-up over the faster of the two plain decodings too: for a host where the dtypes "
                              "race (few-row fp32 against bf16 instructions)")
+    parser.add_argument("--also-plain-only", action="store_true",
+                        help="compare: with --also-dtype, only plain decoding runs in the other dtype: where its "
+                             "drafters cannot pay and only its plain decoding may be the faster (bf16 on a CPU "
+                             "without bf16 instructions: specdec_models/hardware.py, racing_dtype)")
     parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
                         help="compare: compute the models' linear layers on few rows with the kernels of "
                              "specdec_models/few_rows.py (fp32: numba's or W @ x.T, oneDNN with packed weights; "

@@ -35,8 +35,9 @@ runs again, so a killed recipe resumes at the step it was in):
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
    interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU); on a
-   CPU with bf16 instructions but no AMX also in fp32, where plain decoding is faster, and every
-   speed-up is also given over the faster plain decoding (specdec_models/hardware.py, racing_dtype);
+   CPU with bf16 instructions but no AMX also in fp32, where plain decoding may be faster, on one
+   without them plain decoding also in bf16, for the same reason, and every speed-up is also given
+   over the faster plain decoding (specdec_models/hardware.py, racing_dtype);
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
@@ -162,18 +163,23 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
     """The comparison's command: every draft trained (--heads, the student unless --student-minutes
     is 0), prompt lookup and plain decoding on both evaluation sets, in --compare-rounds rounds (1 on
     a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU); on a CPU with bf16
-    instructions but no AMX, in fp32 too (`hardware.racing_dtype`). `datastore`: the eagle3 head's
+    instructions but no AMX, in fp32 too, and on one without them plain decoding in bf16 too
+    (`hardware.racing_dtype`). `datastore`: the eagle3 head's
     trees with a lookup also draft with it."""
-    from specdec_models.hardware import racing_dtype
+    from specdec_models.hardware import race_drafters, racing_dtype
 
     rounds = args.compare_rounds or (2 if args.device == "cuda" else 1)
     command = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
                "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
                "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(rounds), "--gamma", "4", "--dtype",
                "auto", "--device", args.device, "--out", str(out)]
-    # where bf16 instructions make trees cheap but fp32 plain decoding is faster (no AMX), both race
-    if racing_dtype(args.device) is not None:
-        command += ["--also-dtype", "float32"]
+    # where bf16 instructions make trees cheap but fp32 plain decoding is faster (no AMX), both race; without bf16
+    # instructions, bf16's plain decoding races the fp32 drafters
+    other = racing_dtype(args.device)
+    if other is not None:
+        command += ["--also-dtype", str(other).removeprefix("torch.")]
+        if not race_drafters(args.device):
+            command += ["--also-plain-only"]
     if "eagle3" in args.heads:
         command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--eagle3-auto", "--tree", "6,1,1,0.1",
                     "--tree", "8,4,3,4..16,0.2", "--tree", "8,4,3,4..16,0.1", "--tree", "5,1,1,2..4,0.4"]

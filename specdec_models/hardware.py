@@ -90,21 +90,39 @@ def fast_dtype(device: str | torch.device = "cpu") -> torch.dtype:
 
 
 def racing_dtype(device: str | torch.device = "cpu") -> torch.dtype | None:
-    """The dtype whose plain decoding may beat `fast_dtype(device)`'s on `device`: fp32 on a CPU with
-    bf16 dot products but no AMX, else None. There bf16 verifies many tokens cheaply (a tree), while a
-    1-token fp32 step with few-row layers is the faster plain decoding: on an AMD EPYC with
-    avx512_bf16 (interleaved, 200 cached tokens) a bf16 step took 46.4 ms, a numba few-row fp32 step
-    38.4; fp32 plain decoding ran 1.16-1.36x bf16's, and in two 8-prompt comparisons a bf16 tree was
-    the fastest drafting at T=0 (tied once with the fp32 tree) while fp32 chains beat bf16's (README,
-    "A host with bf16 instructions but no AMX"). With bf16 weights packed for oneDNN (r12) the two
-    plain decodings came within a few percent, either the faster by cell, so the race stays. So a
-    comparison there races both dtypes
-    (`compare_hf_drafts.py --also-dtype`) and reports speed-ups over the faster plain decoding. With
-    AMX a bf16 step costs half an fp32 one, and on a CUDA device bf16 is the faster: no race."""
+    """The dtype whose plain decoding may beat `fast_dtype(device)`'s on `device`, else None:
+    - fp32 on a CPU with bf16 dot products but no AMX. There bf16 verifies many tokens cheaply (a
+      tree), while a 1-token fp32 step with few-row layers is the faster plain decoding: on an AMD
+      EPYC with avx512_bf16 (interleaved, 200 cached tokens) a bf16 step took 46.4 ms, a numba
+      few-row fp32 step 38.4; fp32 plain decoding ran 1.16-1.36x bf16's, and in two 8-prompt
+      comparisons a bf16 tree was the fastest drafting at T=0 (tied once with the fp32 tree) while
+      fp32 chains beat bf16's (README, "A host with bf16 instructions but no AMX"). With bf16 weights
+      packed for oneDNN (r12) the two plain decodings came within a few percent, either the faster by
+      cell, so the race stays. Both dtypes' drafters race there (`race_drafters`).
+    - bf16 on a CPU without bf16 instructions (its flags known): a 1-token step reads half the
+      bytes in bf16, while every call on many tokens is dearer, so only bf16's plain decoding races
+      the fp32 drafters. On an AMD EPYC with AVX2 only (Zen 3, r23; `scripts/bench_hf.py
+      --verify-cost 4 8 16 --few-rows --dtype float32 --also-dtype bfloat16`), in units of an fp32
+      1-token step with torch's layers: a bf16 step with packed weights 0.60-0.67, a numba few-row
+      fp32 step 0.69-0.75, while a bf16 call on 8 tokens cost 2.1-2.3 against fp32's 1.0-1.1.
+    With AMX a bf16 step costs half an fp32 one, and on a CUDA device bf16 is the faster: no race. A
+    comparison where the dtypes race (`compare_hf_drafts.py --also-dtype`) reports speed-ups over the
+    faster plain decoding."""
     if cuda_device(device) is not False:
         return None
     flags = cpu_flags()
-    return torch.float32 if "avx512_bf16" in flags and "amx_bf16" not in flags else None
+    if not flags:
+        return None
+    if not BF16_INSTRUCTIONS & flags:
+        return torch.bfloat16
+    return torch.float32 if "amx_bf16" not in flags else None
+
+
+def race_drafters(device: str | torch.device = "cpu") -> bool:
+    """Whether the drafters race in `racing_dtype(device)` too, or only its plain decoding: they do
+    in fp32 beside bf16 instructions (few-row fp32 chains can beat bf16's), not in bf16 without them
+    (a bf16 verify of 8 tokens cost 2.1-2.3 fp32 steps on an AVX2 EPYC: no draft pays)."""
+    return racing_dtype(device) == torch.float32
 
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
@@ -112,4 +130,4 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     return fast_dtype(device) if name == "auto" else getattr(torch, name)
 
 
-__all__ = ["BF16_INSTRUCTIONS", "cpu_flags", "cpu_vendor", "cuda_device", "fast_dtype", "racing_dtype", "resolve_dtype"]
+__all__ = ["BF16_INSTRUCTIONS", "cpu_flags", "cpu_vendor", "cuda_device", "fast_dtype", "race_drafters", "racing_dtype", "resolve_dtype"]

@@ -66,14 +66,18 @@ def test_decoding_and_caching_on_a_cpu_run_in_bf16_only_with_bf16_instructions(m
 
 
 @pytest.mark.parametrize("cpuinfo, expected", [(EPYC_AVX512_BF16, torch.float32), (XEON_NO_AMX, torch.float32),
-                                               (XEON_AMX, None), (EPYC_AVX2, None), ("", None)])
-def test_fp32_races_bf16_only_on_a_cpu_with_bf16_instructions_and_no_amx(monkeypatch, machine, cpuinfo, expected):
+                                               (XEON_AMX, None), (EPYC_AVX2, torch.bfloat16), ("", None)])
+def test_the_dtypes_race_on_a_cpu_without_amx(monkeypatch, machine, cpuinfo, expected):
+    # fp32 (drafters too) races bf16 beside bf16 instructions without AMX; bf16's plain decoding alone races fp32
+    # without bf16 instructions; nothing with AMX, on a GPU, or where the flags are unknown
     machine(cpuinfo)
     monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: True)
     assert specdec_hardware.racing_dtype("cpu") == expected
+    assert specdec_hardware.race_drafters("cpu") == (expected == torch.float32)
     assert specdec_hardware.racing_dtype("cuda") is None                   # a GPU decodes in bf16 alone
+    assert not specdec_hardware.race_drafters("cuda")
     if expected is not None:                                               # the race is with auto's choice
-        assert specdec_hardware.fast_dtype("cpu") == torch.bfloat16
+        assert specdec_hardware.fast_dtype("cpu") != expected
 
 
 @pytest.mark.parametrize("bf16", [True, False])

@@ -360,6 +360,15 @@ def test_the_comparison_races_two_dtypes_of_the_target(online, hf, tmp_path, cap
     assert report["settings"]["also_dtype"] == "bfloat16"
     table = (out / "table.md").read_text()
     assert "over the fastest plain" in table and "Methods marked [bfloat16]" in table
+    # --also-plain-only: only plain decoding runs in the other dtype
+    assert load_script("compare_hf_drafts").main([
+        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
+        str(hf["prompts"]), "--chat", "--count", "1", "--batch1-count", "1", "--batch1-only", "--max-new-tokens", "4",
+        "--rounds", "1", "--gamma", "3", "--check-count", "1", "--dtype", "float32", "--also-dtype", "bfloat16",
+        "--also-plain-only", "--temperatures", "0", "--out", str(out)]) == 0, capsys.readouterr().err
+    rows = {r["method"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert list(rows) == ["plain", "eagle3 tiny", "plain [bfloat16]"]
+    assert all("speedup_over_fastest_plain" in r for r in rows.values())
 
 
 def test_the_comparison_refuses_its_own_dtype_as_the_other(hf, tmp_path, capsys):
@@ -370,6 +379,12 @@ def test_the_comparison_refuses_its_own_dtype_as_the_other(hf, tmp_path, capsys)
         "--dtype", "float32", "--also-dtype", "float32", "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert code == 2 and "--also-dtype float32 is the comparison's own dtype" in err and err.count("\n") == 1
+    assert not (tmp_path / "c").exists()
+    code = load_script("compare_hf_drafts").main([
+        "compare", "--target", str(hf["llama"]), "--prompt-lookup", "3", "--prompts", str(hf["prompts"]),
+        "--also-plain-only", "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--also-plain-only goes with --also-dtype" in err and err.count("\n") == 1
     assert not (tmp_path / "c").exists()
 
 

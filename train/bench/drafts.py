@@ -478,7 +478,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
                batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0),
                few_rows: bool = False, eos_id: int | None = None, other_dtype: str | None = None,
-               other_few_rows: bool = False) -> dict[str, Any]:
+               other_few_rows: bool = False, other_drafters: bool = True) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
     `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts; none for 0) and batch 8
     (all; not without `batch8`),
@@ -493,7 +493,9 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     `other_dtype` ("float32", "bfloat16"): plain decoding and every drafter also decode with a copy of
     the target in that dtype (methods named "... [dtype]", `other_few_rows` as `few_rows` for them),
     interleaved with the rest, and every row gets speedup_over_fastest_plain (`compare_drafters`):
-    on a host where the two dtypes race, the speed-up over the faster plain decoding.
+    on a host where the two dtypes race, the speed-up over the faster plain decoding. Without
+    `other_drafters` only plain decoding runs in the other dtype: where its drafters cannot pay (bf16 on
+    a CPU without bf16 instructions) and only its plain decoding may be the faster.
     Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
     import copy
 
@@ -508,7 +510,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     if few_rows:
         _use_few_rows(model, built)
     if other is not None:
-        twins = {"plain": {}, **drafters.build(other)}
+        twins = {"plain": {}, **(drafters.build(other) if other_drafters else {})}
         if other_few_rows:
             _use_few_rows(other, twins)
         built.update({twin_name(name, other_dtype): {**kw, "target": other} for name, kw in twins.items()})
