@@ -271,11 +271,15 @@ def test_an_interrupted_several_layer_cache_resumes_to_the_uninterrupted_rows(hf
                                         **{**REGENERATED, "prompts": hf["prompts"]})
 
 
-def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, tmp_path, monkeypatch):
-    # the writer's clock moves 10 s per batch written, so a 25 s budget lets two batches through
-    # (a batch is 4 rows or a shard's, whichever is fewer): a third would end at 30 s, past the
-    # budget, so it does not start (though 20 s < 25 s), and the cache holds the first rows, those
-    # of the full build
+@pytest.mark.parametrize("budget, whole, last", [(20.5, 8, 0), (25.0, 8, 1), (17.0, 4, 2)])
+def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, tmp_path, monkeypatch, budget, whole,
+                                                              last):
+    # the writer's clock moves 10 s per batch written, so 20 s pass in two batches (a batch is 4 rows
+    # or a shard's, whichever is fewer). A third whole batch would end at 30 s. With 20.5 s it does not
+    # start, and 0.5 s fit no row; with 25 s it starts smaller: the rows that should end within the 5 s
+    # left at the last batch's 2.5 s a row, less a tenth (1.8: one row); with 17 s, after one batch,
+    # 0.9 x 7 / 2.5 = 2.5 rows fit: 2. The cache holds the first rows, those of the full build, its
+    # smaller last batch rows of the same prompts
     import train.data.embeddings_cache as writer
 
     path, _ = regenerated
@@ -284,13 +288,26 @@ def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, t
     lines = []
     meta = build_hf_cache(hf["eager"], tmp_path / "budget", **{**REGENERATED, "prompts": hf["prompts"]},
                           progress=lambda tokens: clock.__setitem__(0, clock[0] + 10.0), report=lines.append,
-                          max_seconds=25)
-    rows = 2 * min(4, meta["rows_per_shard"])
-    assert clock[0] == 20.0                                  # done within the budget
+                          max_seconds=budget)
+    assert min(4, meta["rows_per_shard"]) == 4 and meta["batch_size"] == 4
+    rows = whole + last
     assert (meta["windows"], meta["requested_windows"], meta["tokens"]) == (rows, 12, rows * LONG) and rows < 12
     assert any(f"ran out after {rows} of 12 rows" in line for line in lines)
     assert check_cache(tmp_path / "budget")["windows"] == rows and not (tmp_path / "budget.partial").exists()
-    assert open_cache(tmp_path / "budget")[:].equals(open_cache(path)[:rows])
+    got, full = open_cache(tmp_path / "budget")[:], open_cache(path)[:rows]
+    assert got[:whole].equals(full[:whole])
+    for column in ("offset", "prompt_len"):                  # the smaller batch: the same prompts
+        assert got[column].to_pylist() == full[column].to_pylist()
+
+
+def test_a_last_batch_takes_the_rows_that_should_fit():
+    from train.data.embeddings_cache import last_batch_rows
+
+    assert last_batch_rows(60.0, 120.0, 256, 256) == 115                 # 0.9 x 60 / 120 x 256 = 115.2
+    assert last_batch_rows(500.0, 120.0, 256, 256) == 256                # never more than a batch
+    assert last_batch_rows(8.0, 120.0, 256, 256) == 0                    # 15.4 rows: under an eighth of 256
+    assert last_batch_rows(-1.0, 120.0, 256, 256) == 0                   # the budget already spent
+    assert last_batch_rows(60.0, 0.0, 0, 256) == 0                       # no batch timed yet
 
 
 def test_a_cache_can_leave_out_the_prompts_an_earlier_cache_continued(hf, tmp_path):

@@ -271,6 +271,16 @@ def check_build(out: str | os.PathLike, *, seq_len: int, windows: int, dtype: st
     return out
 
 
+def last_batch_rows(seconds_left: float, batch_seconds: float, batch_rows: int, batch_size: int) -> int:
+    """The rows of a last batch that should end within `seconds_left`, at the time per row of the
+    previous batch (`batch_rows` rows in `batch_seconds`) less a tenth for safety (a smaller batch
+    may take longer a row: the cost of a generating step falls less than its rows), or 0 where
+    under an eighth of a batch fits: so few rows are not worth a call."""
+    fit = int(0.9 * max(seconds_left, 0.0) / batch_seconds * batch_rows) if batch_seconds > 0 else 0
+    fit = min(fit, batch_size)
+    return fit if fit >= max(1, batch_size // 8) else 0
+
+
 def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int, windows: int, dtype: str,
                 top_k_logits: int, shard_size: str | int, seed: int, batch_size: int, overwrite: bool = False,
                 progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None,
@@ -279,10 +289,13 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     docstring), resuming a killed build of the same settings. `report(line)` hears the size the
     cache will take before any work, and what a resume keeps; `progress(tokens)` follows each batch.
     `max_seconds`: a time budget for this call; a batch starts only if, taking as long as the
-    previous one, it would end within it (the first batch always runs), and the cache holds the
-    rows written by then, the first rows of the full build (cache.json records "windows" written
-    and "requested_windows"): a slow machine gets fewer rows rather than a longer build. Returns
-    cache.json's contents, with the seconds this call took."""
+    previous one, it would end within it (the first batch always runs). Where a whole batch would
+    not, a last, smaller batch takes the rows that should end within it at the previous batch's time
+    per row, less a tenth (`last_batch_rows`; none where under an eighth of a batch fits). The cache
+    holds the rows written by then, the first rows of the full build (cache.json records "windows"
+    written and "requested_windows"; a smaller last batch's sampled rows are drawn by other draws than
+    the full batch's): a slow machine gets fewer rows rather than a longer build. Returns cache.json's
+    contents, with the seconds this call took."""
     t0 = time.perf_counter()
     check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     say = report or (lambda line: None)
@@ -332,7 +345,7 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
 
     features = _features(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
     written = windows                                    # rows in the cache: fewer when the time budget runs out
-    batch_seconds = 0.0                                  # how long this call's last batch took
+    batch_seconds, batch_rows = 0.0, 0                   # how long this call's last batch took, and its rows
     for k in range(shards):
         if k in kept:
             continue
@@ -344,11 +357,17 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
             with torch.inference_mode():
                 for start in range(first, last, batch_size):
                     began = time.perf_counter()
-                    # a batch starts only if it should end within the budget, as long as the last one took
+                    count = min(batch_size, last - start)
+                    # a batch starts only if it should end within the budget, as long as the last one took; a
+                    # smaller last batch takes what should fit
                     if max_seconds is not None and start > 0 and began - t0 + batch_seconds > max_seconds:
-                        written = start                 # out of time: rows 0..start-1 are the cache
-                        break
-                    tokens, extra = source.rows(start, min(batch_size, last - start))       # (b, n + 1)
+                        count = min(count, last_batch_rows(max_seconds - (began - t0), batch_seconds, batch_rows,
+                                                           batch_size))
+                        if not count:
+                            written = start             # out of time: rows 0..start-1 are the cache
+                            break
+                        written = start + count         # the last batch: rows 0..start+count-1 are the cache
+                    tokens, extra = source.rows(start, count)                               # (b, n + 1)
                     hidden = extra.pop("embeds", None)                                      # (b, n, k d)
                     if hidden is None:                  # the source computed none: one pass over its rows
                         hidden = model.hidden(tokens[:, :-1])
@@ -368,7 +387,9 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
                     writer.write_table(pa.table({name: columns[name] for name in features}))
                     if progress is not None:
                         progress(len(tokens) * seq_len)
-                    batch_seconds = time.perf_counter() - began
+                    batch_seconds, batch_rows = time.perf_counter() - began, count
+                    if written < windows:
+                        break
             if written > first:                         # the shard holds rows: a resume keeps it
                 writer.finalize()
                 os.replace(tmp, final)
