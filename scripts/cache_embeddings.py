@@ -68,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(specdec_models/hardware.py)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="HF: a time budget for making the rows once the target is loaded: a batch starts only "
-                             "if it should end within it (as long as the last one took), and the cache holds the rows "
-                             "made by then (the first rows of the full build)")
+                             "if it should end within it (as long as the last one took), else a smaller last batch of "
+                             "the rows that should, and the cache holds the rows made by then (the first rows of the "
+                             "full build)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing cache at --out")
     args = parser.parse_args(argv)
 
