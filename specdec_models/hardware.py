@@ -130,4 +130,5 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     return fast_dtype(device) if name == "auto" else getattr(torch, name)
 
 
-__all__ = ["BF16_INSTRUCTIONS", "cpu_flags", "cpu_vendor", "cuda_device", "fast_dtype", "race_drafters", "racing_dtype", "resolve_dtype"]
+__all__ = ["BF16_INSTRUCTIONS", "cpu_flags", "cpu_vendor", "cuda_device", "fast_dtype", "race_drafters", "racing_dtype",
+           "resolve_dtype"]
