@@ -152,6 +152,12 @@ class FewRowsLinear(nn.Linear):
     (W @ x.T).T for small fp32 calls and oneDNN with a packed weight for larger ones; oneDNN with a
     packed weight for bf16."""
 
+    def _apply(self, fn, *args, **kwargs):
+        # a cast or a move (.to, .bfloat16, .cuda) leaves a packed weight stale: drop it rather than keep
+        # its memory while the layer lives; the next call that uses one packs anew
+        _packed.pop(self, None)
+        return super()._apply(fn, *args, **kwargs)
+
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // self.in_features if self.in_features else 0
         weight = self.weight

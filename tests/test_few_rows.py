@@ -107,6 +107,19 @@ def test_bf16_calls_are_f_linears_bit_for_bit(shape):
     assert (layer in few_rows._packed) == packs(torch.bfloat16)
 
 
+def test_a_cast_drops_the_packed_weight_of_the_dtype_before(each_library):
+    # a layer packed in fp32, then cast to bf16: the fp32 pack is not kept (it is stale and as large as
+    # the weight); where oneDNN runs bf16 the first bf16 call packs the bf16 weight
+    layer = _layer(True)
+    if layer not in few_rows._packed:
+        pytest.skip("no packed fp32 product on this CPU or torch")
+    layer.to(torch.bfloat16)
+    assert layer not in few_rows._packed
+    with torch.no_grad():
+        layer(torch.randn(2, 48, dtype=torch.bfloat16))
+    assert (layer in few_rows._packed) == packs(torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dtype, each_library):
     if not (packs(dtype) or (dtype == torch.float32 and each_library == "mkl")):
