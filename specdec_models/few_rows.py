@@ -20,7 +20,7 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   checked once against `F.linear` before it is used (a layout MKL tied to the row count would fail
   there, and that shape takes the rule below).
 - fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs the earlier rounds ran on), up to
-  `SMALL_ROWS` rows: numba's kernel (`few_rows_kernel`, when numba is installed:
+  `SMALL_ROWS` rows (`small_rows_for`: 4 on a CPU with AVX-512, 10 on one without): numba's kernel (`few_rows_kernel`, when numba is installed:
   `pip install specdec[fast]`), which streams each weight row once and runs near the host's
   memory speed; on the AMD EPYC (AVX2) it made plain fp32 decoding of SmolLM2-135M 1.3-1.4x
   faster. Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL
@@ -29,9 +29,13 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   row twice) and the first kept.
 - fp32 elsewhere, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed
   once into its blocked layout (`torch.ops.mkldnn`), where torch has oneDNN; on the AMD EPYC with
-  avx512_bf16 it beat numba's kernel from 6 rows on (8 rows: 85 us against 103 for a 1536 x 576
-  weight) and SmolLM2's 16-token verify took 68 ms against 102. Without oneDNN, fp32 calls of up
-  to `MAX_ROWS` rows take the small-row kernel.
+  avx512_bf16 (Zen 5) it beat numba's kernel from 6 rows on (8 rows: 85 us against 103 for a 1536 x 576
+  weight) and SmolLM2's 16-token verify took 68 ms against 102. On a Zen 3 EPYC with AVX2 only,
+  numba's kernel won up to 10 rows: over all of SmolLM2's linear weights (2 threads, `python
+  scripts/bench_hf.py --matmul-rows 1 4 6 8 10 12 14 16`) it took 37.9 / 40.3 / 51.6 ms for 6 / 8 /
+  10 rows, where oneDNN took 47.1 / 47.3 / 56.2, and 61.9 against 59.3 for 12
+  (docs/smollm2_history.md, "Numba's kernel up to 10 rows without AVX-512 (r24)"). Without oneDNN,
+  fp32 calls of up to `MAX_ROWS` rows take the small-row kernel.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
   (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but
   hands it the weight in torch's plain layout at every call; here it is in oneDNN's blocked layout,
@@ -77,11 +81,20 @@ from torch import Tensor, nn
 
 from . import few_rows_kernel
 from .errors import check
-from .hardware import cpu_vendor
+from .hardware import cpu_flags, cpu_vendor
+
+
+def small_rows_for(flags: frozenset[str]) -> int:
+    """The most rows the "onednn" rule computes with the small-row kernel on a CPU with these
+    /proc/cpuinfo flags (module docstring): 4 with AVX-512 (oneDNN's packed product won from 6 rows
+    on the Zen 5), 10 with AVX2 but not AVX-512 (numba's kernel won up to 10 on the Zen 3), 4 where
+    the flags are unknown."""
+    return 10 if "avx2" in flags and "avx512f" not in flags else 4
+
 
 MAX_ROWS = 32                  # fp32 without oneDNN: the small-row kernel up to here
 LINEAR_ROWS = 3                # fp32 by the "mkl" rule: F.linear itself up to here, MKL's packed product above
-SMALL_ROWS = 4                 # fp32 by the "onednn" rule: the small-row kernel up to here, oneDNN above
+SMALL_ROWS = small_rows_for(cpu_flags())   # fp32 by the "onednn" rule: the small-row kernel up to here, oneDNN above
 PACKED_ROWS = 64               # fp32: packed weights up to here (MKL's, or oneDNN's), F.linear above
 PACK_ROWS = 16                 # the row count oneDNN chooses the packed layout for
 KERNELS = ("numba", "torch")

@@ -29,6 +29,7 @@ from specdec_models.few_rows import (
     resolve_few_rows,
     set_fp32_library,
     set_kernel,
+    small_rows_for,
     use_few_rows,
 )
 
@@ -328,3 +329,33 @@ def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel, each_l
                                             "F.linear (oneDNN cannot run bf16 here)")
         assert describe(torch.float32) == (f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to "
                                            f"{PACKED_ROWS}" if packed else f"{small} up to {MAX_ROWS} rows")
+
+
+@pytest.mark.parametrize(("flags", "rows"), [
+    ({"fpu", "sse2", "avx", "fma", "avx2"}, 10),                        # a Zen 3 EPYC: numba's kernel up to 10
+    ({"avx2", "avx512f", "avx512_bf16"}, 4),                             # a Zen 5 EPYC: oneDNN from 5
+    ({"avx2", "avx512f"}, 4),
+    (set(), 4),                                                          # no /proc/cpuinfo: the rule of before
+])
+def test_the_small_row_kernel_serves_more_rows_without_avx512(flags, rows):
+    assert small_rows_for(frozenset(flags)) == rows
+    assert 1 <= rows < PACKED_ROWS and rows <= MAX_ROWS
+
+
+def test_the_host_rule_picks_numba_below_and_onednn_above_small_rows(monkeypatch):
+    """Each side of this host's SMALL_ROWS takes its own path (numba's kernel, then oneDNN's packed weight)."""
+    if not (few_rows_kernel.available() and packs(torch.float32)):
+        pytest.skip("needs numba and oneDNN's packed fp32 product")
+    monkeypatch.setattr(few_rows, "_library", "onednn")
+    monkeypatch.setattr(few_rows, "_kernel", "numba")
+    numba_rows, packed_rows = [], []
+    real_numba, real_packed = few_rows_kernel.matmul_wt, few_rows._packed_linear
+    monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w: numba_rows.append(x.shape[0]) or real_numba(x, w))
+    monkeypatch.setattr(few_rows, "_packed_linear", lambda layer, x: packed_rows.append(x.shape[0]) or real_packed(layer, x))
+    layer = nn.Linear(48, 24)
+    use_few_rows(layer)
+    with torch.no_grad():
+        for rows in (1, SMALL_ROWS, SMALL_ROWS + 1):
+            x = torch.randn(rows, 48)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert numba_rows == [1, SMALL_ROWS] and packed_rows == [SMALL_ROWS + 1]
