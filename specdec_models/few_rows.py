@@ -75,6 +75,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -169,6 +170,7 @@ class FewRowsLinear(nn.Linear):
         # a cast or a move (.to, .bfloat16, .cuda) leaves a packed weight stale: drop it rather than keep
         # its memory while the layer lives; the next call that uses one packs anew
         _packed.pop(self, None)
+        _arrays.pop(self, None)
         return super()._apply(fn, *args, **kwargs)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -194,12 +196,13 @@ class FewRowsLinear(nn.Linear):
             return _packed_linear(self, x)
         if rows > MAX_ROWS:
             return F.linear(x, weight, self.bias)
-        flat = x.reshape(rows, self.in_features)
+        flat = x if x.dim() == 2 else x.reshape(rows, self.in_features)
         if _kernel == "numba" and cpu and x.dtype == torch.float32:
-            out = few_rows_kernel.matmul_wt(flat, weight)
+            shape = None if x.dim() == 2 else (*x.shape[:-1], self.out_features)    # ints, not a torch.Size
+            out = few_rows_kernel.matmul_wt(flat, weight, _weight_array(self), shape)
             if self.bias is not None:
                 out += self.bias
-            return out.reshape(*x.shape[:-1], self.out_features)
+            return out
         if rows == 1:
             flat = torch.cat([flat, flat])
         out = torch.mm(weight, flat.t()).t()[:rows]
@@ -237,6 +240,24 @@ def _packed_weight(layer: nn.Linear, library: str = "onednn") -> Tensor | None:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
     _packed[layer] = (weight, weight._version, library, weight.data_ptr(), packed)
     return packed
+
+
+# a layer's weight as a numpy array for numba's kernel: (the weight, its version, its storage's address,
+# the array, which shares the weight's memory); kept beside the layer like a packed weight
+_arrays: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+
+
+def _weight_array(layer: nn.Linear) -> np.ndarray:
+    """The layer's fp32 weight as a numpy array (the same memory), made again when the weight is
+    another tensor or storage; an in-place update shows through the shared memory, and the version
+    check drops the array then anyway (cheap), as `_packed_weight` does for packed weights."""
+    weight = layer.weight
+    hit = _arrays.get(layer)
+    if hit is not None and hit[0] is weight and hit[1] == weight._version and hit[2] == weight.data_ptr():
+        return hit[3]
+    array = weight.detach().contiguous().numpy()
+    _arrays[layer] = (weight, weight._version, weight.data_ptr(), array)
+    return array
 
 
 def _mkl_layout_checked(weight: Tensor, packed: Tensor) -> bool:
@@ -281,6 +302,7 @@ def _pack(layers: Iterable[nn.Module]) -> None:
 def _forget_packed(layers: Iterable[nn.Module]) -> None:
     for layer in layers:
         _packed.pop(layer, None)
+        _arrays.pop(layer, None)
 
 
 _packs: dict[torch.dtype, bool] = {}

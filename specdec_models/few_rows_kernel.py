@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from functools import cache
 
 import numpy as np
@@ -58,9 +59,10 @@ def _compiled():
     import numba
 
     @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
-    def xwt(w, x, out):                    # pragma: no cover - compiled; checked against F.linear in the tests
+    def xwt(w, x):                         # pragma: no cover - compiled; checked against F.linear in the tests
         n_out, k_in = w.shape
         rows = x.shape[0]
+        out = np.empty((rows, n_out), np.float32)     # allocated here: cheaper than torch.empty and .numpy()
         for n in numba.prange(n_out):
             r = 0
             while r + 4 <= rows:                        # four rows of x per pass over the weight row
@@ -94,16 +96,31 @@ def _compiled():
                 for k in range(k_in):
                     a0 += w[n, k] * x[r, k]
                 out[r, n] = a0
+        return out
 
     return numba, xwt
 
 
-def matmul_wt(x: Tensor, weight: Tensor) -> Tensor:
+# the thread count numba was last told to use, by Python thread (numba's setting is per thread):
+# setting it costs microseconds, and a decoding step makes hundreds of products
+_threads: dict[int, int] = {}
+
+
+def matmul_wt(x: Tensor, weight: Tensor, array: np.ndarray | None = None,
+              shape: tuple[int, ...] | None = None) -> Tensor:
     """x @ weight.T for x (rows, in) and weight (out, in), both fp32 CPU tensors: a new (rows, out)
-    tensor. The caller checks dtype, device and that no gradient is wanted (`few_rows`)."""
+    tensor, or of `shape` (a tuple of ints, rows x out in all). The caller checks dtype, device and
+    that no gradient is wanted (`few_rows`); `array`, where given, is `weight` as a numpy array
+    (`few_rows` keeps one per layer: making it costs microseconds at every call). The shape is set
+    in numpy, before torch sees the array: a view of a tensor made from numpy cost about 12 us here,
+    a decoding step makes hundreds of products, and a 1-row product of SmolLM2's computes in 30-100 us."""
     numba, xwt = _compiled()
-    x = x.contiguous()
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    xwt(weight.detach().contiguous().numpy(), x.numpy(), out.numpy())
-    return out
+    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+    thread = threading.get_ident()
+    if _threads.get(thread) != threads:
+        numba.set_num_threads(threads)
+        _threads[thread] = threads
+    if array is None:
+        array = weight.detach().contiguous().numpy()
+    out = xwt(array, x.contiguous().numpy())
+    return torch.from_numpy(out if shape is None else out.reshape(shape))

@@ -225,7 +225,7 @@ def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kern
     # one too where oneDNN cannot take it; bf16, torch's kernel and MKL's rule do not
     calls = []
     real = few_rows_kernel.matmul_wt
-    monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w: calls.append(x.shape) or real(x, w))
+    monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w, *a: calls.append(x.shape) or real(x, w, *a))
     layer = _layer(True)
     with torch.no_grad():
         layer(torch.randn(3, 48))
@@ -350,7 +350,7 @@ def test_the_host_rule_picks_numba_below_and_onednn_above_small_rows(monkeypatch
     monkeypatch.setattr(few_rows, "_kernel", "numba")
     numba_rows, packed_rows = [], []
     real_numba, real_packed = few_rows_kernel.matmul_wt, few_rows._packed_linear
-    monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w: numba_rows.append(x.shape[0]) or real_numba(x, w))
+    monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w, *a: numba_rows.append(x.shape[0]) or real_numba(x, w, *a))
     monkeypatch.setattr(few_rows, "_packed_linear", lambda layer, x: packed_rows.append(x.shape[0]) or real_packed(layer, x))
     layer = nn.Linear(48, 24)
     use_few_rows(layer)
