@@ -20,17 +20,17 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   checked once against `F.linear` before it is used (a layout MKL tied to the row count would fail
   there, and that shape takes the rule below).
 - fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs the earlier rounds ran on), up to
-  `SMALL_ROWS` rows (`small_rows_for`: 4 on a CPU with AVX-512, 10 on one without): numba's kernel (`few_rows_kernel`, when numba is installed:
-  `pip install specdec[fast]`), which streams each weight row once and runs near the host's
-  memory speed; on the AMD EPYC (AVX2) it made plain fp32 decoding of SmolLM2-135M 1.3-1.4x
-  faster. Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL
+  `SMALL_ROWS` rows (`small_rows_for`: 4 on a CPU with AVX-512, 10 on one without): numba's kernel
+  (`few_rows_kernel`, when numba is installed: `pip install specdec[fast]`), which streams each
+  weight row once and runs near the host's memory speed; on the AMD EPYC (AVX2) it made plain fp32
+  decoding of SmolLM2-135M 1.3-1.4x faster. Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL
   kernel: there a 4-token verify cost 0.91-0.93 of torch's 1-token step. For a single row MKL's
   matrix-vector kernel is itself slower than its 2-row product, so one row is computed as two (the
   row twice) and the first kept.
 - fp32 elsewhere, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed
   once into its blocked layout (`torch.ops.mkldnn`), where torch has oneDNN; on the AMD EPYC with
-  avx512_bf16 (Zen 5) it beat numba's kernel from 6 rows on (8 rows: 85 us against 103 for a 1536 x 576
-  weight) and SmolLM2's 16-token verify took 68 ms against 102. On a Zen 3 EPYC with AVX2 only,
+  avx512_bf16 (Zen 5) it beat numba's kernel from 6 rows on (8 rows: 85 us against 103 for a 1536
+  x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102. On a Zen 3 EPYC with AVX2 only,
   numba's kernel won up to 10 rows: over all of SmolLM2's linear weights (2 threads, `python
   scripts/bench_hf.py --matmul-rows 1 4 6 8 10 12 14 16`) it took 37.9 / 40.3 / 51.6 ms for 6 / 8 /
   10 rows, where oneDNN took 47.1 / 47.3 / 56.2, and 61.9 against 59.3 for 12
@@ -58,7 +58,8 @@ evaluation callback decodes so between training steps); switching the layer back
 `fp32_library()` names the library of fp32 calls ("mkl" or "onednn"), `set_fp32_library` picks
 one (`SPECDEC_FEW_ROWS_FP32=onednn` in the environment does it at import); `kernel()` names the
 small-row fp32 kernel of the "onednn" rule, `set_kernel` picks one (`SPECDEC_FEW_ROWS_KERNEL=torch`
-likewise); `packs(dtype)` says whether oneDNN's packed path serves that dtype here.
+likewise), `set_small_rows` the most rows it takes (`SPECDEC_FEW_ROWS_SMALL=4` likewise);
+`packs(dtype)` says whether oneDNN's packed path serves that dtype here.
 
 `use_few_rows(module)` switches every `nn.Linear` of a module to `FewRowsLinear` in place (the
 class only: parameters, tied weights and state_dict stay as they are); `use_few_rows(module,
@@ -154,8 +155,23 @@ def set_kernel(name: str) -> str:
     return before
 
 
+def set_small_rows(rows: int) -> int:
+    """Compute fp32 CPU products of up to `rows` rows with the small-row kernel by the "onednn" rule
+    (1 to `MAX_ROWS`; the default is `small_rows_for` this CPU's flags); returns the count used
+    before, so a caller can restore it (or time one rule against another)."""
+    global SMALL_ROWS
+    check(isinstance(rows, int) and not isinstance(rows, bool) and 1 <= rows <= MAX_ROWS,
+          f"the small-row kernel's rows must be an integer from 1 to {MAX_ROWS}, got {rows!r}")
+    before, SMALL_ROWS = SMALL_ROWS, rows
+    return before
+
+
 if os.environ.get("SPECDEC_FEW_ROWS_KERNEL"):
     set_kernel(os.environ["SPECDEC_FEW_ROWS_KERNEL"])
+if os.environ.get("SPECDEC_FEW_ROWS_SMALL"):
+    _small = os.environ["SPECDEC_FEW_ROWS_SMALL"]
+    check(_small.isdigit(), f"SPECDEC_FEW_ROWS_SMALL must be an integer from 1 to {MAX_ROWS}, got {_small!r}")
+    set_small_rows(int(_small))
 if os.environ.get("SPECDEC_FEW_ROWS_FP32"):
     set_fp32_library(os.environ["SPECDEC_FEW_ROWS_FP32"])
 
@@ -248,9 +264,9 @@ _arrays: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary
 
 
 def _weight_array(layer: nn.Linear) -> np.ndarray:
-    """The layer's fp32 weight as a numpy array (the same memory), made again when the weight is
-    another tensor or storage; an in-place update shows through the shared memory, and the version
-    check drops the array then anyway (cheap), as `_packed_weight` does for packed weights."""
+    """The layer's fp32 weight as a numpy array sharing its memory, made again when the weight is
+    another tensor, storage or version: the checks `_packed_weight` makes (an in-place update would
+    show through the shared memory anyway)."""
     weight = layer.weight
     hit = _arrays.get(layer)
     if hit is not None and hit[0] is weight and hit[1] == weight._version and hit[2] == weight.data_ptr():

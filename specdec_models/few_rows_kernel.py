@@ -101,9 +101,10 @@ def _compiled():
     return numba, xwt
 
 
-# the thread count numba was last told to use, by Python thread (numba's setting is per thread):
-# setting it costs microseconds, and a decoding step makes hundreds of products
-_threads: dict[int, int] = {}
+# the thread count numba was last told to use in this Python thread (numba's setting is per thread, and
+# so is this record: a new thread starts without one): setting it costs microseconds, and a decoding
+# step makes hundreds of products
+_told = threading.local()
 
 
 def matmul_wt(x: Tensor, weight: Tensor, array: np.ndarray | None = None,
@@ -116,10 +117,9 @@ def matmul_wt(x: Tensor, weight: Tensor, array: np.ndarray | None = None,
     a decoding step makes hundreds of products, and a 1-row product of SmolLM2's computes in 30-100 us."""
     numba, xwt = _compiled()
     threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    thread = threading.get_ident()
-    if _threads.get(thread) != threads:
+    if getattr(_told, "threads", None) != threads:
         numba.set_num_threads(threads)
-        _threads[thread] = threads
+        _told.threads = threads
     if array is None:
         array = weight.detach().contiguous().numpy()
     out = xwt(array, x.contiguous().numpy())

@@ -29,6 +29,7 @@ from specdec_models.few_rows import (
     resolve_few_rows,
     set_fp32_library,
     set_kernel,
+    set_small_rows,
     small_rows_for,
     use_few_rows,
 )
@@ -359,3 +360,13 @@ def test_the_host_rule_picks_numba_below_and_onednn_above_small_rows(monkeypatch
             x = torch.randn(rows, 48)
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
     assert numba_rows == [1, SMALL_ROWS] and packed_rows == [SMALL_ROWS + 1]
+
+
+def test_set_small_rows_moves_the_line_and_refuses_bad_counts(monkeypatch):
+    monkeypatch.setattr(few_rows, "SMALL_ROWS", few_rows.SMALL_ROWS)          # restored after the test
+    before = set_small_rows(6)
+    assert few_rows.SMALL_ROWS == 6 and set_small_rows(before) == 6 and few_rows.SMALL_ROWS == before
+    for bad in (0, MAX_ROWS + 1, 2.5, True, "4"):
+        with pytest.raises(SpecdecError, match="small-row kernel's rows"):
+            set_small_rows(bad)
+    assert few_rows.SMALL_ROWS == before

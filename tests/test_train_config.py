@@ -330,7 +330,6 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
         compare.main(command[2:])
     assert parsed[-1].also_dtype == "float32" and parsed[-1].dtype == "auto" and not parsed[-1].also_plain_only
     racing["cpu"] = torch.bfloat16          # a CPU without bf16 instructions: bf16's plain decoding alone races
-    monkeypatch.setattr(hardware, "race_drafters", lambda device: False)
     command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c")
     with pytest.raises(Parsed):
         compare.main(command[2:])
