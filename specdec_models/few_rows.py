@@ -23,8 +23,9 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   `SMALL_ROWS` rows (`small_rows_for`: 4 on a CPU with AVX-512, 10 on one without): numba's kernel
   (`few_rows_kernel`, when numba is installed: `pip install specdec[fast]`), which streams each
   weight row once and runs near the host's memory speed; on the AMD EPYC (AVX2) it made plain fp32
-  decoding of SmolLM2-135M 1.3-1.4x faster. Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL
-  kernel: there a 4-token verify cost 0.91-0.93 of torch's 1-token step. For a single row MKL's
+  decoding of SmolLM2-135M 1.3-1.4x faster. Without numba, torch's own product taken the other
+  way round, (W @ x.T).T, another MKL kernel: there a 4-token verify cost 0.91-0.93 of torch's
+  1-token step. For a single row MKL's
   matrix-vector kernel is itself slower than its 2-row product, so one row is computed as two (the
   row twice) and the first kept.
 - fp32 elsewhere, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed
@@ -34,7 +35,7 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   numba's kernel won up to 10 rows: over all of SmolLM2's linear weights (2 threads, `python
   scripts/bench_hf.py --matmul-rows 1 4 6 8 10 12 14 16`) it took 37.9 / 40.3 / 51.6 ms for 6 / 8 /
   10 rows, where oneDNN took 47.1 / 47.3 / 56.2, and 61.9 against 59.3 for 12
-  (docs/smollm2_history.md, "Numba's kernel up to 10 rows without AVX-512 (r24)"). Without oneDNN,
+  (docs/smollm2_history.md, "Numba's kernel up to 10 rows without AVX-512", r24). Without oneDNN,
   fp32 calls of up to `MAX_ROWS` rows take the small-row kernel.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
   (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but
@@ -214,7 +215,7 @@ class FewRowsLinear(nn.Linear):
             return F.linear(x, weight, self.bias)
         flat = x if x.dim() == 2 else x.reshape(rows, self.in_features)
         if _kernel == "numba" and cpu and x.dtype == torch.float32:
-            shape = None if x.dim() == 2 else (*x.shape[:-1], self.out_features)    # ints, not a torch.Size
+            shape = None if flat is x else (*x.shape[:-1], self.out_features)      # ints, not a torch.Size
             out = few_rows_kernel.matmul_wt(flat, weight, _weight_array(self), shape)
             if self.bias is not None:
                 out += self.bias

@@ -26,7 +26,8 @@ decodes at the end of its training) would still start a pool of every core, and 
 fight over the cores: on a 2-core Intel Xeon each decoded 1-2 tokens/s instead of 15 alone, 9.7
 with a pool of one thread. So unless NUMBA_NUM_THREADS is set, the pool gets torch's thread count
 at the first product (`_pool_size`); a product then runs on min(torch's threads, the pool), told
-to numba only when that count changes (telling it cost 2.5-3 us, a product of SmolLM2's 30-100).
+to numba only when that count changes (telling it cost 2.5-3 us; SmolLM2's 210 decoder-layer products
+took 21.5 ms for one row, about 100 us each).
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def matmul_wt(x: Tensor, weight: Tensor, array: np.ndarray | None = None,
     that no gradient is wanted (`few_rows`); `array`, where given, is `weight` as a numpy array
     (`few_rows` keeps one per layer: making it costs microseconds at every call). The shape is set
     in numpy, before torch sees the array: a view of a tensor made from numpy cost about 12 us here,
-    a decoding step makes hundreds of products, and a 1-row product of SmolLM2's computes in 30-100 us."""
+    a decoding step makes hundreds of products, and a 1-row product of SmolLM2's decoder layers
+    computes in about 100 us."""
     numba, xwt = _compiled()
     threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
     if getattr(_told, "threads", None) != threads:

@@ -351,8 +351,10 @@ def test_the_host_rule_picks_numba_below_and_onednn_above_small_rows(monkeypatch
     monkeypatch.setattr(few_rows, "_kernel", "numba")
     numba_rows, packed_rows = [], []
     real_numba, real_packed = few_rows_kernel.matmul_wt, few_rows._packed_linear
-    monkeypatch.setattr(few_rows_kernel, "matmul_wt", lambda x, w, *a: numba_rows.append(x.shape[0]) or real_numba(x, w, *a))
-    monkeypatch.setattr(few_rows, "_packed_linear", lambda layer, x: packed_rows.append(x.shape[0]) or real_packed(layer, x))
+    monkeypatch.setattr(few_rows_kernel, "matmul_wt",
+                        lambda x, w, *a: numba_rows.append(x.shape[0]) or real_numba(x, w, *a))
+    monkeypatch.setattr(few_rows, "_packed_linear",
+                        lambda layer, x: packed_rows.append(x.shape[0]) or real_packed(layer, x))
     layer = nn.Linear(48, 24)
     use_few_rows(layer)
     with torch.no_grad():
