@@ -19,6 +19,14 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   layout is packed for 64 rows and serves every row count up to them; each weight shape is
   checked once against `F.linear` before it is used (a layout MKL tied to the row count would fail
   there, and that shape takes the rule below).
+- fp32 by the "onednn" rule on a CPU with AVX2 but not AVX-512, where numba is installed
+  (`kernel()` "panels", `kernel_for`): every call of up to `PACKED_ROWS` rows takes numba's panel
+  kernel (`few_rows_panels`: the weight packed once into panels of 16 output columns, tiles of 6
+  rows by 16 columns held in registers). On the Zen 3 EPYC (AVX2, 2 threads) over all of
+  SmolLM2's linear weights (`python scripts/bench_hf.py --matmul-rows ...`; docs/smollm2_history.md,
+  "A panel kernel for verify calls (r25)") it took 25.9 / 33.3 / 49.9 / 153 ms for 1 / 10 / 16 /
+  64 rows, where numba's dot kernel took 26.6 / 46.7 / 76.0 / 281 and oneDNN's packed product
+  37.7 / 52.9 / 68.5 / 167: the rule below stays for other CPUs, where it is untimed.
 - fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs the earlier rounds ran on), up to
   `SMALL_ROWS` rows (`small_rows_for`: 4 on a CPU with AVX-512, 10 on one without): numba's kernel
   (`few_rows_kernel`, when numba is installed: `pip install specdec[fast]`), which streams each
@@ -58,7 +66,7 @@ evaluation callback decodes so between training steps); switching the layer back
 
 `fp32_library()` names the library of fp32 calls ("mkl" or "onednn"), `set_fp32_library` picks
 one (`SPECDEC_FEW_ROWS_FP32=onednn` in the environment does it at import); `kernel()` names the
-small-row fp32 kernel of the "onednn" rule, `set_kernel` picks one (`SPECDEC_FEW_ROWS_KERNEL=torch`
+fp32 kernel of the "onednn" rule ("panels", "numba" or "torch"), `set_kernel` picks one (`SPECDEC_FEW_ROWS_KERNEL=torch`
 likewise), `set_small_rows` the most rows it takes (`SPECDEC_FEW_ROWS_SMALL=4` likewise);
 `packs(dtype)` says whether oneDNN's packed path serves that dtype here.
 
@@ -82,7 +90,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import few_rows_kernel
+from . import few_rows_kernel, few_rows_panels
 from .errors import check
 from .hardware import cpu_flags, cpu_vendor
 
@@ -100,9 +108,20 @@ LINEAR_ROWS = 3                # fp32 by the "mkl" rule: F.linear itself up to h
 SMALL_ROWS = small_rows_for(cpu_flags())   # fp32 by the "onednn" rule: the small-row kernel up to here, oneDNN above
 PACKED_ROWS = 64               # fp32: packed weights up to here (MKL's, or oneDNN's), F.linear above
 PACK_ROWS = 16                 # the row count oneDNN chooses the packed layout for
-KERNELS = ("numba", "torch")
+KERNELS = ("panels", "numba", "torch")
 LIBRARIES = ("mkl", "onednn")
-_kernel = "numba" if few_rows_kernel.available() else "torch"
+
+
+def kernel_for(flags: frozenset[str], numba: bool) -> str:
+    """The fp32 kernel of the "onednn" rule on a CPU with these /proc/cpuinfo flags (module
+    docstring): "panels" with AVX2 but not AVX-512 (the Zen 3's timing), else "numba"; "torch" where
+    numba is not installed."""
+    if not numba:
+        return "torch"
+    return "panels" if "avx2" in flags and "avx512f" not in flags else "numba"
+
+
+_kernel = kernel_for(cpu_flags(), few_rows_kernel.available())
 
 
 def mkl_packs() -> bool:
@@ -140,18 +159,19 @@ def set_fp32_library(name: str) -> str:
 
 
 def kernel() -> str:
-    """The kernel `FewRowsLinear` computes fp32 CPU products of up to `SMALL_ROWS` rows with (and of
-    up to `MAX_ROWS` where torch has no oneDNN): "numba" or "torch"."""
+    """The kernel of fp32 CPU products by the "onednn" rule: "panels" (every call of up to
+    `PACKED_ROWS` rows), or "numba" or "torch" (calls of up to `SMALL_ROWS` rows, and of up to
+    `MAX_ROWS` where torch has no oneDNN)."""
     return _kernel
 
 
 def set_kernel(name: str) -> str:
-    """Compute fp32 CPU small-row products with `name` ("numba" needs numba installed); returns the
-    kernel used before, so a caller can restore it."""
+    """Compute fp32 CPU few-row products with `name` ("panels" and "numba" need numba installed);
+    returns the kernel used before, so a caller can restore it."""
     global _kernel
     check(name in KERNELS, f"the few-row kernel must be one of {', '.join(KERNELS)}, got {name!r}")
-    check(name != "numba" or few_rows_kernel.available(),
-          "the numba few-row kernel needs numba: pip install 'specdec[fast]' (or numba)")
+    check(name == "torch" or few_rows_kernel.available(),
+          f"the {name} few-row kernel needs numba: pip install 'specdec[fast]' (or numba)")
     before, _kernel = _kernel, name
     return before
 
@@ -209,6 +229,15 @@ class FewRowsLinear(nn.Linear):
                 flat = x.reshape(rows, self.in_features)
                 out = _MKL_LINEAR(flat if flat.is_contiguous() else flat.contiguous(), packed, weight, self.bias, rows)
                 return out if x.dim() == 2 else out.view(x.shape[:-1] + (self.out_features,))
+        if cpu and x.dtype == torch.float32 and _kernel == "panels":
+            if rows > PACKED_ROWS:
+                return F.linear(x, weight, self.bias)
+            flat = x if x.dim() == 2 else x.reshape(rows, self.in_features)
+            shape = None if flat is x else (*x.shape[:-1], self.out_features)
+            out = few_rows_panels.matmul_panels(flat, _packed_weight(self, "panels"), self.out_features, shape)
+            if self.bias is not None:
+                out += self.bias
+            return out
         if cpu and x.dtype == torch.float32 and SMALL_ROWS < rows <= PACKED_ROWS and packs(torch.float32):
             return _packed_linear(self, x)
         if rows > MAX_ROWS:
@@ -238,9 +267,10 @@ MKL_CHECK_ROWS = (1, 2, 3, 5, 16, 17, 33, PACKED_ROWS)
 
 
 def _packed_weight(layer: nn.Linear, library: str = "onednn") -> Tensor | None:
-    """The layer's weight packed for `library` ("mkl" or "onednn"): packed once, again when the
-    weight changed (another tensor, other storage, or an in-place update); None for MKL where its
-    layout failed the check for this weight's shape."""
+    """The layer's weight packed for `library` ("mkl", "onednn", or "panels": a numpy array of
+    `few_rows_panels.pack`): packed once, again when the weight changed (another tensor, other
+    storage, or an in-place update); None for MKL where its layout failed the check for this
+    weight's shape."""
     weight = layer.weight
     hit = _packed.get(layer)
     if (hit is not None and hit[0] is weight and hit[1] == weight._version and hit[2] == library
@@ -253,6 +283,8 @@ def _packed_weight(layer: nn.Linear, library: str = "onednn") -> Tensor | None:
         if library == "mkl":
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACKED_ROWS)
             packed = packed if _mkl_layout_checked(w, packed) else None
+        elif library == "panels":
+            packed = few_rows_panels.pack(w)
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
     _packed[layer] = (weight, weight._version, library, weight.data_ptr(), packed)
@@ -312,6 +344,8 @@ def _pack(layers: Iterable[nn.Module]) -> None:
             continue
         if w.dtype == torch.float32 and _library == "mkl":
             _packed_weight(layer, "mkl")
+        elif w.dtype == torch.float32 and _kernel == "panels":
+            _packed_weight(layer, "panels")
         elif w.dtype in (torch.float32, torch.bfloat16) and packs(w.dtype):
             _packed_weight(layer)
 
@@ -348,6 +382,8 @@ def describe(dtype: torch.dtype) -> str:
         return "oneDNN with packed weights" if packs(dtype) else "F.linear (oneDNN cannot run bf16 here)"
     if dtype == torch.float32 and _library == "mkl":
         return f"F.linear up to {LINEAR_ROWS} rows, MKL with packed weights up to {PACKED_ROWS}"
+    if dtype == torch.float32 and _kernel == "panels":
+        return f"numba's panel kernel up to {PACKED_ROWS} rows"
     if dtype == torch.float32 and packs(dtype):
         return f"{small} up to {SMALL_ROWS} rows, oneDNN with packed weights up to {PACKED_ROWS}"
     return f"{small} up to {MAX_ROWS} rows"

@@ -588,14 +588,15 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
 
     before = kernel(), fp32_library()
     costs = verify_costs(models["llama"], 8, [1, 3], repeats=2, few_rows=True)
-    fp32_only = {"chain, few rows, numba", "tree, few rows, numba"} if few_rows_kernel.available() else set()
+    fp32_only = ({"chain, few rows, numba", "tree, few rows, numba", "chain, few rows, panels", "tree, few rows, panels"}
+                 if few_rows_kernel.available() else set())
     fp32_only |= {"chain, few rows, mkl", "tree, few rows, mkl"} if mkl_packs() else set()
     assert set(costs) == {"chain", "tree", "chain, few rows", "tree, few rows"} | fp32_only
     assert costs["chain"][1] == 1.0
     assert (kernel(), fp32_library()) == before                                        # restored
     assert all(v > 0 for c in costs.values() for v in c.values())
     assert not any(isinstance(m, FewRowsLinear) for m in models["llama"].modules())     # switched back
-    # the same target in bf16 beside it, in the same unit; numba's kernel and MKL are timed for fp32 only
+    # the same target in bf16 beside it, in the same unit; numba's kernels and MKL are timed for fp32 only
     import copy
 
     twin = copy.deepcopy(models["llama"]).to(torch.bfloat16)
@@ -625,7 +626,7 @@ def test_matmul_costs_time_every_few_row_path_over_the_models_weights(models):
     from train.bench.hf import matmul_costs
 
     costs = matmul_costs(models["llama"], [1, 5], repeats=2)
-    want = {"F.linear"} | ({"numba"} if few_rows_kernel.available() else set())
+    want = {"F.linear"} | ({"numba", "panels"} if few_rows_kernel.available() else set())
     want |= ({"onednn"} if packs(torch.float32) else set()) | ({"mkl"} if mkl_packs() else set())
     assert set(costs) == want
     assert all(set(c) == {1, 5} and all(v > 0 for v in c.values()) for c in costs.values())

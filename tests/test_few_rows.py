@@ -1,6 +1,7 @@
 """Few-row linear layers (`specdec_models.few_rows`): the same function as `F.linear` up to fp32
 rounding at every row count, by MKL's packed product and by the other rule (either small-row kernel,
-torch's or numba's, and oneDNN's packed weights above them), bit for bit `F.linear` in bf16, MKL's
+torch's or numba's, and oneDNN's packed weights above them, or numba's panel kernel up to 64 rows),
+bit for bit `F.linear` in bf16, MKL's
 layout checked per weight shape, a packed weight packed again when the weight
 changes, torch's own path for training and large fp32 calls, switched in place and back without
 touching weights, and greedy decoding through them still the target's own."""
@@ -24,6 +25,7 @@ from specdec_models.few_rows import (
     few_rows_while,
     fp32_library,
     kernel,
+    kernel_for,
     mkl_packs,
     packs,
     resolve_few_rows,
@@ -35,10 +37,10 @@ from specdec_models.few_rows import (
 )
 
 
-@pytest.fixture(params=["torch", "numba"])
+@pytest.fixture(params=["torch", "numba", "panels"])
 def each_kernel(request):
-    """Run the test with each few-row kernel (numba's where numba is installed), then restore it."""
-    if request.param == "numba" and not few_rows_kernel.available():
+    """Run the test with each few-row kernel (numba's two where numba is installed), then restore it."""
+    if request.param != "torch" and not few_rows_kernel.available():
         pytest.skip("numba is not installed (pip install 'specdec[fast]')")
     before = set_kernel(request.param)
     yield request.param
@@ -188,14 +190,27 @@ def test_use_few_rows_switches_plain_linears_in_place_and_back():
         use_few_rows("model")
 
 
-def test_the_numba_kernel_is_chosen_where_it_is_installed_and_a_bad_choice_is_one_line(monkeypatch):
-    assert kernel() == ("numba" if few_rows_kernel.available() else "torch")
-    with pytest.raises(SpecdecError, match="must be one of numba, torch"):
+def test_a_numba_kernel_is_chosen_where_it_is_installed_and_a_bad_choice_is_one_line(monkeypatch):
+    from specdec_models.hardware import cpu_flags
+
+    assert kernel() == kernel_for(cpu_flags(), few_rows_kernel.available())
+    with pytest.raises(SpecdecError, match="must be one of panels, numba, torch"):
         set_kernel("mkl")
     monkeypatch.setattr(few_rows_kernel, "available", lambda: False)
-    with pytest.raises(SpecdecError, match="needs numba") as err:
-        set_kernel("numba")
-    assert "\n" not in str(err.value)
+    for name in ("numba", "panels"):
+        with pytest.raises(SpecdecError, match=f"the {name} few-row kernel needs numba") as err:
+            set_kernel(name)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("flags", "numba", "want"), [
+    ({"fpu", "sse2", "avx", "fma", "avx2"}, True, "panels"),          # a Zen 3 EPYC: the panel kernel up to 64 rows
+    ({"avx2", "avx512f", "avx512_bf16"}, True, "numba"),               # a Zen 5 EPYC: numba's dot kernel, then oneDNN
+    (set(), True, "numba"),                                             # no /proc/cpuinfo: the rule of before
+    ({"avx2"}, False, "torch"),                                         # no numba
+])
+def test_the_panel_kernel_is_the_rule_with_avx2_and_without_avx512(flags, numba, want):
+    assert kernel_for(frozenset(flags), numba) == want
 
 
 @pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
@@ -280,7 +295,9 @@ def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rul
         x = torch.randn(rows, 48)
         with torch.no_grad():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    if packs(torch.float32):                         # 5 and 64 rows: oneDNN's packed weight
+    if kernel() == "panels":                         # every row count: the panel kernel's packed weight
+        assert few_rows._packed[layer][2] == "panels"
+    elif packs(torch.float32):                       # 5 and 64 rows: oneDNN's packed weight
         assert few_rows._packed[layer][2] == "onednn"
 
 
@@ -322,6 +339,9 @@ def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel, each_l
     if each_library == "mkl":
         want = f"F.linear up to {LINEAR_ROWS} rows, MKL with packed weights up to {PACKED_ROWS}"
         assert describe(torch.float32) == want
+        return
+    if each_kernel == "panels":
+        assert describe(torch.float32) == f"numba's panel kernel up to {PACKED_ROWS} rows"
         return
     for packed in (True, False):
         monkeypatch.setitem(few_rows._packs, torch.bfloat16, packed)
@@ -372,3 +392,43 @@ def test_set_small_rows_moves_the_line_and_refuses_bad_counts(monkeypatch):
         with pytest.raises(SpecdecError, match="small-row kernel's rows"):
             set_small_rows(bad)
     assert few_rows.SMALL_ROWS == before
+
+
+@pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
+@pytest.mark.parametrize(("out", "inp"), [(80, 48), (37, 5), (16, 1), (3, 130)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 64])
+def test_the_panel_kernel_is_the_exact_product_up_to_fp32_rounding(out, inp, rows):
+    # every tile height (1-6 rows and their sums), outputs padded to whole panels of 16 and dropped
+    from specdec_models import few_rows_panels
+
+    g = torch.Generator().manual_seed(rows * 1000 + out)
+    w, x = torch.randn(out, inp, generator=g), torch.randn(rows, inp, generator=g)
+    packed = few_rows_panels.pack(w)
+    assert packed.shape == (-(-out // 16), inp, 16)
+    got = few_rows_panels.matmul_panels(x, packed, out)
+    assert got.shape == (rows, out) and got.is_contiguous()
+    torch.testing.assert_close(got.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+    shaped = few_rows_panels.matmul_panels(x, packed, out, (1, rows, out))
+    assert shaped.shape == (1, rows, out) and torch.equal(shaped[0], got)
+
+
+@pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
+def test_the_panel_rule_takes_every_fp32_call_up_to_packed_rows_and_f_linear_above(monkeypatch):
+    from specdec_models import few_rows_panels
+
+    monkeypatch.setattr(few_rows, "_library", "onednn")
+    monkeypatch.setattr(few_rows, "_kernel", "panels")
+    calls = []
+    real = few_rows_panels.matmul_panels
+    monkeypatch.setattr(few_rows_panels, "matmul_panels", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    layer = _layer(True)
+    assert few_rows._packed[layer][2] == "panels"                    # packed when switched
+    with torch.no_grad():
+        for rows in (1, SMALL_ROWS + 1, PACKED_ROWS, PACKED_ROWS + 1):
+            x = torch.randn(rows, 48)
+            got, want = layer(x), F.linear(x, layer.weight, layer.bias)
+            if rows > PACKED_ROWS:                                     # torch's own kernel: its very bits
+                assert torch.equal(got, want)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        layer.to(torch.bfloat16)(torch.randn(3, 48, dtype=torch.bfloat16))   # bf16: not the fp32 kernel
+    assert calls == [1, SMALL_ROWS + 1, PACKED_ROWS]

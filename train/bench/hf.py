@@ -131,10 +131,11 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
     drafting does. `few_rows` adds "chain, few rows" and "tree, few rows": the same calls on a copy
     of the model with its linear layers switched to `few_rows.FewRowsLinear` (once, a copy per
-    rule, so no timed call follows a fresh packing of the weights) by the "onednn" rule with
-    torch's small-row kernel; for an fp32 model where numba is installed "chain, few rows, numba"
-    and "tree, few rows, numba" with numba's (`few_rows_kernel`); and for an fp32 model where torch
-    has MKL "chain, few rows, mkl" and "tree, few rows, mkl" with MKL's packed product
+    rule, each packed under its own rule, so no timed call follows a fresh packing of the weights)
+    by the "onednn" rule with torch's small-row kernel; for an fp32 model where numba is installed
+    "chain, few rows, numba" and "tree, few rows, numba" with numba's (`few_rows_kernel`) and
+    ", panels" with its panel kernel (`few_rows_panels`); and for an fp32 model where torch has MKL
+    "chain, few rows, mkl" and "tree, few rows, mkl" with MKL's packed product
     (`few_rows.fp32_library`). bf16 few-row calls take oneDNN's packed weights whatever the kernel.
     `also`: the same target in another dtype (a copy), timed the same way beside it, its kinds
     named "[dtype] chain" and so on: a host where the dtypes race (`hardware.racing_dtype`) then
@@ -166,35 +167,45 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     kinds: dict[str, tuple[Any, str]] = {}                      # name -> (model, kind)
     for i, (one, dtype) in enumerate(zip(models, dtypes)):
         mine = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
-        if few_rows and dtype == torch.float32 and few_rows_kernel.available():   # numba's kernel serves fp32 only
-            mine += ["chain, few rows, numba", "tree, few rows, numba"]
+        if few_rows and dtype == torch.float32 and few_rows_kernel.available():   # numba's kernels serve fp32 only
+            mine += ["chain, few rows, numba", "tree, few rows, numba", "chain, few rows, panels",
+                     "tree, few rows, panels"]
         if few_rows and dtype == torch.float32 and mkl_packs():
             mine += ["chain, few rows, mkl", "tree, few rows, mkl"]
         prefix = f"[{str(dtype).removeprefix('torch.')}] " if i else ""
         kinds.update({prefix + kind: (one, kind) for kind in mine})
-    # each rule of few-row layers times its own copy of the model, switched and packed once: switching
-    # one model back and forth would pack it again before every call (untimed, but gigabytes of fresh
-    # memory between timed calls)
-    copies: dict[tuple[int, str], Any] = {}
+
+    def rule(kind: str) -> tuple[str, str] | None:           # (fp32 library, kernel) of a kind's layers
+        if "few rows" not in kind:
+            return None
+        last = kind.rsplit(", ", 1)[-1]
+        return ("mkl", "torch") if last == "mkl" else ("onednn", last if last in ("numba", "panels") else "torch")
+
+    # each rule of few-row layers times its own copy of the model, switched and packed once under that
+    # rule: switching one model back and forth would pack it again before every call (inside the timed
+    # call, and gigabytes of fresh memory between calls)
+    copies: dict[tuple[int, tuple[str, str]], Any] = {}
     kind_model: dict[str, Any] = {}
     before, library = kernel(), fp32_library()
     times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in kinds}
     try:
         for name, (one, kind) in kinds.items():
-            rule = "plain" if "few rows" not in kind else "mkl" if kind.endswith("mkl") else "onednn"
-            if rule != "plain" and (id(one), rule) not in copies:
+            layers = rule(kind)
+            if layers is not None and (id(one), layers) not in copies:
                 twin = copy.deepcopy(one)
-                set_fp32_library(rule)
+                set_fp32_library(layers[0])
+                set_kernel(layers[1])
                 use_few_rows(twin)
-                copies[id(one), rule] = twin
-            kind_model[name] = one if rule == "plain" else copies[id(one), rule]
+                copies[id(one), layers] = twin
+            kind_model[name] = one if layers is None else copies[id(one), layers]
         decoders = {id(m): HFDecoder(m) for m in kind_model.values()}
         for _ in range(repeats):
             for (name, n), seconds in times.items():
                 kind = kinds[name][1]
                 target = decoders[id(kind_model[name])]
-                set_kernel("numba" if kind.endswith("numba") else "torch")
-                set_fp32_library("mkl" if kind.endswith("mkl") else "onednn")
+                layers = rule(kind) or ("onednn", "torch")
+                set_fp32_library(layers[0])
+                set_kernel(layers[1])
                 cache = target.new_cache(1, context + n + 1)
                 target(ctx, cache=cache)
                 tokens = torch.randint(0, vocab, (1, n), generator=g)
@@ -213,13 +224,13 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
 def matmul_costs(model: Any, rows: list[int], repeats: int = 5, seed: int = 0) -> dict[str, dict[int, float]]:
     """Milliseconds to multiply `rows` rows by every linear weight of an fp32 `model` (its whole set
     of weights, streamed from memory as a decoding step streams them, without the step's other
-    work), by each path `few_rows.FewRowsLinear` can take: "F.linear" (torch's own), "numba" (where
-    numba is installed), "onednn" (the weights packed for oneDNN, where torch has it) and "mkl" (packed
+    work), by each path `few_rows.FewRowsLinear` can take: "F.linear" (torch's own), "numba" and
+    "panels" (where numba is installed), "onednn" (the weights packed for oneDNN, where torch has it) and "mkl" (packed
     for MKL for `PACKED_ROWS` rows, where torch has MKL). {path: {rows: ms}}, medians over `repeats`
     rounds, every path and row count interleaved within a round."""
     from torch import nn
 
-    from specdec_models import few_rows_kernel
+    from specdec_models import few_rows_kernel, few_rows_panels
     from specdec_models.few_rows import PACK_ROWS, PACKED_ROWS, mkl_packs, packs
 
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
@@ -231,6 +242,9 @@ def matmul_costs(model: Any, rows: list[int], repeats: int = 5, seed: int = 0) -
     paths: dict[str, Any] = {"F.linear": lambda n: [F.linear(inputs[n, w.shape[1]], w) for w in weights]}
     if few_rows_kernel.available():
         paths["numba"] = lambda n: [few_rows_kernel.matmul_wt(inputs[n, w.shape[1]], w) for w in weights]
+        panels = [few_rows_panels.pack(w) for w in weights]
+        paths["panels"] = lambda n: [few_rows_panels.matmul_panels(inputs[n, w.shape[1]], p, int(w.shape[0]))
+                                     for w, p in zip(weights, panels)]
     if packs(torch.float32):
         dnnl = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
         paths["onednn"] = lambda n: [torch.ops.mkldnn._linear_pointwise(inputs[n, w.shape[1]], p, None, "none", [], "")
