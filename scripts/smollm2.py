@@ -30,7 +30,10 @@ runs again, so a killed recipe resumes at the step it was in):
    (docs/smollm2_history.md, "Larger trees at T=0"; the 6,3,1 tree of earlier rounds left the
    comparison in r16, level with the 8,4,3 one and 4 minutes of its time); and with a 5-deep chain
    grown while it stays >= 0.4 plus a 2..4-token lookup, the fastest at T=0 in fp32 on a CPU:
-   docs/smollm2_history.md, "Few-row fp32 matmuls"; each tree with a lookup also with the
+   docs/smollm2_history.md, "Few-row fp32 matmuls"; and with an 8-deep tree of 2 children per node,
+   one node expanded per depth, grown while it stays >= 0.2, plus a 2..8-token lookup, the fastest
+   at T=0 in fp32 once verifies of up to 20 tokens got cheap: docs/smollm2_history.md, "A panel
+   kernel for verify calls on the Zen 3 EPYC (r25)"; each tree with a lookup also with the
    datastore; trees at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
@@ -182,7 +185,8 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
             command += ["--also-plain-only"]
     if "eagle3" in args.heads:
         command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--eagle3-auto", "--tree", "6,1,1,0.1",
-                    "--tree", "8,4,3,4..16,0.2", "--tree", "8,4,3,4..16,0.1", "--tree", "5,1,1,2..4,0.4"]
+                    "--tree", "8,4,3,4..16,0.2", "--tree", "8,4,3,4..16,0.1", "--tree", "5,1,1,2..4,0.4",
+                    "--tree", "8,2,1,2..8,0.2"]
         if datastore is not None:
             command += ["--datastore", str(datastore)]
     if "prophet" in args.heads:

@@ -322,7 +322,7 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
         assert (got.rounds, got.device, got.count, got.batch1_count) == (expected, device, 8, 2)
         assert got.prophet == str(runs["prophet"] / "export") and got.student == str(runs["student"] / "export")
         assert got.eagle3 == [f"specdec={runs['eagle3'] / 'export'}"] and got.eagle3_auto
-        assert got.tree == ["6,1,1,0.1", "8,4,3,4..16,0.2", "8,4,3,4..16,0.1", "5,1,1,2..4,0.4"]
+        assert got.tree == ["6,1,1,0.1", "8,4,3,4..16,0.2", "8,4,3,4..16,0.1", "5,1,1,2..4,0.4", "8,2,1,2..8,0.2"]
         assert got.also_dtype is None
     racing["cpu"] = torch.float32
     command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c")
