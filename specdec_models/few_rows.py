@@ -60,9 +60,10 @@ without oneDNN, MKL's own layout is used.
 The rule `few_rows_pays(device, dtype)`: fp32 on a CPU, and bf16 on a CPU that runs oneDNN's bf16
 kernels. Autograd is left to `F.linear`: a call that records gradients takes its path, so training
 is unchanged. A packed weight is kept beside its layer (not in it: state_dict and copies are
-untouched). It is packed when the layer is switched (so no decoding call pays for it) and again
-when the weight changes (another tensor, or an in-place update such as an optimizer step: the
-evaluation callback decodes so between training steps); switching the layer back drops it.
+untouched). It is packed when the layer is switched (the panel kernel is compiled then too, so no
+decoding call pays for either) and again when the weight changes (another tensor, or an in-place
+update such as an optimizer step: the evaluation callback decodes so between training steps);
+switching the layer back drops it.
 
 `fp32_library()` names the library of fp32 calls ("mkl" or "onednn"), `set_fp32_library` picks
 one (`SPECDEC_FEW_ROWS_FP32=onednn` in the environment does it at import); `kernel()` names the
@@ -346,6 +347,7 @@ def _pack(layers: Iterable[nn.Module]) -> None:
             _packed_weight(layer, "mkl")
         elif w.dtype == torch.float32 and _kernel == "panels":
             _packed_weight(layer, "panels")
+            few_rows_panels.compile_kernel()
         elif w.dtype in (torch.float32, torch.bfloat16) and packs(w.dtype):
             _packed_weight(layer)
 

@@ -135,7 +135,8 @@ def _tile(rows: int):
 
 @cache
 def _compiled():
-    """The kernel, compiled on first use (about 2 s; numba cannot cache intrinsics made at run time)."""
+    """The kernel, compiled on first use (about 2 s; numba cannot cache intrinsics made at run time):
+    `few_rows` calls this when it packs layers, so that no decoding call pays for it."""
     few_rows_kernel._pool_size()
     import numba
 
@@ -164,7 +165,14 @@ def _compiled():
                 t1(wp, x, out, p, r)
         return out
 
+    panels_wt(np.zeros((1, 1, PANEL), np.float32), np.zeros((1, 1), np.float32))   # compiled now, for these types
     return numba, panels_wt
+
+
+def compile_kernel() -> None:
+    """Compile the kernel now (once per process), where a caller would rather not pay for it in its
+    first product."""
+    _compiled()
 
 
 def matmul_panels(x: Tensor, panels: np.ndarray, out_features: int, shape: tuple[int, ...] | None = None) -> Tensor:

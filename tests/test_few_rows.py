@@ -421,8 +421,11 @@ def test_the_panel_rule_takes_every_fp32_call_up_to_packed_rows_and_f_linear_abo
     calls = []
     real = few_rows_panels.matmul_panels
     monkeypatch.setattr(few_rows_panels, "matmul_panels", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    compiled = []
+    real_compile = few_rows_panels.compile_kernel
+    monkeypatch.setattr(few_rows_panels, "compile_kernel", lambda: compiled.append(1) or real_compile())
     layer = _layer(True)
-    assert few_rows._packed[layer][2] == "panels"                    # packed when switched
+    assert few_rows._packed[layer][2] == "panels" and compiled         # packed and compiled when switched
     with torch.no_grad():
         for rows in (1, SMALL_ROWS + 1, PACKED_ROWS, PACKED_ROWS + 1):
             x = torch.randn(rows, 48)
