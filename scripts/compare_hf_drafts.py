@@ -364,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
                              "without bf16 instructions: specdec_models/hardware.py, racing_dtype)")
     parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
                         help="compare: compute the models' linear layers on few rows with the kernels of "
-                             "specdec_models/few_rows.py (fp32: numba's panel or dot kernel or W @ x.T, oneDNN or MKL with packed weights; "
-                             "bf16: oneDNN with packed weights); default auto: on a CPU in float32, and in bfloat16 "
-                             "where oneDNN runs bf16")
+                             "specdec_models/few_rows.py (fp32: numba's panel or dot kernel or W @ x.T, oneDNN or "
+                             "MKL with packed weights; bf16: oneDNN with packed weights); default auto: on a CPU in "
+                             "float32, and in bfloat16 where oneDNN runs bf16")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")

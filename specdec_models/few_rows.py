@@ -24,7 +24,7 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   kernel (`few_rows_panels`: the weight packed once into panels of 16 output columns, tiles of 6
   rows by 16 columns held in registers). On the Zen 3 EPYC (AVX2, 2 threads) over all of
   SmolLM2's linear weights (`python scripts/bench_hf.py --matmul-rows ...`; docs/smollm2_history.md,
-  "A panel kernel for verify calls (r25)") it took 25.9 / 33.3 / 49.9 / 153 ms for 1 / 10 / 16 /
+  "A panel kernel for verify calls on the Zen 3 EPYC (r25)") it took 25.9 / 33.3 / 49.9 / 153 ms for 1 / 10 / 16 /
   64 rows, where numba's dot kernel took 26.6 / 46.7 / 76.0 / 281 and oneDNN's packed product
   37.7 / 52.9 / 68.5 / 167: the rule below stays for other CPUs, where it is untimed.
 - fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs the earlier rounds ran on), up to
@@ -67,9 +67,10 @@ switching the layer back drops it.
 
 `fp32_library()` names the library of fp32 calls ("mkl" or "onednn"), `set_fp32_library` picks
 one (`SPECDEC_FEW_ROWS_FP32=onednn` in the environment does it at import); `kernel()` names the
-fp32 kernel of the "onednn" rule ("panels", "numba" or "torch"), `set_kernel` picks one (`SPECDEC_FEW_ROWS_KERNEL=torch`
-likewise), `set_small_rows` the most rows it takes (`SPECDEC_FEW_ROWS_SMALL=4` likewise);
-`packs(dtype)` says whether oneDNN's packed path serves that dtype here.
+fp32 kernel of the "onednn" rule ("panels", "numba" or "torch"), `set_kernel` picks one
+(`SPECDEC_FEW_ROWS_KERNEL=torch` likewise), `set_small_rows` the most rows the numba and torch
+kernels take (`SPECDEC_FEW_ROWS_SMALL=4` likewise); `packs(dtype)` says whether oneDNN's packed
+path serves that dtype here.
 
 `use_few_rows(module)` switches every `nn.Linear` of a module to `FewRowsLinear` in place (the
 class only: parameters, tied weights and state_dict stay as they are); `use_few_rows(module,
@@ -347,7 +348,7 @@ def _pack(layers: Iterable[nn.Module]) -> None:
             _packed_weight(layer, "mkl")
         elif w.dtype == torch.float32 and _kernel == "panels":
             _packed_weight(layer, "panels")
-            few_rows_panels.compile_kernel()
+            few_rows_panels.compile_kernel()             # once per process: a cached call after that
         elif w.dtype in (torch.float32, torch.bfloat16) and packs(w.dtype):
             _packed_weight(layer)
 

@@ -111,6 +111,15 @@ def _compiled():
 _told = threading.local()
 
 
+def tell_threads(numba) -> None:
+    """Run numba's next products on min(torch's threads, numba's pool), telling numba only when
+    that count changed in this Python thread (the module docstring): shared with `few_rows_panels`."""
+    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+    if getattr(_told, "threads", None) != threads:
+        numba.set_num_threads(threads)
+        _told.threads = threads
+
+
 def matmul_wt(x: Tensor, weight: Tensor, array: np.ndarray | None = None,
               shape: tuple[int, ...] | None = None) -> Tensor:
     """x @ weight.T for x (rows, in) and weight (out, in), both fp32 CPU tensors: a new (rows, out)
@@ -121,10 +130,7 @@ def matmul_wt(x: Tensor, weight: Tensor, array: np.ndarray | None = None,
     a decoding step makes hundreds of products, and a 1-row product of SmolLM2's decoder layers
     computes in about 100 us."""
     numba, xwt = _compiled()
-    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    if getattr(_told, "threads", None) != threads:
-        numba.set_num_threads(threads)
-        _told.threads = threads
+    tell_threads(numba)
     if array is None:
         array = weight.detach().contiguous().numpy()
     out = xwt(array, x.contiguous().numpy())

@@ -6,7 +6,7 @@ four rows that runs at the speed of reading the weights, but every four rows mor
 in which each step loads five vectors for four multiply-adds, and from 8 rows x no longer sits in
 L1: on the Zen 3 EPYC (AVX2, 2 cores) SmolLM2-135M's products took 68 ms for 16 rows where reading
 the weights takes 28 and the arithmetic 30 (docs/smollm2_history.md, "A panel kernel for verify
-calls (r25)"). oneDNN's packed product was no faster (66 ms).
+calls on the Zen 3 EPYC (r25)"). oneDNN's packed product was no faster (66-68 ms).
 
 Here the weight is packed once into panels of 16 output columns, (out / 16, in, 16): panel p, row
 k holds W[16p : 16p + 16, k]. A tile of up to 6 rows of x by one panel keeps its 6 x 16 sums in
@@ -17,7 +17,7 @@ further 6 rows, and a step's loads never outnumber its arithmetic. Numba's loop 
 find this layout from Python loops (it vectorises along k instead), so the tile is written in LLVM
 IR through `numba.extending.intrinsic` with 8-lane float vectors and `llvm.fma`, which LLVM lowers
 to the host's instructions (ymm FMAs with AVX2). The panels are split between numba's threads; the
-thread pool is `few_rows_kernel`'s (same sizing, same record of the count).
+thread pool is `few_rows_kernel`'s (same sizing, same record of the count: `tell_threads`).
 
 Rounding: each output is one sum per lane of k in order, by fused multiply-adds, so results differ
 from `F.linear`'s in the last bits (about 1e-6 relative), as every few-row path's do. The packed
@@ -38,12 +38,7 @@ from . import few_rows_kernel
 
 PANEL = 16          # output columns per panel: two vectors of 8 fp32 lanes
 LANES = 8
-TILE_ROWS = 6       # rows of x per tile: 6 x 2 accumulators, 2 weight vectors and a broadcast in 16 registers
-
-
-def available() -> bool:
-    """Whether numba (and so llvmlite) is installed: the kernel needs both."""
-    return few_rows_kernel.available()
+TILE_ROWS = 6       # rows of x per tile (t6 below): 6 x 2 sums, 2 weight vectors and a broadcast in 16 registers
 
 
 def pack(weight: np.ndarray | Tensor) -> np.ndarray:
@@ -146,12 +141,12 @@ def _compiled():
     def panels_wt(wp, x):                  # pragma: no cover - compiled; checked against F.linear in the tests
         panels = wp.shape[0]
         rows = x.shape[0]
-        out = np.empty((rows, panels * 16), np.float32)
+        out = np.empty((rows, panels * PANEL), np.float32)
         for p in numba.prange(panels):
             r = 0
-            while r + 6 <= rows:
+            while r + TILE_ROWS <= rows:
                 t6(wp, x, out, p, r)
-                r += 6
+                r += TILE_ROWS
             left = rows - r
             if left == 5:
                 t5(wp, x, out, p, r)
@@ -180,11 +175,7 @@ def matmul_panels(x: Tensor, panels: np.ndarray, out_features: int, shape: tuple
     out_features) tensor, or of `shape` (rows x out_features in all). The caller checks dtype,
     device, that no gradient is wanted and that in >= 1 (`few_rows`)."""
     numba, panels_wt = _compiled()
-    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    told = few_rows_kernel._told
-    if getattr(told, "threads", None) != threads:
-        numba.set_num_threads(threads)
-        told.threads = threads
+    few_rows_kernel.tell_threads(numba)
     out = panels_wt(panels, x.contiguous().numpy())
     if out.shape[1] != out_features:
         out = np.ascontiguousarray(out[:, :out_features])
