@@ -116,8 +116,9 @@ def test_tv_weight_adds_the_rejection_probability_of_a_sampled_draft(llama):
 
 
 def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama):
-    # steps 1.. computed for the needed chains only give exactly the full computation's outputs there
-    head = head_for(llama, draft=48, layers=[0, 1, 2])
+    # steps 1.. computed for the needed chains only, and step 0's outputs for the positions read
+    # only, give exactly the full computation's outputs there, and its gradients
+    head = head_for(llama, draft=48, layers=[0, 1, 2]).float()
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -129,14 +130,27 @@ def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama
     chains, real = needed_chains(mask, 4)
     assert real.sum(1).tolist() == [12, 28, 0]               # labels 1..3 steps ahead: t in 7..18, 0..27
     assert chains[0, :12].tolist() == list(range(7, 19)) and chains[1, :28].tolist() == list(range(28))
-    with torch.no_grad():
-        full = head.ttt_features(tokens, aux, 4)
-        some = head.ttt_features(tokens, aux, 4, chains)
-    torch.testing.assert_close(some[0], full[0])
+    queries = mask.clone()
+    queries[0, 7:20] = True
+    queries[1, :] = True
+    full = head.ttt_features(tokens, aux, 4)
+    some = head.ttt_features(tokens, aux, 4, chains, real, queries)
+    torch.testing.assert_close(some[0][queries], full[0][queries], rtol=1e-5, atol=1e-5)
+    assert not some[0][~queries].any()                      # never computed
+    weights = [torch.randn_like(f) for f in some]
     for k in (1, 2, 3):
+        assert not some[k][~real].any()
         for r in range(3):
             n = int(real[r].sum())
             torch.testing.assert_close(some[k][r, :n], full[k][r, chains[r, :n]], rtol=1e-5, atol=1e-5)
+    # the same weighted sum of the outputs read, through both: the same gradients
+    params = [p for name, p in head.named_parameters() if name.startswith(("fc.", "layers."))]
+    gathered = [full[0]] + [f.gather(1, chains[..., None].expand(-1, -1, f.shape[-1])) for f in full[1:]]
+    keep = [queries] + [real] * 3
+    dense = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, gathered, keep))
+    packed = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, some, keep))
+    for a, b in zip(torch.autograd.grad(dense, params), torch.autograd.grad(packed, params)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
 def test_the_target_embedding_is_shared_and_frozen(llama):

@@ -31,8 +31,10 @@ shifted by the step. The tokens fed are the row's (teacher forcing: a draft step
 the drafts before it were accepted, and then they equal the target's tokens). The loss of step k
 is the forward KL from the target's next-token distribution, renormalised over the draft
 vocabulary, to the head's, weighted by `ttt_decay`^k, over the positions whose label is an answer
-token (`label_mask`). Steps 1..K-1 run only the chains with such a label ahead (`needed_chains`):
-a prompt position feeds step 0's keys but no later step. Renormalising is the right handling of the mass outside the draft
+token (`label_mask`). Steps 1..K-1 run only the chains with such a label ahead (`needed_chains`),
+and step 0 runs its queries, attention output and feed-forward only where its output is read: a
+prompt position gives step 0 its keys and values and nothing more. Those positions are packed into
+one row for the layer's products, so padding to the longest row costs nothing. Renormalising is the right handling of the mass outside the draft
 vocabulary: among distributions q supported on the draft vocabulary V, the expected acceptance
 sum_x min(p(x), q(x)) is at most p(V), and q = p / p(V) attains it; the KL toward p / p(V) has
 exactly that q as its minimum.
@@ -191,11 +193,20 @@ class _Attention(nn.Module):
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (b, heads, n, d), keys and values (b, kv_heads, n, d), rotary applied."""
+        return (self.queries(x, cos, sin), *self.keys_values(x, cos, sin))
+
+    def queries(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Queries (b, heads, n, d) of x (b, n, 2H), rotary applied."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        return q * cos + rotate_half(q) * sin
+
+    def keys_values(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (b, kv_heads, n, d) of x (b, n, 2H), rotary applied to the keys."""
+        b, n, _ = x.shape
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+        return k * cos + rotate_half(k) * sin, v
 
 
 class _MLP(nn.Module):
@@ -222,8 +233,11 @@ class Eagle3Layer(nn.Module):
         self.mlp = _MLP(c)
 
     def qkv(self, emb: Tensor, feature: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(feature)], -1)
-        return self.self_attn.qkv(x, cos, sin)
+        return self.self_attn.qkv(self.attention_input(emb, feature), cos, sin)
+
+    def attention_input(self, emb: Tensor, feature: Tensor) -> Tensor:
+        """What q/k/v read: [input_layernorm(emb); hidden_norm(feature)] (..., 2H)."""
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(feature)], -1)
 
     def finish(self, feature: Tensor, attended: Tensor) -> Tensor:
         """The layer's output from its residual `feature` (b, n, H) and the attention's output (b, heads, n, d)."""
@@ -257,6 +271,25 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, ks: list[Tensor], vs: list[
         out = out + weights[..., T + j:T + j + 1] * expand(v)
     return out
 
+
+
+def _pack(x: Tensor, mask: Tensor) -> Tensor:
+    """The entries mask (b, n) of x (b, heads, n, d), packed into one row (1, heads, N, d)."""
+    return x.transpose(1, 2)[mask].transpose(0, 1)[None]
+
+
+def _unpack(x: Tensor, mask: Tensor) -> Tensor:
+    """x (1, heads, N, d) back at the entries mask (b, n) of a (b, heads, n, d) tensor, zeros elsewhere."""
+    out = x.new_zeros(*mask.shape, x.shape[1], x.shape[3])
+    out[mask] = x[0].transpose(0, 1)
+    return out.transpose(1, 2)
+
+
+def _unpack_rows(x: Tensor, mask: Tensor) -> Tensor:
+    """x (1, N, H) back at the entries mask (b, n) of a (b, n, H) tensor, zeros elsewhere."""
+    out = x.new_zeros(*mask.shape, x.shape[-1])
+    out[mask] = x[0]
+    return out
 
 def needed_chains(mask: Tensor, steps: int) -> tuple[Tensor, Tensor]:
     """The chains (head positions t) that unrolled steps 1..steps-1 must compute, given the label
@@ -461,11 +494,19 @@ class Eagle3Head(DraftHead):
 
     # -- training --------------------------------------------------------------------------------
 
-    def ttt_features(self, tokens: Tensor, aux: Tensor, steps: int, chains: Tensor | None = None) -> list[Tensor]:
+    def ttt_features(self, tokens: Tensor, aux: Tensor, steps: int, chains: Tensor | None = None,
+                     real: Tensor | None = None, queries: Tensor | None = None) -> list[Tensor]:
         """The layer's outputs (b, n - 1, H) of each training-time-test step on rows tokens (b, n + 1)
         with the target's aux hidden states aux (b, n, A*H) of tokens[:, :n] (see `ttt_logits`).
-        chains (b, M): compute steps 1.. for these head positions only (`needed_chains`); those
-        steps' outputs are then (b, M, H), row m being chain chains[:, m]."""
+
+        chains (b, M): compute steps 1.. for these head positions only (`needed_chains`), `real`
+        (b, M) marking those that are not padding (None: all); those steps' outputs are then
+        (b, M, H), row m being chain chains[:, m], zeros at padding. queries (b, n - 1): the head
+        positions whose step-0 output is needed (None: all; it must hold the real chains); every
+        position's keys and values are computed, since later positions attend to them, and the
+        other positions' step-0 output is zeros. The layer's products run on the positions computed
+        only, packed into one row, so a step's arithmetic follows the answer tokens a batch holds,
+        not its prompts or the longest row's."""
         check_positive_int(steps, "ttt steps")
         b, n = aux.shape[:2]
         T = n - 1                                    # head positions 0..T-1 (x_{t+1} and a label at t+1)
@@ -474,24 +515,36 @@ class Eagle3Head(DraftHead):
         feature = self.fuse(aux[:, :T])                                              # (b, T, H)
         padded = torch.cat([tokens, tokens.new_zeros(b, steps)], 1)
         layer = self.layers[0]
+        attention = layer.self_attn
         cos, sin = self.rotary(T + steps, dtype)
-        q, k0, v0 = layer.qkv(self.embed(padded[:, 1:1 + T]), feature, cos[:T], sin[:T])
-        feature = layer.finish(feature, ttt_attention(q, k0, v0, [], []))            # (b, T, H)
+        x = layer.attention_input(self.embed(padded[:, 1:1 + T]), feature)          # (b, T, 2H)
+        k0, v0 = attention.keys_values(x, cos[:T], sin[:T])
+        if queries is None:
+            feature = layer.finish(feature, ttt_attention(attention.queries(x, cos[:T], sin[:T]), k0, v0, [], []))
+        else:
+            at = torch.arange(T, device=x.device).expand(b, T)[queries]                          # (N,)
+            q = attention.queries(x[queries][None], cos[at], sin[at])                             # (1, heads, N, d)
+            attended = _pack(ttt_attention(_unpack(q, queries), k0, v0, [], []), queries)
+            feature = _unpack_rows(layer.finish(feature[queries][None], attended), queries)     # (b, T, H)
         out = [feature]
-        if chains is not None and steps > 1:
-            feature = feature.gather(1, chains[..., None].expand(-1, -1, feature.shape[-1]))     # (b, M, H)
+        if steps == 1:
+            return out
+        if chains is None:
+            chains = torch.arange(T, device=x.device).expand(b, T)
+        if real is None:
+            real = torch.ones_like(chains, dtype=torch.bool)
+        at = chains[real]                                                                         # (N,)
+        feature = feature.gather(1, chains[..., None].expand(-1, -1, feature.shape[-1]))[real][None]  # (1, N, H)
         ks: list[Tensor] = []
         vs: list[Tensor] = []
         for k in range(1, steps):
-            if chains is None:
-                fed, c, s, at = padded[:, 1 + k:1 + k + T], cos[k:k + T], sin[k:k + T], None
-            else:
-                fed, c, s, at = padded.gather(1, chains + 1 + k), cos[chains + k][:, None], sin[chains + k][:, None], chains
-            q, kk, vv = layer.qkv(self.embed(fed), feature, c, s)
-            ks.append(kk)
-            vs.append(vv)
-            feature = layer.finish(feature, ttt_attention(q, k0, v0, ks, vs, query_pos=at))
-            out.append(feature)
+            fed = padded.gather(1, chains + 1 + k)[real][None]                                   # (1, N)
+            q, kk, vv = layer.qkv(self.embed(fed), feature, cos[at + k], sin[at + k])
+            ks.append(_unpack(kk, real))
+            vs.append(_unpack(vv, real))
+            attended = ttt_attention(_unpack(q, real), k0, v0, ks, vs, query_pos=chains)
+            feature = layer.finish(feature, _pack(attended, real))
+            out.append(_unpack_rows(feature, real))
         return out
 
     def ttt_logits(self, tokens: Tensor, aux: Tensor, steps: int) -> list[Tensor]:
@@ -537,9 +590,10 @@ class Eagle3Head(DraftHead):
         losses, kls, hits, correct, counts = [], [], [], [], []
         # steps 1.. run only the chains with a counted label ahead (not the prompt's, not past EOS)
         chains, real = needed_chains(mask, steps)
+        queries = mask | torch.zeros_like(mask).scatter_(1, chains, real)      # step 0's outputs that are read
         every = torch.arange(T, device=aux.device).expand(b, T)
         alive = mask
-        for k, feature in enumerate(self.ttt_features(tokens, aux, steps, chains)):
+        for k, feature in enumerate(self.ttt_features(tokens, aux, steps, chains, real, queries)):
             at, ok = (every, torch.ones_like(mask)) if k == 0 else (chains, real)   # chain positions t
             label_at = (at + k).clamp(max=T - 1)                                      # label t + 1 + k
             sel = ok & (at + k < T) & mask.gather(1, label_at)
