@@ -34,10 +34,10 @@ vocabulary, to the head's, weighted by `ttt_decay`^k, over the positions whose l
 token (`label_mask`). Steps 1..K-1 run only the chains with such a label ahead (`needed_chains`),
 and step 0 runs its queries, attention output and feed-forward only where its output is read: a
 prompt position gives step 0 its keys and values and nothing more. Those positions are packed into
-one row for the layer's products, so padding to the longest row costs nothing. Renormalising is the right handling of the mass outside the draft
-vocabulary: among distributions q supported on the draft vocabulary V, the expected acceptance
-sum_x min(p(x), q(x)) is at most p(V), and q = p / p(V) attains it; the KL toward p / p(V) has
-exactly that q as its minimum.
+one row for the layer's products, so padding to the longest row costs nothing. Renormalising is
+the right handling of the mass outside the draft vocabulary: among distributions q supported on the
+draft vocabulary V, the expected acceptance sum_x min(p(x), q(x)) is at most p(V), and q = p / p(V)
+attains it; the KL toward p / p(V) has exactly that q as its minimum.
 
 Parameter names follow the speculators layout (`fc`, `layers.0.{input_layernorm, hidden_norm,
 self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `norm`, `lm_head`,
@@ -272,7 +272,6 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, ks: list[Tensor], vs: list[
     return out
 
 
-
 def _pack(x: Tensor, mask: Tensor) -> Tensor:
     """The entries mask (b, n) of x (b, heads, n, d), packed into one row (1, heads, N, d)."""
     return x.transpose(1, 2)[mask].transpose(0, 1)[None]
@@ -290,6 +289,7 @@ def _unpack_rows(x: Tensor, mask: Tensor) -> Tensor:
     out = x.new_zeros(*mask.shape, x.shape[-1])
     out[mask] = x[0]
     return out
+
 
 def needed_chains(mask: Tensor, steps: int) -> tuple[Tensor, Tensor]:
     """The chains (head positions t) that unrolled steps 1..steps-1 must compute, given the label
