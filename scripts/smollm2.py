@@ -82,7 +82,8 @@ HEADS = ("eagle3", "prophet")
 # on held-out rows while its training loss fell: docs/smollm2_history.md, "More rows, and the idle core")
 GPU_DEFAULTS = {"cache_batch": 4096, "prompts": 40000, "rows": 12288, "train_minutes": 5,
                 "train": ["trainer.accelerator=gpu", "data.batch_size=64", "data.num_workers=8",
-                          "trainer.val_check_interval=500", "task.ttt_steps=6", "optim.warmup_steps=100"]}
+                          "trainer.val_check_interval=500", "task.ttt_steps=6", "optim.warmup_steps=100",
+                          "task.ttt_ramp=0"]}   # the head that met the goals unrolled every step; the ramp is for CPUs
 CPU_DEFAULTS = {"prompts": 4096, "rows": 4096, "train_minutes": 30}
 
 

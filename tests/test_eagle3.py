@@ -4,6 +4,7 @@ vocabulary maps, and its bad inputs. Tiny random Llama and GPT-NeoX targets buil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
@@ -113,6 +114,31 @@ def test_tv_weight_adds_the_rejection_probability_of_a_sampled_draft(llama):
     assert torch.equal(mixed.step_kl, plain.step_kl)                                 # the KL is still reported alone
     assert 0 < float(tv[0]) < 1
     torch.testing.assert_close(mixed.loss, plain.loss + 2.0 * (tv[0] + 0.5 * tv[1]), rtol=1e-5, atol=1e-6)
+
+
+def test_feature_weight_adds_the_distance_to_the_targets_normed_last_layer(llama):
+    # feature_weight w adds w * smooth-L1(norm(f), last at the label), averaged over channels, per counted
+    # position to each step's KL, weighted alike; and its gradient reaches the layer
+    head = head_for(llama, draft=48, layers=[0, 1, 2]).float()
+    tokens = torch.randint(0, V, (2, 15))
+    aux, last = aux_states(llama, tokens[:, :-1], head.aux_layers)
+    mask = torch.ones(2, 14, dtype=torch.bool)
+    mask[:, :4] = False
+    with torch.no_grad():
+        plain = head.ttt_loss(tokens, aux, last, mask, steps=2, decay=0.5)
+        feats = head.ttt_features(tokens, aux, 2)
+        dist = []
+        for k, f in enumerate(feats):                                  # head position t predicts label t + 1 + k
+            n = 14 - 1 - k
+            d = F.smooth_l1_loss(head.norm(f[:, :n]), last[:, 1 + k:], reduction="none").mean(-1)
+            dist.append(d[mask[:, 1 + k:]].mean())
+    mixed = head.ttt_loss(tokens, aux, last, mask, steps=2, decay=0.5, feature_weight=3.0)
+    assert torch.equal(mixed.step_kl.detach(), plain.step_kl)                        # the KL is still reported alone
+    assert float(dist[0]) > 0
+    torch.testing.assert_close(mixed.loss.detach(), plain.loss + 3.0 * (dist[0] + 0.5 * dist[1]), rtol=1e-5, atol=1e-6)
+    head.zero_grad()
+    (mixed.loss - plain.loss).backward()
+    assert head.layers[0].mlp.down_proj.weight.grad.abs().sum() > 0
 
 
 def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama):

@@ -133,6 +133,8 @@ def test_head_init_layer_starts_the_heads_layer_from_the_targets(hf, tmp_path):
     ("counts_other_tokenizer", "another tokenizer"),
     ("ttt_steps", "task.ttt_steps"),
     ("tv_weight", "task.tv_weight must be a number >= 0"),
+    ("feature_weight", "task.feature_weight must be a number >= 0"),
+    ("ttt_ramp", r"task.ttt_ramp must be in \[0, 1\)"),
     ("other_kind", r"head.kind=prophet is trained by task=hf_prophet"),
     ("init_layer", "head.init_layer must be true or false"),
     ("unknown_kind", r"head.kind must be one of prophet, eagle3, got 'medusa'"),
@@ -141,7 +143,9 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
     from train.run import validate
     extra = {"aux_out_of_range": ["head.aux_layers=[1,2,9]"],
              "counts_missing": ["head.draft_vocab_size=8"],
-             "ttt_steps": ["task.ttt_steps=0"], "tv_weight": ["task.tv_weight=-1"], "other_kind": ["head.kind=prophet"],
+             "ttt_steps": ["task.ttt_steps=0"], "tv_weight": ["task.tv_weight=-1"],
+             "feature_weight": ["task.feature_weight=-0.5"], "ttt_ramp": ["task.ttt_ramp=1"],
+             "other_kind": ["head.kind=prophet"],
              "init_layer": ["head.init_layer=3"],
              "unknown_kind": ["head.kind=medusa"]}.get(case, [])
     if case == "counts_other_tokenizer":
@@ -205,6 +209,23 @@ def test_the_schedule_anneals_within_the_time_budget():
     assert opt.lr_factor(100, 100_000, time_fraction=1.0) == pytest.approx(0.1)
     assert opt.lr_factor(100, 100_000, time_fraction=0.5) == pytest.approx(0.55)
     assert opt.lr_factor(5, 100_000, time_fraction=0.9) == pytest.approx(0.6)        # warm-up is by steps
+
+
+def test_the_ramp_trains_draft_step_one_alone_for_its_share_of_the_steps(hf, tmp_path, monkeypatch):
+    # task.ttt_ramp=0.5 over 6 steps: steps 0-2 unroll one draft step, 3-5 all three; validation all three
+    from specdec_models.hf.eagle3 import Eagle3Head
+    seen = []
+    real = Eagle3Head.ttt_loss
+
+    def spy(self, *args, steps=4, **kw):
+        seen.append((self.training, steps))
+        return real(self, *args, steps=steps, **kw)
+
+    monkeypatch.setattr(Eagle3Head, "ttt_loss", spy)
+    out = run(cfg(hf, tmp_path / "run", "task.ttt_ramp=0.5", "callbacks.speculative_eval=null"))
+    assert out["global_step"] == 6
+    assert [s for training, s in seen if training] == [1, 1, 1, 3, 3, 3]
+    assert {s for training, s in seen if not training} == {3}
 
 
 def test_two_cpu_processes_train_the_head_each_on_its_share_of_the_cache(hf, caches, tmp_path):

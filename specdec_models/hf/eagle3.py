@@ -37,7 +37,9 @@ prompt position gives step 0 its keys and values and nothing more. Those positio
 one row for the layer's products, so padding to the longest row costs nothing. Renormalising is
 the right handling of the mass outside the draft vocabulary: among distributions q supported on the
 draft vocabulary V, the expected acceptance sum_x min(p(x), q(x)) is at most p(V), and q = p / p(V)
-attains it; the KL toward p / p(V) has exactly that q as its minimum.
+attains it; the KL toward p / p(V) has exactly that q as its minimum. An optional term
+(`feature_weight`) also pulls the head's normed output toward the target's normed last layer at
+the label's position: with the LM head's rows the target's, that vector is what gives p.
 
 Parameter names follow the speculators layout (`fc`, `layers.0.{input_layernorm, hidden_norm,
 self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `norm`, `lm_head`,
@@ -556,8 +558,8 @@ class Eagle3Head(DraftHead):
         return [self.logits(f[:, :T - k]) for k, f in enumerate(self.ttt_features(tokens, aux, steps))]
 
     def ttt_loss(self, tokens: Tensor, aux: Tensor, last: Tensor, label_mask: Tensor | None = None, *,
-                 steps: int = 4, decay: float = 0.8, tv_weight: float = 0.0, target_logits: Tensor | None = None,
-                 greedy_in_vocab: Tensor | None = None) -> TTTLoss:
+                 steps: int = 4, decay: float = 0.8, tv_weight: float = 0.0, feature_weight: float = 0.0,
+                 target_logits: Tensor | None = None, greedy_in_vocab: Tensor | None = None) -> TTTLoss:
         """The training-time-test loss (module docstring) on rows tokens (b, n + 1), with the
         target's aux hidden states aux (b, n, A*H) and its last-layer hidden states after the final
         norm last (b, n, H), both of tokens[:, :n]. label_mask (b, n): whether the target's
@@ -569,6 +571,9 @@ class Eagle3Head(DraftHead):
         `tv_weight`: add that multiple of the total-variation distance TV(p, q) = 1 - sum_x min(p(x),
         q(x)) to each step's KL (p renormalised over the draft vocabulary, as for the KL): the
         probability that a T = 1 draft from q is rejected (module docstring).
+        `feature_weight`: add that multiple of the smooth-L1 distance, averaged over the H
+        channels, between the head's normed output norm(f) and the target's `last` at the label's
+        position (module docstring: what the LM head reads there).
 
         Both LM heads (the head's and the target's rows) run at the counted positions only: in a
         regenerated row the prompt and the padding after EOS cost no logits (about half a row)."""
@@ -587,6 +592,7 @@ class Eagle3Head(DraftHead):
                 label = label.masked_fill(~greedy_in_vocab.to(aux.device)[mask], -1)
             row = torch.full((b, T), -1, dtype=torch.long, device=aux.device)        # (b, t) -> row of p
             row[mask] = torch.arange(int(mask.sum()), device=aux.device)
+            aim = last[:, 1:][mask.to(last.device)].to(aux.device).float() if feature_weight else None  # (M, H)
         losses, kls, hits, correct, counts = [], [], [], [], []
         # steps 1.. run only the chains with a counted label ahead (not the prompt's, not past EOS)
         chains, real = needed_chains(mask, steps)
@@ -598,12 +604,15 @@ class Eagle3Head(DraftHead):
             label_at = (at + k).clamp(max=T - 1)                                      # label t + 1 + k
             sel = ok & (at + k < T) & mask.gather(1, label_at)
             rows = row.gather(1, label_at)[sel]
-            logq = torch.log_softmax(self.logits(feature[sel]).float(), -1)                    # (Mk, draft)
+            normed = self.norm(feature[sel])                                          # (Mk, H)
+            logq = torch.log_softmax(self.lm_head(normed).float(), -1)                # (Mk, draft)
             kl = p_logp[rows] - (p[rows] * logq).sum(-1)                             # (Mk,) KL(p || q)
             count = sel.sum().clamp_min(1)
             loss = kl
             if tv_weight:                                   # rejection probability of a T = 1 draft
-                loss = kl + tv_weight * (1 - torch.minimum(p[rows], logq.exp()).sum(-1))
+                loss = loss + tv_weight * (1 - torch.minimum(p[rows], logq.exp()).sum(-1))
+            if feature_weight:                              # the target's normed last layer at the label
+                loss = loss + feature_weight * F.smooth_l1_loss(normed.float(), aim[rows], reduction="none").mean(-1)
             losses.append(loss.sum() / count * decay ** k)
             with torch.no_grad():
                 right = torch.zeros_like(sel)

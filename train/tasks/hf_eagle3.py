@@ -13,6 +13,12 @@ forward KL from the target's distribution renormalised over the draft vocabulary
 docstring of `specdec_models.hf.eagle3` says why renormalising is the right handling of the mass
 outside it). Only answer tokens count: for regenerated rows, the labels of the prompt and of
 everything after the row's end (EOS) are masked (`prompt_len`, `valid_len` of the cache).
+`task.ttt_ramp`: the share of the budget (the larger of the steps' and `max_time`'s share, as the
+schedule reads it) whose training steps unroll draft step 1 alone, at about a third of a 4-step
+step's cost, before the rest unrolls all `ttt_steps` (on in experiment=smollm2_eagle3:
+docs/smollm2_history.md, "Draft step 1 alone first (r27)"). `task.feature_weight` adds the
+smooth-L1 distance between the head's normed output and the target's normed last layer at the
+label (off: it changed nothing measured in a 10-minute run, same section).
 
 Draft vocabulary: the `head.draft_vocab_size` tokens the target emits most as its greedy choice
 on the training data, from a token-count file written by `scripts/draft_vocab.py` (which also
@@ -70,13 +76,19 @@ class Eagle3Options:
     ttt_steps: int = 4            # draft steps unrolled in training (each fed the head's own features)
     ttt_decay: float = 0.8        # weight of step k: ttt_decay ** k
     tv_weight: float = 0.0        # weight of the T = 1 rejection probability TV(p, q) beside the KL
+    feature_weight: float = 0.0   # weight of the smooth-L1 distance to the target's normed last layer
+    ttt_ramp: float = 0.0         # share of the budget that trains draft step 1 alone, before all ttt_steps
 
     def __post_init__(self) -> None:
         check_positive_int(self.ttt_steps, "task.ttt_steps")
         check(isinstance(self.ttt_decay, (int, float)) and 0 < self.ttt_decay <= 1,
               f"task.ttt_decay must be in (0, 1], got {self.ttt_decay!r}")
-        check(isinstance(self.tv_weight, (int, float)) and not isinstance(self.tv_weight, bool)
-              and 0 <= self.tv_weight < float("inf"), f"task.tv_weight must be a number >= 0, got {self.tv_weight!r}")
+        for name in ("tv_weight", "feature_weight"):
+            value = getattr(self, name)
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"),
+                  f"task.{name} must be a number >= 0, got {value!r}")
+        check(isinstance(self.ttt_ramp, (int, float)) and not isinstance(self.ttt_ramp, bool)
+              and 0 <= self.ttt_ramp < 1, f"task.ttt_ramp must be in [0, 1), got {self.ttt_ramp!r}")
 
 
 @dataclass(frozen=True)
@@ -212,6 +224,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
                 init_layer=sizes.init_layer and start is None,        # an export's weights replace any start
                 init_from=None if start is None else str(Path(sizes.init_from).resolve()),
                 ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), tv_weight=float(options.tv_weight),
+                feature_weight=float(options.feature_weight), ttt_ramp=float(options.ttt_ramp),
                 cache_layers=cache_layers,
                 metadata=metadata)
 
@@ -234,7 +247,7 @@ class HFEagle3Module(HFTargetHead, TaskModule):
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  draft_ids: list[int] | None = None, train_lm_head: bool = True, init_layer: bool = False,
                  init_from: str | None = None, ttt_steps: int = 4, ttt_decay: float = 0.8, tv_weight: float = 0.0,
-                 cache_layers: list[int] | None = None,
+                 feature_weight: float = 0.0, ttt_ramp: float = 0.0, cache_layers: list[int] | None = None,
                  optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
                  compile: bool = False) -> None:
         """`head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the
@@ -280,9 +293,20 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         tokens, aux, last, mask = self._inputs(batch)
         self.target                                                   # on the module's device
         ok = self.head.greedy_in_vocab(last[:, 1:]) if greedy else None
-        return self.head.ttt_loss(tokens, aux, last, mask, steps=self.hparams.ttt_steps,
+        return self.head.ttt_loss(tokens, aux, last, mask, steps=self.unrolled(),
                                   decay=self.hparams.ttt_decay, tv_weight=self.hparams.get("tv_weight", 0.0),
+                                  feature_weight=self.hparams.get("feature_weight", 0.0),
                                   greedy_in_vocab=ok), tokens.shape[0]
+
+    def unrolled(self) -> int:
+        """Draft steps unrolled now: one while training is within the first `ttt_ramp` of its
+        budget (the larger of the steps' and the time's share, as the schedule reads it), else
+        `ttt_steps`; validation always unrolls `ttt_steps`."""
+        ramp = self.hparams.get("ttt_ramp", 0.0)
+        if not ramp or not self.training or self._trainer is None:
+            return self.hparams.ttt_steps
+        progress = max(self.global_step / max(1, self.trainer.max_steps), self.time_fraction() or 0.0)
+        return 1 if progress < ramp else self.hparams.ttt_steps
 
     def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out, _ = self._loss(batch)
