@@ -95,13 +95,19 @@ def test_ttt_loss_masks_labels_and_learns(llama):
     assert float(loss.detach()) < 0.5 * first
 
 
-def test_tv_weight_adds_the_rejection_probability_of_a_sampled_draft(llama):
-    # tv_weight w adds w * (1 - sum_x min(p, q)) per counted position to each step's KL, weighted alike
+def loss_term_rows(llama):
+    """A 3-layer head on 2 rows of 15 tokens, their aux and last states, the first 4 labels masked."""
     head = head_for(llama, draft=48, layers=[0, 1, 2]).float()
     tokens = torch.randint(0, V, (2, 15))
     aux, last = aux_states(llama, tokens[:, :-1], head.aux_layers)
     mask = torch.ones(2, 14, dtype=torch.bool)
     mask[:, :4] = False
+    return head, tokens, aux, last, mask
+
+
+def test_tv_weight_adds_the_rejection_probability_of_a_sampled_draft(llama):
+    # tv_weight w adds w * (1 - sum_x min(p, q)) per counted position to each step's KL, weighted alike
+    head, tokens, aux, last, mask = loss_term_rows(llama)
     with torch.no_grad():
         plain = head.ttt_loss(tokens, aux, last, mask, steps=2, decay=0.5)
         mixed = head.ttt_loss(tokens, aux, last, mask, steps=2, decay=0.5, tv_weight=2.0)
@@ -119,11 +125,7 @@ def test_tv_weight_adds_the_rejection_probability_of_a_sampled_draft(llama):
 def test_feature_weight_adds_the_distance_to_the_targets_normed_last_layer(llama):
     # feature_weight w adds w * smooth-L1(norm(f), last at the label), averaged over channels, per counted
     # position to each step's KL, weighted alike; and its gradient reaches the layer
-    head = head_for(llama, draft=48, layers=[0, 1, 2]).float()
-    tokens = torch.randint(0, V, (2, 15))
-    aux, last = aux_states(llama, tokens[:, :-1], head.aux_layers)
-    mask = torch.ones(2, 14, dtype=torch.bool)
-    mask[:, :4] = False
+    head, tokens, aux, last, mask = loss_term_rows(llama)
     with torch.no_grad():
         plain = head.ttt_loss(tokens, aux, last, mask, steps=2, decay=0.5)
         feats = head.ttt_features(tokens, aux, 2)

@@ -135,6 +135,7 @@ def test_head_init_layer_starts_the_heads_layer_from_the_targets(hf, tmp_path):
     ("tv_weight", "task.tv_weight must be a number >= 0"),
     ("feature_weight", "task.feature_weight must be a number >= 0"),
     ("ttt_ramp", r"task.ttt_ramp must be in \[0, 1\)"),
+    ("feature_noise", "task.feature_noise must be a number >= 0"),
     ("other_kind", r"head.kind=prophet is trained by task=hf_prophet"),
     ("init_layer", "head.init_layer must be true or false"),
     ("unknown_kind", r"head.kind must be one of prophet, eagle3, got 'medusa'"),
@@ -145,6 +146,7 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
              "counts_missing": ["head.draft_vocab_size=8"],
              "ttt_steps": ["task.ttt_steps=0"], "tv_weight": ["task.tv_weight=-1"],
              "feature_weight": ["task.feature_weight=-0.5"], "ttt_ramp": ["task.ttt_ramp=1"],
+             "feature_noise": ["task.feature_noise=-0.1"],
              "other_kind": ["head.kind=prophet"],
              "init_layer": ["head.init_layer=3"],
              "unknown_kind": ["head.kind=medusa"]}.get(case, [])
@@ -212,20 +214,44 @@ def test_the_schedule_anneals_within_the_time_budget():
 
 
 def test_the_ramp_trains_draft_step_one_alone_for_its_share_of_the_steps(hf, tmp_path, monkeypatch):
-    # task.ttt_ramp=0.5 over 6 steps: steps 0-2 unroll one draft step, 3-5 all three; validation all three
+    # task.ttt_ramp=0.5 over 6 steps: steps 0-2 unroll one draft step, 3-5 all three; validation all
+    # three. task.feature_noise: training steps only get noisy features
+    import train.tasks.hf_eagle3 as task
     from specdec_models.hf.eagle3 import Eagle3Head
-    seen = []
-    real = Eagle3Head.ttt_loss
+    seen, noised = [], []
+    real, real_noise = Eagle3Head.ttt_loss, task.with_noise
 
     def spy(self, *args, steps=4, **kw):
         seen.append((self.training, steps))
         return real(self, *args, steps=steps, **kw)
 
+    def noise_spy(aux, layers, scale):
+        noised.append((layers, scale))
+        return real_noise(aux, layers, scale)
+
     monkeypatch.setattr(Eagle3Head, "ttt_loss", spy)
-    out = run(cfg(hf, tmp_path / "run", "task.ttt_ramp=0.5", "callbacks.speculative_eval=null"))
+    monkeypatch.setattr(task, "with_noise", noise_spy)
+    out = run(cfg(hf, tmp_path / "run", "task.ttt_ramp=0.5", "task.feature_noise=0.1",
+                  "callbacks.speculative_eval=null"))
     assert out["global_step"] == 6
     assert [s for training, s in seen if training] == [1, 1, 1, 3, 3, 3]
     assert {s for training, s in seen if not training} == {3}
+    assert noised == [(3, 0.1)] * 6                                              # one per training step
+
+
+def test_feature_noise_is_scaled_by_each_layers_rms_at_each_position():
+    # 3 layers at RMS 1, 10 and 100: the noise over 2 x 500 x 64 draws per layer has std 0.2 x that
+    # RMS; the estimate's relative error is about 0.3% (1 / sqrt(2 x 64,000)), so a 3% band fails a
+    # correct implementation with probability below 1e-20
+    from train.tasks.hf_eagle3 import with_noise
+    torch.manual_seed(0)
+    scales = torch.tensor([1.0, 10.0, 100.0])
+    aux = (torch.randn(2, 500, 3, 64) * scales[:, None]).flatten(-2)
+    noisy = with_noise(aux, 3, 0.2)
+    parts, clean = noisy.unflatten(-1, (3, 64)), aux.unflatten(-1, (3, 64))
+    rms = clean.pow(2).mean(-1, keepdim=True).sqrt()
+    ratio = ((parts - clean) / rms).flatten(0, 1).transpose(0, 1).reshape(3, -1).std(-1)
+    torch.testing.assert_close(ratio, torch.full((3,), 0.2), rtol=0.03, atol=0)
 
 
 def test_two_cpu_processes_train_the_head_each_on_its_share_of_the_cache(hf, caches, tmp_path):

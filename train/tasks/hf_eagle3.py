@@ -18,7 +18,8 @@ schedule reads it) whose training steps unroll draft step 1 alone, at about a th
 step's cost, before the rest unrolls all `ttt_steps` (on in experiment=smollm2_eagle3:
 docs/smollm2_history.md, "Draft step 1 alone first (r27)"). `task.feature_weight` adds the
 smooth-L1 distance between the head's normed output and the target's normed last layer at the
-label (off: it changed nothing measured in a 10-minute run, same section).
+label; `task.feature_noise` adds noise of that many times each aux layer's RMS to its hidden
+states in training (both off: neither moved the held-out figures, same section).
 
 Draft vocabulary: the `head.draft_vocab_size` tokens the target emits most as its greedy choice
 on the training data, from a token-count file written by `scripts/draft_vocab.py` (which also
@@ -78,12 +79,13 @@ class Eagle3Options:
     tv_weight: float = 0.0        # weight of the T = 1 rejection probability TV(p, q) beside the KL
     feature_weight: float = 0.0   # weight of the smooth-L1 distance to the target's normed last layer
     ttt_ramp: float = 0.0         # share of the budget that trains draft step 1 alone, before all ttt_steps
+    feature_noise: float = 0.0    # training noise on the aux hidden states, in units of each one's RMS
 
     def __post_init__(self) -> None:
         check_positive_int(self.ttt_steps, "task.ttt_steps")
         check(isinstance(self.ttt_decay, (int, float)) and 0 < self.ttt_decay <= 1,
               f"task.ttt_decay must be in (0, 1], got {self.ttt_decay!r}")
-        for name in ("tv_weight", "feature_weight"):
+        for name in ("tv_weight", "feature_weight", "feature_noise"):
             value = getattr(self, name)
             check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"),
                   f"task.{name} must be a number >= 0, got {value!r}")
@@ -225,7 +227,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
                 init_from=None if start is None else str(Path(sizes.init_from).resolve()),
                 ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), tv_weight=float(options.tv_weight),
                 feature_weight=float(options.feature_weight), ttt_ramp=float(options.ttt_ramp),
-                cache_layers=cache_layers,
+                feature_noise=float(options.feature_noise), cache_layers=cache_layers,
                 metadata=metadata)
 
 
@@ -241,13 +243,22 @@ def cached_layers(embeds: torch.Tensor, order: list[int], aux_layers: list[int],
 
 
 
+def with_noise(aux: torch.Tensor, layers: int, scale: float) -> torch.Tensor:
+    """aux (..., layers * H) plus Gaussian noise whose std is `scale` times each layer's RMS at
+    each position (float32): EAGLE's augmentation of the target's features in training."""
+    parts = aux.float().unflatten(-1, (layers, -1))
+    rms = parts.pow(2).mean(-1, keepdim=True).sqrt()
+    return (parts + scale * rms * torch.randn_like(parts)).flatten(-2)
+
+
 class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
 
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  draft_ids: list[int] | None = None, train_lm_head: bool = True, init_layer: bool = False,
                  init_from: str | None = None, ttt_steps: int = 4, ttt_decay: float = 0.8, tv_weight: float = 0.0,
-                 feature_weight: float = 0.0, ttt_ramp: float = 0.0, cache_layers: list[int] | None = None,
+                 feature_weight: float = 0.0, ttt_ramp: float = 0.0, feature_noise: float = 0.0,
+                 cache_layers: list[int] | None = None,
                  optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
                  compile: bool = False) -> None:
         """`head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the
@@ -292,6 +303,9 @@ class HFEagle3Module(HFTargetHead, TaskModule):
     def _loss(self, batch, greedy: bool = False):
         tokens, aux, last, mask = self._inputs(batch)
         self.target                                                   # on the module's device
+        noise = self.hparams.get("feature_noise", 0.0)
+        if noise and self.training:
+            aux = with_noise(aux, len(self.head.aux_layers), noise)
         ok = self.head.greedy_in_vocab(last[:, 1:]) if greedy else None
         return self.head.ttt_loss(tokens, aux, last, mask, steps=self.unrolled(),
                                   decay=self.hparams.ttt_decay, tv_weight=self.hparams.get("tv_weight", 0.0),
