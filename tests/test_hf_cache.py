@@ -125,6 +125,80 @@ def test_the_datamodule_gives_every_layer_concatenated_in_the_caches_order(cache
     assert batch["embeds"].shape == (4, SEQ, 96) and batch["embeds"].dtype == torch.bfloat16
 
 
+def test_train_windows_keeps_the_first_training_rows_and_the_same_validation_rows(caches):
+    from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+
+    d, _ = caches
+    cache = d / "bfloat16"
+    rows = read_cache_meta(cache)["windows"]                    # 12: 8 to train on, 4 held out
+    every = cache_rows(open_cache(cache), np.arange(rows), read_cache_meta(cache))["tokens"]
+    full = HFEmbeddingsDataModule(cache=str(cache), seq_len=SEQ, batch_size=4, val_windows=4)
+    part = HFEmbeddingsDataModule(cache=str(cache), seq_len=SEQ, batch_size=4, val_windows=4, train_windows=3)
+    assert (full.train_rows, part.train_rows) == (8, 3)
+    assert torch.equal(part.validation_batch()["tokens"], full.validation_batch()["tokens"])
+    assert torch.equal(part.validation_batch()["tokens"], every[8:])
+    seen = {tuple(r) for batch, _ in zip(part.train_dataloader(), range(6)) for r in batch["tokens"].tolist()}
+    assert seen == {tuple(r) for r in every[:3].tolist()}      # 24 draws of rows 0..2, each pass a permutation
+    with pytest.raises(SpecdecError, match=r"data.train_windows \(9\) exceeds the 8 training rows") as error:
+        HFEmbeddingsDataModule(cache=str(cache), seq_len=SEQ, val_windows=4, train_windows=9).cache_meta()
+    assert "\n" not in str(error.value)
+    with pytest.raises(SpecdecError, match="data.train_windows"):
+        HFEmbeddingsDataModule(cache=str(cache), seq_len=SEQ, train_windows=0)
+
+
+def test_extra_caches_add_all_their_rows_to_training_and_none_to_validation(hf, caches, tmp_path):
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+
+    d, _ = caches
+    main, extra = d / "bfloat16", tmp_path / "extra"
+    build_hf_cache(hf["deep"], extra, text=[str(hf["corpus"])], layers=[2, -1, 0], **{**COMMON, "seed": 2,
+                                                                                      "windows": 5})
+    tokens = {c: cache_rows(open_cache(c), np.arange(n), read_cache_meta(c))["tokens"] for c, n in [(main, 12),
+                                                                                                    (extra, 5)]}
+    data = HFEmbeddingsDataModule(cache=str(main), seq_len=SEQ, batch_size=4, val_windows=4, extra_caches=[str(extra)])
+    data.setup("fit")
+    assert data.train_rows == 8 + 5
+    assert torch.equal(data.validation_batch()["tokens"], tokens[main][8:])       # the main cache's last rows only
+    loader = iter(data.train_dataloader())
+    seen = [tuple(r) for _ in range(13) for r in next(loader)["tokens"].tolist()]      # 52 draws: 4 passes
+    want = [tuple(r) for r in torch.cat([tokens[main][:8], tokens[extra]]).tolist()]
+    for p in range(4):                                  # each pass over the 13 rows visits every one once
+        assert sorted(seen[13 * p: 13 * (p + 1)]) == sorted(want)
+    first = HFEmbeddingsDataModule(cache=str(main), seq_len=SEQ, batch_size=4, val_windows=4, train_windows=10,
+                                   extra_caches=[str(extra)])
+    drawn = {tuple(r) for batch, _ in zip(first.train_dataloader(), range(5)) for r in batch["tokens"].tolist()}
+    assert drawn == set(want[:10])                      # the main cache's 8 training rows, then the extra's first 2
+
+
+@pytest.mark.parametrize("change, message", [({"layers": [2, -1]}, "holds layers"),
+                                             ({"dtype": "int8"}, "holds dtype int8"),
+                                             ({"seq_len": 8}, "seq_len 8"),
+                                             ({"kind": "regenerated"}, "holds regenerated rows"),
+                                             ({"weights_sha256": "0" * 64}, "another target")])
+def test_an_extra_cache_unlike_the_main_one_is_refused_in_one_line(hf, caches, tmp_path, change, message):
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+
+    d, _ = caches
+    extra = tmp_path / "extra"
+    if "kind" in change or "weights_sha256" in change:     # what cache.json records of the rows and the target
+        shutil.copytree(d / "bfloat16", extra)
+        meta = json.loads((extra / "cache.json").read_text())
+        meta["source"]["kind"] = change.get("kind", meta["source"]["kind"])
+        meta["model"]["weights_sha256"] = change.get("weights_sha256", meta["model"]["weights_sha256"])
+        (extra / "cache.json").write_text(json.dumps(meta))
+    else:
+        build_hf_cache(hf["deep"], extra, text=[str(hf["corpus"])], **{**COMMON, "windows": 4, "layers": [2, -1, 0],
+                                                                      **change})
+    data = HFEmbeddingsDataModule(cache=str(d / "bfloat16"), seq_len=SEQ, val_windows=4,
+                                  extra_caches=[str(tmp_path / "extra")])
+    with pytest.raises(SpecdecError, match=message) as error:
+        data.cache_meta()
+    assert "\n" not in str(error.value)
+    with pytest.raises(SpecdecError, match="must be a list"):
+        HFEmbeddingsDataModule(cache=str(d / "bfloat16"), seq_len=SEQ, extra_caches=str(tmp_path / "extra"))
+
+
 # ---------------------------------------------------------------- refusals
 
 def test_a_cache_lacking_a_layer_the_head_needs_is_refused_in_one_line(caches):
@@ -324,6 +398,23 @@ def test_a_cache_can_leave_out_the_prompts_an_earlier_cache_continued(hf, tmp_pa
     assert meta["source"]["left_out"] == {"caches": [str((tmp_path / "first").resolve())], "prompts": 4}
     assert meta["source"]["prompt_count"] == 4
     assert any(line.startswith("left out 4 of the 8 prompts: continued by ") for line in lines)
+
+
+def test_an_extra_cache_of_fresh_answers_trains_and_one_continuing_a_held_out_prompt_is_refused(hf, tmp_path):
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+
+    settings = {**REGENERATED, "prompts": hf["prompts"]}
+    build_hf_cache(hf["eager"], tmp_path / "first", **{**settings, "windows": 4})
+    build_hf_cache(hf["eager"], tmp_path / "fresh", **settings, exclude_prompts_of=[tmp_path / "first"])
+    build_hf_cache(hf["eager"], tmp_path / "again", **{**settings, "windows": 4})      # the same 4 prompts again
+    common = {"cache": str(tmp_path / "first"), "seq_len": LONG, "batch_size": 2, "val_windows": 2}
+    data = HFEmbeddingsDataModule(**common, extra_caches=[str(tmp_path / "fresh")])
+    assert data.train_rows == 2 + 12
+    assert set(next(iter(data.train_dataloader()))) == {"tokens", "embeds", "prompt_len", "valid_len"}
+    with pytest.raises(SpecdecError, match=r"again continues 2 of the prompts of the 2 validation rows of .*first: "
+                                           r"rebuild it with --exclude-prompts-of") as error:
+        HFEmbeddingsDataModule(**common, extra_caches=[str(tmp_path / "again")]).cache_meta()
+    assert "\n" not in str(error.value)
 
 
 def test_leaving_out_prompts_needs_a_regenerated_cache_and_prompts(hf, caches, tmp_path, capsys):

@@ -6,8 +6,11 @@ The cache (`train.data.embeddings_cache`, written by `scripts/cache_embeddings.p
 with (`cache_meta()["layers"]`: `hidden_states` indices, default the last layer only): token
 windows of text, or prompts continued by the target itself (`train.data.regenerate`). Its last
 `val_windows` rows are the fixed validation set (the same at every validation, so numbers compare
-across steps), the others the training rows: batch k of rank r is a pure function of (seed, r, k),
-so a resumed run continues the same stream (`train.data.embeddings.CachedWindows`). Batches are
+across steps), the others the training rows, followed by every row of the `extra_caches` (more
+caches of the same target and settings, e.g. fresh answers built with `--exclude-prompts-of`; one
+that continues a validation row's prompt is refused); `train_windows` keeps the first that many.
+Batch k of rank r is a pure function of (seed, r, k), so a resumed run continues the same stream
+(`train.data.embeddings.CachedWindows`). Batches are
 dicts {"tokens": (b, seq_len + 1) int64, "embeds": (b, seq_len, len(layers) * dim), the layers
 concatenated in cache_meta()["layers"]' order} (bfloat16 or float16 as stored; an int8 cache
 dequantized to float32 with its per-token, per-layer scales), plus "prompt_len" and "valid_len"
@@ -23,6 +26,7 @@ cache was made by).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,25 +61,75 @@ class ValidationRows(Dataset):
         return cache_rows(self._dataset, self.batches[i], self.meta)
 
 
+class TrainingRows(CachedWindows):
+    """Training batches across several caches (`CachedWindows`' stream over all their training
+    rows): training row i is row i of the first cache while i < its rows less the `val_windows`
+    held out at its end, then the rows of the others in turn (all of them train)."""
+
+    def __init__(self, caches: list[Path], metas: list[dict[str, Any]], val_windows: int, batch_size: int, seed: int,
+                 rank: int, world: int, start: int, count: int) -> None:
+        super().__init__(caches[0], metas[0], batch_size, seed, rank, world, start, count=count)
+        self.caches, self.metas = caches, metas
+        self.first_train = metas[0]["windows"] - val_windows
+        self.val_windows = val_windows
+
+    def batch(self, k: int) -> dict[str, Any]:
+        if self._dataset is None:                         # opened per worker: memory maps do not pickle
+            from datasets import concatenate_datasets
+
+            parts = [open_cache(cache, meta) for cache, meta in zip(self.caches, self.metas, strict=True)]
+            self._dataset = concatenate_datasets(parts).with_format("arrow")
+        rows = self.rows(k)
+        rows = np.where(rows < self.first_train, rows, rows + self.val_windows)   # past the first's held-out rows
+        return cache_rows(self._dataset, rows, self.meta)
+
+
+def check_extra_cache(extra: Path, meta: dict[str, Any], cache: Path, seq_len: int) -> dict[str, Any]:
+    """The checked metadata of an extra training cache: it must hold what `cache` (metadata
+    `meta`) holds, the same target's hidden states at the same layers, dtype and seq_len, in rows
+    of the same kind (regenerated answers or text windows), else one line says what differs."""
+    found = check_cache(extra, seq_len=seq_len)
+    for key, what in [("layers", "layers"), ("dtype", "dtype"), ("dim", "width")]:
+        check(found[key] == meta[key], f"data.extra_caches: {extra} holds {what} {found[key]}, data.cache {cache} "
+                                       f"{meta[key]}: an extra cache must be built with the same settings")
+    check(found["model"].get("weights_sha256") == meta["model"].get("weights_sha256"),
+          f"data.extra_caches: {extra} was made by another target than data.cache {cache} (weights sha256 "
+          f"{str(found['model'].get('weights_sha256'))[:16]}... against {str(meta['model'].get('weights_sha256'))[:16]}...)")
+    kinds = [m.get("source", {}).get("kind") for m in (found, meta)]
+    check(kinds[0] == kinds[1], f"data.extra_caches: {extra} holds {kinds[0]} rows, data.cache {cache} {kinds[1]} "
+                                f"rows: train from caches of one kind")
+    return found
+
+
 class HFEmbeddingsDataModule(SpecdecDataModule):
     def __init__(self, cache: str | None = None, tokenizer: str | None = None, seq_len: int = 256,
                  batch_size: int = 8, val_windows: int = 16, val_batch_size: int = 8, num_workers: int = 0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, train_windows: int | None = None, extra_caches: Sequence[str] = ()) -> None:
         """`cache`: the cache directory; `tokenizer`: a model directory or GGUF file whose
         tokenizer shows tokens as text (None: the cache's target); `val_windows`: the cache's last
-        rows held out for validation."""
+        rows held out for validation; `extra_caches`: more caches of the same target, layers,
+        seq_len, dtype and kind of rows (e.g. fresh answers, `scripts/cache_embeddings.py
+        --exclude-prompts-of CACHE`), every row of which trains, after `cache`'s training rows;
+        `train_windows`: train on the first that many of those rows only (None: all of them), e.g.
+        to measure what more rows are worth against the same validation rows."""
         super().__init__()
         check(bool(cache), f"data.cache is not set: give the hidden-state cache directory ({HOW_TO_BUILD})")
         for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
                             ("val_batch_size", val_batch_size)]:
             check_positive_int(value, f"data.{name}")
+        if train_windows is not None:
+            check_positive_int(train_windows, "data.train_windows")
         check(isinstance(num_workers, int) and num_workers >= 0, f"data.num_workers must be >= 0, got {num_workers!r}")
+        check(isinstance(extra_caches, Sequence) and not isinstance(extra_caches, str),
+              f"data.extra_caches must be a list of cache directories, got {extra_caches!r}")
         self.cache = Path(cache).expanduser()
+        self.extra_caches = [Path(c).expanduser() for c in extra_caches]
         self.tokenizer_path = tokenizer
         self.seq_len, self.batch_size = seq_len, batch_size
         self.val_windows, self.val_batch_size = val_windows, val_batch_size
-        self.num_workers, self.seed = num_workers, seed
+        self.num_workers, self.seed, self.train_windows = num_workers, seed, train_windows
         self._meta: dict[str, Any] | None = None
+        self._extra_metas: list[dict[str, Any]] = []
         self._tokenizer = None
         self._validation: dict[str, torch.Tensor] | None = None
 
@@ -89,21 +143,54 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
                                                  f"with task=prophet_frozen data=enwik8_embeddings")
             check(meta["windows"] > self.val_windows, f"data.val_windows ({self.val_windows}) must be fewer than the "
                                                       f"{meta['windows']} rows of {self.cache} (some for training)")
-            self._meta = meta
+            extras = [check_extra_cache(extra, meta, self.cache, self.seq_len) for extra in self.extra_caches]
+            if extras and meta.get("source", {}).get("kind") == "regenerated":
+                self._check_no_held_out_prompt(meta)
+            rows = meta["windows"] - self.val_windows + sum(m["windows"] for m in extras)
+            where = str(self.cache) + (" and data.extra_caches" if extras else "")
+            check(self.train_windows is None or self.train_windows <= rows,
+                  f"data.train_windows ({self.train_windows}) exceeds the {rows} training rows of {where} "
+                  f"(data.val_windows = {self.val_windows} of {self.cache}'s {meta['windows']} held out)")
+            self._meta, self._extra_metas = meta, extras
         return self._meta
+
+    def _check_no_held_out_prompt(self, meta: dict[str, Any]) -> None:
+        """Refuse an extra cache that continues a prompt of the validation rows: its answers would
+        train on what validation measures."""
+        from .regenerate import continued_prompts
+
+        table = open_cache(self.cache, meta).select(range(meta["windows"] - self.val_windows, meta["windows"]))
+        rows = cache_rows(table, np.arange(self.val_windows), meta)
+        held = {tuple(t[: int(n)].tolist()) for t, n in zip(rows["tokens"], rows["prompt_len"], strict=True)}
+        for extra in self.extra_caches:
+            shared = held & continued_prompts(extra)
+            check(not shared, f"data.extra_caches: {extra} continues {len(shared)} of the prompts of the "
+                              f"{self.val_windows} validation rows of {self.cache}: rebuild it with "
+                              f"--exclude-prompts-of {self.cache}")
 
     @property
     def train_rows(self) -> int:
-        return self.cache_meta()["windows"] - self.val_windows
+        """The rows training draws from: the first train_windows (default: all) of the cache's
+        rows but the validation ones, then the extra caches' rows."""
+        meta = self.cache_meta()
+        rows = meta["windows"] - self.val_windows + sum(m["windows"] for m in self._extra_metas)
+        return rows if self.train_windows is None else self.train_windows
 
     def setup(self, stage: str | None = None) -> None:
         open_cache(self.cache, self.cache_meta())        # a damaged dataset stops the run here
+        for extra, meta in zip(self.extra_caches, self._extra_metas, strict=True):
+            open_cache(extra, meta)
 
     def train_dataloader(self) -> DataLoader:
         rank, start = stream_position(self.trainer)
         world = self.trainer.world_size if self.trainer is not None else 1
-        rows = CachedWindows(self.cache, self.cache_meta(), self.batch_size, self.seed, rank, world, start,
-                             count=self.train_rows)
+        meta = self.cache_meta()
+        if self.extra_caches:
+            rows: CachedWindows = TrainingRows([self.cache, *self.extra_caches], [meta, *self._extra_metas],
+                                               self.val_windows, self.batch_size, self.seed, rank, world, start,
+                                               count=self.train_rows)
+        else:
+            rows = CachedWindows(self.cache, meta, self.batch_size, self.seed, rank, world, start, count=self.train_rows)
         return DataLoader(rows, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
@@ -114,7 +201,7 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
         """All validation rows as one batch (read once)."""
         if self._validation is None:
             meta = self.cache_meta()
-            rows = np.arange(self.train_rows, meta["windows"])
+            rows = np.arange(meta["windows"] - self.val_windows, meta["windows"])
             self._validation = cache_rows(open_cache(self.cache, meta), rows, meta)
         return self._validation
 
