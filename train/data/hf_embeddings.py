@@ -62,7 +62,7 @@ class ValidationRows(Dataset):
 
 
 class TrainingRows(CachedWindows):
-    """Training batches across several caches (`CachedWindows`' stream over all their training
+    """Training batches from one cache or several (`CachedWindows`' stream over all their training
     rows): training row i is row i of the first cache while i < its rows less the `val_windows`
     held out at its end, then the rows of the others in turn (all of them train)."""
 
@@ -78,7 +78,7 @@ class TrainingRows(CachedWindows):
             from datasets import concatenate_datasets
 
             parts = [open_cache(cache, meta) for cache, meta in zip(self.caches, self.metas, strict=True)]
-            self._dataset = concatenate_datasets(parts).with_format("arrow")
+            self._dataset = parts[0] if len(parts) == 1 else concatenate_datasets(parts).with_format("arrow")
         rows = self.rows(k)
         rows = np.where(rows < self.first_train, rows, rows + self.val_windows)   # past the first's held-out rows
         return cache_rows(self._dataset, rows, self.meta)
@@ -130,6 +130,7 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
         self.num_workers, self.seed, self.train_windows = num_workers, seed, train_windows
         self._meta: dict[str, Any] | None = None
         self._extra_metas: list[dict[str, Any]] = []
+        self._train_rows = 0
         self._tokenizer = None
         self._validation: dict[str, torch.Tensor] | None = None
 
@@ -152,6 +153,7 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
                   f"data.train_windows ({self.train_windows}) exceeds the {rows} training rows of {where} "
                   f"(data.val_windows = {self.val_windows} of {self.cache}'s {meta['windows']} held out)")
             self._meta, self._extra_metas = meta, extras
+            self._train_rows = rows if self.train_windows is None else self.train_windows
         return self._meta
 
     def _check_no_held_out_prompt(self, meta: dict[str, Any]) -> None:
@@ -159,9 +161,7 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
         train on what validation measures."""
         from .regenerate import continued_prompts
 
-        table = open_cache(self.cache, meta).select(range(meta["windows"] - self.val_windows, meta["windows"]))
-        rows = cache_rows(table, np.arange(self.val_windows), meta)
-        held = {tuple(t[: int(n)].tolist()) for t, n in zip(rows["tokens"], rows["prompt_len"], strict=True)}
+        held = continued_prompts(self.cache, range(meta["windows"] - self.val_windows, meta["windows"]))
         for extra in self.extra_caches:
             shared = held & continued_prompts(extra)
             check(not shared, f"data.extra_caches: {extra} continues {len(shared)} of the prompts of the "
@@ -172,9 +172,8 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
     def train_rows(self) -> int:
         """The rows training draws from: the first train_windows (default: all) of the cache's
         rows but the validation ones, then the extra caches' rows."""
-        meta = self.cache_meta()
-        rows = meta["windows"] - self.val_windows + sum(m["windows"] for m in self._extra_metas)
-        return rows if self.train_windows is None else self.train_windows
+        self.cache_meta()
+        return self._train_rows
 
     def setup(self, stage: str | None = None) -> None:
         open_cache(self.cache, self.cache_meta())        # a damaged dataset stops the run here
@@ -184,13 +183,8 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, start = stream_position(self.trainer)
         world = self.trainer.world_size if self.trainer is not None else 1
-        meta = self.cache_meta()
-        if self.extra_caches:
-            rows: CachedWindows = TrainingRows([self.cache, *self.extra_caches], [meta, *self._extra_metas],
-                                               self.val_windows, self.batch_size, self.seed, rank, world, start,
-                                               count=self.train_rows)
-        else:
-            rows = CachedWindows(self.cache, meta, self.batch_size, self.seed, rank, world, start, count=self.train_rows)
+        rows = TrainingRows([self.cache, *self.extra_caches], [self.cache_meta(), *self._extra_metas],
+                            self.val_windows, self.batch_size, self.seed, rank, world, start, count=self.train_rows)
         return DataLoader(rows, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:

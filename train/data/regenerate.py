@@ -263,14 +263,15 @@ class Regenerated(RowSource):
                         "embeds": states}
 
 
-def continued_prompts(cache: str | os.PathLike) -> set[tuple[int, ...]]:
+def continued_prompts(cache: str | os.PathLike, rows: range | None = None) -> set[tuple[int, ...]]:
     """The prompts (token ids, as the cache's build tokenized them) whose continuations a
-    regenerated cache holds: each row's first prompt_len tokens."""
+    regenerated cache holds: each row's first prompt_len tokens (of `rows` only, if given)."""
     meta = read_cache_meta(cache)
     check(meta.get("source", {}).get("kind") == "regenerated",
           f"{cache} holds no continuations of prompts (its rows are {meta.get('source', {}).get('kind')!r}): "
           f"--exclude-prompts-of takes caches built with --prompts")
-    table = open_cache(cache, meta).select_columns(["tokens", "prompt_len"])[:]
+    table = open_cache(cache, meta).select_columns(["tokens", "prompt_len"])
+    table = (table if rows is None else table.select(rows))[:]
     tokens = table.column("tokens").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(len(table), -1)
     lengths = table.column("prompt_len").to_numpy()
     return {tuple(row[:n].tolist()) for row, n in zip(tokens, lengths)}
