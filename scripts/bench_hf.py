@@ -30,7 +30,7 @@ from specdec_models.files import write_file
 
 def main(argv: list[str] | None = None) -> int:
     from specdec_models.export import load_export
-    from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+    from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
     from specdec_models.hf.weights import load_model, load_smollm2
     from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
 

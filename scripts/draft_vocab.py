@@ -29,7 +29,7 @@ def time_costs(target, sizes: list[int], context: int = 200, repeats: int = 20) 
     import torch
 
     from specdec_models.hf import HFDecoder
-    from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
+    from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 
     dec = HFDecoder(target)
     g = torch.Generator().manual_seed(0)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         from tqdm import tqdm
 
-        from specdec_models.hf.eagle3 import choose_draft_vocab
+        from specdec_models.heads.eagle3 import choose_draft_vocab
         from specdec_models.hf.weights import load_causal_lm, load_tokenizer
         from train.data.embeddings_cache import check_cache
         from train.draft_vocab import count_greedy_tokens, write_counts

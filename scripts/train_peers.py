@@ -148,7 +148,7 @@ def train_peers(a: argparse.Namespace) -> dict:
     import torch
 
     from specdec_models.hf import logits_width
-    from specdec_models.hf.eagle3 import _final_norm_weight, choose_draft_vocab
+    from specdec_models.heads.eagle3 import _final_norm_weight, choose_draft_vocab
     from specdec_models.hf.weights import load_model, weights_sha256
     from train.data.embeddings_cache import check_cache, read_cache_meta
     from train.data.peer_formats import cache_layout, to_specforge, to_speculators, vocab_files

@@ -10,7 +10,7 @@ from .config import ModelConfig, ProphetConfig
 from .errors import SpecdecError
 from .export import export_hash, load_export, save_export
 from .model import Decoder, DecoderOutput
-from .prophet import ModelWithProphet, ProphetLoss
+from .heads import ModelWithProphet, ProphetLoss
 from .sampling import SamplingConfig
 
 __all__ = [

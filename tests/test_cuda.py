@@ -26,7 +26,7 @@ from test_hf_eagle3_task import cfg
 from test_hf_prophet_task import SEQ, hf  # noqa: F401  (the tiny targets, tokenizer and prompts)
 
 from specdec_models.decode import TreeSpec, generate
-from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
+from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 from specdec_models.hf.weights import load_causal_lm
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.regenerate import build_hf_cache
@@ -67,7 +67,7 @@ def test_sampling_on_the_gpu_draws_from_a_cuda_generator_chain_and_tree(cuda_pai
 def test_the_cache_builds_on_the_gpu_with_the_states_of_its_rows(hf, tmp_path):
     # the states the generating calls on the GPU stored are those a teacher-forced pass over the
     # stored rows gives on the CPU (bf16 storage), up to each row's last real token
-    from specdec_models.hf.eagle3 import target_hidden_states
+    from specdec_models.heads.eagle3 import target_hidden_states
 
     build_hf_cache(hf["llama"], tmp_path / "gpu", seq_len=SEQ, windows=8, shard_size="64KB", batch_size=4, seed=2,
                    prompts=hf["prompts"], chat=True, temperatures=[0.0, 1.0], layers=[0, 1, 2], dtype="bfloat16",

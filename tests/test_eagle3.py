@@ -14,7 +14,7 @@ from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
 from specdec_models import SpecdecError
 from specdec_models.decode import generate
-from specdec_models.hf.eagle3 import (Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, needed_chains,
+from specdec_models.heads.eagle3 import (Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, needed_chains,
                                       vocab_maps)
 from specdec_models.sampling import SamplingConfig, to_probs
 

@@ -28,7 +28,7 @@ from specdec_models.export.eagle3 import (
     save_eagle3,
     sglang_layer_ids,
 )
-from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
+from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 
 
 def export_script():

@@ -32,7 +32,7 @@ from speculators.proposals.greedy import GreedyTokenProposalConfig
 
 from specdec_models.decode import generate
 from specdec_models.export.eagle3 import detect_layout, load_eagle3, save_eagle3
-from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
+from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 from train.bench.hf import chat_prompts
 
 STEPS = 3

@@ -17,7 +17,7 @@ from test_decode import chi_square_p_value, correction_from_p
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
 from specdec_models.decode import generate
 from specdec_models.hf import HFDecoder
-from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.sampling import SamplingConfig, to_probs
 
 V = 96

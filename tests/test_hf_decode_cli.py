@@ -17,7 +17,7 @@ from test_hf_decode import build
 
 import specdec_models.hf.run as hf_run
 from specdec_models import save_export
-from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 
 SPECIALS = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<unk>"]
 CHARS = list(string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,!?'-:;()\n")

@@ -179,7 +179,7 @@ def test_a_cached_run_trains_exports_and_the_exported_head_decodes_exactly(hf, c
     from specdec_models import load_export
     from specdec_models.decode import generate
     from specdec_models.export import read_export_config
-    from specdec_models.hf.eagle3 import Eagle3Head
+    from specdec_models.heads.eagle3 import Eagle3Head
 
     result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}"))
     m = result["metrics"]
@@ -217,7 +217,7 @@ def test_the_ramp_trains_draft_step_one_alone_for_its_share_of_the_steps(hf, tmp
     # task.ttt_ramp=0.5 over 6 steps: steps 0-2 unroll one draft step, 3-5 all three; validation all
     # three. task.feature_noise: training steps only get noisy features
     import train.tasks.hf_eagle3 as task
-    from specdec_models.hf.eagle3 import Eagle3Head
+    from specdec_models.heads.eagle3 import Eagle3Head
     seen, noised = [], []
     real, real_noise = Eagle3Head.ttt_loss, task.with_noise
 
@@ -482,7 +482,7 @@ def start_export(hf, tmp_path_factory):
     """An hf_eagle3 export for the Llama target with an 8-token draft vocabulary and random weights:
     what head.init_from starts from."""
     from specdec_models.export import save_export
-    from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head
+    from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 
     target = load_causal_lm(hf["llama"]).eval()
     config = Eagle3Config.for_target(target, draft_vocab_size=8, aux_layers=[0, 1, 2],
@@ -534,7 +534,7 @@ def test_a_head_starts_from_an_exports_weights_and_draft_vocabulary(hf, start_ex
 ])
 def test_a_bad_start_export_is_one_line_before_any_work(hf, start_export, tmp_path, case, message):
     from specdec_models.export import save_export
-    from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+    from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
     from train.run import validate
 
     tok = load_tokenizer(hf["llama"])

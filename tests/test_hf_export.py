@@ -16,7 +16,7 @@ import specdec_models.export.specdec as export_mod
 from specdec_models import Decoder, SpecdecError, export_hash, load_export, save_export
 from specdec_models.decode import generate
 from specdec_models.export import read_export_config
-from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.hf.weights import weights_sha256
 
 

@@ -15,7 +15,7 @@ from test_hf_decode import V, build, hf_greedy, ragged_prompts
 from specdec_models import SpecdecError
 from specdec_models.decode import generate
 from specdec_models.hf import HFDecoder
-from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.losses import next_token_loss
 
 

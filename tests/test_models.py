@@ -150,7 +150,7 @@ def test_joint_training_lowers_both_losses_on_a_repetitive_sequence():
 
 
 def test_drafted_hits_count_top_one_matches_at_drafted_positions_only():
-    from specdec_models.prophet import drafted_hits, simulated_tokens_per_call
+    from specdec_models.heads.prophet import drafted_hits, simulated_tokens_per_call
 
     labels = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [0, 0, 0, 0]])           # (W=3, L=4)
     right = torch.nn.functional.one_hot(labels, 5).float()                       # argmax == label everywhere

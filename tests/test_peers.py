@@ -23,7 +23,7 @@ pytest.importorskip("datasets")
 from test_hf_data import build_tokenizer, write_corpus
 from test_hf_distill import save_model
 
-from specdec_models.hf.eagle3 import _final_norm_weight
+from specdec_models.heads.eagle3 import _final_norm_weight
 from specdec_models.hf.weights import load_causal_lm
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.peer_formats import answer_mask, before_final_norm, cache_layout, to_specforge, to_speculators

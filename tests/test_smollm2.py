@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 import specdec_models.hf.weights as loading
 from specdec_models import SpecdecError, load_export, save_export
-from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from train.bench.hf import chat_prompts, compare_with_hf_generate
 
 

@@ -7,7 +7,7 @@ and with plain KV-cached decoding of the same target, at each temperature. What 
 comes from the LightningModule's `speculative_models()`: {"target": Decoder, "prophet":
 ModelWithProphet} (a prophet drafts), {"target": Decoder, "draft": Decoder} (a draft model
 drafts), or a Hugging Face target with its draft or its prophet head
-(`specdec_models.hf.HFProphet`). It logs (names as in docs/DECODING.md):
+(`specdec_models.heads.HFProphet`). It logs (names as in docs/DECODING.md):
 
     val/acceptance_rate/t{T}                 accepted drafts / drafted tokens
     val/tokens_per_call/t{T}                 emitted tokens / target calls (bonus/correction included)
@@ -79,8 +79,8 @@ from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.decode.tree import TreeSpec
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.few_rows import few_rows_while, resolve_few_rows
-from specdec_models.heads import DraftHead
-from specdec_models.hf import Eagle3Head, HFDecoder
+from specdec_models.heads import DraftHead, Eagle3Head
+from specdec_models.hf import HFDecoder
 
 from .checkpoints import EXPORT_METADATA_KEY
 from .data.streams import SpecdecDataModule

@@ -37,8 +37,8 @@ from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config
 from ..few_rows import resolve_few_rows
 from ..hardware import resolve_dtype
+from ..heads import ModelWithProphet
 from ..hf import HFDecoder
-from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig
 from . import generate
 from .cost import stored_profile

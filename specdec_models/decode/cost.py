@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import check
-from ..hf import Eagle3Head
+from ..heads import Eagle3Head
 
 TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
 

@@ -8,9 +8,9 @@ import argparse
 from torch import Tensor
 
 from ..errors import check
-from ..hf import Eagle3Head, HFDecoder
+from ..heads import Eagle3Head, ModelWithProphet, ProphetHead
+from ..hf import HFDecoder
 from ..model import Decoder
-from ..prophet import ModelWithProphet, ProphetHead
 from .cost import SpeedProfile
 
 AUTO = "auto"

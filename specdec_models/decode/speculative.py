@@ -45,9 +45,9 @@ import torch
 from torch import Tensor
 
 from ..errors import SpecdecError, check
+from ..heads import ProphetHead
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
-from ..prophet import ProphetHead
 from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
@@ -73,7 +73,7 @@ def calibration_gammas(gamma_max: int) -> list[int]:
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from ..hf import Eagle3Head
+    from ..heads import Eagle3Head
 
 
 class _Rows:

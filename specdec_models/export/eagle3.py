@@ -1,6 +1,6 @@
 """EAGLE-3 heads in the three layouts that serve them: specdec's own, vLLM's (speculators) and SGLang's.
 
-An `hf.eagle3.Eagle3Head` is written by `save_eagle3(DIR, head, layout)` and read back for a given
+An `heads.eagle3.Eagle3Head` is written by `save_eagle3(DIR, head, layout)` and read back for a given
 target by `load_eagle3(DIR, target)`, whatever the layout (`detect_layout` tells them apart):
 
 - "specdec": an export of kind `hf_eagle3` (`export.specdec.save_export`: config.json with the head's
@@ -54,7 +54,7 @@ from torch import Tensor
 from ..errors import SpecdecError, check
 from ..files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
 from ..hf.adapter import is_hf_model, logits_width, text_config
-from ..hf.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from ..heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
 from .specdec import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
 
 LAYOUTS = ("specdec", "speculators", "sglang")

@@ -15,7 +15,7 @@ A `model_with_prophet` export holds the state_dict of a `ModelWithProphet` (main
 the start projection); a `decoder` export a `Decoder`'s. Loading rebuilds the model from the JSON
 configs and copies the safetensors tensors in with `load_state_dict`, so nothing is unpickled.
 
-An `hf_prophet` export holds a prophet head for a Hugging Face target (`hf.HFProphet`):
+An `hf_prophet` export holds a prophet head for a Hugging Face target (`heads.HFProphet`):
 its own trainable weights only ("main": null, "prophet": the HFProphetConfig dict, "tokenizer":
 {"kind": "hf_target"}, the target's own), and the identity of the target it was trained for:
 
@@ -32,7 +32,7 @@ config.json (a larger max_seq_len or prophet_train_length than the model was tra
 refused on load in one line naming the file. (Exports written before this key have no such hash
 and load as before.)
 
-An `hf_eagle3` export holds an EAGLE-3 head (`hf.Eagle3Head`) the same way: "prophet" is its
+An `hf_eagle3` export holds an EAGLE-3 head (`heads.Eagle3Head`) the same way: "prophet" is its
 Eagle3Config dict, the weights its state_dict in the speculators names (`fc`, `layers.0.*`, `norm`,
 `lm_head`, `d2t`, `t2d`; the target's embedding is not saved), "target" its target's identity. The
 layouts vLLM (speculators) and SGLang load are written and read by `specdec_models.export.eagle3`.
@@ -72,9 +72,9 @@ from ..files import (
     write_file,
 )
 from ..files import one_line as _one_line
-from ..hf import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, is_hf_model, target_identity, weights_sha256
+from ..heads import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, ModelWithProphet
+from ..hf import is_hf_model, target_identity, weights_sha256
 from ..model import Decoder
-from ..prophet import ModelWithProphet
 
 FORMAT = "specdec-export"
 FORMAT_VERSION = 1

@@ -1,6 +1,7 @@
 """Everything about Hugging Face models, in one package: the adapter that lets `generate` decode
-with a transformers causal LM, loading and identifying real weights, and the draft heads trained for
-a frozen Hugging Face target. Their export formats live in `specdec_models.export`.
+with a transformers causal LM, and loading and identifying real weights. The draft heads trained
+for a frozen Hugging Face target live in `specdec_models.heads`, their export formats in
+`specdec_models.export`.
 
 - `adapter`: `HFDecoder` (a causal LM seen through the `Decoder` protocol) with its per-row
   `HFKVCache`, `HFOutput`, `HFSizes`, `as_decoders`, `is_hf_model`; `text_config(config)` and
@@ -11,18 +12,14 @@ a frozen Hugging Face target. Their export formats live in `specdec_models.expor
   (`weights_sha256`, `target_identity`, `tokenizer_fingerprint`, `vocabulary_fingerprint`,
   `model_dir_fingerprint`) and the
   tokenizer checks (`special_tokens`, `check_same_tokenizer`).
-- `prophet`: `HFProphet`, a prophet head on the target's last-layer hidden states.
-- `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of the target's layers, and its draft vocabulary.
 - `run`: the decoding CLI's loading of a target with a draft or a head (`load_hf_run`).
 
 transformers is imported lazily: `specdec_models` and this package import without it. The adapter
 imports no head; the heads import the adapter. `run` reads exports (`specdec_models.export`,
-which itself imports the heads from here), so its names load on first use.
+which itself imports the heads), so its names load on first use.
 """
 
 from .adapter import HFDecoder, HFKVCache, HFOutput, HFSizes, as_decoders, is_hf_model, logits_width, text_config
-from .eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
-from .prophet import HFProphet, HFProphetConfig
 from .weights import (
     LoadedModel,
     check_same_tokenizer,
@@ -57,8 +54,8 @@ def __getattr__(name: str):
 
 
 __all__ = [  # HFRun, encode_prompt, load_hf_run: loaded on first use
-    "Eagle3Config", "Eagle3Head", "HFDecoder", "HFKVCache", "HFOutput", "HFProphet", "HFProphetConfig", "HFRun",
-    "HFSizes", "LoadedModel", "as_decoders", "check_same_tokenizer", "check_source", "choose_draft_vocab",
+    "HFDecoder", "HFKVCache", "HFOutput", "HFRun",
+    "HFSizes", "LoadedModel", "as_decoders", "check_same_tokenizer", "check_source",
     "encode_prompt", "head_rows", "is_hf_model", "load_causal_lm", "load_config",
     "load_hf_run", "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
     "model_dir_fingerprint", "parameter_count", "smollm2_gguf", "special_tokens", "target_identity",

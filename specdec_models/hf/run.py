@@ -24,9 +24,8 @@ from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config, read_json_object
 from ..export.eagle3 import detect_layout, load_eagle3
 from ..few_rows import use_few_rows
+from ..heads import Eagle3Head, HFProphet
 from .adapter import logits_width
-from .eagle3 import Eagle3Head
-from .prophet import HFProphet
 from .weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer
 
 

@@ -35,7 +35,7 @@ from specdec_models.decode.cost import (DRAFT, TARGET, expected_tokens_from_acce
 from specdec_models.errors import check
 from specdec_models.export import export_hash, load_export, read_export_config
 from specdec_models.model import Decoder
-from specdec_models.prophet import ModelWithProphet
+from specdec_models.heads.prophet import ModelWithProphet
 
 from .report import pyplot
 from .report import write_report as report_files

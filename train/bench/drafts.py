@@ -430,7 +430,7 @@ class HFDrafters:
     def build(self, model: Any) -> dict[str, dict[str, Any]]:
         """`generate` keyword arguments by drafter name, built on `model` (in its dtype)."""
         from specdec_models.export import load_eagle3, load_export
-        from specdec_models.hf.prophet import HFProphet
+        from specdec_models.heads.hf_prophet import HFProphet
         from specdec_models.hf.weights import load_causal_lm
 
         weight = next(model.parameters())

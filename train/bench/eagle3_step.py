@@ -52,7 +52,7 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precision
     (needed when `draft_vocab_size` is below the target's vocabulary; None: the whole vocabulary);
     `aux_layers`: the fused layers (None: the default [2, L//2, L-3])."""
     from specdec_models.hf import logits_width
-    from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+    from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
     from specdec_models.hf.weights import load_model
 
     from ..tasks.hf_eagle3 import cached_layers, read_token_counts

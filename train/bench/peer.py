@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from specdec_models.config import ModelConfig, ProphetConfig
 from specdec_models.errors import SpecdecError
-from specdec_models.prophet import ModelWithProphet
+from specdec_models.heads.prophet import ModelWithProphet
 
 PEER_PACKAGE = "speculative-decoding==0.2.0"
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from specdec_models.config import ModelConfig, ProphetConfig
 from specdec_models.errors import check
-from specdec_models.prophet import ModelWithProphet
+from specdec_models.heads.prophet import ModelWithProphet
 
 from .peer import build_peer, copy_weights
 

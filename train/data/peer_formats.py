@@ -193,8 +193,8 @@ def vocab_files(draft_ids: Tensor, target_vocab_size: int, out: str | os.PathLik
     """Write the draft vocabulary `draft_ids` (sorted target ids) as each peer reads it:
     speculators' `d2t-{D}.npy` / `t2d-{D}.npy` (found in its data directory by name, or given as
     --d2t-path / --t2d-path) and SpecForge's `vocab_mapping.pt` ({"d2t", "t2d"}); d2t[i] holds
-    target_id - i, t2d marks the draft ids (`specdec_models.hf.eagle3.vocab_maps`)."""
-    from specdec_models.hf.eagle3 import vocab_maps
+    target_id - i, t2d marks the draft ids (`specdec_models.heads.eagle3.vocab_maps`)."""
+    from specdec_models.heads.eagle3 import vocab_maps
 
     d2t, t2d = vocab_maps(draft_ids, target_vocab_size)
     out = Path(out)

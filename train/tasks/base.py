@@ -40,7 +40,7 @@ from specdec_models import Decoder, ModelWithProphet, save_export
 from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import check_export_target, describe_export
-from specdec_models.hf.prophet import HFProphet
+from specdec_models.heads.hf_prophet import HFProphet
 
 from ..optim import OptimConfig, configure_adam
 

@@ -3,14 +3,14 @@
 `python -m train experiment=smollm2_eagle3 data.cache=DIR head.draft_vocab=COUNTS.json` (from a
 cache of the target's hidden states, `data=hf_embeddings`) or `data=hf_text data.files=[...]`
 (hidden states online: the target runs under no_grad at every step). The head is
-`specdec_models.hf.eagle3.Eagle3Head`: a fc over three aux layers, one decoder layer at the target's
+`specdec_models.heads.eagle3.Eagle3Head`: a fc over three aux layers, one decoder layer at the target's
 shapes attending over the whole context, an LM head over a draft vocabulary; it shares (frozen)
 the target's token embedding.
 
 Training runs as decoding does (`Eagle3Head.ttt_loss`): `task.ttt_steps` unrolled draft steps, each
 fed the head's own features of the step before, weighted `task.ttt_decay`^k; the loss is the
 forward KL from the target's distribution renormalised over the draft vocabulary (the module
-docstring of `specdec_models.hf.eagle3` says why renormalising is the right handling of the mass
+docstring of `specdec_models.heads.eagle3` says why renormalising is the right handling of the mass
 outside it). Only answer tokens count: for regenerated rows, the labels of the prompt and of
 everything after the row's end (EOS) are masked (`prompt_len`, `valid_len` of the cache).
 `task.ttt_ramp`: the share of the budget (the larger of the steps' and `max_time`'s share, as the
@@ -58,7 +58,7 @@ from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.export import read_export_config, read_export_tensors
 from specdec_models.files import one_line
 from specdec_models.hf import HFDecoder, logits_width
-from specdec_models.hf.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
 from specdec_models.hf.weights import tokenizer_fingerprint, vocabulary_fingerprint
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache

@@ -2,7 +2,7 @@
 
 `python -m train experiment=hf_prophet target.path=DIR|FILE.gguf data.files=[...]` (hidden states
 online) or `... data=hf_embeddings data.cache=DIR` (from a cache). The head is
-`specdec_models.hf.prophet.HFProphet`: the prophet's window layout and loss (`ProphetHead`,
+`specdec_models.heads.hf_prophet.HFProphet`: the prophet's window layout and loss (`ProphetHead`,
 lucidrains' prophet idea) reading the target's last-layer hidden states after its final norm, and
 sharing (frozen) the target's token embedding and output head, as EAGLE does (Li et al. 2024), so
 its own weights are a few transformer blocks even for a 49k-token vocabulary.
@@ -39,7 +39,7 @@ from torch import nn
 from specdec_models.config import DTYPES, from_dict, torch_dtype
 from specdec_models.errors import check, check_positive_int
 from specdec_models.hf import HFDecoder, logits_width, text_config
-from specdec_models.hf.prophet import HFProphet, HFProphetConfig
+from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.hf.weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache

@@ -1,6 +1,6 @@
 """What the prophet tasks share (task=prophet, prophet_frozen, hf_prophet): `ProphetTaskModule`.
 
-A prophet head drafts from windows of the sequence (`specdec_models.prophet.ProphetHead`, the
+A prophet head drafts from windows of the sequence (`specdec_models.heads.prophet.ProphetHead`, the
 prophet idea of lucidrains/speculative-decoding). Its tasks share the seeded window subsets
 (`window_generator`), the objective against a frozen model (`prophet_objective`: next-token
 cross-entropy over the windows, optionally mixed with a divergence toward the frozen model's
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from specdec_models.losses import divergence, next_token_loss
-from specdec_models.prophet import ProphetHead, drafted_hits, simulated_tokens_per_call
+from specdec_models.heads.prophet import ProphetHead, drafted_hits, simulated_tokens_per_call
 
 from .base import TaskModule
 
@@ -81,7 +81,7 @@ class ProphetTaskModule(TaskModule):
 
     def log_drafted(self, prefix: str) -> None:
         """Log `{prefix}/teacher_forced_accuracy/pos{i}` (a_i) and `{prefix}/simulated_tokens_per_call`
-        (1 + sum_k prod_{i<=k} a_i, `specdec_models.prophet`) over the epoch's windows, all ranks'."""
+        (1 + sum_k prod_{i<=k} a_i, `specdec_models.heads.prophet`) over the epoch's windows, all ranks'."""
         if prefix not in self._drafted:
             return
         hits, count = self._drafted.pop(prefix)

@@ -12,7 +12,7 @@ outputs from the last start token on predict x[t+1 .. t+L]. Decoding uses exactl
 after a verify step the target's cache ends at the anchor t, x[t+1] is the token the target just
 emitted, and the prophet drafts x[t+2], ... from it.
 
-`ProphetHead` (a `heads.DraftHead`) is the base class of every prophet head: it holds the window
+`ProphetHead` (a `DraftHead`) is the base class of every prophet head: it holds the window
 layout and the batched window loss; `ModelWithProphet` adds the main model. The joint loss is the
 main model's next-token loss plus `prophet_loss_weight` times the prophet's loss averaged over
 every anchor of every sequence, computed as one batched forward over all windows (no Python loop),
@@ -32,11 +32,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig, ProphetConfig
-from .errors import check
-from .heads import DraftHead
-from .losses import next_token_loss
-from .model import Decoder
+from ..config import ModelConfig, ProphetConfig
+from ..errors import check
+from ..losses import next_token_loss
+from ..model import Decoder
+from .base import DraftHead
 
 
 def drafted_hits(logits: Tensor, labels: Tensor, gamma: int) -> Tensor:
@@ -68,7 +68,7 @@ class ProphetLoss(NamedTuple):
 
 class ProphetHead(DraftHead):
     """The base class of every prophet head (`ModelWithProphet` here, the prophet head of a Hugging
-    Face target in `hf.prophet`): the window layout and loss they share.
+    Face target in `hf_prophet`): the window layout and loss they share.
 
     A subclass sets `prophet_cfg` (a ProphetConfig), `prophet` (a `Decoder`: its `token_emb`,
     `layers`, `rotary` and `logits` are what the windows run through) and `to_prophet_start` (the

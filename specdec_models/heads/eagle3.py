@@ -57,10 +57,10 @@ from torch import Tensor, nn
 
 from ..config import JsonConfig
 from ..errors import check, check_positive_int
-from ..heads import DraftHead
+from ..hf.adapter import is_hf_model, logits_width, text_config
 from ..kv_cache import KVCache
 from ..model import RMSNorm, Rotary, rotate_half
-from .adapter import is_hf_model, logits_width, text_config
+from .base import DraftHead
 
 
 def default_aux_layers(num_layers: int) -> list[int]:

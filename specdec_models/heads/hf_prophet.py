@@ -1,6 +1,6 @@
 """A prophet head for a frozen Hugging Face target: drafts from the target's last-layer hidden states.
 
-The layout and the loss are the prophet's (`specdec_models.prophet.ProphetHead`): for an
+The layout and the loss are the prophet's (`heads.prophet.ProphetHead`): for an
 anchor t the head reads the target's hidden states h[t-S+1..t], projected to its width, as S
 leading start tokens, then the tokens x[t+1], x[t+2], ...; it predicts x[t+1 .. t+L]. In decoding
 it drafts from the hidden states the target's cache keeps (`HFDecoder.new_cache(keep_embeds=True)`)
@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from ..config import JsonConfig, ModelConfig, ProphetConfig
 from ..errors import check, check_positive_int
 from ..model import Block, Decoder, RMSNorm, Rotary
-from ..prophet import ProphetHead
-from .adapter import HFDecoder, is_hf_model, logits_width, text_config
+from ..hf.adapter import HFDecoder, is_hf_model, logits_width, text_config
+from .prophet import ProphetHead
 
 
 @dataclass(frozen=True)

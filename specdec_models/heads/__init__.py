@@ -1,0 +1,24 @@
+"""Every draft-head kind, in one package, behind one interface (`DraftHead`, in `base`): a head
+drafts from its target's hidden states, and `generate(target, prompt, n, prophet=head)`, the
+evaluation callback and `decode.cost.measure_costs` take any of them.
+
+- `prophet`: `ProphetHead`, the window layout and loss of every prophet head, and
+  `ModelWithProphet` (specdec's own decoder with its prophet, trained jointly or frozen), with
+  `ProphetLoss`, `drafted_hits` and `simulated_tokens_per_call`;
+- `hf_prophet`: `HFProphet`, a prophet head on a frozen Hugging Face target's last-layer hidden states;
+- `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of a Hugging Face target's layers, and its draft
+  vocabulary (`choose_draft_vocab`).
+
+The heads of a Hugging Face target read it through `specdec_models.hf` (the adapter); their export
+formats live in `specdec_models.export`. transformers is never imported here.
+"""
+
+from .base import DraftHead
+from .eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+from .hf_prophet import HFProphet, HFProphetConfig
+from .prophet import ModelWithProphet, ProphetHead, ProphetLoss, drafted_hits, simulated_tokens_per_call
+
+__all__ = [
+    "DraftHead", "Eagle3Config", "Eagle3Head", "HFProphet", "HFProphetConfig", "ModelWithProphet", "ProphetHead",
+    "ProphetLoss", "choose_draft_vocab", "drafted_hits", "simulated_tokens_per_call",
+]
