@@ -15,7 +15,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from test_decode_cli import assert_usage_error, cli
 from test_hf_decode import build
 
-import specdec_models.hf.run as hf_run
+import specdec_models.export.load as export_load
 from specdec_models import save_export
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 
@@ -127,13 +127,13 @@ def test_chat_wraps_the_prompt_in_the_chat_template_and_rows_stop_at_eos(dirs, c
 ])
 def test_bad_hf_input_exits_2_with_one_line_before_loading_a_model(dirs, capsys, monkeypatch, tmp_path, case, match):
     loaded = []
-    real = hf_run.load_causal_lm
+    real = export_load.load_causal_lm
 
     def load(path, **kw):
         loaded.append(path)
         return real(path, **kw)
 
-    monkeypatch.setattr(hf_run, "load_causal_lm", load)
+    monkeypatch.setattr(export_load, "load_causal_lm", load)
     target = ("--hf-model", dirs / "target")
     args = {
         "head_for_another_target": ("--hf-model", dirs / "other", "--prophet", dirs / "head"),

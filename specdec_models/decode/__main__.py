@@ -34,8 +34,8 @@ import torch
 
 from .. import byte_tokenizer
 from ..errors import SpecdecError, check
-from ..export import load_export, read_export_config
-from ..few_rows import resolve_few_rows
+from ..export import encode_prompt, load_export, load_hf_run, read_export_config
+from ..few_rows import resolve_few_rows, use_few_rows
 from ..hardware import resolve_dtype
 from ..heads import ModelWithProphet
 from ..hf import HFDecoder
@@ -203,8 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]:
-    """The Hugging Face target's run: load and check the models (`hf.run.load_hf_run`), decode."""
-    from ..hf.run import encode_prompt, load_hf_run
+    """The Hugging Face target's run: load and check the models (`export.load.load_hf_run`), decode."""
 
     method = args.method or ("draft" if args.draft else "prophet" if args.prophet else "eagle3" if args.eagle3
                              else "base")
@@ -220,8 +219,11 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
     check(not (args.ignore_eos and args.eos_id is not None), "give --eos-id or --ignore-eos, not both")
     _quiet_transformers()
     dtype = resolve_dtype(args.dtype, "cpu")
-    hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3, dtype=dtype,
-                     few_rows=resolve_few_rows(args.few_rows, "cpu", dtype))
+    hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3, dtype=dtype)
+    if resolve_few_rows(args.few_rows, "cpu", dtype):
+        for model in (hf.target, hf.draft, hf.prophet):
+            if model is not None:
+                use_few_rows(model)
     if args.datastore is not None and "vocabulary_sha256" in args.datastore.source:
         from ..hf.weights import vocabulary_fingerprint
 

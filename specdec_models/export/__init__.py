@@ -6,13 +6,17 @@
 - `eagle3`: an EAGLE-3 head in specdec's, vLLM's (speculators) and SGLang's layouts
   (`save_eagle3` / `load_eagle3` / `detect_layout`);
 - `hf_draft`: a draft causal LM as a Hugging Face model directory for transformers' assisted
-  generation and vLLM (`save_hf_draft`, `check_hf_draft_dir`; task=hf_draft_distill's export).
+  generation and vLLM (`save_hf_draft`, `check_hf_draft_dir`; task=hf_draft_distill's export);
+- `load`: a Hugging Face target with a draft or a head loaded and checked for decoding
+  (`load_hf_run`, `HFRun`; `encode_prompt`), what the decoding CLI and `scripts/export_eagle3.py` call.
 
 Every writer is atomic: a crash leaves the previous export readable (see each module).
 """
 
 from .eagle3 import LAYOUTS, detect_layout, load_eagle3, save_eagle3
-from .hf_draft import HF_DRAFT_METADATA, assistant_generation_config, check_hf_draft_dir, save_hf_draft
+from .hf_draft import (HF_DRAFT_METADATA, assistant_generation_config, check_hf_draft_dir, sampling_temperature,
+                       save_hf_draft)
+from .load import HFRun, encode_prompt, load_hf_run
 from .specdec import (
     CONFIG_NAME,
     FORMAT,
@@ -32,9 +36,10 @@ from .specdec import (
 )
 
 __all__ = [
-    "CONFIG_NAME", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HF_DRAFT_METADATA", "KINDS", "LAYOUTS",
+    "CONFIG_NAME", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HF_DRAFT_METADATA", "HFRun", "KINDS", "LAYOUTS",
     "assistant_generation_config", "check_export_target", "check_hf_draft_dir", "config_sha256", "describe_export",
-    "detect_layout", "export_hash", "load_eagle3", "load_export", "read_export_config", "read_export_tensors",
+    "detect_layout", "encode_prompt", "export_hash", "load_eagle3", "load_export", "load_hf_run",
+    "read_export_config", "read_export_tensors", "sampling_temperature",
     "read_json_object",
     "read_main_config", "save_eagle3", "save_export", "save_hf_draft",
 ]

@@ -4,7 +4,9 @@ generation (`target.generate(..., assistant_model=draft)`), `AutoModelForCausalL
 `save_hf_draft(DIR, model, tokenizer, metadata, dtype=...)` writes `save_pretrained` of the model
 (its weights cast to `dtype`, tied weights kept one tensor, `use_cache` on), the tokenizer, and
 `specdec_distill.json` (HF_DRAFT_METADATA: what trained it). Its generation config's
-`num_assistant_tokens` is the best gamma the training run measured (`assistant_generation_config`).
+`num_assistant_tokens` is the gamma the caller gives (`assistant_generation_config`): training
+passes the best gamma its evaluation measured at batch 1 and the config's own temperature
+(`sampling_temperature`), read by `decode.cost.stored_profile`, which this package never imports.
 The directory is built beside `DIR` and renamed into place whole (`files.staged_dir`), so a crash
 leaves the previous export. `check_hf_draft_dir` says whether `DIR` may be written: new, empty, or
 an earlier draft export (its HF_DRAFT_METADATA); anything else needs `force=True`.
@@ -20,7 +22,6 @@ from typing import Any
 
 import torch
 
-from ..decode.cost import stored_profile
 from ..errors import check
 from ..files import staged_dir
 
@@ -44,10 +45,11 @@ def check_hf_draft_dir(out_dir: str | os.PathLike, force: bool = False) -> str |
 
 
 def save_hf_draft(out_dir: str | os.PathLike, model: Any, tokenizer: Any, metadata: dict[str, Any], *,
-                  dtype: torch.dtype, force: bool = False) -> Path:
+                  dtype: torch.dtype, num_assistant_tokens: int | None = None, force: bool = False) -> Path:
     """`model` (a transformers causal LM) as a model directory in `out_dir`: save_pretrained with
     its weights in `dtype`, the tokenizer, and `specdec_distill.json` holding `metadata`, built
-    beside `out_dir` and renamed into place (`staged_dir`). The model itself is left as it was."""
+    beside `out_dir` and renamed into place (`staged_dir`); `num_assistant_tokens` (a gamma) goes
+    into its generation config. The model itself is left as it was."""
     out_dir = Path(out_dir)
     check_hf_draft_dir(out_dir, force)
     with staged_dir(out_dir) as tmp:
@@ -61,7 +63,7 @@ def save_hf_draft(out_dir: str | os.PathLike, model: Any, tokenizer: Any, metada
         config_dtype, use_cache = model.config.dtype, model.config.use_cache
         generation = model.generation_config
         model.config.dtype, model.config.use_cache = dtype, True
-        model.generation_config = assistant_generation_config(generation, metadata)
+        model.generation_config = assistant_generation_config(generation, num_assistant_tokens)
         try:
             model.save_pretrained(tmp, state_dict=state)
         finally:
@@ -75,17 +77,20 @@ def save_hf_draft(out_dir: str | os.PathLike, model: Any, tokenizer: Any, metada
     return out_dir
 
 
-def assistant_generation_config(config: Any, metadata: dict[str, Any]) -> Any:
+def sampling_temperature(config: Any) -> float:
+    """The temperature a GenerationConfig decodes at: its own when it samples, 0 when it does not."""
+    return float(config.temperature or 1.0) if config.do_sample else 0.0
+
+
+def assistant_generation_config(config: Any, num_assistant_tokens: int | None) -> Any:
     """A copy of the draft's GenerationConfig whose `num_assistant_tokens` (the gamma transformers'
-    assisted generation drafts per round, read from the assistant model's config) is the best
-    gamma that training's evaluation measured (metadata `speed_profiles`, at batch 1 and the
-    config's own temperature, 0 when it does not sample), kept constant; the config itself when
-    nothing was measured."""
-    temperature = float(config.temperature or 1.0) if config.do_sample else 0.0
-    profile = stored_profile(metadata, temperature, 1)
-    if profile is None:
+    assisted generation drafts per round, read from the assistant model's config) is the one
+    given, kept constant; the config itself when none is given (nothing was measured)."""
+    if num_assistant_tokens is None:
         return config
+    check(isinstance(num_assistant_tokens, int) and num_assistant_tokens >= 1,
+          f"num_assistant_tokens must be a gamma >= 1, got {num_assistant_tokens!r}")
     config = copy.deepcopy(config)
-    config.num_assistant_tokens = profile.best_gamma()
+    config.num_assistant_tokens = num_assistant_tokens
     config.num_assistant_tokens_schedule = "constant"
     return config

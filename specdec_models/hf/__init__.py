@@ -12,11 +12,10 @@ for a frozen Hugging Face target live in `specdec_models.heads`, their export fo
   (`weights_sha256`, `target_identity`, `tokenizer_fingerprint`, `vocabulary_fingerprint`,
   `model_dir_fingerprint`) and the
   tokenizer checks (`special_tokens`, `check_same_tokenizer`).
-- `run`: the decoding CLI's loading of a target with a draft or a head (`load_hf_run`).
 
-transformers is imported lazily: `specdec_models` and this package import without it. The adapter
-imports no head; the heads import the adapter. `run` reads exports (`specdec_models.export`,
-which itself imports the heads), so its names load on first use.
+transformers is imported lazily: `specdec_models` and this package import without it. This package
+imports no other package of specdec_models but the base modules (errors, files, config, model):
+the heads import the adapter, the exports and their loading (`export.load`) the heads and weights.
 """
 
 from .adapter import HFDecoder, HFKVCache, HFOutput, HFSizes, as_decoders, is_hf_model, logits_width, text_config
@@ -42,22 +41,11 @@ from .weights import (
     weights_sha256,
 )
 
-_LAZY = {"HFRun": "run", "encode_prompt": "run", "load_hf_run": "run"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = [  # HFRun, encode_prompt, load_hf_run: loaded on first use
-    "HFDecoder", "HFKVCache", "HFOutput", "HFRun",
+__all__ = [
+    "HFDecoder", "HFKVCache", "HFOutput",
     "HFSizes", "LoadedModel", "as_decoders", "check_same_tokenizer", "check_source",
-    "encode_prompt", "head_rows", "is_hf_model", "load_causal_lm", "load_config",
-    "load_hf_run", "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
+    "head_rows", "is_hf_model", "load_causal_lm", "load_config",
+    "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
     "model_dir_fingerprint", "parameter_count", "smollm2_gguf", "special_tokens", "target_identity",
     "text_config", "tokenizer_fingerprint", "vocabulary_fingerprint", "weights_sha256",
 ]

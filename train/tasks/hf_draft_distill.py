@@ -35,7 +35,8 @@ from torch import Tensor
 
 from specdec_models.config import DTYPES, from_dict, torch_dtype
 from specdec_models.errors import check
-from specdec_models.export import check_hf_draft_dir, save_hf_draft
+from specdec_models.decode.cost import stored_profile
+from specdec_models.export import check_hf_draft_dir, sampling_temperature, save_hf_draft
 from specdec_models.hf import (HFDecoder, check_same_tokenizer, head_rows, load_causal_lm, load_config, load_tokenizer,
                                max_positions, model_dir, model_dir_fingerprint, parameter_count)
 
@@ -165,12 +166,16 @@ class HFDraftDistillModule(DistillModule):
 
     def write_export(self, out_dir: Path, metadata: dict[str, Any], force: bool = False) -> Path:
         """The student as a Hugging Face model directory with the tokenizer
-        (`specdec_models.export.save_hf_draft`), in `export_dtype` or the student's own dtype."""
+        (`specdec_models.export.save_hf_draft`), in `export_dtype` or the student's own dtype; its
+        `num_assistant_tokens` is the best gamma the last evaluation measured (`speed_profiles` of
+        `metadata`) at batch 1 and the student's own generation temperature."""
         name = self.hparams.export_dtype
         dtype = DTYPES[name] if name else getattr(load_config(Path(self.hparams.student_path), "student"), "dtype", None)
         dtype = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype), torch.float32)
+        profile = stored_profile(metadata, sampling_temperature(self.student.generation_config), 1)
         return save_hf_draft(out_dir, self.student, load_tokenizer(self.hparams.student_path, "tokenizer"), metadata,
-                             dtype=dtype, force=force)
+                             dtype=dtype, num_assistant_tokens=None if profile is None else profile.best_gamma(),
+                             force=force)
 
 
 TASK = Task(name="hf_draft_distill", config=NoOptions, module=HFDraftDistillModule, data=(HFTextDataModule,),

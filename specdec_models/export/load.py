@@ -1,5 +1,5 @@
-"""The Hugging Face side of the decoding CLI: the target, its tokenizer, and a draft or a prophet
-head, loaded and checked, with every bad input reported in one line before decoding starts.
+"""Loading an export for decoding on a Hugging Face target: the target, its tokenizer, and a draft
+or a head, loaded and checked, with every bad input reported in one line before decoding starts.
 
 `load_hf_run(target, draft=None, prophet=None, eagle3=None)` takes a target source (a local
 `save_pretrained` directory or a GGUF file), an optional draft source (the same kinds), an optional
@@ -21,12 +21,10 @@ import torch
 from torch import Tensor
 
 from ..errors import SpecdecError, check
-from ..export import load_export, read_export_config, read_json_object
-from ..export.eagle3 import detect_layout, load_eagle3
-from ..few_rows import use_few_rows
 from ..heads import Eagle3Head, HFProphet
-from .adapter import logits_width
-from .weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer
+from ..hf import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, logits_width
+from .eagle3 import detect_layout, load_eagle3
+from .specdec import load_export, read_export_config, read_json_object
 
 
 class HFRun(NamedTuple):
@@ -39,9 +37,9 @@ class HFRun(NamedTuple):
 
 def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | None = None,
                 prophet: str | os.PathLike | None = None, *, eagle3: str | os.PathLike | None = None,
-                dtype: torch.dtype = torch.float32, few_rows: bool = False) -> HFRun:
-    """Load and check a Hugging Face decoding run (see the module docstring); `few_rows` switches
-    the target's, the draft's and the head's linear layers to `few_rows.FewRowsLinear`."""
+                dtype: torch.dtype = torch.float32) -> HFRun:
+    """Load and check a Hugging Face decoding run (see the module docstring), every model in
+    `dtype` and eval mode; preparing them for a device is the caller's."""
     check(sum(x is not None for x in (draft, prophet, eagle3)) <= 1,
           "give one of a draft, a prophet head or an eagle3 head, not several")
     if eagle3 is not None and target is None:
@@ -67,10 +65,6 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
     head = load_export(prophet, target=target_model) if prophet is not None else None
     if eagle3 is not None:
         head = load_eagle3(eagle3, target_model)
-    if few_rows:
-        for model in (target_model, draft_model, head):
-            if model is not None:
-                use_few_rows(model)
     sizes = [logits_width(target_model), len(tokenizer)]
     if draft_model is not None:
         sizes.append(logits_width(draft_model))
