@@ -67,14 +67,3 @@ def test_the_data_package_imports_nothing_else_of_train():
                 assert node.level <= 1 and not (module.startswith("train.") and not module.startswith("train.data")), \
                     f"{path}:{node.lineno} imports {'.' * node.level}{module}"
 
-
-def test_the_library_imports_no_training_side():
-    """specdec_models is pure PyTorch: no module of it imports train (benchmarks included: they
-    live in train/bench/), lightning, hydra or wandb."""
-    for path in (REPO / "specdec_models").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-            for name in names:
-                assert name.split(".")[0] not in ("train", "lightning", "hydra", "omegaconf", "wandb"), \
-                    f"{path}:{node.lineno} imports {name}"
