@@ -23,7 +23,7 @@ import torch
 
 import train.run as train_run
 from conftest import forked
-from train.checkpoints import PeriodicCheckpoint
+from train.callbacks import PeriodicCheckpoint
 from train.loggers import STATE_KEY
 from train.run import run
 

@@ -1,8 +1,9 @@
 """The run's loggers, and what a resumed run needs to continue them (issue: resume loses history).
 
-`LoggerState` (attached to every run by `train.run`) flushes the loggers at every checkpoint save,
-before the file is written, and records in the checkpoint where they stood: the number of rows
-in the CSV file and the W&B run id. A run resumed from that checkpoint then continues them:
+`train.callbacks.LoggerState` (attached to every run by `train.run`) flushes the loggers at every
+checkpoint save, before the file is written, and records in the checkpoint where they stood
+(`STATE_KEY`): the number of rows in the CSV file and the W&B run id. A run resumed from that
+checkpoint then continues them (`resume_kwargs`):
 
 - `CSVLogger` (Lightning's, continued): keeps the first rows the checkpoint counted, drops those a
   crashed run wrote after it (the resumed run logs those steps again) and appends to the same
@@ -22,7 +23,6 @@ import io
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from lightning.pytorch.loggers import csv_logs
 from lightning.pytorch.loggers import wandb as wandb_logs
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -118,21 +118,3 @@ def resume_kwargs(logger_class: type, state: dict[str, Any] | None) -> dict[str,
     if issubclass(logger_class, wandb_logs.WandbLogger) and state.get("wandb_id"):
         return {"id": state["wandb_id"], "resume": "allow", "name": state.get("wandb_name")}
     return {}
-
-
-class LoggerState(L.Callback):
-    """Flushes every logger when a checkpoint is saved, before it is written, and records where
-    they stood in it (`STATE_KEY`); see the module docstring."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        state: dict[str, Any] = {}
-        for logger in trainer.loggers:
-            logger.save()
-            if not trainer.is_global_zero:
-                continue
-            if isinstance(logger, CSVLogger):
-                state["csv_rows"] = logger.experiment.rows
-            elif isinstance(logger, wandb_logs.WandbLogger):
-                state["wandb_id"] = logger.version
-                state["wandb_name"] = logger.name
-        checkpoint[STATE_KEY] = state

@@ -40,11 +40,11 @@ from omegaconf.errors import OmegaConfBaseException
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.files import check_writable_dir, one_line, os_error, write_file
 
-from .callbacks import SpecdecCallback
+from .callbacks import LoggerState, SpecdecCallback
 from .checkpoints import AtomicCheckpointIO, check_resumable, export_checkpoint, read_checkpoint
-from .loggers import STATE_KEY, LoggerState, resume_kwargs
+from .loggers import STATE_KEY, resume_kwargs
 from .optim import OptimConfig
-from .progress import quiet_tips, run_log
+from .run_log import quiet_tips, run_log
 from .tasks import Task, get_task
 from .tasks.base import data_class, to_plain
 

@@ -1,4 +1,4 @@
-"""What a run shows while it trains: progress in optimizer steps, `train.log`, and less noise.
+"""The progress callback: what a run shows while it trains, in optimizer steps.
 
 `StepProgressBar` counts optimizer steps, what `trainer.max_steps` counts (Lightning's own bar
 counts batches: with accumulate_grad_batches=4 it shows `3/3 100%` and then `10/?`), with the
@@ -6,12 +6,8 @@ total and an ETA from this run's pace (a resumed run starts at its checkpoint's 
 `trainer.max_time` ends the run first, from its time left. On a terminal it is one tqdm bar;
 otherwise (a pipe, a file, a batch job) it logs plain lines through the `train.progress` logger:
 one every `log_every_seconds`, one after each validation and one at the end, so redirected output
-stays readable line by line.
-
-`run_log(out)` is the logging of one run: the `train.*` loggers print to stdout, and everything
-logged at INFO (Lightning's messages, the progress lines) also goes to `<out>/train.log`,
-appended to by a resumed run. `quiet_tips()` drops Lightning's advertising tips (litlogger,
-litmodels) from every run's output.
+stays readable line by line (`train.run_log` also writes them to the run's `train.log`, where
+`scripts/plot_runs.py` reads them under the logger name `train.progress`).
 """
 
 from __future__ import annotations
@@ -20,9 +16,6 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -30,8 +23,7 @@ from lightning.pytorch.callbacks import ProgressBar, Timer
 
 from specdec_models.errors import check, check_positive_int
 
-log = logging.getLogger("train.progress")
-LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+log = logging.getLogger("train.progress")       # the name train.log's progress lines carry
 
 
 def _duration(seconds: float) -> str:
@@ -156,49 +148,3 @@ class StepProgressBar(ProgressBar):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-
-
-class _DropTips(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in str(record.msg)
-
-
-_TIPS = _DropTips()
-
-
-def quiet_tips() -> None:
-    """Drop Lightning's advertising tips ("Tip: ... try installing litlogger / litmodels")."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if _TIPS not in logger.filters:
-            logger.addFilter(_TIPS)
-
-
-@contextmanager
-def run_log(out: Path) -> Iterator[None]:
-    """While the block runs: `train.*` INFO lines on stdout, and every INFO line in out/train.log."""
-    file = logging.FileHandler(out / "train.log", encoding="utf-8")
-    file.setFormatter(logging.Formatter(LOG_FORMAT))
-    file.setLevel(logging.INFO)
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(logging.Formatter("%(message)s"))
-    root, ours = logging.getLogger(), logging.getLogger("train")
-    # Lightning keeps its messages to itself when the root logger had no handler at its import
-    targets = [root] + [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")
-                        if not logging.getLogger(n).propagate]
-    levels = root.level, ours.level
-    for target in targets:
-        target.addHandler(file)
-    ours.addHandler(console)
-    if root.level > logging.INFO:
-        root.setLevel(logging.INFO)
-    ours.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        for target in targets:
-            target.removeHandler(file)
-        ours.removeHandler(console)
-        root.setLevel(levels[0])
-        ours.setLevel(levels[1])
-        file.close()

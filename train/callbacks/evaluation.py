@@ -46,12 +46,9 @@ log what other trainers report instead, from teacher-forced validation windows
 samples_dir defaults to the trainer's default_root_dir, the run's output directory), and, when a
 `WandbLogger` is attached, to a W&B table `val/samples`.
 
-`SpecdecCallback` is the base of callbacks with a say in the run beyond Lightning's hooks: it
-checks the module it will work with (`check_module`: `train.run` asks every callback before it
-creates anything, and `setup` asks again for a Trainer built elsewhere) and offers values for the
-export (`export_metadata`: copied into each checkpoint's `EXPORT_METADATA_KEY` entry, where
-`train.checkpoints.export_checkpoint` reads them). `SpeculativeEval` checks that what it decodes
-fits its settings (gamma, prompt and generation lengths) and offers its speed profiles.
+`SpeculativeEval` is a `SpecdecCallback` (`train.callbacks.base`): it checks that what it decodes
+fits its settings (gamma, prompt and generation lengths) before the run starts, and offers its
+speed profiles to the export.
 
 Decoding runs in fp32 on the module's parameters (autocast off, also under bf16-mixed), in eval
 mode under `torch.inference_mode`, with few-row linear layers on a CPU (`few_rows: auto`, as the
@@ -82,9 +79,9 @@ from specdec_models.few_rows import few_rows_while, resolve_few_rows
 from specdec_models.heads import DraftHead, Eagle3Head
 from specdec_models.hf import HFDecoder
 
-from .checkpoints import EXPORT_METADATA_KEY
-from .data.streams import SpecdecDataModule
-from .tasks.base import SpeculativeModels
+from ..data.streams import SpecdecDataModule
+from ..tasks.base import SpeculativeModels
+from .base import SpecdecCallback
 
 SAMPLES_FILE = "speculative_samples.jsonl"
 TABLE_KEY = "val/samples"
@@ -99,25 +96,6 @@ def torch_modules(models: SpeculativeModels) -> list[nn.Module]:
     """The nn.Modules behind the models to decode with (a Hugging Face model behind its HFDecoder)."""
     found = [models.target, models.draft, models.prophet]
     return [m.model if isinstance(m, HFDecoder) else m for m in found if m is not None]
-
-
-class SpecdecCallback(L.Callback):
-    """A callback that checks its module before any step and may add to the export (module
-    docstring). Subclasses override `check_module` and `export_metadata`; one that overrides
-    `setup` or `on_save_checkpoint` calls super()."""
-
-    def check_module(self, module: L.LightningModule) -> None:
-        """Refuse (one-line SpecdecError) a module this callback cannot work with."""
-
-    def export_metadata(self) -> dict[str, Any]:
-        """Plain JSON values the run's export records (in its metadata) from this callback."""
-        return {}
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.check_module(pl_module)
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        checkpoint.setdefault(EXPORT_METADATA_KEY, {}).update(self.export_metadata())
 
 
 class SpeculativeEval(SpecdecCallback):
