@@ -1,5 +1,5 @@
 """The decoding benchmark harness (`train.bench.decode`, `scripts/bench_decode.py`) and
-the peer adapter (`train.bench.peer`) on tiny exports."""
+the peer adapter (`train.bench.lucidrains`) on tiny exports."""
 
 import importlib.util
 import json
@@ -116,7 +116,7 @@ needs_peer = pytest.mark.skipif(not peer_installed, reason="speculative-decoding
 
 @needs_peer
 def test_patched_peer_computes_our_function_and_the_published_one_lacks_the_feed_forward():
-    from train.bench.peer import build_peer, copy_weights
+    from train.bench.lucidrains import build_peer, copy_weights
 
     torch.manual_seed(0)
     ours = ModelWithProphet(MAIN, PROPHET).eval()
@@ -134,7 +134,7 @@ def test_patched_peer_computes_our_function_and_the_published_one_lacks_the_feed
 
 @needs_peer
 def test_peer_prophet_decoding_emits_the_requested_tokens():
-    from train.bench.peer import build_peer, peer_prophet_decode
+    from train.bench.lucidrains import build_peer, peer_prophet_decode
 
     torch.manual_seed(0)
     peer = build_peer(MAIN, PROPHET, patched_ff=True).eval()
@@ -152,7 +152,7 @@ def test_peer_prophet_decoding_emits_the_requested_tokens():
 
 
 def test_peer_filter_threshold_keeps_exactly_top_k():
-    from train.bench.peer import filter_thres
+    from train.bench.lucidrains import filter_thres
 
     for vocab in (6, 256, 50257):
         for k in (1, 2, vocab // 3, vocab - 1):
@@ -161,7 +161,7 @@ def test_peer_filter_threshold_keeps_exactly_top_k():
 
 
 def test_a_missing_peer_package_is_one_clear_line(monkeypatch):
-    from train.bench import peer
+    from train.bench import lucidrains as peer
 
     monkeypatch.setitem(sys.modules, "speculative_decoding", None)       # import fails
     with pytest.raises(SpecdecError, match=r"^the peer is not installed: pip install speculative-decoding==0.2.0"):

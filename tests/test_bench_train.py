@@ -77,7 +77,7 @@ def test_step_timers_give_positive_rates_for_ours_and_both_peers():
 
 @needs_peer
 def test_peer_weights_mapped_into_ours_compute_the_peers_function():
-    from train.bench.peer import build_peer, copy_weights_to_ours
+    from train.bench.lucidrains import build_peer, copy_weights_to_ours
 
     main, prophet = train_step.size_configs(TINY)
     torch.manual_seed(1)

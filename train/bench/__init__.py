@@ -11,7 +11,7 @@
 - `drafts`: drafters of one Hugging Face target side by side (scripts/compare_hf_drafts.py);
   `hf`: specdec's `generate` against transformers' `generate()` and assisted generation
   (scripts/bench_hf.py, scripts/compare_hf.py);
-- `peer`: lucidrains' speculative-decoding package at our sizes, for comparison;
+- `lucidrains`: lucidrains' speculative-decoding package at our sizes, for comparison;
 - `report`: atomic JSON / markdown / PNG reports.
 """
 

@@ -13,7 +13,7 @@ acceptance and cache bookkeeping (their share of the wall time is reported too).
 With random weights (the default: the seed's sizes, target 512 x 10, prophet 512 x 2, draft
 256 x 2) every distribution is nearly uniform, so acceptance is high and means nothing about
 trained models: the speed-ups show what the machinery costs and gains at that acceptance.
-The peer (`train.bench.peer`) gets our prophet model's weights and the same temperature and top-k, so
+The peer (`train.bench.lucidrains`) gets our prophet model's weights and the same temperature and top-k, so
 both sample from the same distributions.
 """
 
@@ -132,7 +132,7 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
     settings = _settings(bench, models)
     peers = {}
     if any(m in PEER_VARIANTS for m, _ in settings):
-        from .peer import build_peer, copy_weights
+        from .lucidrains import build_peer, copy_weights
 
         p = models.prophet
         peers = {v: copy_weights(build_peer(p.main_cfg, p.prophet_cfg, v == "peer+ff"), p).eval()
@@ -142,7 +142,7 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
     def decode(method: str, gamma, batch: int, max_new: int, seed: int):
         rows = prompt.expand(batch, -1)
         if method in PEER_VARIANTS:
-            from .peer import peer_prophet_decode
+            from .lucidrains import peer_prophet_decode
 
             return peer_prophet_decode(peers[method], rows, max_new, gamma, bench.temperature, bench.top_k, seed)
         kw = {"draft": {"draft": models.draft}, "prophet": {"prophet": models.prophet}, "base": {}}[method]

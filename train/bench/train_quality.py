@@ -35,7 +35,7 @@ from specdec_models.decode import generate
 from specdec_models.errors import check
 from specdec_models.heads.prophet import ModelWithProphet, drafted_hits, simulated_tokens_per_call
 
-from .peer import copy_weights_to_ours
+from .lucidrains import copy_weights_to_ours
 from .train_step import PEER_VARIANTS, TrainStep, contenders, round_order, size_configs
 
 

@@ -2,7 +2,7 @@
 
 Each contender is one `TrainStep` (a model, its optimizer, and a loss function of a batch): ours
 (`ModelWithProphet`, every prophet window or `windows_per_seq` random ones) and the peer's
-`ModelWithProphetWrapper` (`train.bench.peer`), as published and with its feed-forward blocks applied.
+`ModelWithProphetWrapper` (`train.bench.lucidrains`), as published and with its feed-forward blocks applied.
 All start from the same weights (ours, copied into the peer) and train on the same batches. A
 step is forward + backward (+ gradient clipping when asked) + optimizer step, fp32.
 
@@ -34,7 +34,7 @@ from specdec_models.config import ModelConfig, ProphetConfig
 from specdec_models.errors import check
 from specdec_models.heads.prophet import ModelWithProphet
 
-from .peer import build_peer, copy_weights
+from .lucidrains import build_peer, copy_weights
 
 # the benchmarked sizes, "main dim x depth + prophet dim x depth" (the seed's is the second)
 SIZES = ("256x4+256x1", "512x10+512x2")
