@@ -13,7 +13,7 @@ TRAIN_ARGS ?=
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,hf,real,peer,fast]'
+	$(PY) -m pip install -q -e '.[dev,hf,real,lucidrains,fast]'
 	@touch $(STAMP)
 
 setup: $(STAMP)

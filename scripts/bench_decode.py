@@ -1,7 +1,7 @@
-"""Benchmark plain vs speculative decoding (draft model, prophet, the peer's prophet) side by side.
+"""Benchmark plain vs speculative decoding (draft model, prophet, lucidrains' prophet) side by side.
 
     python scripts/bench_decode.py                                   # seed sizes, random weights
-    python scripts/bench_decode.py --methods base draft prophet peer # + lucidrains' prophet decoding
+    python scripts/bench_decode.py --methods base draft prophet lucidrains  # + lucidrains' prophet decoding
     python scripts/bench_decode.py --gamma 2 3 4 5 6 7 8 auto        # fixed gammas against gamma auto
     python scripts/bench_decode.py --target-export DIR --gamma 2 3 4 5 6 auto stored
                                      # stored: gamma auto from the profile training stored in the export
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target-export", metavar="DIR", help="trained target (decoder or model_with_prophet)")
     parser.add_argument("--draft-export", metavar="DIR", help="trained draft decoder (needs --target-export)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["base", "draft", "prophet"],
-                        help="base always runs; peer = lucidrains' prophet decoding, as published and with "
+                        help="base always runs; lucidrains = lucidrains' prophet decoding, as published and with "
                              "its feed-forward blocks applied")
     parser.add_argument("--gamma", type=gamma_setting, nargs="+", default=[5],
                         help="one or more gammas, auto, or stored (auto from the export's stored profile)")

@@ -1,16 +1,16 @@
 """Training benchmarks, each side by side in one process, interleaved (A, B, A, B, ...).
 
     python scripts/bench_train.py [--precisions 32-true bf16-mixed]          # pipeline vs plain loop
-    python scripts/bench_train.py --peer [--sizes 512x10+512x2] [--windows-per-seq 64]
+    python scripts/bench_train.py --lucidrains [--sizes 512x10+512x2] [--windows-per-seq 64]
     python scripts/bench_train.py --quality [--threshold 0.4] [--max-steps 200]
     python scripts/bench_train.py --eagle3-step CACHE --draft-vocab COUNTS.json --threads 1   # which precision
 
 Default: the Lightning pipeline (`model=mid`, task=prophet) against a plain PyTorch loop on the
-same batches (`train.bench.pipeline`; goal >= 0.97). `--peer`: our joint train step (fp32 AdamW, seq 512,
+same batches (`train.bench.pipeline`; goal >= 0.97). `--lucidrains`: our joint train step (fp32 AdamW, seq 512,
 batch 4) against lucidrains' `ModelWithProphetWrapper`, as published and with its feed-forward
 applied, live in the same process (`train.bench.train_step`). `--quality`: train time
-until the prophet's T=0 acceptance on validation prompts reaches a threshold, ours against the
-peer, trained interleaved (`train.bench.train_quality`). `--eagle3-step`: an eagle3 head's
+until the prophet's T=0 acceptance on validation prompts reaches a threshold, ours against
+lucidrains', trained interleaved (`train.bench.train_quality`). `--eagle3-step`: an eagle3 head's
 training step on a hidden-state cache in each precision, interleaved, beside the precision
 train/hardware.py's flag rule picks (`train.bench.eagle3_step`). Reports: bench/train*.json,
 .md and .png (`--out` sets the stem). Data: `--data`, else the shared text file, else synthetic.
@@ -37,21 +37,21 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "textmix100m.gz"
 
 
-def run_peer(args, path: Path) -> dict:
+def run_lucidrains(args, path: Path) -> dict:
     for size in args.sizes:
         train_step.size_configs(size)             # a bad size fails before any work
     batch_of, _ = byte_batches(path, 512, 4, args.seed)
     sizes = []
     for size in args.sizes:
         print(f"[{size}] {args.warmup} warm-up + {args.steps} rounds", file=sys.stderr)
-        sizes.append(train_step.bench_steps(size, batch_of, 512, 4, args.windows_per_seq, args.peers,
+        sizes.append(train_step.bench_steps(size, batch_of, 512, 4, args.windows_per_seq, args.lucidrains_variants,
                                             args.steps, args.warmup, args.seed))
-    return {"mode": "peer", "sizes": sizes}
+    return {"mode": "lucidrains", "sizes": sizes}
 
 
 def run_quality(args, path: Path) -> dict:
     bench = train_quality.QualityBench(size=args.size, seq_len=args.seq_len, lr=args.lr,
-                                       windows_per_seq=args.windows_per_seq, peers=args.peers,
+                                       windows_per_seq=args.windows_per_seq, variants=args.lucidrains_variants,
                                        threshold=args.threshold, also_report=args.also_report,
                                        eval_every=args.eval_every,
                                        max_steps=args.max_steps, seed=args.seed)
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--data", help=f"byte file (.gz, .zip or raw); default {DEFAULT_DATA} if present")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--peer", action="store_true", help="our train step vs the live peer's")
-    mode.add_argument("--quality", action="store_true", help="time-to-quality, ours vs the peer")
+    mode.add_argument("--lucidrains", action="store_true", help="our train step vs lucidrains' (its package, live)")
+    mode.add_argument("--quality", action="store_true", help="time-to-quality, ours vs lucidrains'")
     mode.add_argument("--eagle3-step", metavar="CACHE",
                       help="an eagle3 head's training step on this hidden-state cache, per precision, interleaved")
     parser.add_argument("--draft-vocab", help="--eagle3-step: token counts of scripts/draft_vocab.py")
@@ -77,15 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aux-layers", type=int, nargs="+", help="--eagle3-step: fused layers (default [2, L//2, L-3])")
     parser.add_argument("--model", default="mid", help="pipeline: conf/model group (default: mid)")
     parser.add_argument("--precisions", nargs="+", default=list(pipeline.PRECISIONS))
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (pipeline 2, --peer 1)")
-    parser.add_argument("--steps", type=int, default=4, help="pipeline: steps per round; --peer: timed rounds")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (pipeline 2, --lucidrains 1)")
+    parser.add_argument("--steps", type=int, default=4, help="pipeline: steps per round; --lucidrains: timed rounds")
     parser.add_argument("--rounds", type=int, default=None,
                         help="pipeline: timed rounds, each side (default 3); --eagle3-step: timed rounds (default 12)")
     parser.add_argument("--override", nargs="*", default=[], help="pipeline: extra Hydra overrides")
-    parser.add_argument("--sizes", nargs="+", default=list(train_step.SIZES), help="--peer: sizes")
+    parser.add_argument("--sizes", nargs="+", default=list(train_step.SIZES), help="--lucidrains: sizes")
     parser.add_argument("--windows-per-seq", type=int, nargs="*", default=[64],
-                        help="--peer/--quality: also ours with K random prophet windows per sequence")
-    parser.add_argument("--peers", nargs="*", default=list(train_step.PEER_VARIANTS), help="peer variants")
+                        help="--lucidrains/--quality: also ours with K random prophet windows per sequence")
+    parser.add_argument("--lucidrains-variants", nargs="*", default=list(train_step.LUCIDRAINS_VARIANTS),
+                        help="--lucidrains/--quality: lucidrains' variants (as published; +ff: feed-forward applied)")
     parser.add_argument("--size", default="256x4+256x1", help="--quality: size")
     parser.add_argument("--seq-len", type=int, default=256, help="--quality: training sequence length")
     parser.add_argument("--lr", type=float, default=1e-3, help="--quality: Adam learning rate")
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=64, help="--quality: prompt bytes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 on an oversubscribed CPU)")
-    parser.add_argument("--out", help="report stem (default bench/train, bench/train_peer, bench/train_quality, "
+    parser.add_argument("--out", help="report stem (default bench/train, bench/train_lucidrains, bench/train_quality, "
                                       "bench/train_eagle3_step)")
     args = parser.parse_args(argv)
     if args.rounds is None:
@@ -125,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
                     aux_layers=args.aux_layers, seed=args.seed,
                     log=lambda line: print(line, file=sys.stderr))
                 md, plot, stem, desc = eagle3_step.markdown, None, "train_eagle3_step", f"cache {args.eagle3_step}"
-            elif args.peer:
+            elif args.lucidrains:
                 args.warmup = 1 if args.warmup is None else args.warmup
-                report, md, plot, stem = run_peer(args, path), train_step.markdown, train_step.plot, "train_peer"
+                report, md, plot, stem = (run_lucidrains(args, path), train_step.markdown, train_step.plot,
+                                          "train_lucidrains")
             elif args.quality:
                 report, md, plot, stem = (run_quality(args, path), train_quality.markdown, train_quality.plot,
                                           "train_quality")

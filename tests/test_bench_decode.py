@@ -1,5 +1,5 @@
 """The decoding benchmark harness (`train.bench.decode`, `scripts/bench_decode.py`) and
-the peer adapter (`train.bench.lucidrains`) on tiny exports."""
+the adapter of lucidrains' package (`train.bench.lucidrains`) on tiny exports."""
 
 import importlib.util
 import json
@@ -13,7 +13,7 @@ from conftest import load_script
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError, save_export
 from train.bench.decode import DecodeBench, markdown, run, write_report
 
-peer_installed = importlib.util.find_spec("speculative_decoding") is not None
+lucidrains_installed = importlib.util.find_spec("speculative_decoding") is not None
 MAIN = ModelConfig(vocab_size=256, dim=32, depth=2, heads=2, dim_head=16, max_seq_len=256)
 PROPHET = ProphetConfig(model=ModelConfig(vocab_size=256, dim=32, depth=1, heads=2, dim_head=16, max_seq_len=16),
                         prophet_train_length=7)
@@ -34,13 +34,13 @@ def exports(tmp_path_factory):
 
 
 def test_bench_runs_every_setting_interleaved_and_predicts_from_its_own_timings(exports, tmp_path):
-    methods = ["base", "draft", "prophet"] + (["peer"] if peer_installed else [])
+    methods = ["base", "draft", "prophet"] + (["lucidrains"] if lucidrains_installed else [])
     bench = DecodeBench(batches=[1, 2], methods=methods, gammas=[2, "auto"], max_new_tokens=24, repeats=2,
                         target_export=str(exports / "pair"), draft_export=str(exports / "draft"))
     lines = []
     report = run(bench, log=lines.append)
     rows = report["results"]
-    per_batch = 1 + 2 + 2 + (2 if peer_installed else 0)         # base, draft x 2 gammas, prophet x 2, peers at 2
+    per_batch = 1 + 2 + 2 + (2 if lucidrains_installed else 0)         # base, draft x 2 gammas, prophet x 2, lucidrains' at 2
     assert len(rows) == 2 * per_batch and len(lines) == 2 * 2 * per_batch
     # round-robin: the first repeat of every setting comes before the second of any
     first = [line for line in lines if "batch 1 repeat 1/2" in line]
@@ -59,8 +59,8 @@ def test_bench_runs_every_setting_interleaved_and_predicts_from_its_own_timings(
                 assert r["expected_tokens_per_call"] == pytest.approx(expected)
             assert r["measured_over_predicted"] == pytest.approx(r["speedup"] / r["predicted_speedup"])
             assert 0 <= r["non_model_share"] < 1
-        if r["method"].startswith("peer"):
-            assert r["ours_over_peer"] == pytest.approx(r["ours_tokens_per_second"] / r["tokens_per_second"])
+        if r["method"].startswith("lucidrains"):
+            assert r["ours_over_lucidrains"] == pytest.approx(r["ours_tokens_per_second"] / r["tokens_per_second"])
     paths = write_report(report, tmp_path / "out" / "decode.json")
     assert [p.name for p in paths] == ["decode.json", "decode.md", "decode.png"]
     assert json.loads(paths[0].read_text())["settings"]["gammas"] == [2, "auto"]
@@ -109,49 +109,49 @@ def test_bench_script_reports_and_refuses_bad_input(exports, tmp_path, capsys):
     assert status == 2 and capsys.readouterr().err.startswith("error: a draft export needs a target export")
 
 
-# ---------------------------------------------------------------- the peer
+# ---------------------------------------------------------------- lucidrains' package
 
-needs_peer = pytest.mark.skipif(not peer_installed, reason="speculative-decoding (the peer) is not installed")
+needs_lucidrains = pytest.mark.skipif(not lucidrains_installed, reason="lucidrains' speculative-decoding is not installed")
 
 
-@needs_peer
-def test_patched_peer_computes_our_function_and_the_published_one_lacks_the_feed_forward():
-    from train.bench.lucidrains import build_peer, copy_weights
+@needs_lucidrains
+def test_patched_lucidrains_computes_our_function_and_the_published_one_lacks_the_feed_forward():
+    from train.bench.lucidrains import build_lucidrains, copy_weights
 
     torch.manual_seed(0)
     ours = ModelWithProphet(MAIN, PROPHET).eval()
     x = torch.randint(0, 256, (2, 20))
     with torch.no_grad():
         mine = ours.model(x).logits
-        patched = copy_weights(build_peer(MAIN, PROPHET, patched_ff=True), ours).eval()
-        published = copy_weights(build_peer(MAIN, PROPHET, patched_ff=False), ours).eval()
-        # equal up to the RMSNorm epsilon (ours 1e-6, the peer's float32 eps)
+        patched = copy_weights(build_lucidrains(MAIN, PROPHET, patched_ff=True), ours).eval()
+        published = copy_weights(build_lucidrains(MAIN, PROPHET, patched_ff=False), ours).eval()
+        # equal up to the RMSNorm epsilon (ours 1e-6, lucidrains' float32 eps)
         torch.testing.assert_close(patched.model(x), mine, rtol=1e-3, atol=1e-3)
         assert (published.model(x) - mine).abs().max() > 0.05
-        # same sizes: every weight of ours has its place in the peer
+        # same sizes: every weight of ours has its place in lucidrains'
         assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in patched.parameters())
 
 
-@needs_peer
-def test_peer_prophet_decoding_emits_the_requested_tokens():
-    from train.bench.lucidrains import build_peer, peer_prophet_decode
+@needs_lucidrains
+def test_lucidrains_prophet_decoding_emits_the_requested_tokens():
+    from train.bench.lucidrains import build_lucidrains, lucidrains_prophet_decode
 
     torch.manual_seed(0)
-    peer = build_peer(MAIN, PROPHET, patched_ff=True).eval()
-    out, seconds, accepted = peer_prophet_decode(peer, torch.randint(0, 256, (3, 5)), 17, gamma=3, top_k=20)
+    net = build_lucidrains(MAIN, PROPHET, patched_ff=True).eval()
+    out, seconds, accepted = lucidrains_prophet_decode(net, torch.randint(0, 256, (3, 5)), 17, gamma=3, top_k=20)
     assert out.shape == (3, 17) and seconds > 0
     # a prophet that drafts exactly the main model's token: zero output weights give both the same
     # (all-equal) logits, top_k=1 keeps the same single token, p/q = 1, so every draft of every
     # round is accepted: 3 per round, and every new token is that token
     with torch.no_grad():
-        peer.model.to_logits[-1].weight.zero_()
-        peer.prophet.to_logits[-1].weight.zero_()
-    out, _, accepted = peer_prophet_decode(peer, torch.randint(0, 256, (3, 5)), 17, gamma=3, top_k=1)
+        net.model.to_logits[-1].weight.zero_()
+        net.prophet.to_logits[-1].weight.zero_()
+    out, _, accepted = lucidrains_prophet_decode(net, torch.randint(0, 256, (3, 5)), 17, gamma=3, top_k=1)
     assert accepted == 3.0
     assert out.shape == (3, 17) and (out == out[0, 0]).all()
 
 
-def test_peer_filter_threshold_keeps_exactly_top_k():
+def test_lucidrains_filter_threshold_keeps_exactly_top_k():
     from train.bench.lucidrains import filter_thres
 
     for vocab in (6, 256, 50257):
@@ -160,9 +160,9 @@ def test_peer_filter_threshold_keeps_exactly_top_k():
         assert math.ceil((1 - filter_thres(None, vocab)) * vocab) == vocab
 
 
-def test_a_missing_peer_package_is_one_clear_line(monkeypatch):
-    from train.bench import lucidrains as peer
+def test_a_missing_lucidrains_package_is_one_clear_line(monkeypatch):
+    from train.bench import lucidrains
 
     monkeypatch.setitem(sys.modules, "speculative_decoding", None)       # import fails
-    with pytest.raises(SpecdecError, match=r"^the peer is not installed: pip install speculative-decoding==0.2.0"):
-        peer.build_peer(MAIN, PROPHET, patched_ff=False)
+    with pytest.raises(SpecdecError, match=r"^lucidrains' speculative-decoding is not installed: pip install speculative-decoding==0.2.0"):
+        lucidrains.build_lucidrains(MAIN, PROPHET, patched_ff=False)

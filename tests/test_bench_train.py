@@ -18,8 +18,8 @@ from train.bench.report import write_report
 TINY = "32x2+32x1"          # main 32 x 2 + prophet 32 x 1, one head of 32
 SEQ = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
-needs_peer = pytest.mark.skipif(importlib.util.find_spec("speculative_decoding") is None,
-                                reason="speculative-decoding (the peer) is not installed")
+needs_lucidrains = pytest.mark.skipif(importlib.util.find_spec("speculative_decoding") is None,
+                                      reason="lucidrains' speculative-decoding is not installed")
 
 
 def batch_of(k: int) -> torch.Tensor:
@@ -59,11 +59,11 @@ def test_rounds_rotate_who_steps_first():
         train_step.interleave([Fake("a", [])], [batch_of(0)], warmup=1)
 
 
-@needs_peer
-def test_step_timers_give_positive_rates_for_ours_and_both_peers():
+@needs_lucidrains
+def test_step_timers_give_positive_rates_for_ours_and_both_lucidrains_variants():
     report = train_step.bench_steps(TINY, batch_of, seq_len=SEQ, batch_size=2, windows_per_seq=[3], steps=2, warmup=1)
     rows = {r["contender"]: r for r in report["contenders"]}
-    assert list(rows) == ["ours", "ours wps=3", "peer", "peer+ff"]
+    assert list(rows) == ["ours", "ours wps=3", "lucidrains", "lucidrains+ff"]
     all_windows = train_step.size_configs(TINY)[1].anchor_count(SEQ)
     assert [r["prophet_windows_per_seq"] for r in rows.values()] == [all_windows, 3, all_windows, all_windows]
     for name, r in rows.items():
@@ -72,25 +72,25 @@ def test_step_timers_give_positive_rates_for_ours_and_both_peers():
     md = train_step.markdown({"sizes": [report]})
     with pytest.raises(SpecdecError, match="expected"):
         train_step.bench_steps(TINY, batch_of, seq_len=SEQ + 1, batch_size=2)
-    assert "| ours / peer | ours / peer+ff |" in md and "| ours wps=3 | 3 |" in md
+    assert "| ours / lucidrains | ours / lucidrains+ff |" in md and "| ours wps=3 | 3 |" in md
 
 
-@needs_peer
-def test_peer_weights_mapped_into_ours_compute_the_peers_function():
-    from train.bench.lucidrains import build_peer, copy_weights_to_ours
+@needs_lucidrains
+def test_lucidrains_weights_mapped_into_ours_compute_its_function():
+    from train.bench.lucidrains import build_lucidrains, copy_weights_to_ours
 
     main, prophet = train_step.size_configs(TINY)
     torch.manual_seed(1)
     x = torch.randint(0, 256, (2, 12))
     for patched in (True, False):
-        peer = build_peer(main, prophet, patched_ff=patched).eval()
-        ours = copy_weights_to_ours(ModelWithProphet(main, prophet), peer).eval()
+        net = build_lucidrains(main, prophet, patched_ff=patched).eval()
+        ours = copy_weights_to_ours(ModelWithProphet(main, prophet), net).eval()
         with torch.no_grad():
-            # equal up to the RMSNorm epsilon (ours 1e-6, the peer's float32 eps)
-            torch.testing.assert_close(ours.model(x).logits, peer.model(x), rtol=1e-3, atol=1e-3)
+            # equal up to the RMSNorm epsilon (ours 1e-6, lucidrains' float32 eps)
+            torch.testing.assert_close(ours.model(x).logits, net.model(x), rtol=1e-3, atol=1e-3)
             start = torch.randn(2, 2, 32)
             torch.testing.assert_close(ours.prophet(x[:, :4], start=start).logits,
-                                       peer.prophet(x[:, :4], start_tokens=start), rtol=1e-3, atol=1e-3)
+                                       net.prophet(x[:, :4], start_tokens=start), rtol=1e-3, atol=1e-3)
 
 
 def test_time_to_quality_stops_each_contender_at_the_threshold():
@@ -119,12 +119,12 @@ def test_time_to_quality_stops_when_all_reached():
     assert [r["steps"] for r in rows] == [3, 3]
 
 
-@needs_peer
+@needs_lucidrains
 def test_quality_bench_runs_every_contender_and_writes_its_report(tmp_path):
     bench = train_quality.QualityBench(size=TINY, seq_len=SEQ, batch_size=2, threshold=6.0, also_report=[1.01],
                                        eval_every=1, max_steps=2, new_tokens=4, windows_per_seq=[3])
     report = train_quality.bench_quality(bench, batch_of, batch_of(99), torch.randint(0, 256, (2, 8)))
-    assert [r["contender"] for r in report["contenders"]] == ["ours", "ours wps=3", "peer", "peer+ff"]
+    assert [r["contender"] for r in report["contenders"]] == ["ours", "ours wps=3", "lucidrains", "lucidrains+ff"]
     for r in report["contenders"]:
         assert [p["step"] for p in r["curve"]] == [1, 2] and r["train_seconds"] > 0
         assert all(1 <= p["tokens_per_call"] <= 6 and 0 <= p["decode_acceptance_rate"] <= 1
@@ -147,10 +147,10 @@ def test_bad_quality_settings_are_refused(kwargs, match):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--peer", "--sizes", "huge"], "is not of the form"),
+    (["--lucidrains", "--sizes", "huge"], "is not of the form"),
     (["--quality", "--threshold", "0.5"], "threshold must be"),
-    (["--peer", "--data", "/nonexistent/file"], "is not a file"),
-    (["--peer", "--steps", "0"], "must be >= 1"),
+    (["--lucidrains", "--data", "/nonexistent/file"], "is not a file"),
+    (["--lucidrains", "--steps", "0"], "must be >= 1"),
     (["--precisions", "fp8"], "precision must be one of"),
 ])
 def test_bench_script_refuses_bad_arguments_in_one_line(argv, match, capsys, tmp_path):

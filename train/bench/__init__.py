@@ -4,7 +4,7 @@
 - `decode`: plain, draft and prophet decoding side by side, c and v measured inside the same
   runs (scripts/bench_decode.py);
 - `pipeline`: the Lightning pipeline (`run` itself) against a plain PyTorch loop; `train_step`:
-  our train step against the peer's; `train_quality`: train time to a fixed prophet acceptance;
+  our train step against lucidrains'; `train_quality`: train time to a fixed prophet acceptance;
   `data`: the bytes they read (scripts/bench_train.py);
 - `compare_drafts`: which draft a trained target should use, candidates trained through `run`
   (scripts/compare_drafts.py);

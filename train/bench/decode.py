@@ -1,7 +1,7 @@
-"""Decoding benchmark: plain, draft-model and prophet decoding (and the peer's prophet decoding)
+"""Decoding benchmark: plain, draft-model and prophet decoding (and lucidrains' prophet decoding)
 side by side in one process, interleaved, with the cost ratios measured inside the same runs.
 
-For each batch size the settings run round-robin (base, draft, prophet, peer, peer+ff, base,
+For each batch size the settings run round-robin (base, draft, prophet, lucidrains, lucidrains+ff, base,
 draft, ...), so a burst of load from other processes hits every setting alike; each repeat's
 stats are merged (`DecodeStats.merge`). c and v come from the very runs they predict:
 `generate(timing=True)` times every model call, c = mean draft (or prophet) step / mean 1-token
@@ -13,8 +13,8 @@ acceptance and cache bookkeeping (their share of the wall time is reported too).
 With random weights (the default: the seed's sizes, target 512 x 10, prophet 512 x 2, draft
 256 x 2) every distribution is nearly uniform, so acceptance is high and means nothing about
 trained models: the speed-ups show what the machinery costs and gains at that acceptance.
-The peer (`train.bench.lucidrains`) gets our prophet model's weights and the same temperature and top-k, so
-both sample from the same distributions.
+lucidrains' model (`train.bench.lucidrains`) gets our prophet model's weights and the same temperature and
+top-k, so both sample from the same distributions.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ SEED_TARGET = ModelConfig(vocab_size=256, dim=512, depth=10, heads=8, dim_head=6
 SEED_PROPHET = ProphetConfig(model=ModelConfig(vocab_size=256, dim=512, depth=2, heads=8, dim_head=64))
 SEED_DRAFT = ModelConfig(vocab_size=256, dim=256, depth=2, heads=4, dim_head=64)
 PROMPT = b"Speculative decoding: a small model drafts, the large model verifies in one pass. "
-METHODS = ("base", "draft", "prophet", "peer")
-PEER_VARIANTS = ("peer", "peer+ff")       # as published; with the feed-forward blocks applied
+METHODS = ("base", "draft", "prophet", "lucidrains")
+LUCIDRAINS_VARIANTS = ("lucidrains", "lucidrains+ff")       # as published; with the feed-forward blocks applied
 
 
 @dataclass
@@ -120,8 +120,8 @@ def _settings(bench: DecodeBench, models: Models) -> list[tuple[str, int | str |
             # a prophet trained for L positions drafts at most L - 1 (generate refuses more)
             top = models.prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
             out += [(method, g) for g in bench.gammas if isinstance(g, str) or top is None or g <= top]
-    if "peer" in bench.methods and models.prophet is not None:
-        out += [(v, g) for v in PEER_VARIANTS for g in bench.gammas if isinstance(g, int)]
+    if "lucidrains" in bench.methods and models.prophet is not None:
+        out += [(v, g) for v in LUCIDRAINS_VARIANTS for g in bench.gammas if isinstance(g, int)]
     return out
 
 
@@ -130,21 +130,21 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
     load_before = os.getloadavg()[0]
     models = build_models(bench)
     settings = _settings(bench, models)
-    peers = {}
-    if any(m in PEER_VARIANTS for m, _ in settings):
-        from .lucidrains import build_peer, copy_weights
+    theirs = {}
+    if any(m in LUCIDRAINS_VARIANTS for m, _ in settings):
+        from .lucidrains import build_lucidrains, copy_weights
 
         p = models.prophet
-        peers = {v: copy_weights(build_peer(p.main_cfg, p.prophet_cfg, v == "peer+ff"), p).eval()
-                 for v in PEER_VARIANTS}
+        theirs = {v: copy_weights(build_lucidrains(p.main_cfg, p.prophet_cfg, v == "lucidrains+ff"), p).eval()
+                 for v in LUCIDRAINS_VARIANTS}
     prompt = torch.tensor([list(PROMPT)], device=models.target.device)
 
     def decode(method: str, gamma, batch: int, max_new: int, seed: int):
         rows = prompt.expand(batch, -1)
-        if method in PEER_VARIANTS:
-            from .lucidrains import peer_prophet_decode
+        if method in LUCIDRAINS_VARIANTS:
+            from .lucidrains import lucidrains_prophet_decode
 
-            return peer_prophet_decode(peers[method], rows, max_new, gamma, bench.temperature, bench.top_k, seed)
+            return lucidrains_prophet_decode(theirs[method], rows, max_new, gamma, bench.temperature, bench.top_k, seed)
         kw = {"draft": {"draft": models.draft}, "prophet": {"prophet": models.prophet}, "base": {}}[method]
         if gamma == "stored":
             kw["speed_profile"] = stored_profile(models.metadata, bench.temperature, batch)
@@ -188,7 +188,7 @@ def _rows(batch: int, runs: dict[tuple, list], bench: DecodeBench) -> list[dict[
     rows = []
     for (method, gamma), outs in runs.items():
         row: dict[str, Any] = {"batch": batch, "method": method, "gamma": gamma}
-        if method in PEER_VARIANTS:
+        if method in LUCIDRAINS_VARIANTS:
             seconds = sum(o[1] for o in outs)
             row.update(tokens_per_second=batch * bench.max_new_tokens * len(outs) / seconds,
                        accepted_per_round=sum(o[2] for o in outs) / len(outs),
@@ -197,7 +197,7 @@ def _rows(batch: int, runs: dict[tuple, list], bench: DecodeBench) -> list[dict[
             if ours:
                 merged = DecodeStats.merge(ours)
                 row["ours_tokens_per_second"] = merged.tokens_per_second
-                row["ours_over_peer"] = merged.tokens_per_second / row["tokens_per_second"]
+                row["ours_over_lucidrains"] = merged.tokens_per_second / row["tokens_per_second"]
                 row["ours_accepted_per_round"] = merged.accepted / max(merged.drafted / merged.gamma, 1)
         else:
             s = DecodeStats.merge(outs)
@@ -249,7 +249,7 @@ def markdown(report: dict[str, Any]) -> str:
              "| measured/predicted | non-model time |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["results"]:
-        if r["method"] in PEER_VARIANTS:
+        if r["method"] in LUCIDRAINS_VARIANTS:
             continue
         v = "/".join(f"{x:.2f}" for x in r["v_by_gamma"].values()) if r.get("v_by_gamma") else "–"
         gamma = r["gamma"] if isinstance(r["gamma"], int) or r["gamma"] is None else \
@@ -260,23 +260,23 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {fmt(r.get('c'), '.3f')} | {v} "
             f"| {fmt(r.get('predicted_speedup'))} | {fmt(r.get('measured_over_predicted'))} "
             f"| {100 * r['non_model_share']:.1f}% |")
-    peers = [r for r in report["results"] if r["method"] in PEER_VARIANTS]
-    if peers:
-        lines += ["", "| batch | peer | gamma | peer tokens/s | ours (prophet) tokens/s | ours / peer "
-                      "| peer accepted/round | ours accepted/round |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
-        for r in peers:
+    versus = [r for r in report["results"] if r["method"] in LUCIDRAINS_VARIANTS]
+    if versus:
+        lines += ["", "| batch | lucidrains | gamma | lucidrains tokens/s | ours (prophet) tokens/s | ours / lucidrains "
+                      "| lucidrains accepted/round | ours accepted/round |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r in versus:
             lines.append(f"| {r['batch']} | {r['method']} | {r['gamma']} | {r['tokens_per_second']:.1f} "
-                         f"| {fmt(r.get('ours_tokens_per_second'), '.1f')} | {fmt(r.get('ours_over_peer'))}x "
+                         f"| {fmt(r.get('ours_tokens_per_second'), '.1f')} | {fmt(r.get('ours_over_lucidrains'))}x "
                          f"| {r['accepted_per_round']:.2f} | {fmt(r.get('ours_accepted_per_round'))} |")
     return "\n".join(lines)
 
 
 def plot(report: dict[str, Any], f: BinaryIO) -> None:
-    """Measured and predicted speed-ups per setting, and ours / peer, as a PNG into `f`."""
+    """Measured and predicted speed-ups per setting, and ours / lucidrains', as a PNG into `f`."""
     plt = pyplot()
     spec = [r for r in report["results"] if r.get("predicted_speedup")]
-    peers = [r for r in report["results"] if r.get("ours_over_peer")]
-    panels = 1 + bool(peers)
+    versus = [r for r in report["results"] if r.get("ours_over_lucidrains")]
+    panels = 1 + bool(versus)
     fig, axes = plt.subplots(1, panels, figsize=(max(6, 1.3 * len(spec) + 2) + 4 * (panels - 1), 4), squeeze=False)
     ax = axes[0][0]
     x = range(len(spec))
@@ -287,12 +287,12 @@ def plot(report: dict[str, Any], f: BinaryIO) -> None:
     ax.set_ylabel("speed-up over plain decoding")
     ax.set_title(report["weights"].split(":")[0], fontsize=9)
     ax.legend()
-    if peers:
+    if versus:
         ax = axes[0][1]
-        ax.bar(range(len(peers)), [r["ours_over_peer"] for r in peers], color="tab:green")
+        ax.bar(range(len(versus)), [r["ours_over_lucidrains"] for r in versus], color="tab:green")
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(peers)), [f"vs {r['method']}\nbatch {r['batch']}" for r in peers], fontsize=8)
-        ax.set_ylabel("ours / peer tokens per second (prophet)")
+        ax.set_xticks(range(len(versus)), [f"vs {r['method']}\nbatch {r['batch']}" for r in versus], fontsize=8)
+        ax.set_ylabel("ours / lucidrains' tokens per second (prophet)")
     fig.tight_layout()
     fig.savefig(f, dpi=120, format="png")
     plt.close(fig)

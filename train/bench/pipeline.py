@@ -8,7 +8,7 @@ for bf16-mixed) on the very batches the pipeline drew. Both run in one process, 
 `Interleave` runs the plain loop on the last N batches after every N pipeline steps (warm-up
 first), so load on the machine hits both alike. Ratio = pipeline tokens/s / plain tokens/s. The
 speculative-decoding evaluation callback is off for the ratio; one evaluation (its config from
-conf/callbacks) is timed separately (`time_eval`). The peer comparison and time-to-quality live
+conf/callbacks) is timed separately (`time_eval`). The comparison with lucidrains' and time-to-quality live
 in `train.bench.train_step` and `train.bench.train_quality` (no Lightning there).
 """
 
@@ -143,7 +143,7 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
         check(int(cfg.trainer.accumulate_grad_batches) == 1,
               "the benchmark counts one batch per optimizer step: keep trainer.accumulate_grad_batches=1")
         check(cfg.model.prophet.get("windows_per_seq") is None,
-              "the plain loop draws no window subsets: benchmark windows_per_seq with --peer")
+              "the plain loop draws no window subsets: benchmark windows_per_seq with --lucidrains")
         val_interval = int(cfg.trainer.val_check_interval)
         cfg.trainer.val_check_interval = 10 ** 6           # no validation inside the timed fit
         eval_node = cfg.callbacks.get("speculative_eval")

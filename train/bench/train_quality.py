@@ -1,13 +1,13 @@
 """Training time-to-quality: wall time of each contender's own train steps until its prophet
 reaches a fixed acceptance at temperature 0 on validation text.
 
-The contenders (`train.bench.train_step`: ours, ours with `windows_per_seq`, the peer as published
-and with its feed-forward applied) start from the same weights and train interleaved in one
+The contenders (`train.bench.train_step`: ours, ours with `windows_per_seq`, lucidrains' model as
+published and with its feed-forward applied) start from the same weights and train interleaved in one
 process, one optimizer step each per batch on the same batches (who goes first rotates, as in
 `train_step.interleave`), so load from other processes hits them alike; each accumulates its
 own step seconds only. Every `eval_every` steps each contender still short of the threshold is
 scored by the same evaluator on the same validation windows, after its weights are mapped into
-one `ModelWithProphet` with every window (`peer.copy_weights_to_ours` for a peer, whose
+one `ModelWithProphet` with every window (`lucidrains.copy_weights_to_ours` for lucidrains', whose
 published form's missing feed-forward becomes a zero one):
 
 - the quality, `tokens_per_call`: greedy (T=0) acceptance against the validation text itself,
@@ -36,7 +36,7 @@ from specdec_models.errors import check
 from specdec_models.heads.prophet import ModelWithProphet, drafted_hits, simulated_tokens_per_call
 
 from .lucidrains import copy_weights_to_ours
-from .train_step import PEER_VARIANTS, TrainStep, contenders, round_order, size_configs
+from .train_step import LUCIDRAINS_VARIANTS, TrainStep, contenders, round_order, size_configs
 
 
 @dataclass
@@ -51,7 +51,7 @@ class QualityBench:
     lr: float = 1e-3
     clip: float | None = 0.5
     windows_per_seq: list[int] = field(default_factory=lambda: [64])
-    peers: list[str] = field(default_factory=lambda: list(PEER_VARIANTS))
+    variants: list[str] = field(default_factory=lambda: list(LUCIDRAINS_VARIANTS))   # lucidrains'
     threshold: float = 1.6          # tokens per call (teacher-forced, T=0, gamma): a contender stops there
     also_report: list[float] = field(default_factory=list)   # lower thresholds read off the same curves
     eval_every: int = 20
@@ -92,7 +92,7 @@ def acceptance(net: ModelWithProphet, valid: Tensor, prompts: Tensor, gamma: int
 def evaluator(valid: Tensor, prompts: Tensor, gamma: int, new_tokens: int, template: ModelWithProphet
               ) -> Callable[[TrainStep], dict[str, float]]:
     """Score a contender with `acceptance` on one `ModelWithProphet` with every window (template's
-    sizes): ours are loaded into it, a peer's weights mapped into it."""
+    sizes): ours are loaded into it, lucidrains' weights mapped into it."""
     prophet = replace(template.prophet_cfg, windows_per_seq=None)
     scratch = ModelWithProphet(template.main_cfg, prophet)
 
@@ -145,8 +145,8 @@ def first_reached(curve: list[dict[str, Any]], threshold: float, metric: str = "
 
 def bench_quality(bench: QualityBench, batch_of: Callable[[int], Tensor], valid: Tensor, prompts: Tensor,
                   log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Time-to-quality of ours (every window, then each windows_per_seq) and the peer variants."""
-    runners = contenders(bench.size, bench.seq_len, bench.windows_per_seq, bench.peers, bench.optimizer, bench.lr,
+    """Time-to-quality of ours (every window, then each windows_per_seq) and lucidrains' variants."""
+    runners = contenders(bench.size, bench.seq_len, bench.windows_per_seq, bench.variants, bench.optimizer, bench.lr,
                          bench.clip, bench.seed)
     score = evaluator(valid, prompts, bench.gamma, bench.new_tokens, runners[0].net)
     rows = time_to_quality(runners, batch_of, score, bench.threshold, bench.eval_every, bench.max_steps, log=log)
@@ -155,7 +155,7 @@ def bench_quality(bench: QualityBench, batch_of: Callable[[int], Tensor], valid:
             row.setdefault("by_threshold", {})[str(t)] = first_reached(row["curve"], t)
     return {"mode": "quality", "settings": asdict(bench), "valid": list(valid.shape), "prompts": list(prompts.shape),
             "evaluator": "teacher-forced greedy acceptance on validation windows (drafted_hits, "
-                         "simulated_tokens_per_call), and decode.generate T=0; peers mapped into ModelWithProphet",
+                         "simulated_tokens_per_call), and decode.generate T=0; lucidrains' mapped into ModelWithProphet",
             "contenders": rows}
 
 

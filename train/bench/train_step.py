@@ -1,9 +1,9 @@
-"""Training-step benchmark: our joint train step against the peer's, side by side in one process.
+"""Training-step benchmark: our joint train step against lucidrains', side by side in one process.
 
 Each contender is one `TrainStep` (a model, its optimizer, and a loss function of a batch): ours
-(`ModelWithProphet`, every prophet window or `windows_per_seq` random ones) and the peer's
+(`ModelWithProphet`, every prophet window or `windows_per_seq` random ones) and lucidrains'
 `ModelWithProphetWrapper` (`train.bench.lucidrains`), as published and with its feed-forward blocks applied.
-All start from the same weights (ours, copied into the peer) and train on the same batches. A
+All start from the same weights (ours, copied into lucidrains') and train on the same batches. A
 step is forward + backward (+ gradient clipping when asked) + optimizer step, fp32.
 
 `interleave` runs the steps round-robin, rotating who goes first each round (A B C, B C A,
@@ -12,9 +12,9 @@ alike; ratios are medians of per-round ratios of step times, never divided by fi
 in another run.
 
 Windows per sequence: both sides train the prophet on `ProphetConfig.anchor_count(seq_len)`
-windows of a sequence of seq_len + 1 tokens (the peer's `seq_len + 1 - L - (S - 1)` is the same
+windows of a sequence of seq_len + 1 tokens (lucidrains' `seq_len + 1 - L - (S - 1)` is the same
 count), unless ours samples `windows_per_seq`. A window of ours runs S + L - 1 positions and
-scores L labels; the peer's runs L - 1 positions (S start tokens, L - S - 1 tokens) and scores
+scores L labels; lucidrains' runs L - 1 positions (S start tokens, L - S - 1 tokens) and scores
 L - 1 labels (its first start token's output included, so only L - 2 past the anchor against
 ours L), so ours does slightly more work per window.
 """
@@ -34,11 +34,11 @@ from specdec_models.config import ModelConfig, ProphetConfig
 from specdec_models.errors import check
 from specdec_models.heads.prophet import ModelWithProphet
 
-from .lucidrains import build_peer, copy_weights
+from .lucidrains import build_lucidrains, copy_weights
 
 # the benchmarked sizes, "main dim x depth + prophet dim x depth" (the seed's is the second)
 SIZES = ("256x4+256x1", "512x10+512x2")
-PEER_VARIANTS = {"peer": False, "peer+ff": True}       # name -> patched_ff
+LUCIDRAINS_VARIANTS = {"lucidrains": False, "lucidrains+ff": True}       # name -> patched_ff
 _SIZE = re.compile(r"(\d+)x(\d+)\+(\d+)x(\d+)")
 
 
@@ -103,20 +103,21 @@ def ours(name: str, net: ModelWithProphet, seq_len: int, optimizer: str = "adamw
                      windows, clip)
 
 
-def peer(name: str, like: ModelWithProphet, patched_ff: bool, seq_len: int, optimizer: str = "adamw",
-         lr: float = 1e-4, clip: float | None = None) -> TrainStep:
-    """The peer's `ModelWithProphetWrapper` train step at `like`'s sizes, starting from its weights."""
-    net = copy_weights(build_peer(like.main_cfg, like.prophet_cfg, patched_ff), like).train()
+def lucidrains(name: str, like: ModelWithProphet, patched_ff: bool, seq_len: int, optimizer: str = "adamw",
+               lr: float = 1e-4, clip: float | None = None) -> TrainStep:
+    """lucidrains' `ModelWithProphetWrapper` train step at `like`'s sizes, starting from its weights."""
+    net = copy_weights(build_lucidrains(like.main_cfg, like.prophet_cfg, patched_ff), like).train()
     return TrainStep(name, net, lambda b: net(b)[0], make_optimizer(net, optimizer, lr),
                      like.prophet_cfg.anchor_count(seq_len), clip)
 
 
-def contenders(size: str, seq_len: int, windows_per_seq: Sequence[int] = (), peers: Sequence[str] = tuple(PEER_VARIANTS),
+def contenders(size: str, seq_len: int, windows_per_seq: Sequence[int] = (),
+               variants: Sequence[str] = tuple(LUCIDRAINS_VARIANTS),
                optimizer: str = "adamw", lr: float = 1e-4, clip: float | None = None, seed: int = 0) -> list[TrainStep]:
-    """Ours (every window, then each `windows_per_seq`), then the peer variants, all from the same
+    """Ours (every window, then each `windows_per_seq`), then lucidrains' `variants`, all from the same
     initial weights (torch seeded with `seed`)."""
-    for name in peers:
-        check(name in PEER_VARIANTS, f"unknown peer variant {name!r}: choose from {', '.join(PEER_VARIANTS)}")
+    for name in variants:
+        check(name in LUCIDRAINS_VARIANTS, f"unknown lucidrains variant {name!r}: choose from {', '.join(LUCIDRAINS_VARIANTS)}")
     main, prophet = size_configs(size, max_seq_len=max(1024, seq_len))
     check(prophet.anchor_count(seq_len) >= 1, f"seq_len {seq_len} holds no prophet window of {prophet.window_len}")
     torch.manual_seed(seed)
@@ -126,8 +127,8 @@ def contenders(size: str, seq_len: int, windows_per_seq: Sequence[int] = (), pee
         net = ModelWithProphet(main, size_configs(size, k, max_seq_len=main.max_seq_len)[1])
         net.load_state_dict(base.state_dict())
         out.append(ours(f"ours wps={k}", net, seq_len, optimizer, lr, clip, seed))
-    for name in peers:
-        out.append(peer(name, base, PEER_VARIANTS[name], seq_len, optimizer, lr, clip))
+    for name in variants:
+        out.append(lucidrains(name, base, LUCIDRAINS_VARIANTS[name], seq_len, optimizer, lr, clip))
     return out
 
 
@@ -166,15 +167,15 @@ def step_rows(steps: Sequence[TrainStep], rounds: list[list[float]], tokens_per_
 
 
 def bench_steps(size: str, batch_of: Callable[[int], Tensor], seq_len: int = 512, batch_size: int = 4,
-                windows_per_seq: Sequence[int] = (), peers: Sequence[str] = tuple(PEER_VARIANTS),
+                windows_per_seq: Sequence[int] = (), variants: Sequence[str] = tuple(LUCIDRAINS_VARIANTS),
                 steps: int = 4, warmup: int = 1, seed: int = 0) -> dict:
-    """Our train step (fp32 AdamW) against the peer's at `size`, interleaved over `warmup + steps`
+    """Our train step (fp32 AdamW) against lucidrains' `variants` at `size`, interleaved over `warmup + steps`
     batches from `batch_of(k)` (each (batch_size, seq_len + 1))."""
     check(steps >= 1 and warmup >= 0, f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
     shape = tuple(batch_of(0).shape)
     check(shape == (batch_size, seq_len + 1), f"batches are {shape}, expected (batch_size, seq_len + 1) = "
                                               f"{(batch_size, seq_len + 1)}")
-    runners = contenders(size, seq_len, windows_per_seq, peers, seed=seed)
+    runners = contenders(size, seq_len, windows_per_seq, variants, seed=seed)
     batches = (batch_of(k) for k in range(warmup + steps))
     rounds = interleave(runners, batches, warmup)
     return {"size": size, "seq_len": seq_len, "batch_size": batch_size, "steps": steps, "warmup": warmup,
@@ -182,18 +183,18 @@ def bench_steps(size: str, batch_of: Callable[[int], Tensor], seq_len: int = 512
 
 
 def markdown(report: dict) -> str:
-    """One table per size: tokens/s per contender and ours over each peer variant."""
+    """One table per size: tokens/s per contender and ours over each lucidrains variant."""
     lines = []
     for size in report["sizes"]:
         rows = size["contenders"]
-        peers = [r["contender"] for r in rows if r["contender"] in PEER_VARIANTS]
+        theirs = [r["contender"] for r in rows if r["contender"] in LUCIDRAINS_VARIANTS]
         lines += [f"{size['size']}: seq {size['seq_len']}, batch {size['batch_size']}, fp32 AdamW, "
                   f"{size['steps']} interleaved rounds after {size['warmup']} warm-up", "",
                   "| contender | prophet windows / seq | s / step (median) | tokens/s | "
-                  + " | ".join(f"ours / {p}" for p in peers) + " |", "|---" * (4 + len(peers)) + "|"]
+                  + " | ".join(f"ours / {p}" for p in theirs) + " |", "|---" * (4 + len(theirs)) + "|"]
         for r in rows:
-            ratios = " | ".join("-" if r["contender"] in PEER_VARIANTS else f"{r['speedup_over'][p]:.2f}x"
-                                for p in peers)
+            ratios = " | ".join("-" if r["contender"] in LUCIDRAINS_VARIANTS else f"{r['speedup_over'][p]:.2f}x"
+                                for p in theirs)
             lines.append(f"| {r['contender']} | {r['prophet_windows_per_seq']} | {r['seconds_per_step']:.2f} | "
                          f"{r['tokens_per_second']:,.0f} | {ratios} |")
         lines.append("")
@@ -201,18 +202,18 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, f) -> None:
-    """Ours (each variant) over each peer variant, per size."""
+    """Ours (each variant) over each lucidrains variant, per size."""
     from .report import pyplot
 
     plt = pyplot()
     bars = [(f"{r['contender']}\n/ {p}\n{s['size']}", r["speedup_over"][p]) for s in report["sizes"]
-            for r in s["contenders"] if r["contender"] not in PEER_VARIANTS
-            for p in r["speedup_over"] if p in PEER_VARIANTS]
+            for r in s["contenders"] if r["contender"] not in LUCIDRAINS_VARIANTS
+            for p in r["speedup_over"] if p in LUCIDRAINS_VARIANTS]
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4))
     ax.bar(range(len(bars)), [b[1] for b in bars], color="tab:green")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
-    ax.set_ylabel("train-step speed, ours / peer (median of rounds)")
+    ax.set_ylabel("train-step speed, ours / lucidrains' (median of rounds)")
     fig.tight_layout()
     fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
