@@ -1,4 +1,4 @@
-"""Train the peers' EAGLE-3 heads (vLLM's speculators, SpecForge) live, on specdec's cache.
+"""Run the peer trainers (the EAGLE-3 trainers of vLLM's speculators and SpecForge) live, on specdec's cache.
 
     python scripts/train_peers.py --cache CACHE_DIR --draft-vocab COUNTS.json --minutes 10 --threads 1 --out DIR
 
@@ -13,7 +13,7 @@ cache and token counts):
    vocabulary) into each peer's vocabulary-mapping files;
 3. each peer's trainer (`--peers`, default both: speculators, then SpecForge) runs in its own
    process in the interop environment (`--python`, default .venv-interop: `make setup-interop`),
-   patched at run time (`train.peers.run_<peer>`), for `--minutes` of training (or
+   patched at run time (scripts/peers/run_<peer>.py), for `--minutes` of training (or
    `--max-steps`), on `--threads` threads; the peers run one after the other, so neither
    competes with the other for the CPU; its head lands in DIR/<peer>/head (SpecForge's in the
    SGLang layout its own exporter writes);
@@ -40,7 +40,7 @@ from specdec_models.errors import SpecdecError, check
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = ("speculators", "specforge")
-RUNNERS = {"speculators": "train.peers.run_speculators", "specforge": "train.peers.run_specforge"}
+RUNNERS = {peer: REPO / "scripts" / "peers" / f"run_{peer}.py" for peer in PEERS}   # run by path, in --python
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -98,7 +98,7 @@ def mask_token_id(tokenizer) -> int:
 def run_peer(peer: str, a: argparse.Namespace, data: Path, verifier: Path, aux: list[int], vocab: dict | None,
              mask_id: int, out: Path) -> dict:
     """One peer's trainer in its own process; its report."""
-    cmd = [a.python, "-m", RUNNERS[peer], "--data", str(data), "--verifier", str(verifier), "--out", str(out),
+    cmd = [a.python, str(RUNNERS[peer]), "--data", str(data), "--verifier", str(verifier), "--out", str(out),
            "--threads", str(a.threads), "--ttt-steps", str(a.ttt_steps)]
     if peer == "speculators":
         cmd += ["--aux-layers", *map(str, aux), "--mask-token-id", str(mask_id)]

@@ -18,8 +18,9 @@ TEXTMIX = REPO.parent / "shared" / "data" / "textmix100m.gz"   # 10^8 bytes of t
 
 
 def load_script(name: str) -> ModuleType:
-    """scripts/NAME.py as a module (scripts/ is not a package): a test calls its main(argv) in-process."""
-    spec = importlib.util.spec_from_file_location(f"scripts_{name}", REPO / "scripts" / f"{name}.py")
+    """scripts/NAME.py as a module (scripts/ is not a package; NAME may name a subfolder, e.g.
+    peers/specforge_loss): a test calls its main(argv) in-process."""
+    spec = importlib.util.spec_from_file_location(f"scripts_{name.replace('/', '_')}", REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

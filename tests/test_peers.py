@@ -1,5 +1,5 @@
 """The peers' EAGLE-3 trainers live: specdec's cache in their data formats, their trainers run
-on this CPU, their heads drafting in specdec (`train.data.peer_formats`, `train.peers`,
+on this CPU, their heads drafting in specdec (`train.data.peer_formats`, scripts/peers/,
 scripts/train_peers.py).
 
 A tiny random Llama target (hidden 32, 4 layers, a word-level tokenizer) and an int8 cache of its
@@ -187,12 +187,14 @@ def test_a_peers_trainer_runs_on_cpu_and_its_head_drafts_in_specdec(tiny, tmp_pa
 
 
 def test_the_torch_stand_in_for_specforges_triton_loss_computes_its_maths():
-    """train.peers.specforge_loss against the formula SpecForge's kernels compute, written out
+    """scripts/peers/specforge_loss.py against the formula SpecForge's kernels compute, written out
     position by position: per unmasked row -sum_v p_v log softmax(z)_v, masked rows 0, the mean over
     all B T rows; and its gradient against the kernels' backward, (softmax(z) sum_v p_v - p) / (B T)
     on unmasked rows, 0 on masked ones. Random logits with a non-finite masked row (the kernels
     skip it)."""
-    from train.peers.specforge_loss import LogSoftmaxLoss
+    from conftest import load_script
+
+    LogSoftmaxLoss = load_script("peers/specforge_loss").LogSoftmaxLoss
 
     g = torch.Generator().manual_seed(0)
     B, T, V = 2, 5, 11

@@ -1,6 +1,6 @@
 """Train vLLM's `speculators` (0.9.0) EAGLE-3 trainer on this CPU, patched at run time only.
 
-    python -m train.peers.run_speculators --data DIR --verifier DIR --out DIR --aux-layers 2 15 27 \
+    python scripts/peers/run_speculators.py --data DIR --verifier DIR --out DIR --aux-layers 2 15 27 \
         --mask-token-id ID [--draft-vocab-size D --d2t FILE --t2d FILE] [--minutes M] [--max-steps N] \
         [--threads 1] [--ttt-steps 3] [-- EXTRA speculators train flags]
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from . import Budget, add_budget_args, parse_budget_args, write_report
+from runner import Budget, add_budget_args, parse_budget_args, write_report
 
 
 class _Counting:

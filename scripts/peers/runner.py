@@ -1,8 +1,11 @@
-"""The peer EAGLE-3 trainers (vLLM's `speculators`, SpecForge), run live on this CPU.
+"""What the runners of the peer trainers share: the peer trainers are the EAGLE-3 trainers of vLLM's
+`speculators` and of SpecForge, run live on this CPU.
 
-Each runner module (`run_speculators`, `run_specforge`) runs in the environment where its package is installed
-(`make setup-interop`: .venv-interop), one process per peer, started by `scripts/train_peers.py`.
-It applies its peer's runtime patches (no file of the package is edited), trains from the data
+Each runner (scripts/peers/run_speculators.py, scripts/peers/run_specforge.py) runs in the
+environment where its package is installed (`make setup-interop`: .venv-interop), one process per
+peer trainer, started by `scripts/train_peers.py` as `python scripts/peers/run_<trainer>.py`; it
+imports this module by its file name (its folder is first on sys.path). They live outside the
+installed `train` package: their packages pin other versions than specdec's environment. Each applies its peer's runtime patches (no file of the package is edited), trains from the data
 `train.data.peer_formats` wrote, stops cleanly at a wall-time budget or a step limit
 (`Budget`), keeps the saved head where specdec loads it
 (`specdec_models.export.eagle3.load_eagle3`) and writes a JSON report with the trainer's

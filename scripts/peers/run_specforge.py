@@ -1,6 +1,6 @@
 """Train SpecForge's (0.2.0) offline EAGLE-3 trainer on this CPU, patched at run time only.
 
-    python -m train.peers.run_specforge --data DIR --verifier DIR --out DIR --aux-layers 2 15 27 \
+    python scripts/peers/run_specforge.py --data DIR --verifier DIR --out DIR --aux-layers 2 15 27 \
         [--draft-vocab-size D --vocab-mapping FILE] [--minutes M] [--max-steps N] [--threads 1] \
         [--ttt-steps 3] [--lr 1e-4] [--max-length 2048] [-- EXTRA section.field=value overrides]
 
@@ -18,7 +18,7 @@ SpecForge's default (AdamW, lr 1e-4, grad-norm clip 0.5, batch 1, seed 42).
 
 Patches, none of them a file edit:
 - `specforge.core.loss`, a Triton module (`import triton` at its top; a CPU install has none), is
-  replaced in `sys.modules` before SpecForge imports it by `train.peers.specforge_loss`, the same
+  replaced in `sys.modules` before SpecForge imports it by `specforge_loss` (beside this file), the same
   maths in torch;
 - `SPECFORGE_DEVICE=cpu` (SpecForge then takes the gloo backend and a CPU device mesh; its CLI
   starts the one-process group itself, world size 1) and `TORCHDYNAMO_DISABLE=1`, which makes its
@@ -48,14 +48,14 @@ from pathlib import Path
 
 import torch
 
-from . import Budget, add_budget_args, parse_budget_args, write_report
+from runner import Budget, add_budget_args, parse_budget_args, write_report
 
 LOSS_MODULE = "specforge.core.loss"
 
 
 def patch_environment() -> None:
     """The patches that must precede SpecForge's imports (module docstring)."""
-    from . import specforge_loss
+    import specforge_loss
 
     os.environ["SPECFORGE_DEVICE"] = "cpu"
     os.environ["TORCHDYNAMO_DISABLE"] = "1"

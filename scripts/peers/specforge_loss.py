@@ -3,7 +3,7 @@
 SpecForge 0.2.0 computes the draft's loss (Li et al. 2025, "EAGLE-3": the cross-entropy of the
 draft against the target's distribution renormalised over the draft vocabulary, at each TTT step)
 in `specforge.core.loss`, a Triton kernel pair (`LogSoftmaxLoss`) that imports `triton` at module
-level, which a CPU install lacks. `train.peers.run_specforge` puts this module in `sys.modules`
+level, which a CPU install lacks. `run_specforge.py` (beside it) puts this module in `sys.modules`
 under that name before SpecForge imports it. Same maths, read from the kernels:
 
     loss = (1 / (B T)) * sum_{b,t} m[b,t] * -sum_v p[b,t,v] * log_softmax(z[b,t])_v
