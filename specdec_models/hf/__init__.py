@@ -7,7 +7,7 @@ for a frozen Hugging Face target live in `specdec_models.heads`, their export fo
   `HFKVCache`, `HFOutput`, `HFSizes`, `as_decoders`, `is_hf_model`; `text_config(config)` and
   `logits_width(model)`, the sizes every other module reads.
 - `weights`: loading from a local directory or a GGUF file (`check_source`, `load_tokenizer`,
-  `load_config`, `load_causal_lm`, `load_model`, `smollm2_gguf`, `load_smollm2`, `model_dir`),
+  `load_config`, `load_causal_lm`, `load_model`, `package_file`, `model_dir`),
   what a config says (`head_rows`, `max_positions`, `parameter_count`), identities
   (`weights_sha256`, `target_identity`, `tokenizer_fingerprint`, `vocabulary_fingerprint`,
   `model_dir_fingerprint`) and the
@@ -27,13 +27,12 @@ from .weights import (
     load_causal_lm,
     load_config,
     load_model,
-    load_smollm2,
     load_tokenizer,
     max_positions,
     model_dir,
     model_dir_fingerprint,
+    package_file,
     parameter_count,
-    smollm2_gguf,
     special_tokens,
     target_identity,
     tokenizer_fingerprint,
@@ -45,7 +44,7 @@ __all__ = [
     "HFDecoder", "HFKVCache", "HFOutput",
     "HFSizes", "LoadedModel", "as_decoders", "check_same_tokenizer", "check_source",
     "head_rows", "is_hf_model", "load_causal_lm", "load_config",
-    "load_model", "load_smollm2", "load_tokenizer", "logits_width", "max_positions", "model_dir",
-    "model_dir_fingerprint", "parameter_count", "smollm2_gguf", "special_tokens", "target_identity",
+    "load_model", "load_tokenizer", "logits_width", "max_positions", "model_dir",
+    "model_dir_fingerprint", "package_file", "parameter_count", "special_tokens", "target_identity",
     "text_config", "tokenizer_fingerprint", "vocabulary_fingerprint", "weights_sha256",
 ]

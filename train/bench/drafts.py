@@ -305,9 +305,10 @@ def _base_method(method: str) -> str:
     return method
 
 
-def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> None:
+def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores", target: str = "the target") -> None:
     """Per prompt set: tokens per target call at batch 1 and the speed-up per (temperature, batch)
-    of each drafter (a method absent at a setting, prompt lookup at batch 8, gets no bar)."""
+    of each drafter (a method absent at a setting, prompt lookup at batch 8, gets no bar);
+    `target` names the target in the title."""
     plt = pyplot()
 
     sets = list(dict.fromkeys(r.get("prompt_set", "") for r in rows))
@@ -343,7 +344,7 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores") -> 
     longest = max((len(label) for label in labels), default=0)
     ncol = max(1, min(len(methods), 3 if longest <= 45 else 2 if longest <= 80 else 1))
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    fig.suptitle(f"Drafts for SmolLM2-135M-Instruct on {where}")
+    fig.suptitle(f"Drafts for {target} on {where}")
     fig.tight_layout(rect=(0, 0.03 + 0.03 * ((len(methods) - 1) // ncol), 1, 1))   # room for the legend below
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -388,8 +389,10 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     with staged_dir(out) as tmp:
         (tmp / "results.json").write_text(json.dumps(report, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
-        device = report.get("settings", {}).get("device", "cpu")
-        plot(report["rows"], tmp / "compare.png", "2 CPU cores" if device == "cpu" else device_name(device))
+        settings = report.get("settings", {})
+        device, target = settings.get("device", "cpu"), settings.get("target")
+        plot(report["rows"], tmp / "compare.png", "2 CPU cores" if device == "cpu" else device_name(device),
+             Path(target).name.removesuffix(".gguf") if target else "the target")
     return lines
 
 
