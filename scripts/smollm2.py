@@ -44,11 +44,13 @@ runs again, so a killed recipe resumes at the step it was in):
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
-On a machine with a CUDA GPU, `--device cuda` runs the cache, the heads' training and the comparison
-there (GPU_DEFAULTS: 40,000 prompts, 12,288 rows, larger generation and training batches, 6 unroll
-steps, 5 training minutes, validation every 500 steps: the settings of the H100 head that met the
-goals; `--train-args` adds Hydra overrides to both heads' runs); `--heads eagle3` trains the eagle3
-head alone and `--until STEP` stops after STEP (e.g. `--until train`, to compare elsewhere).
+On a machine with a CUDA GPU, `--device cuda` runs the cache, the eagle3 head's training and the
+comparison there, at the sizes of conf/experiment/hf_eagle3_gpu.yaml (the settings of the H100 head
+that met the goals: 40,000 prompts, 12,288 rows, larger generation and training batches, 6 unroll
+steps, 5 training minutes, validation every 500 steps), which the head trains with; the prophet
+head has no GPU sizes and trains on a CPU only. `--train-args` adds Hydra overrides to the heads'
+runs; `--heads eagle3` trains the eagle3 head alone and `--until STEP` stops after STEP (e.g.
+`--until train`, to compare elsewhere).
 """
 
 from __future__ import annotations
@@ -92,28 +94,33 @@ PRECISIONS = ("bf16-mixed", "32-true")
 STEPS = ("prompts", "prompts_eval", "cache", "draft_vocab", "datastore", "train", "student_prep", "train_student",
          "compare")
 HEADS = ("eagle3", "prophet")
-# what --device cuda changes: rows generated per call, and the heads' training (rows per step, loader
-# workers, validation every 500 steps rather than 100: a GPU makes hundreds of steps a minute). A
-# cache batch of 4,096 rows is 2,048 per temperature and per call: on an H100 a generating step cost
-# 86 ms at 512 and at 2,048 rows (the host's per-call work), and 2,048 rows at 257 tokens peak near
-# 47 GB (docs/smollm2_history.md, "A head trained on an H100"). The prompts, rows and training are
-# r13's H100 head's, which met issue 16's goals on both prompt sets: 40,000 prompts drawn (24,120
-# distinct), 12,288 rows cached in 105 s of generation, 2,514 steps of 64 rows with 6 unroll steps in
-# 4 min 50 s, 13 passes over the rows (docs/smollm2_history.md, "A head trained on a lent H100,
-# decoded with packed bf16 weights"). On a CPU, CPU_DEFAULTS: 4,096 rows, or as many as --cache-minutes
-# allows (a Zen 5 EPYC cached 2,048 in 10.5 minutes, and its head, 4.8 passes over them, stopped gaining
-# on held-out rows while its training loss fell: docs/smollm2_history.md, "More rows, and the idle core")
-GPU_DEFAULTS = {"cache_batch": 4096, "prompts": 40000, "rows": 12288, "train_minutes": 5,
-                "train": ["trainer.accelerator=gpu", "data.batch_size=64", "data.num_workers=8",
-                          "trainer.val_check_interval=500", "task.ttt_steps=6", "optim.warmup_steps=100",
-                          "task.ttt_ramp=0"]}   # the head that met the goals unrolled every step; the ramp is for CPUs
+# what --device cuda changes: the experiment the eagle3 head trains with, whose `recipe` block also
+# sizes the data (prompts drawn, rows cached, rows generated per call) and whose trainer.max_time is
+# the training minutes. A cache batch of 4,096 rows is 2,048 per temperature and per call: on an H100
+# a generating step cost 86 ms at 512 and at 2,048 rows (the host's per-call work), and 2,048 rows at
+# 257 tokens peak near 47 GB (docs/smollm2_history.md, "A head trained on an H100"). On a CPU,
+# CPU_DEFAULTS: 4,096 rows, or as many as --cache-minutes allows (a Zen 5 EPYC cached 2,048 in 10.5
+# minutes, and its head, 4.8 passes over them, stopped gaining on held-out rows while its training
+# loss fell: docs/smollm2_history.md, "More rows, and the idle core")
+GPU_EXPERIMENT = "hf_eagle3_gpu"
 CPU_DEFAULTS = {"prompts": 4096, "rows": 4096, "train_minutes": 30}
+CPU_CACHE_BATCH = 256
+
+
+def gpu_sizes() -> dict:
+    """What --device cuda takes from conf/experiment/hf_eagle3_gpu.yaml: prompts, rows and
+    cache_batch (its `recipe` block) and train_minutes (its trainer.max_time)."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "conf" / "experiment" / f"{GPU_EXPERIMENT}.yaml").read_text())
+    days, hours, minutes, seconds = (int(x) for x in cfg["trainer"]["max_time"].split(":"))
+    return {**cfg["recipe"], "train_minutes": ((days * 24 + hours) * 60 + minutes) + seconds / 60}
 
 
 def device_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """--prompts, --rows and --train-minutes where not given: GPU_DEFAULTS' with --device cuda, else
-    CPU_DEFAULTS'."""
-    defaults = GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS
+    """--prompts, --rows and --train-minutes where not given: the GPU experiment's (`gpu_sizes`)
+    with --device cuda, else CPU_DEFAULTS'."""
+    defaults = gpu_sizes() if args.device == "cuda" else CPU_DEFAULTS
     for name in CPU_DEFAULTS:
         if getattr(args, name) is None:
             setattr(args, name, defaults[name])
@@ -129,11 +136,12 @@ def max_time(minutes: float) -> str:
 
 
 def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
-                  runs: dict[str, Path], threads_file: Path | None = None) -> list[list[str]]:
+                  runs: dict[str, Path], threads_file: Path | None = None, target: str | None = None) -> list[list[str]]:
     """The commands that train the heads (--heads: eagle3 and prophet) side by side on the cache,
     for the same wall time at the same precision (--precision, else the one faster on the device).
-    `threads_file`: on a CPU, each run takes its CPU threads from it (`train.threads`), where
-    `side_by_side` hands over the threads of a head that ended."""
+    On a GPU the eagle3 head trains with experiment=hf_eagle3_gpu, which names no target: `target`
+    (SmolLM2's GGUF) is given to it. `threads_file`: on a CPU, each run takes its CPU threads from
+    it (`train.threads`), where `side_by_side` hands over the threads of a head that ended."""
     from train.hardware import fast_precision
 
     gpu = args.device == "cuda"
@@ -143,8 +151,10 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
             f"trainer.max_time={max_time(args.train_minutes)}",
             f"trainer.precision={args.precision or fast_precision('gpu' if gpu else 'cpu')}",
-            "callbacks.speculative_eval.every=0", *share, *(GPU_DEFAULTS["train"] if gpu else []), *args.train_args]
-    commands = {"eagle3": [py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",
+            "callbacks.speculative_eval.every=0", *share, *args.train_args]
+    eagle3 = ([f"experiment={GPU_EXPERIMENT}", *([f"target.path={target}"] if target else [])] if gpu
+              else ["experiment=smollm2_eagle3"])
+    commands = {"eagle3": [py, "-m", "train", *eagle3, *same, f"head.draft_vocab={counts}",
                            f"output_dir={runs['eagle3']}", "overwrite=true"],
                 "prophet": [py, "-m", "train", "experiment=smollm2_prophet", *same, f"output_dir={runs['prophet']}",
                             "overwrite=true"]}
@@ -226,19 +236,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text", default=str(TEXT), help="text for prompts (raw, .zip or .gz)")
     # the cache's 21 minutes and 6 student minutes keep the recipe inside 90 minutes on the slowest host so far, an
     # Intel Xeon without bf16 instructions: 2,048 rows in 20.6 minutes there, the recipe 83.7 (README, "Wall time")
-    parser.add_argument("--prompts", type=int, default=None, help="training prompts (default 4096; 40000 with "
-                                                                   "--device cuda)")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help=f"training prompts (default 4096; with --device cuda, recipe.prompts of {GPU_EXPERIMENT}.yaml)")
     parser.add_argument("--rows", type=int, default=None,
-                        help="cached rows, the target's answers (default 4096; 12288 with --device cuda)")
+                        help=f"cached rows, the target's answers (default 4096; with --device cuda, recipe.rows of "
+                             f"{GPU_EXPERIMENT}.yaml)")
     parser.add_argument("--cache-minutes", type=float, default=21,
                         help="time budget of making the rows (the target loaded): a slower machine caches fewer than "
                              "--rows rather than overrun the recipe's 90 minutes; 0: no budget")
     parser.add_argument("--cache-batch", type=int, default=None,
-                        help="rows per cache batch, half per temperature (default 256 on a CPU, 4096 with --device "
-                             "cuda, which needs about 48 GB of GPU memory: halve it on a smaller GPU)")
+                        help=f"rows per cache batch, half per temperature (default {CPU_CACHE_BATCH} on a CPU; with "
+                             f"--device cuda, recipe.cache_batch of {GPU_EXPERIMENT}.yaml, 4096, which needs about 48 GB "
+                             "of GPU memory: halve it on a smaller GPU)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--train-minutes", type=float, default=None,
-                        help="wall time of each draft's training (default 30; 5 with --device cuda)")
+                        help=f"wall time of each draft's training (default 30; with --device cuda, trainer.max_time of "
+                             f"{GPU_EXPERIMENT}.yaml)")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help="the two heads' training precision (default: the faster on this CPU, "
                              "train/hardware.py: bf16-mixed with AMX or with avx512_bf16 on AMD, where it trained "
@@ -257,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the cache, the heads' training and the comparison run (the student trains on "
                              "the CPU); default cpu")
-    parser.add_argument("--heads", nargs="+", choices=HEADS, default=list(HEADS), help="the heads to train and compare")
+    parser.add_argument("--heads", nargs="+", choices=HEADS, default=None,
+                        help="the heads to train and compare (default both; with --device cuda the eagle3 head, the "
+                             "one with GPU sizes)")
     parser.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE",
                         help="Hydra overrides added to each head's training run, e.g. task.ttt_steps=6")
     parser.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
@@ -272,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
     if args.cache_batch is not None and args.cache_batch < 2:
         parser.error(f"--cache-batch must be >= 2 (half a batch per temperature), got {args.cache_batch}")
+    if args.heads is None:
+        args.heads = ["eagle3"] if args.device == "cuda" else list(HEADS)
+    if args.device == "cuda" and "prophet" in args.heads:
+        parser.error(f"--device cuda trains the eagle3 head alone (experiment={GPU_EXPERIMENT} holds its GPU sizes): "
+                     "leave out --heads prophet")
     if args.device == "cuda":
         import torch
 
@@ -322,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = out / "cache"
     step("cache", [[py, "scripts/cache_embeddings.py", "--gguf", gguf, "--prompts", str(prompts), "--chat",
                     "--temperatures", "0", "1", "--seq-len", str(args.seq_len), "--windows", str(args.rows),
-                    "--batch-size", str(args.cache_batch or (GPU_DEFAULTS["cache_batch"] if args.device == "cuda"
-                                                             else 256)),
+                    "--batch-size", str(args.cache_batch or (gpu_sizes()["cache_batch"] if args.device == "cuda"
+                                                             else CPU_CACHE_BATCH)),
                     "--layers", "2", "15", "27", "30", "--model-dtype", "auto", "--device", args.device,
                     *(["--max-minutes", str(args.cache_minutes)] if args.cache_minutes else []),
                     "--out", str(cache), "--overwrite"]],
@@ -336,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                         str(datastore)]], datastore)
     runs = {"eagle3": out / "eagle3", "prophet": out / "prophet", "student": out / "student"}
     threads_file = out / "train_threads"
-    train = head_training(py, args, cache, counts, runs, threads_file)
+    train = head_training(py, args, cache, counts, runs, threads_file, target=gguf)
     step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1, threads_file=threads_file)
     if args.student_minutes:
         student_models, corpus = out / "student_models", out / "student_corpus.jsonl"

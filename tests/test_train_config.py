@@ -240,7 +240,8 @@ def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overri
                               train_args=["task.ttt_steps=6"])
     runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
     [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs,
-                                     tmp_path / "threads")
+                                     tmp_path / "threads", target="/models/target.gguf")
+    assert command[3:5] == ["experiment=hf_eagle3_gpu", "target.path=/models/target.gguf"]   # the GPU sizes' config
     cfg = compose(command[3:])
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
     assert cfg.callbacks.threads_file.path is None                     # no CPU threads to hand over
@@ -250,6 +251,33 @@ def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overri
                               train_args=["task.ttt_steps=4"])
     [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
     assert compose(command[3:]).task.ttt_steps == 4                      # the overrides asked come last
+    # the prophet head has no GPU sizes: --device cuda trains the eagle3 head alone, the default there
+    with pytest.raises(SystemExit) as error:
+        recipe.main(["--out", str(tmp_path / "r"), "--device", "cuda", "--heads", "eagle3", "prophet"])
+    assert error.value.code == 2 and not (tmp_path / "r").exists()
+
+
+def test_the_gpu_experiment_is_the_recipes_eagle3_head_at_the_gpu_sizes_that_met_the_goals(compose, tmp_path):
+    """experiment=hf_eagle3_gpu composes to what scripts/smollm2.py --device cuda trained the H100
+    head with (experiment=smollm2_eagle3 plus the GPU overrides it once held as constants), every
+    key alike but the run's name and tags, the target (SmolLM2's GGUF there, one's own here), its
+    dtype (resolved from the machine there, bf16 here) and the recipe's data sizes."""
+    from omegaconf import OmegaConf
+
+    recipe = load_script("smollm2")
+    gpu = ["trainer.accelerator=gpu", "data.batch_size=64", "data.num_workers=8", "trainer.val_check_interval=500",
+           "task.ttt_steps=6", "optim.warmup_steps=100", "task.ttt_ramp=0"]
+    same = ["trainer.precision=bf16-mixed", "trainer.max_time=00:00:05:00"]
+    before = OmegaConf.to_container(compose(["experiment=smollm2_eagle3", *gpu, *same]), resolve=False)
+    after = OmegaConf.to_container(compose(["experiment=hf_eagle3_gpu", *same]), resolve=False)
+    for cfg in (before, after):
+        for key in ("name", "tags", "recipe"):
+            cfg.pop(key, None)
+        cfg["target"].pop("path"), cfg["target"].pop("dtype")
+    assert before == after
+    sizes = recipe.gpu_sizes()
+    assert sizes == {"prompts": 40000, "rows": 12288, "cache_batch": 4096, "train_minutes": 5.0}
+    assert compose(["experiment=hf_eagle3_gpu"]).recipe == {k: v for k, v in sizes.items() if k != "train_minutes"}
 
 
 @pytest.mark.parametrize("device, given, expected", [
