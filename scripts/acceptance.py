@@ -18,7 +18,7 @@ import sys
 import torch
 
 from specdec_models import ModelWithProphet, SpecdecError, load_export
-from specdec_models.decode import generate
+from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, generate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,10 +44,11 @@ def main(argv: list[str] | None = None) -> int:
             if draft is None and not isinstance(model, ModelWithProphet):
                 raise SpecdecError(f"{directory} has no prophet: pass --draft DIR")
             target = model.model if isinstance(model, ModelWithProphet) else model
-            drafter = {"draft": draft} if draft is not None else {"prophet": model}
+            drafter = DraftModel(draft) if draft is not None else HeadDrafter(model)
             for temperature in args.temperatures:
-                _, stats = generate(target, prompts, args.max_new_tokens, gamma=args.gamma, temperature=temperature,
-                                    generator=torch.Generator().manual_seed(args.seed), **drafter)
+                _, stats = generate(target, prompts, args.max_new_tokens, drafter, gamma=args.gamma,
+                                    sampling=SamplingConfig(temperature),
+                                    generator=torch.Generator().manual_seed(args.seed))
                 print(f"| {directory} | {temperature:g} | {stats.acceptance_rate:.3f} | {stats.tokens_per_call:.2f} | "
                       f"{stats.alpha:.3f} |")
     except SpecdecError as error:

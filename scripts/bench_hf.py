@@ -29,6 +29,7 @@ from specdec_models.files import write_file
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdec_models.decode import DraftModel, HeadDrafter
     from specdec_models.export import load_export
     from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
     from specdec_models.hf.weights import load_model
@@ -119,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             prophet = HFProphet(HFProphetConfig.for_target(loaded.model, depth=args.prophet_layers), loaded.model).eval()
         pad = loaded.tokenizer.pad_token_id
         prompts = chat_prompts(loaded.tokenizer, args.batch)
-        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, draft=draft, prophet=prophet,
-                                          gamma=args.gamma, repeats=args.repeats, pad_id=0 if pad is None else pad)
+        drafter = DraftModel(draft) if draft is not None else HeadDrafter(prophet) if prophet is not None else None
+        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, drafter, gamma=args.gamma,
+                                          repeats=args.repeats, pad_id=0 if pad is None else pad)
         if prophet is None:
             result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
     except SpecdecError as error:

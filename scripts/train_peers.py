@@ -131,13 +131,13 @@ def check_head(head: Path, model, tokenizer) -> dict:
     that speculative greedy decoding equals plain greedy decoding (it must, whatever the head)."""
     import torch
 
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, HeadDrafter, generate
     from specdec_models.export.eagle3 import detect_layout, load_eagle3
 
     loaded = load_eagle3(head, model)
     prompt = torch.tensor(tokenizer("The")["input_ids"] or [0])
-    plain, _ = generate(model, [prompt], 8, temperature=0)
-    drafted, stats = generate(model, [prompt], 8, prophet=loaded, temperature=0, gamma=3)
+    plain, _ = generate(model, [prompt], 8, sampling=GREEDY)
+    drafted, stats = generate(model, [prompt], 8, HeadDrafter(loaded), sampling=GREEDY, gamma=3)
     check(drafted[0].tolist() == plain[0].tolist(), f"{head}: greedy decoding with the head differs from plain greedy")
     return {"layout": detect_layout(head), "aux_layers": loaded.aux_layers,
             "draft_vocab_size": loaded.config.draft_vocab_size, "drafted": int(stats.drafted),

@@ -56,6 +56,9 @@ class SamplingConfig:
         return self.repetition_penalty is not None and self.repetition_penalty != 1
 
 
+GREEDY = SamplingConfig(temperature=0.0)      # argmax decoding, no filtering or penalty
+
+
 def penalise(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None) -> Tensor:
     """fp32 logits (..., vocab) after the repetition penalty for the ids marked in `seen`
     (bool, broadcastable to logits); unchanged without a penalty."""

@@ -25,7 +25,7 @@ from conftest import load_script
 from test_hf_eagle3_task import cfg
 from test_hf_prophet_task import SEQ, hf  # noqa: F401  (the tiny targets, tokenizer and prompts)
 
-from specdec_models.decode import TreeSpec, generate
+from specdec_models.decode import GREEDY, HeadDrafter, SamplingConfig, TreeDrafter, TreeSpec, generate
 from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 from specdec_models.hf.weights import load_causal_lm
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
@@ -46,22 +46,23 @@ def cuda_pair(hf):
 def test_a_head_on_the_gpu_decodes_the_targets_greedy_tokens_chain_and_tree(cuda_pair):
     target, head = cuda_pair
     assert head.device.type == "cuda"
-    plain, _ = generate(target, PROMPTS, 12, temperature=0)
-    for extra in ({"gamma": 3}, {"tree": TreeSpec.parse("3,2,1,4")}):
-        tokens, stats = generate(target, PROMPTS, 12, prophet=head, temperature=0, **extra)
-        assert [t.tolist() for t in tokens] == [t.tolist() for t in plain], extra
+    plain, _ = generate(target, PROMPTS, 12, sampling=GREEDY)
+    for drafter in (HeadDrafter(head), TreeDrafter(head, TreeSpec.parse("3,2,1,4"))):
+        tokens, stats = generate(target, PROMPTS, 12, drafter, sampling=GREEDY, gamma=3)
+        assert [t.tolist() for t in tokens] == [t.tolist() for t in plain], drafter
         assert stats.tokens_per_call >= 1
 
 
 def test_sampling_on_the_gpu_draws_from_a_cuda_generator_chain_and_tree(cuda_pair):
     target, head = cuda_pair
-    for extra in ({"gamma": 3}, {"tree": TreeSpec.parse("3,2,1,4")}):
+    for drafter in (HeadDrafter(head), TreeDrafter(head, TreeSpec.parse("3,2,1,4"))):
         g = torch.Generator(device="cuda").manual_seed(0)
-        tokens, _ = generate(target, PROMPTS, 12, prophet=head, temperature=1.0, generator=g, **extra)
-        again, _ = generate(target, PROMPTS, 12, prophet=head, temperature=1.0,
-                            generator=torch.Generator(device="cuda").manual_seed(0), **extra)
-        assert [len(t) for t in tokens] == [12, 12], extra
-        assert [t.tolist() for t in tokens] == [t.tolist() for t in again], extra      # the seed decides
+        tokens, _ = generate(target, PROMPTS, 12, drafter, sampling=SamplingConfig(temperature=1.0), gamma=3,
+                             generator=g)
+        again, _ = generate(target, PROMPTS, 12, drafter, sampling=SamplingConfig(temperature=1.0), gamma=3,
+                            generator=torch.Generator(device="cuda").manual_seed(0))
+        assert [len(t) for t in tokens] == [12, 12], drafter
+        assert [t.tolist() for t in tokens] == [t.tolist() for t in again], drafter      # the seed decides
 
 
 def test_the_cache_builds_on_the_gpu_with_the_states_of_its_rows(hf, tmp_path):
@@ -93,8 +94,8 @@ def test_the_eagle3_task_trains_on_the_gpu_and_its_export_decodes(hf, tmp_path):
         assert math.isfinite(m[key]), key
     target = load_causal_lm(hf["llama"]).eval().cuda()
     head = load_eagle3(out["export_dir"], target)
-    plain, _ = generate(target, PROMPTS, 12, temperature=0)
-    tokens, _ = generate(target, PROMPTS, 12, prophet=head, temperature=0, gamma=3)
+    plain, _ = generate(target, PROMPTS, 12, sampling=GREEDY)
+    tokens, _ = generate(target, PROMPTS, 12, HeadDrafter(head), sampling=GREEDY, gamma=3)
     assert [t.tolist() for t in tokens] == [t.tolist() for t in plain]
 
 

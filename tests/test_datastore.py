@@ -18,7 +18,7 @@ from test_hf_decode import (
 )
 
 from specdec_models import SpecdecError
-from specdec_models.decode import TreeSpec, generate
+from specdec_models.decode import GREEDY, TreeDrafter, TreeSpec, generate
 from specdec_models.decode.datastore import Datastore
 from specdec_models.decode.tree import looked_up_path, lookup_continuation, lookup_match
 
@@ -76,8 +76,8 @@ def test_a_tree_drafts_the_datastore_where_prompt_lookup_finds_nothing(tmp_path)
     assert lookup_continuation(prompt.tolist() + answer[:1], 4) == []
     store = Datastore([prompt.tolist() + answer])
     spec = TreeSpec(2, 2, 1, 4, lookup_max=16)
-    without, base = generate(target, [prompt], 24, prophet=head, temperature=0, tree=spec)
-    got, stats = generate(target, [prompt], 24, prophet=head, temperature=0, tree=spec, datastore=store)
+    without, base = generate(target, [prompt], 24, TreeDrafter(head, spec), sampling=GREEDY)
+    got, stats = generate(target, [prompt], 24, TreeDrafter(head, spec, store), sampling=GREEDY)
     assert got[0].tolist() == without[0].tolist() == answer
     assert stats.tokens_per_call > base.tokens_per_call
     assert stats.per_position_acceptance[3] > 0                   # a path of 4 accepted: the stored one
@@ -113,7 +113,8 @@ def test_a_datastore_without_a_looked_up_path_is_refused_in_one_line(toy, kwargs
     target, head = toy
     kwargs = {"datastore": Datastore([[1, 2, 3, 4]]), **kwargs}
     with pytest.raises(SpecdecError, match=message) as err:
-        generate(target, [torch.tensor([1, 2])], 4, prophet=head, temperature=0, **kwargs)
+        generate(target, [torch.tensor([1, 2])], 4, TreeDrafter(head, kwargs.get("tree"), kwargs["datastore"]),
+                 sampling=GREEDY)
     assert "\n" not in str(err.value)
 
 

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chi2
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, DraftModel, HeadDrafter, generate
 from specdec_models.sampling import SamplingConfig, residual, sample, to_probs
 
 V = 48
@@ -46,13 +46,13 @@ def perturbed(target, scale, seed=None):
 
 
 def toy_pair(method, vocab=6):
-    """(target, drafting kwargs) for the chi-square tests: position-dependent toy models over a
-    small vocabulary, with a draft (or prophet) that is neither perfect nor useless."""
+    """(target, drafter) for the chi-square tests: position-dependent toy models over a small
+    vocabulary, with a draft (or prophet) that is neither perfect nor useless."""
     if method == "draft":
         draft = tiny(dim=16, depth=1, vocab=vocab, seed=12, sharpen=30.0)
-        return tiny(vocab=vocab, seed=11, sharpen=30.0), {"draft": draft}
+        return tiny(vocab=vocab, seed=11, sharpen=30.0), DraftModel(draft)
     mp = tiny_prophet(vocab=vocab, seed=11, sharpen=30.0, prophet_sharpen=3.0)
-    return mp.model, {"prophet": mp}
+    return mp.model, HeadDrafter(mp)
 
 
 def ragged_prompts(seed=1, lengths=(3, 9, 1, 6, 2)):
@@ -125,7 +125,7 @@ def test_start_embeddings_lead_the_sequence_with_and_without_cache():
 # ---------------------------------------------------------------- greedy exactness
 
 def base_greedy(target, prompts, n, eos_id=None):
-    return [t.tolist() for t in generate(target, prompts, n, temperature=0, eos_id=eos_id)[0]]
+    return [t.tolist() for t in generate(target, prompts, n, sampling=GREEDY, eos_id=eos_id)[0]]
 
 
 @pytest.mark.parametrize("method", ["draft", "prophet"])
@@ -133,23 +133,23 @@ def test_greedy_speculative_matches_greedy_base_in_ragged_batch(method):
     mp = tiny_prophet(sharpen=8.0)
     target = mp.model
     draft = tiny(dim=16, depth=1, seed=3, sharpen=8.0)
-    kw = {"draft": draft} if method == "draft" else {"prophet": mp}
+    drafter = DraftModel(draft) if method == "draft" else HeadDrafter(mp)
     prompts = ragged_prompts()
     expected = base_greedy(target, prompts, 30)
     for gamma in (1, 3, 5):                       # the prophet drafts at most prophet_train_length - 1
-        got, stats = generate(target, prompts, 30, temperature=0, gamma=gamma, **kw)
+        got, stats = generate(target, prompts, 30, drafter, sampling=GREEDY, gamma=gamma)
         assert [t.tolist() for t in got] == expected
         assert stats.target_calls <= 30 and stats.new_tokens == 5 * 30
     # each row alone gives the same tokens as in the batch
     for prompt, exp in zip(prompts, expected):
-        alone, _ = generate(target, [prompt], 30, temperature=0, gamma=4, **kw)
+        alone, _ = generate(target, [prompt], 30, drafter, sampling=GREEDY, gamma=4)
         assert alone[0].tolist() == exp
 
 
 def test_greedy_with_a_copy_of_the_target_as_draft_accepts_everything():
     target = tiny(sharpen=4.0)
     draft = copy.deepcopy(target)
-    got, stats = generate(target, ragged_prompts(), 41, draft=draft, temperature=0, gamma=4)
+    got, stats = generate(target, ragged_prompts(), 41, DraftModel(draft), sampling=GREEDY, gamma=4)
     assert [t.tolist() for t in got] == base_greedy(target, ragged_prompts(), 41)
     assert stats.acceptance_rate == 1.0
     assert stats.per_position_acceptance == [1.0] * 4
@@ -162,7 +162,7 @@ def test_greedy_with_a_draft_that_never_agrees_accepts_nothing_and_stays_exact()
     with torch.no_grad():   # shift the head's rows: the draft always proposes target argmax + 1
         draft.to_logits.weight.copy_(target.to_logits.weight.roll(1, dims=0))
     prompts = ragged_prompts()
-    got, stats = generate(target, prompts, 20, draft=draft, temperature=0, gamma=3)
+    got, stats = generate(target, prompts, 20, DraftModel(draft), sampling=GREEDY, gamma=3)
     assert [t.tolist() for t in got] == base_greedy(target, prompts, 20)
     assert stats.drafted > 0 and stats.accepted == 0 and stats.acceptance_rate == 0.0
     assert stats.tokens_per_call == 1.0
@@ -174,7 +174,7 @@ def test_greedy_with_a_draft_that_sometimes_agrees_reports_partial_acceptance():
     with torch.no_grad():   # perturb the draft: it agrees with the target only part of the time
         for p in draft.parameters():
             p.add_(0.02 * torch.randn_like(p))
-    got, stats = generate(target, ragged_prompts(), 40, draft=draft, temperature=0, gamma=4)
+    got, stats = generate(target, ragged_prompts(), 40, DraftModel(draft), sampling=GREEDY, gamma=4)
     assert [t.tolist() for t in got] == base_greedy(target, ragged_prompts(), 40)
     assert 0.0 < stats.acceptance_rate < 1.0
     ppa = stats.per_position_acceptance
@@ -220,13 +220,13 @@ def test_speculative_sampling_is_lossless_chi_square(method, setting, verify):
     # fails this test at most once in 10^4 runs (and never here: the seeds are fixed), while
     # each mistake in docs/DECODING.md's table gives p < 1e-20 at this sample size.
     vocab, n_tokens, n = 6, 3, 6000
-    target, kw = toy_pair(method, vocab)
+    target, drafter = toy_pair(method, vocab)
     prompt = torch.tensor([1, 4, 2])
     cfg = SamplingConfig(**setting)
     expected = exact_joint(target, prompt, n_tokens, cfg)
     g = torch.Generator().manual_seed(1234)
-    tokens, stats = generate(target, prompt.expand(n, -1), n_tokens, gamma=2, generator=g, verify=verify, **setting,
-                             **kw)
+    tokens, stats = generate(target, prompt.expand(n, -1), n_tokens, drafter, sampling=cfg, gamma=2, generator=g,
+                             verify=verify)
     out = torch.stack(tokens)                                                     # (n, 3)
     index = (out * torch.tensor([vocab ** 2, vocab, 1])).sum(1)
     observed = torch.bincount(index, minlength=vocab ** n_tokens).float()
@@ -253,8 +253,8 @@ def test_chi_square_test_catches_a_correction_drawn_from_p(monkeypatch, verify):
     prompt = torch.tensor([1, 4, 2])
     cfg = SamplingConfig(temperature=0.7)
     g = torch.Generator().manual_seed(1234)
-    tokens, _ = generate(target, prompt.expand(n, -1), 3, draft=draft, gamma=2, generator=g, temperature=0.7,
-                         verify=verify)
+    tokens, _ = generate(target, prompt.expand(n, -1), 3, DraftModel(draft), gamma=2, generator=g,
+                         sampling=SamplingConfig(temperature=0.7), verify=verify)
     index = (torch.stack(tokens) * torch.tensor([36, 6, 1])).sum(1)
     observed = torch.bincount(index, minlength=216).float()
     assert chi_square_p_value(observed, exact_joint(target, prompt, 3, cfg), n) < 1e-20
@@ -291,8 +291,8 @@ def test_every_row_emits_exactly_max_new_tokens(max_new):
     target = tiny(sharpen=4.0)
     draft = copy.deepcopy(target)                 # accepts whole blocks: overshoot would show
     g = torch.Generator().manual_seed(0)
-    for kw in ({}, {"draft": draft}):
-        got, stats = generate(target, ragged_prompts(), max_new, gamma=6, generator=g, **kw)
+    for drafter in (None, DraftModel(draft)):
+        got, stats = generate(target, ragged_prompts(), max_new, drafter, gamma=6, generator=g)
         assert [len(t) for t in got] == [max_new] * 5
         assert stats.new_tokens == 5 * max_new
 
@@ -304,7 +304,7 @@ def test_eos_inside_an_accepted_block_stops_the_row_right_after_it():
     eos = plain[1][7]                     # a token row 1 emits at position 8
     expected = [row[: row.index(eos) + 1] if eos in row else row for row in plain]
     draft = copy.deepcopy(target)         # proposes the EOS inside a fully accepted block
-    got, stats = generate(target, prompts, 30, draft=draft, temperature=0, gamma=6, eos_id=eos)
+    got, stats = generate(target, prompts, 30, DraftModel(draft), sampling=GREEDY, gamma=6, eos_id=eos)
     assert [t.tolist() for t in got] == expected
     assert stats.new_tokens == sum(map(len, expected)) < 5 * 30
     assert len(got[1]) <= 8 and got[1][-1] == eos
@@ -328,7 +328,7 @@ def test_first_position_acceptance_matches_alpha_from_fresh_forwards():
     prompt = torch.tensor([3, 1, 4, 1, 5])
     n = 4000
     g = torch.Generator().manual_seed(7)
-    _, stats = generate(target, prompt.expand(n, -1), 2, draft=draft, gamma=3, generator=g)
+    _, stats = generate(target, prompt.expand(n, -1), 2, DraftModel(draft), gamma=3, generator=g)
     cfg = SamplingConfig()
     with torch.no_grad():
         # the round starts after the prefill's token t1: alpha at position 1 = E_t1 sum_x min(p, q)
@@ -346,27 +346,32 @@ def test_first_position_acceptance_matches_alpha_from_fresh_forwards():
     (dict(prompt=[torch.tensor([], dtype=torch.long)]), "empty"),
     (dict(prompt=torch.zeros(1, 129, dtype=torch.long)), "max_seq_len"),
     (dict(gamma=0), "gamma"),
-    (dict(temperature=-0.5), "temperature"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"),
-    (dict(top_k=0), "top_k"),
+    (dict(sampling={"temperature": -0.5}), "temperature"),
+    (dict(sampling={"top_p": 0.0}), "top_p"),
+    (dict(sampling={"top_p": 1.5}), "top_p"),
+    (dict(sampling={"top_k": 0}), "top_k"),
+    (dict(sampling=0.5), "sampling must be a SamplingConfig"),
     (dict(prompt=torch.tensor([[1, V]])), "vocabulary"),
-    (dict(draft=tiny(vocab=V + 1)), "vocabulary"),
-    (dict(prophet=tiny_prophet()), "not built for this target"),
+    (dict(drafter=DraftModel(tiny(vocab=V + 1))), "vocabulary"),
+    (dict(drafter=HeadDrafter(tiny_prophet())), "not built for this target"),
+    (dict(drafter=tiny(dim=16, depth=1)), r"wrap a draft model in DraftModel\(model\)"),
     (dict(eos_id=V), "eos_id"),
     (dict(max_new_tokens=126), r"\(3 tokens\) \+ max_new_tokens 126 = 129 positions exceed the target's "
                                "max_seq_len 128"),
-    (dict(draft=tiny(dim=16, depth=1, max_seq_len=64), max_new_tokens=62), "exceed the draft's max_seq_len 64"),
-    (dict(prophet=None, gamma=6), "gamma 6 exceeds what the prophet was trained for"),
+    (dict(drafter=DraftModel(tiny(dim=16, depth=1, max_seq_len=64)), max_new_tokens=62),
+     "exceed the draft's max_seq_len 64"),
+    (dict(drafter="prophet", gamma=6), "gamma 6 exceeds what the prophet was trained for"),
 ])
 def test_bad_input_gives_a_one_line_error(kwargs, message):
     args = dict(prompt=torch.tensor([[1, 2, 3]]), max_new_tokens=4)
     args.update(kwargs)
     target = tiny()
-    if "prophet" in args and args["prophet"] is None:     # a prophet trained for 6 positions: gamma <= 5
+    if args.get("drafter") == "prophet":                  # a prophet trained for 6 positions: gamma <= 5
         mp = tiny_prophet()
-        target, args["prophet"] = mp.model, mp
+        target, args["drafter"] = mp.model, HeadDrafter(mp)
     with pytest.raises(SpecdecError, match=message) as err:
+        if isinstance(args.get("sampling"), dict):        # the settings are checked as they are grouped
+            args["sampling"] = SamplingConfig(**args["sampling"])
         generate(target, **args)
     assert "\n" not in str(err.value)
 
@@ -375,14 +380,14 @@ def test_decoding_may_fill_the_trained_context_exactly_and_no_further():
     # one rule for both CLI complaints: nothing runs past what a model was trained for
     target = tiny(max_seq_len=40)
     prompts = ragged_prompts()                               # longest row: 9 tokens
-    got, _ = generate(target, prompts, 31, draft=tiny(dim=16, depth=1), gamma=6)
+    got, _ = generate(target, prompts, 31, DraftModel(tiny(dim=16, depth=1)), gamma=6)
     assert [len(t) for t in got] == [31] * 5
     with pytest.raises(SpecdecError, match="ask for at most 31 new tokens or shorten the prompt"):
         generate(target, prompts, 32)
     mp = tiny_prophet()
-    generate(mp.model, prompts, 10, prophet=mp, gamma=5)
+    generate(mp.model, prompts, 10, HeadDrafter(mp), gamma=5)
     with pytest.raises(SpecdecError, match="use gamma <= 5 or auto"):
-        generate(mp.model, prompts, 10, prophet=mp, gamma=6)
+        generate(mp.model, prompts, 10, HeadDrafter(mp), gamma=6)
 
 
 def test_rows_that_finish_early_in_a_long_batch_never_overflow_the_cache():
@@ -393,7 +398,7 @@ def test_rows_that_finish_early_in_a_long_batch_never_overflow_the_cache():
     draft = perturbed(target, 0.05)
     g = torch.Generator().manual_seed(3)
     prompts = torch.randint(0, V, (8, 20), generator=g)
-    got, stats = generate(target, prompts, 60, draft=draft, gamma=5, generator=g)
+    got, stats = generate(target, prompts, 60, DraftModel(draft), gamma=5, generator=g)
     assert [len(t) for t in got] == [60] * 8
     assert 0.3 < stats.acceptance_rate < 0.98
 
@@ -404,7 +409,7 @@ def test_sampling_with_a_copy_of_the_target_as_draft_accepts_everything():
     # q differ from p somewhere and shows up as a rejection.
     target = tiny(sharpen=2.0)
     g = torch.Generator().manual_seed(5)
-    _, stats = generate(target, ragged_prompts(), 50, draft=copy.deepcopy(target), gamma=4,
-                        temperature=0.8, top_k=20, generator=g)
+    _, stats = generate(target, ragged_prompts(), 50, DraftModel(copy.deepcopy(target)), gamma=4,
+                        sampling=SamplingConfig(temperature=0.8, top_k=20), generator=g)
     assert stats.acceptance_rate == 1.0
     assert stats.alpha == pytest.approx(1.0, abs=1e-5)

@@ -110,19 +110,19 @@ def test_the_same_seed_gives_the_same_sample_and_another_seed_differs(exports, c
 
 def test_continuation_is_the_new_bytes_decoded_as_utf8(exports, capsys):
     from specdec_models import load_export
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, generate
 
     result = cli_json(capsys, "--export", exports / "target", "--prompt", "ab", "--max-new-tokens", 10,
                       "--temperature", 0)
-    tokens, _ = generate(load_export(exports / "target"), torch.tensor([list(b"ab")]), 10, temperature=0)
+    tokens, _ = generate(load_export(exports / "target"), torch.tensor([list(b"ab")]), 10, sampling=GREEDY)
     assert result["continuations"] == [bytes(tokens[0].tolist()).decode("utf-8", errors="replace")]
 
 
 def test_eos_id_stops_a_row_after_that_token(exports, capsys):
     from specdec_models import load_export
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, generate
 
-    tokens, _ = generate(load_export(exports / "target"), torch.tensor([list(b"stop")]), 12, temperature=0)
+    tokens, _ = generate(load_export(exports / "target"), torch.tensor([list(b"stop")]), 12, sampling=GREEDY)
     full = tokens[0].tolist()
     eos = full[3]
     cut = full[: full.index(eos) + 1]

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from specdec_models.decode import DecodeStats, generate
+from specdec_models.decode import GREEDY, DecodeStats, DraftModel, HeadDrafter, generate
 from specdec_models.decode.cost import (
     DRAFT, PREFILL, TARGET, SpeedProfile, StepTimes, choose_gamma, cost_ratios, expected_tokens,
     expected_tokens_from_acceptance, measure_costs, predicted_speedup, verify_key,
@@ -40,7 +40,7 @@ def test_timing_records_every_model_call_of_each_kind():
     t = base.step_times
     assert t.calls[PREFILL] == 1 and t.calls[TARGET] == 11 and base.target_calls == 12
     assert all(s > 0 for s in t.seconds.values())
-    _, spec = generate(target, prompts, 30, draft=draft, gamma=3, timing=True)
+    _, spec = generate(target, prompts, 30, DraftModel(draft), gamma=3, timing=True)
     t = spec.step_times
     rounds = spec.target_calls - 1
     assert t.calls[PREFILL] == 2                        # target and draft prefill
@@ -54,7 +54,7 @@ def test_timing_records_every_model_call_of_each_kind():
 
 def test_prophet_rounds_time_gamma_prophet_steps():
     mp = tiny_prophet(sharpen=2.0)
-    _, stats = generate(mp.model, ragged_prompts(), 20, prophet=mp, gamma=4, timing=True)
+    _, stats = generate(mp.model, ragged_prompts(), 20, HeadDrafter(mp), gamma=4, timing=True)
     rounds = stats.step_times.calls[verify_key(4)]
     assert stats.step_times.calls[DRAFT] == 4 * rounds
     # the prompt of length 1 needs one plain step before the prophet has its 2 start tokens
@@ -63,11 +63,11 @@ def test_prophet_rounds_time_gamma_prophet_steps():
 
 def test_measure_costs_times_target_verify_and_draft_steps():
     mp = tiny_prophet()
-    times = measure_costs(mp.model, 2, 10, [1, 3], prophet=mp, steps=4, warmup=1)
+    times = measure_costs(mp.model, 2, 10, [1, 3], HeadDrafter(mp), steps=4, warmup=1)
     assert times.calls == {TARGET: 4, verify_key(1): 4, verify_key(3): 4, DRAFT: 4}
     c, v = cost_ratios(times)
     assert c > 0 and set(v) == {1, 3}
-    times = measure_costs(mp.model, 1, 10, [2], draft=tiny(dim=16, depth=1), steps=2, warmup=0)
+    times = measure_costs(mp.model, 1, 10, [2], DraftModel(tiny(dim=16, depth=1)), steps=2, warmup=0)
     assert times.calls[DRAFT] == 2
 
 
@@ -75,7 +75,7 @@ def test_merged_stats_add_the_counts_and_derive_the_rates_again():
     target = tiny(sharpen=2.0)
     draft = perturbed(target, 0.05)
     g = torch.Generator().manual_seed(0)
-    parts = [generate(target, ragged_prompts(seed=s), n, draft=draft, gamma=gamma, generator=g, timing=True)[1]
+    parts = [generate(target, ragged_prompts(seed=s), n, DraftModel(draft), gamma=gamma, generator=g, timing=True)[1]
              for s, n, gamma in ((1, 20, 3), (2, 31, 3), (3, 9, 5))]
     m = DecodeStats.merge(parts)
     assert m.method == "draft" and m.batch == 5 and m.gamma is None          # gammas differ
@@ -97,7 +97,7 @@ def test_merged_stats_add_the_counts_and_derive_the_rates_again():
 
 def test_merging_stats_of_one_call_changes_nothing_and_mixed_methods_are_refused():
     target = tiny()
-    _, s = generate(target, ragged_prompts(), 7, draft=tiny(dim=16, depth=1), gamma=2)
+    _, s = generate(target, ragged_prompts(), 7, DraftModel(tiny(dim=16, depth=1)), gamma=2)
     assert DecodeStats.merge([s]).to_dict() == s.to_dict()
     _, base = generate(target, ragged_prompts(), 7)
     with pytest.raises(ValueError, match="different methods"):
@@ -186,9 +186,9 @@ def test_calls_after_finished_rows_are_dropped_are_timed_apart_as_the_tail():
     # they are kept out of c and v (which describe the full batch) but still timed
     target = tiny(sharpen=4.0)
     prompts = ragged_prompts()
-    plain = [t.tolist() for t in generate(target, prompts, 30, temperature=0)[0]]
+    plain = [t.tolist() for t in generate(target, prompts, 30, sampling=GREEDY)[0]]
     eos = plain[1][3]
-    _, stats = generate(target, prompts, 30, draft=tiny(dim=16, depth=1, seed=3, sharpen=4.0), temperature=0,
+    _, stats = generate(target, prompts, 30, DraftModel(tiny(dim=16, depth=1, seed=3, sharpen=4.0)), sampling=GREEDY,
                         gamma=3, eos_id=eos, timing=True)
     t = stats.step_times
     assert t.calls["tail/verify/3"] > 0 and t.calls["tail/draft"] == 3 * t.calls["tail/verify/3"]
@@ -210,20 +210,20 @@ def test_auto_gamma_with_a_profile_decodes_at_its_best_gamma_and_stays_exact():
     draft = tiny(dim=16, depth=1, seed=3, sharpen=4.0)
     profile = SpeedProfile(0.05, {2: 1.2, 8: 1.9}, [0.9, 0.8, 0.7, 0.2, 0.1, 0.05, 0.0, 0.0])
     best = profile.best_gamma()
-    got, stats = generate(target, ragged_prompts(), 30, draft=draft, temperature=0, gamma="auto",
+    got, stats = generate(target, ragged_prompts(), 30, DraftModel(draft), sampling=GREEDY, gamma="auto",
                           speed_profile=profile, timing=True)
     assert stats.gamma == best == 3
     assert stats.predicted_speedup == pytest.approx(profile.predicted(best))
     assert stats.speed_profile == profile.to_dict() and stats.measured_speedup is None
     assert set(stats.step_times.verify_gammas()) == {best}
-    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 30, temperature=0)[0]]
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 30, sampling=GREEDY)[0]]
 
 
 def test_auto_gamma_calibrates_and_falls_back_to_plain_decoding_for_a_draft_that_never_agrees():
     # acceptance 0 at every position: E(gamma) = 1, so every gamma is predicted slower than plain
     target = tiny(sharpen=4.0)
     draft = never_agreeing_draft(target)
-    got, stats = generate(target, ragged_prompts(), 40, draft=draft, temperature=0, gamma="auto", timing=True)
+    got, stats = generate(target, ragged_prompts(), 40, DraftModel(draft), sampling=GREEDY, gamma="auto", timing=True)
     assert stats.gamma == 0 and stats.predicted_speedup == 1.0
     assert stats.speed_profile["per_position_acceptance"] == [0.0] * 8
     assert set(stats.speed_profile["v_by_gamma"]) == {"1", "2", "4", "8"}  # the calibration's gammas
@@ -231,32 +231,33 @@ def test_auto_gamma_calibrates_and_falls_back_to_plain_decoding_for_a_draft_that
     assert stats.measured_speedup > 0
     # the 16 tokens of the prefill, 3 plain steps and 12 rounds (one token each) calibrate; the other
     # 24 are plain steps that no longer feed the draft
-    _, calibrated = generate(target, ragged_prompts(), 16, draft=draft, temperature=0, gamma="auto", timing=True)
+    _, calibrated = generate(target, ragged_prompts(), 16, DraftModel(draft), sampling=GREEDY, gamma="auto",
+                             timing=True)
     assert calibrated.step_times.calls["target"] == 3
     assert stats.step_times.calls["target"] == 3 + 24
     assert stats.step_times.calls[DRAFT] == calibrated.step_times.calls[DRAFT]
-    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 40, temperature=0)[0]]
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 40, sampling=GREEDY)[0]]
 
 
 def test_auto_gamma_with_a_profile_that_no_gamma_pays_decodes_plainly_and_stays_exact():
     target = tiny(sharpen=4.0)
     draft = tiny(dim=16, depth=1, seed=3, sharpen=4.0)
     profile = SpeedProfile(0.25, {1: 1.5, 2: 1.9, 4: 2.6}, [0.53, 0.34, 0.17, 0.07])
-    got, stats = generate(target, ragged_prompts(), 30, draft=draft, temperature=0, gamma="auto",
+    got, stats = generate(target, ragged_prompts(), 30, DraftModel(draft), sampling=GREEDY, gamma="auto",
                           speed_profile=profile, timing=True)
     assert stats.gamma == 0 and stats.drafted == 0
     assert DRAFT not in stats.step_times.calls and not stats.step_times.verify_gammas()
-    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 30, temperature=0)[0]]
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(target, ragged_prompts(), 30, sampling=GREEDY)[0]]
 
 
 def test_auto_gamma_for_a_prophet_stays_within_what_it_was_trained_for():
     mp = tiny_prophet(sharpen=4.0)          # prophet_train_length 6: gamma <= 5
     prompts = ragged_prompts()
-    got, stats = generate(mp.model, prompts, 40, prophet=mp, temperature=0, gamma="auto")
+    got, stats = generate(mp.model, prompts, 40, HeadDrafter(mp), sampling=GREEDY, gamma="auto")
     # an untrained prophet accepts nothing, so no gamma pays: 0 (plain decoding) is a valid choice
     assert 0 <= stats.gamma <= 5 and len(stats.speed_profile["per_position_acceptance"]) == 5
     assert stats.step_times is None          # calibration timed privately
-    assert [t.tolist() for t in got] == [t.tolist() for t in generate(mp.model, prompts, 40, temperature=0)[0]]
+    assert [t.tolist() for t in got] == [t.tolist() for t in generate(mp.model, prompts, 40, sampling=GREEDY)[0]]
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -266,7 +267,7 @@ def test_auto_gamma_for_a_prophet_stays_within_what_it_was_trained_for():
 ])
 def test_bad_gamma_choice_gives_a_one_line_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        generate(tiny(), ragged_prompts(), 4, draft=tiny(dim=16, depth=1), **kwargs)
+        generate(tiny(), ragged_prompts(), 4, DraftModel(tiny(dim=16, depth=1)), **kwargs)
 
 
 def test_calibration_covers_both_ends_and_the_middle_and_profiles_from_medians():

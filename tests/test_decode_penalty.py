@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec_models import SpecdecError
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, DraftModel, HeadDrafter, generate
 from specdec_models.sampling import SamplingConfig, process_logits, to_probs
 from test_decode import chi_square_p_value, ragged_prompts, tiny, tiny_prophet, toy_pair
 
@@ -64,16 +64,17 @@ def reference_greedy(target, prompt, n, penalty):
 def test_greedy_speculative_with_penalty_equals_greedy_base_and_the_reference(method):
     mp = tiny_prophet(sharpen=6.0)
     target = mp.model
-    kw = {"draft": tiny(dim=16, depth=1, seed=3, sharpen=6.0)} if method == "draft" else {"prophet": mp}
+    drafter = DraftModel(tiny(dim=16, depth=1, seed=3, sharpen=6.0)) if method == "draft" else HeadDrafter(mp)
+    penalised = SamplingConfig(temperature=0, repetition_penalty=1.5)
     prompts = ragged_prompts()
     with torch.no_grad():
         expected = [reference_greedy(target, p, 25, 1.5) for p in prompts]
-    base, _ = generate(target, prompts, 25, temperature=0, repetition_penalty=1.5)
+    base, _ = generate(target, prompts, 25, sampling=penalised)
     assert [t.tolist() for t in base] == expected
-    unpenalised, _ = generate(target, prompts, 25, temperature=0)
+    unpenalised, _ = generate(target, prompts, 25, sampling=GREEDY)
     assert [t.tolist() for t in unpenalised] != expected          # the penalty changes the text
     for gamma in (1, 3, 5):
-        got, stats = generate(target, prompts, 25, temperature=0, gamma=gamma, repetition_penalty=1.5, **kw)
+        got, stats = generate(target, prompts, 25, drafter, sampling=penalised, gamma=gamma)
         assert [t.tolist() for t in got] == expected
         assert stats.drafted > 0
 
@@ -108,11 +109,11 @@ def test_speculative_sampling_with_penalty_is_lossless_chi_square(method, settin
     # at most once in 10^4 runs; the seeds are fixed). The prompt holds 2 of the 6 ids, so the
     # penalty at tokens 2 and 3 depends on the tokens drafted before them.
     vocab, n_tokens, n = 6, 3, 6000
-    target, kw = toy_pair(method, vocab)
+    target, drafter = toy_pair(method, vocab)
     prompt = torch.tensor([1, 4, 1])
     cfg = SamplingConfig(**setting)
     g = torch.Generator().manual_seed(4321)
-    tokens, stats = generate(target, prompt.expand(n, -1), n_tokens, gamma=2, generator=g, **setting, **kw)
+    tokens, stats = generate(target, prompt.expand(n, -1), n_tokens, drafter, sampling=cfg, gamma=2, generator=g)
     index = (torch.stack(tokens) * torch.tensor([vocab ** 2, vocab, 1])).sum(1)
     observed = torch.bincount(index, minlength=vocab ** n_tokens).float()
     assert 0.05 < stats.acceptance_rate < 0.95
@@ -128,10 +129,13 @@ def test_penalty_context_follows_each_row_through_a_ragged_batch_with_dropped_ro
     target = tiny(sharpen=6.0)
     draft = tiny(dim=16, depth=1, seed=3, sharpen=6.0)
     prompts = ragged_prompts()
-    plain = [t.tolist() for t in generate(target, prompts, 30, temperature=0, repetition_penalty=1.4)[0]]
+    plain = [t.tolist() for t in generate(target, prompts, 30,
+                                          sampling=SamplingConfig(temperature=0, repetition_penalty=1.4))[0]]
     eos = plain[2][4]
-    got, _ = generate(target, prompts, 30, draft=draft, temperature=0, gamma=4, eos_id=eos, repetition_penalty=1.4)
+    got, _ = generate(target, prompts, 30, DraftModel(draft),
+                      sampling=SamplingConfig(temperature=0, repetition_penalty=1.4), gamma=4, eos_id=eos)
     for prompt, row in zip(prompts, got):
-        alone, _ = generate(target, [prompt], 30, temperature=0, eos_id=eos, repetition_penalty=1.4)
+        alone, _ = generate(target, [prompt], 30, sampling=SamplingConfig(temperature=0, repetition_penalty=1.4),
+                            eos_id=eos)
         assert row.tolist() == alone[0].tolist()
     assert len(got[2]) <= 5

@@ -134,7 +134,8 @@ def test_on_policy_rows_are_sampled_from_the_current_student(distill_cfg, tmp_pa
     rows = module.sample_rows(prompts, "student", torch.Generator().manual_seed(5))
     assert rows.shape == (4, 8 + 24) and torch.equal(rows[:, :8], prompts)
     # the same draw as decoding the student directly with the same seed ...
-    new, _ = generate(module.student, prompts, 24, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    new, _ = generate(module.student, prompts, 24, sampling=SamplingConfig(temperature=1.0),
+                      generator=torch.Generator().manual_seed(5))
     assert torch.equal(rows[:, 8:], torch.stack(new))
     assert rows.requires_grad is False and not rows.is_inference()
     # ... and it follows the student: other weights, other rows (same seed)
@@ -142,7 +143,8 @@ def test_on_policy_rows_are_sampled_from_the_current_student(distill_cfg, tmp_pa
         module.student.to_logits.weight.mul_(-3.0)
     assert not torch.equal(module.sample_rows(prompts, "student", torch.Generator().manual_seed(5)), rows)
     teacher_rows = module.sample_rows(prompts, "teacher", torch.Generator().manual_seed(5))
-    new, _ = generate(module.teacher, prompts, 24, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    new, _ = generate(module.teacher, prompts, 24, sampling=SamplingConfig(temperature=1.0),
+                      generator=torch.Generator().manual_seed(5))
     assert torch.equal(teacher_rows[:, 8:], torch.stack(new))
 
 
@@ -155,7 +157,7 @@ def test_generated_share_of_a_batch(distill_cfg, tmp_path, data, fraction, expec
 
 def test_tiny_distillation_end_to_end_on_policy(distill_cfg, tmp_path, teacher_export):
     from specdec_models import load_export
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, DraftModel, generate
     from specdec_models.export import read_export_config
     from train.run import run
 
@@ -172,8 +174,8 @@ def test_tiny_distillation_end_to_end_on_policy(distill_cfg, tmp_path, teacher_e
     assert config["metadata"]["teacher_export"] == str(teacher_export.resolve())
     draft, teacher = load_export(result["export_dir"]), load_export(teacher_export)
     prompt = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
-    spec, _ = generate(teacher, prompt, 12, draft=draft, temperature=0)
-    base, _ = generate(teacher, prompt, 12, temperature=0)
+    spec, _ = generate(teacher, prompt, 12, DraftModel(draft), sampling=GREEDY)
+    base, _ = generate(teacher, prompt, 12, sampling=GREEDY)
     assert all(torch.equal(a, b) for a, b in zip(spec, base))
 
 

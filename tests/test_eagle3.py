@@ -13,7 +13,7 @@ from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline
 from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
 from specdec_models import SpecdecError
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, HeadDrafter, TreeDrafter, generate
 from specdec_models.heads.eagle3 import (Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, needed_chains,
                                       vocab_maps)
 from specdec_models.sampling import SamplingConfig, to_probs
@@ -239,7 +239,7 @@ def test_greedy_eagle3_decoding_equals_the_targets_generate(llama, draft):
     prompts = ragged_prompts()
     alone, _ = hf_greedy(llama, prompts, 16)
     for gamma in (1, 3, "auto"):
-        got, stats = generate(llama, prompts, 16, prophet=head, temperature=0, gamma=gamma)
+        got, stats = generate(llama, prompts, 16, HeadDrafter(head), sampling=GREEDY, gamma=gamma)
         assert [t.tolist() for t in got] == alone
         assert stats.method == "eagle3" and stats.drafted > 0
 
@@ -249,8 +249,8 @@ def test_a_perfect_feature_path_is_accepted(llama):
     # here: the batch of one row and its own copies give identical outputs and counts
     head = head_for(llama, draft=50)
     p = ragged_prompts()[1]
-    one, s1 = generate(llama, [p], 12, prophet=head, temperature=0, gamma=3)
-    many, s3 = generate(llama, [p, p, p], 12, prophet=head, temperature=0, gamma=3)
+    one, s1 = generate(llama, [p], 12, HeadDrafter(head), sampling=GREEDY, gamma=3)
+    many, s3 = generate(llama, [p, p, p], 12, HeadDrafter(head), sampling=GREEDY, gamma=3)
     assert all(t.tolist() == one[0].tolist() for t in many)
     assert s3.accepted == 3 * s1.accepted and s3.drafted == 3 * s1.drafted
 
@@ -297,9 +297,9 @@ def _samples(target, head, n, tree=None, prompt=(1, 4, 2), datastore=None, **kw)
     target, stats)."""
     prompt = torch.tensor(prompt)
     g = torch.Generator().manual_seed(1234)
-    extra = {} if datastore is None else {"datastore": datastore}
-    tokens, stats = generate(target, prompt.expand(n, -1), 3, gamma=2, generator=g, prophet=head, tree=tree,
-                             **extra, **kw)
+    drafter = HeadDrafter(head) if tree is None else TreeDrafter(head, tree, datastore)
+    tokens, stats = generate(target, prompt.expand(n, -1), 3, drafter, sampling=SamplingConfig(**kw), gamma=2,
+                             generator=g)
     index = (torch.stack(tokens) * torch.tensor([64, 8, 1])).sum(1)
     with torch.no_grad():
         seqs = torch.cartesian_prod(*[torch.arange(8)] * 3)
@@ -320,7 +320,7 @@ def test_bad_input_is_one_line(llama, tmp_path, case, message):
             Eagle3Config.for_target(llama, aux_layers=[1, 7])
         elif case == "other_target":
             other = build(tmp_path / "o", "llama", 5, 30.0)
-            generate(other, [torch.tensor([1, 2])], 4, prophet=head_for(llama))
+            generate(other, [torch.tensor([1, 2])], 4, HeadDrafter(head_for(llama)))
         else:
             Eagle3Head(Eagle3Config.for_target(llama, draft_vocab_size=10), llama, torch.arange(12))
     assert "\n" not in str(err.value)
@@ -367,8 +367,8 @@ def test_every_rounds_first_draft_is_the_teacher_forced_heads_across_rejections(
         monkeypatch_target, name = trees._TreeDecoding, "draft"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(monkeypatch_target, name, record)
-        spec = None if tree is None else trees.TreeSpec.parse(tree)
-        out, stats = generate(target, prompts, 14, prophet=head, temperature=1.0, gamma=3, tree=spec,
+        drafter = HeadDrafter(head) if tree is None else TreeDrafter(head, trees.TreeSpec.parse(tree))
+        out, stats = generate(target, prompts, 14, drafter, sampling=SamplingConfig(temperature=1.0), gamma=3,
                               generator=torch.Generator().manual_seed(0))
     assert 0 < stats.accepted < stats.drafted, "rounds must both accept and reject drafts"
     assert len(seen) >= 3 * len(prompts)

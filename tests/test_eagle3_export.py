@@ -20,7 +20,7 @@ from test_hf_decode import hf_greedy, ragged_prompts
 from test_hf_decode_cli import VOCAB, char_tokenizer
 
 from specdec_models import SpecdecError, load_export
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.export.eagle3 import (
     detect_layout,
     layer_ids_from_sglang,
@@ -211,7 +211,7 @@ def test_greedy_decoding_with_an_imported_head_equals_the_targets_greedy(setup, 
     back = load_eagle3(out, target)
     prompts = [p % VOCAB for p in ragged_prompts()]
     alone, _ = hf_greedy(target, prompts, 12)
-    got, stats = generate(target, prompts, 12, prophet=back, temperature=0, gamma=3)
+    got, stats = generate(target, prompts, 12, HeadDrafter(back), sampling=GREEDY, gamma=3)
     assert [t.tolist() for t in got] == alone and stats.method == "eagle3" and stats.drafted > 0
 
 

@@ -30,7 +30,7 @@ from speculators.config import SpeculatorsConfig, VerifierConfig
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 from speculators.proposals.greedy import GreedyTokenProposalConfig
 
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.export.eagle3 import detect_layout, load_eagle3, save_eagle3
 from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 from train.bench.hf import chat_prompts
@@ -47,7 +47,7 @@ def rows(smollm2):
     """A real chat prompt and the target's greedy continuation: tokens (1, n + 1)."""
     model, tokenizer, _ = smollm2
     prompt = chat_prompts(tokenizer, 1)[0]
-    out, _ = generate(model, [prompt], 16, temperature=0)
+    out, _ = generate(model, [prompt], 16, sampling=GREEDY)
     return torch.cat([prompt, out[0]])[None]
 
 
@@ -169,7 +169,7 @@ def test_a_head_built_by_speculators_drafts_the_same_tokens_in_specdec(smollm2, 
           + ", ".join(f"{d:.2e}" for d in report))
 
     prompt = rows[0, :-16]
-    plain, _ = generate(model, [prompt], 16, temperature=0)
-    drafted, stats = generate(model, [prompt], 16, prophet=head, temperature=0, gamma=3)
+    plain, _ = generate(model, [prompt], 16, sampling=GREEDY)
+    drafted, stats = generate(model, [prompt], 16, HeadDrafter(head), sampling=GREEDY, gamma=3)
     assert drafted[0].tolist() == plain[0].tolist()
     assert stats.method == "eagle3" and stats.drafted > 0

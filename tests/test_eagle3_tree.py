@@ -16,7 +16,7 @@ from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline
 from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
 from specdec_models import SpecdecError
-from specdec_models.decode import TreeSpec, generate
+from specdec_models.decode import GREEDY, HeadDrafter, SamplingConfig, TreeDrafter, TreeSpec, generate
 from specdec_models.decode.tree import _Tree, lookup_continuation
 from specdec_models.hf import HFDecoder
 
@@ -31,7 +31,7 @@ def toy_prompts() -> list[torch.Tensor]:
 
 def _greedy(target, head, prompts, n, *specs):
     """(tokens as lists, stats) of greedy tree decoding with each spec."""
-    runs = [generate(target, prompts, n, prophet=head, temperature=0, tree=spec) for spec in specs]
+    runs = [generate(target, prompts, n, TreeDrafter(head, spec), sampling=GREEDY) for spec in specs]
     return [([t.tolist() for t in out], stats) for out, stats in runs]          # a prompt ending in a loop: prompt lookup proposes 4, 5, 4, 5
 
 
@@ -105,7 +105,7 @@ def test_greedy_tree_decoding_equals_the_targets_generate(models, arch, draft):
     specs = (TreeSpec(1, 1, 1), TreeSpec(3, 2, 2), TreeSpec(5, 3, 3), TreeSpec(3, 2, 1, 5), TreeSpec(1, 1, 1, 2),
              TreeSpec(5, 3, 3, min_prob=0.3), TreeSpec(4, 2, 2, 2, lookup_max=8, min_prob=0.2))
     for spec in specs:
-        got, stats = generate(model, prompts, 16, prophet=head, temperature=0, tree=spec)
+        got, stats = generate(model, prompts, 16, TreeDrafter(head, spec), sampling=GREEDY)
         assert [t.tolist() for t in got] == alone, spec
         rounds = stats.target_calls - len(prompts)
         assert stats.method == "eagle3_tree" and sum(stats.drafted_at) == spec.max_depth * rounds
@@ -143,8 +143,8 @@ def test_greedy_lookup_accepts_the_targets_loops_and_stays_exact(toy):
     target, head = toy
     prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 32)
-    plain_tree, base = generate(target, prompts, 32, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1))
-    got, stats = generate(target, prompts, 32, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 6))
+    plain_tree, base = generate(target, prompts, 32, TreeDrafter(head, TreeSpec(2, 2, 1)), sampling=GREEDY)
+    got, stats = generate(target, prompts, 32, TreeDrafter(head, TreeSpec(2, 2, 1, 6)), sampling=GREEDY)
     assert [t.tolist() for t in got] == alone == [t.tolist() for t in plain_tree]
     assert stats.tokens_per_call > base.tokens_per_call + 0.5
     assert len(stats.per_position_acceptance) == 6 and stats.per_position_acceptance[4] > 0.2
@@ -166,8 +166,8 @@ def test_greedy_adaptive_lookup_follows_the_targets_loops_further(toy):
     target, head = toy
     prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 48)
-    fixed, base = generate(target, prompts, 48, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 2))
-    got, stats = generate(target, prompts, 48, prophet=head, temperature=0, tree=TreeSpec(2, 2, 1, 2, lookup_max=12))
+    fixed, base = generate(target, prompts, 48, TreeDrafter(head, TreeSpec(2, 2, 1, 2)), sampling=GREEDY)
+    got, stats = generate(target, prompts, 48, TreeDrafter(head, TreeSpec(2, 2, 1, 2, lookup_max=12)), sampling=GREEDY)
     assert [t.tolist() for t in got] == alone == [t.tolist() for t in fixed]
     assert stats.tokens_per_call > base.tokens_per_call + 0.5
     assert stats.per_position_acceptance[4] > 0.1                # paths beyond the fixed lookup's 2 + 1
@@ -231,7 +231,7 @@ def test_keep_verifies_only_the_likely_nodes_and_stays_exact(toy, monkeypatch):
         return tree
 
     monkeypatch.setattr(tree_module._TreeDecoding, "draft", recorded)
-    generate(target, toy_prompts(), 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3, keep=0.3))
+    generate(target, toy_prompts(), 24, TreeDrafter(head, TreeSpec(4, 3, 3, keep=0.3)), sampling=GREEDY)
     assert scores and min(scores) >= math.log(0.3)
 
 
@@ -272,7 +272,7 @@ def test_a_budget_skips_head_steps_whose_children_cannot_enter_it(toy, monkeypat
     for spec in (TreeSpec(4, 3, 3, nodes=5), TreeSpec(4, 3, 3)):
         trees.clear()
         calls[0] = 0
-        out, _ = generate(target, prompts, 24, prophet=head, temperature=0, tree=spec)
+        out, _ = generate(target, prompts, 24, TreeDrafter(head, spec), sampling=GREEDY)
         runs[spec.nodes] = ([t.tolist() for t in out], list(trees), calls[0])
     assert runs[5][:2] == runs[0][:2]
     assert runs[5][2] < runs[0][2]
@@ -294,8 +294,8 @@ def test_greedy_tree_accepts_long_paths_and_stays_exact(toy):
     head = _long_path_head(target)
     prompts = toy_prompts()
     alone, _ = hf_greedy(target, prompts, 24)
-    chain, chain_stats = generate(target, prompts, 24, prophet=head, temperature=0, gamma=4)
-    got, stats = generate(target, prompts, 24, prophet=head, temperature=0, tree=TreeSpec(4, 3, 3))
+    chain, chain_stats = generate(target, prompts, 24, HeadDrafter(head), sampling=GREEDY, gamma=4)
+    got, stats = generate(target, prompts, 24, TreeDrafter(head, TreeSpec(4, 3, 3)), sampling=GREEDY)
     assert [t.tolist() for t in got] == alone == [t.tolist() for t in chain]
     assert stats.tokens_per_call > chain_stats.tokens_per_call
     assert stats.per_position_acceptance[1] > 0.2             # two or more accepted in >20% of rounds
@@ -427,9 +427,10 @@ def test_tree_spec_and_bad_input(models):
         (lambda: TreeSpec.parse("3,2,1,keep=x"), "DEPTH,TOPK,WIDTH"),
         (lambda: TreeSpec.parse("3,2,1,size=4"), "DEPTH,TOPK,WIDTH"),
         (lambda: TreeSpec.parse("3,2,1,nodes=4,nodes=5"), "DEPTH,TOPK,WIDTH"),
-        (lambda: generate(model, prompt, 4, tree=TreeSpec()), "EAGLE-3 head"),
-        (lambda: generate(model, prompt, 4, prophet=head, gamma="auto", tree=TreeSpec()), "own depth"),
-        (lambda: generate(model, prompt, 4, prophet=head, repetition_penalty=1.2, tree=TreeSpec()), "repetition"),
+        (lambda: generate(model, prompt, 4, TreeDrafter(None, TreeSpec())), "EAGLE-3 head"),
+        (lambda: generate(model, prompt, 4, TreeDrafter(head, TreeSpec()), gamma="auto"), "own depth"),
+        (lambda: generate(model, prompt, 4, TreeDrafter(head, TreeSpec()),
+                          sampling=SamplingConfig(repetition_penalty=1.2)), "repetition"),
     ]
     for call, message in cases:
         with pytest.raises(SpecdecError, match=message) as err:
@@ -442,7 +443,7 @@ def test_the_comparison_runs_trees_at_batch_1_and_reports_greedy_agreement(model
 
     model = models["llama"]
     head = head_for(model, draft=60, layers=[1, 2, 0])
-    drafters = {"eagle3": {"prophet": head}, "tree": {"prophet": head, "tree": TreeSpec(3, 2, 2)}}
+    drafters = {"eagle3": {"drafter": HeadDrafter(head)}, "tree": {"drafter": TreeDrafter(head, TreeSpec(3, 2, 2))}}
     rows = compare_drafters(model, ragged_prompts(lengths=(3, 9, 6)), drafters, gamma=3, batches={1: 2, 8: 3},
                             max_new_tokens=6, rounds=1)
     assert [(r["temperature"], r["batch"], r["method"]) for r in rows] == [
@@ -555,9 +556,9 @@ def test_the_comparison_stops_rows_at_eos_for_every_method(models):
     model = models["llama"]
     head = head_for(model, draft=60, layers=[1, 2, 0])
     prompts = ragged_prompts(lengths=(3, 9, 6))
-    free, _ = generate(model, prompts, 12, temperature=0)
+    free, _ = generate(model, prompts, 12, sampling=GREEDY)
     eos = int(free[1][4])                                    # a token the greedy answers emit
-    drafters = {"eagle3": {"prophet": head}, "tree": {"prophet": head, "tree": TreeSpec(3, 2, 2)},
+    drafters = {"eagle3": {"drafter": HeadDrafter(head)}, "tree": {"drafter": TreeDrafter(head, TreeSpec(3, 2, 2))},
                 "lookup": {"prompt_lookup": 3}}
     fixed = compare_drafters(model, prompts, drafters, gamma=3, batches={1: 3}, max_new_tokens=12, rounds=1,
                              temperatures=(0.0,))
@@ -672,7 +673,7 @@ def test_the_greedy_check_decodes_a_chain_at_its_own_gamma(models):
     model = models["llama"]
     head = head_for(model, draft=60, layers=[1, 2, 0])
     prompts = [torch.tensor([1, 4, 2, 9]), torch.tensor([3, 3, 0])]
-    got = greedy_matches_transformers(model, prompts, {"chain": {"prophet": head, "gamma": 3}}, gamma=5,
+    got = greedy_matches_transformers(model, prompts, {"chain": {"drafter": HeadDrafter(head), "gamma": 3}}, gamma=5,
                                       max_new_tokens=8)
     assert got == {"plain": True, "chain": True}
 

@@ -322,16 +322,16 @@ def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, eac
     from test_eagle3 import head_for
     from test_hf_decode import build, hf_greedy, ragged_prompts
 
-    from specdec_models.decode import TreeSpec, generate
+    from specdec_models.decode import GREEDY, HeadDrafter, TreeDrafter, TreeSpec, generate
 
     model = build(tmp_path / "llama", "llama", 1, 30.0)
     head = head_for(model, draft=60, layers=[1, 2, 0])
     prompts = ragged_prompts()
     alone, _ = hf_greedy(model, prompts, 12)
     assert use_few_rows(model) > 0 and use_few_rows(head) > 0
-    for kwargs in ({}, {"prophet": head, "gamma": 3}, {"prophet": head, "tree": TreeSpec(3, 2, 2, 3)}):
-        got, _ = generate(model, prompts, 12, temperature=0, **kwargs)
-        assert [t.tolist() for t in got] == alone, kwargs
+    for drafter in (None, HeadDrafter(head), TreeDrafter(head, TreeSpec(3, 2, 2, 3))):
+        got, _ = generate(model, prompts, 12, drafter, sampling=GREEDY, gamma=3)
+        assert [t.tolist() for t in got] == alone, drafter
 
 
 def test_reports_name_the_path_each_dtype_takes(monkeypatch, each_kernel, each_library):

@@ -147,7 +147,7 @@ def test_main_stays_in_eval_mode_when_lightning_switches_to_train(main_export):
 # ---------------------------------------------------------------- the export
 
 def test_export_holds_the_frozen_main_and_the_prophet_and_decodes(online, main_export, capsys):
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, HeadDrafter, generate
     from specdec_models.decode.__main__ import main as decode_main
 
     result, _ = online
@@ -158,8 +158,8 @@ def test_export_holds_the_frozen_main_and_the_prophet_and_decodes(online, main_e
     meta = read_export_config(result["export_dir"])["metadata"]
     assert meta["task"] == "prophet_frozen" and meta["main_weights_sha256"] == export_hash(main_export)
     prompts = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
-    spec, stats = generate(pair.model, prompts, 8, prophet=pair, temperature=0)
-    base, _ = generate(pair.model, prompts, 8, temperature=0)
+    spec, stats = generate(pair.model, prompts, 8, HeadDrafter(pair), sampling=GREEDY)
+    base, _ = generate(pair.model, prompts, 8, sampling=GREEDY)
     assert all(torch.equal(a, b) for a, b in zip(spec, base))        # greedy speculative decoding is exact
     assert stats.method == "prophet"
     assert decode_main(["--export", str(result["export_dir"]), "--method", "prophet", "--prompt", "the ",

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from test_decode import chi_square_p_value, correction_from_p
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, DraftModel, HeadDrafter, generate
 from specdec_models.hf import HFDecoder
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.sampling import SamplingConfig, to_probs
@@ -184,11 +184,11 @@ def test_greedy_speculative_with_hf_models_matches_hf_generate(models, target, d
     alone, batched = hf_greedy(models[target], prompts, 24)
     assert batched == alone                                    # the reference agrees with itself
     for gamma in (1, 4):
-        got, stats = generate(models[target], prompts, 24, draft=models[draft], temperature=0, gamma=gamma)
+        got, stats = generate(models[target], prompts, 24, DraftModel(models[draft]), sampling=GREEDY, gamma=gamma)
         assert [t.tolist() for t in got] == alone
-    one, _ = generate(models[target], [prompts[1]], 24, draft=models[draft], temperature=0, gamma=3)
+    one, _ = generate(models[target], [prompts[1]], 24, DraftModel(models[draft]), sampling=GREEDY, gamma=3)
     assert one[0].tolist() == alone[1]                         # batch 1
-    base, _ = generate(models[target], prompts, 24, temperature=0)
+    base, _ = generate(models[target], prompts, 24, sampling=GREEDY)
     assert [t.tolist() for t in base] == alone
     if draft.endswith("near"):
         assert 0.0 < stats.acceptance_rate < 1.0                # ragged acceptance really happened
@@ -196,13 +196,13 @@ def test_greedy_speculative_with_hf_models_matches_hf_generate(models, target, d
 
 def test_each_row_alone_gives_the_tokens_it_gives_in_a_batch(models):
     prompts = ragged_prompts(seed=5, lengths=(4, 11, 2, 7, 1, 5))
-    batch, _ = generate(models["llama"], prompts, 30, draft=models["llama_near"], temperature=0, gamma=5)
+    batch, _ = generate(models["llama"], prompts, 30, DraftModel(models["llama_near"]), sampling=GREEDY, gamma=5)
     for i, p in enumerate(prompts):
-        alone, _ = generate(models["llama"], [p], 30, draft=models["llama_near"], temperature=0, gamma=5)
+        alone, _ = generate(models["llama"], [p], 30, DraftModel(models["llama_near"]), sampling=GREEDY, gamma=5)
         assert alone[0].tolist() == batch[i].tolist()
     # a different batch composition (other rows, other order) leaves each row unchanged too
     sub = [prompts[4], prompts[1], prompts[3]]
-    again, _ = generate(models["llama"], sub, 30, draft=models["llama_near"], temperature=0, gamma=5)
+    again, _ = generate(models["llama"], sub, 30, DraftModel(models["llama_near"]), sampling=GREEDY, gamma=5)
     assert [t.tolist() for t in again] == [batch[4].tolist(), batch[1].tolist(), batch[3].tolist()]
 
 
@@ -211,7 +211,7 @@ def test_a_native_decoder_draft_works_with_an_hf_target(models):
     draft = Decoder(ModelConfig(vocab_size=V, dim=32, depth=1, heads=2, dim_head=16, max_seq_len=128)).eval()
     prompts = ragged_prompts()
     alone, _ = hf_greedy(models["neox"], prompts, 16)
-    got, _ = generate(models["neox"], prompts, 16, draft=draft, temperature=0, gamma=3)
+    got, _ = generate(models["neox"], prompts, 16, DraftModel(draft), sampling=GREEDY, gamma=3)
     assert [t.tolist() for t in got] == alone
 
 
@@ -220,8 +220,8 @@ def test_sampling_with_a_copy_of_the_hf_target_as_draft_accepts_everything(model
     # after a full acceptance, per-row rollback after a rejection).
     g = torch.Generator().manual_seed(5)
     target = models["neox"]
-    _, stats = generate(target, ragged_prompts(), 40, draft=copy.deepcopy(target), gamma=4, temperature=0.8,
-                        top_k=20, generator=g)
+    _, stats = generate(target, ragged_prompts(), 40, DraftModel(copy.deepcopy(target)), gamma=4,
+                        sampling=SamplingConfig(temperature=0.8, top_k=20), generator=g)
     assert stats.acceptance_rate == 1.0
     assert stats.alpha == pytest.approx(1.0, abs=1e-5)
 
@@ -229,12 +229,13 @@ def test_sampling_with_a_copy_of_the_hf_target_as_draft_accepts_everything(model
 def test_every_row_emits_exactly_max_new_tokens_and_stops_at_eos(models):
     target, draft = models["llama"], models["llama_near"]
     g = torch.Generator().manual_seed(0)
-    got, stats = generate(target, ragged_prompts(), 13, draft=draft, gamma=6, generator=g)
+    got, stats = generate(target, ragged_prompts(), 13, DraftModel(draft), gamma=6, generator=g)
     assert [len(t) for t in got] == [13] * 5 and stats.new_tokens == 65
     plain, _ = hf_greedy(target, ragged_prompts(), 20)
     eos = plain[1][6]
     expected = [row[: row.index(eos) + 1] if eos in row else row for row in plain]
-    got, _ = generate(target, ragged_prompts(), 20, draft=copy.deepcopy(target), temperature=0, gamma=6, eos_id=eos)
+    got, _ = generate(target, ragged_prompts(), 20, DraftModel(copy.deepcopy(target)), sampling=GREEDY, gamma=6,
+                      eos_id=eos)
     assert [t.tolist() for t in got] == expected
 
 
@@ -263,7 +264,9 @@ def toy_samples(toy, drafter, n, **kw):
     target = toy["target"]
     prompt = torch.tensor([1, 4, 2])
     g = torch.Generator().manual_seed(1234)
-    tokens, stats = generate(target, prompt.expand(n, -1), 3, gamma=2, generator=g, **{drafter: toy[drafter]}, **kw)
+    wrap = DraftModel if drafter == "draft" else HeadDrafter
+    tokens, stats = generate(target, prompt.expand(n, -1), 3, wrap(toy[drafter]), sampling=SamplingConfig(**kw),
+                             gamma=2, generator=g)
     index = (torch.stack(tokens) * torch.tensor([64, 8, 1])).sum(1)
     with torch.no_grad():                                # exact joint of 3 tokens by enumeration
         seqs = torch.cartesian_prod(*[torch.arange(8)] * 3)                        # (512, 3)
@@ -305,14 +308,15 @@ def test_a_padded_head_is_sliced_to_the_shared_vocabulary(models, tmp_path):
     prompts = ragged_prompts()
     alone, _ = hf_greedy(models["neox"], prompts, 12)
     for vocab_size in (V, "min"):
-        got, _ = generate(models["neox"], prompts, 12, draft=padded, temperature=0, gamma=3, vocab_size=vocab_size)
+        got, _ = generate(models["neox"], prompts, 12, DraftModel(padded), sampling=GREEDY, gamma=3,
+                          vocab_size=vocab_size)
         assert [t.tolist() for t in got] == alone
     with pytest.raises(SpecdecError, match="vocabulary") as err:
-        generate(models["neox"], prompts, 4, draft=padded)
+        generate(models["neox"], prompts, 4, DraftModel(padded))
     assert "vocab_size" in str(err.value) and "\n" not in str(err.value)
     # padded target, shorter draft: the target's logits are sliced
-    sliced, _ = generate(padded, prompts, 12, draft=models["neox"], temperature=0, vocab_size="min")
-    base, _ = generate(HFDecoder(padded, vocab_size=V), prompts, 12, temperature=0)
+    sliced, _ = generate(padded, prompts, 12, DraftModel(models["neox"]), sampling=GREEDY, vocab_size="min")
+    base, _ = generate(HFDecoder(padded, vocab_size=V), prompts, 12, sampling=GREEDY)
     assert [t.tolist() for t in sliced] == [t.tolist() for t in base]
 
 
@@ -326,18 +330,19 @@ def test_a_padded_head_is_sliced_to_the_shared_vocabulary(models, tmp_path):
 def test_bad_input_with_hf_models_gives_a_one_line_error(models, case, message):
     args = {"target": models["neox"], "prompt": torch.tensor([[1, 2, 3]]), "max_new_tokens": 4}
     if case == "vocab_size_too_big":
-        args.update(draft=models["llama_draft"], vocab_size=V + 1)
+        args.update(drafter=DraftModel(models["llama_draft"]), vocab_size=V + 1)
     elif case == "vocab_size_bad":
-        args.update(draft=models["llama_draft"], vocab_size="max")
+        args.update(drafter=DraftModel(models["llama_draft"]), vocab_size="max")
     elif case == "native_draft_other_vocab":
-        args.update(draft=Decoder(ModelConfig(vocab_size=V + 2, dim=16, depth=1, heads=1, dim_head=16, max_seq_len=64)))
+        args.update(drafter=DraftModel(Decoder(ModelConfig(vocab_size=V + 2, dim=16, depth=1, heads=1, dim_head=16,
+                                                           max_seq_len=64))))
     elif case == "prophet_with_hf_target":
         main = ModelConfig(vocab_size=V, dim=32, depth=2, heads=2, dim_head=16, max_seq_len=64)
         prophet = ProphetConfig(model=ModelConfig(vocab_size=V, dim=16, depth=1, heads=1, dim_head=16, max_seq_len=32),
                                 prophet_train_length=6, num_leading_start_tokens=2)
-        args.update(prophet=ModelWithProphet(main, prophet))
+        args.update(drafter=HeadDrafter(ModelWithProphet(main, prophet)))
     else:
-        args.update(draft=models["llama_draft"], vocab_size=50, prompt=torch.tensor([[1, 60, 3]]))
+        args.update(drafter=DraftModel(models["llama_draft"]), vocab_size=50, prompt=torch.tensor([[1, 60, 3]]))
     with pytest.raises(SpecdecError, match=message) as err:
         generate(**args)
     assert "\n" not in str(err.value)

@@ -166,7 +166,7 @@ def test_a_changed_teacher_is_refused_when_a_run_resumes(hf_cfg, pair, tmp_path)
 
 
 def test_a_padded_student_head_is_sliced_to_the_shared_vocabulary(hf_cfg, pair):
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, DraftModel, generate
 
     module = build_module(hf_cfg(student="padded"))
     V = len(pair["tok"])
@@ -176,8 +176,8 @@ def test_a_padded_student_head_is_sliced_to_the_shared_vocabulary(hf_cfg, pair):
     assert logits.shape[-1] == teacher.shape[-1] == V and torch.isfinite(loss)
     models = module.speculative_models()
     prompts = seq[:, :5]
-    alone, _ = generate(models.target, prompts, 10, temperature=0)
-    spec, _ = generate(models.target, prompts, 10, draft=models.draft, temperature=0, gamma=3)
+    alone, _ = generate(models.target, prompts, 10, sampling=GREEDY)
+    spec, _ = generate(models.target, prompts, 10, DraftModel(models.draft), sampling=GREEDY, gamma=3)
     assert [t.tolist() for t in spec] == [t.tolist() for t in alone]
     assert models.target.device == torch.device("cpu")                       # what SpeculativeEval reads
 

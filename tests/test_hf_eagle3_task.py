@@ -177,7 +177,7 @@ def caches(hf, tmp_path_factory):
 
 def test_a_cached_run_trains_exports_and_the_exported_head_decodes_exactly(hf, caches, tmp_path):
     from specdec_models import load_export
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, HeadDrafter, generate
     from specdec_models.export import read_export_config
     from specdec_models.heads.eagle3 import Eagle3Head
 
@@ -191,8 +191,8 @@ def test_a_cached_run_trains_exports_and_the_exported_head_decodes_exactly(hf, c
     head = load_export(result["export_dir"], target=model)
     assert isinstance(head, Eagle3Head)
     prompts = [torch.tensor([4, 9, 12]), torch.tensor([7, 5, 20, 21, 6])]
-    plain, _ = generate(model, prompts, 12, temperature=0)
-    spec, stats = generate(model, prompts, 12, prophet=head, temperature=0, gamma=3)
+    plain, _ = generate(model, prompts, 12, sampling=GREEDY)
+    spec, stats = generate(model, prompts, 12, HeadDrafter(head), sampling=GREEDY, gamma=3)
     assert [t.tolist() for t in spec] == [t.tolist() for t in plain] and stats.drafted > 0
 
 

@@ -14,7 +14,7 @@ from test_hf_decode import V, build, ragged_prompts
 
 import specdec_models.export.specdec as export_mod
 from specdec_models import Decoder, SpecdecError, export_hash, load_export, save_export
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.export import read_export_config
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.hf.weights import weights_sha256
@@ -54,8 +54,8 @@ def test_round_trip_keeps_the_head_and_records_its_target(target, tmp_path):
     for name, t in head.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], t, rtol=0, atol=0)
     prompts = ragged_prompts()
-    a, sa = generate(target, prompts, 12, prophet=head, temperature=0, gamma=3)
-    b, sb = generate(target, prompts, 12, prophet=loaded, temperature=0, gamma=3)
+    a, sa = generate(target, prompts, 12, HeadDrafter(head), sampling=GREEDY, gamma=3)
+    b, sb = generate(target, prompts, 12, HeadDrafter(loaded), sampling=GREEDY, gamma=3)
     assert [t.tolist() for t in a] == [t.tolist() for t in b] and sa.accepted == sb.accepted
 
 

@@ -13,7 +13,7 @@ from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline
 from test_hf_decode import V, build, hf_greedy, ragged_prompts
 
 from specdec_models import SpecdecError
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, HeadDrafter, SamplingConfig, generate
 from specdec_models.hf import HFDecoder
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from specdec_models.losses import next_token_loss
@@ -132,7 +132,7 @@ def test_a_float32_head_trains_and_drafts_next_to_a_bfloat16_target(tmp_path):
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad.dtype == torch.float32 for p in head.parameters())
     assert target.lm_head.weight.dtype == torch.bfloat16 and target.lm_head.weight.grad is None
-    tokens, stats = generate(target, ragged_prompts(), 8, prophet=head.eval(), temperature=0, gamma=3)
+    tokens, stats = generate(target, ragged_prompts(), 8, HeadDrafter(head.eval()), sampling=GREEDY, gamma=3)
     assert [len(t) for t in tokens] == [8] * 5 and stats.drafted > 0
 
 
@@ -173,7 +173,7 @@ def test_head_drafts_at_decoding_from_exactly_what_it_is_trained_on(targets):
 def target_samples(target, n, length, seed):
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(1, V, (n, 3), generator=g)
-    tokens, _ = generate(target, prompts, length, temperature=1.0, generator=g)
+    tokens, _ = generate(target, prompts, length, sampling=SamplingConfig(temperature=1.0), generator=g)
     return torch.cat([prompts, torch.stack(tokens)], 1)
 
 
@@ -205,18 +205,18 @@ def test_greedy_prophet_decoding_of_an_hf_target_matches_its_own_generate(target
     alone, batched = hf_greedy(target, prompts, 24)
     assert batched == alone
     for gamma in (1, 4):
-        got, stats = generate(target, prompts, 24, prophet=head, temperature=0, gamma=gamma)
+        got, stats = generate(target, prompts, 24, HeadDrafter(head), sampling=GREEDY, gamma=gamma)
         assert [t.tolist() for t in got] == alone
         assert 0.0 < stats.acceptance_rate < 1.0               # ragged acceptance really happened
-    one, _ = generate(target, [prompts[1]], 24, prophet=head, temperature=0, gamma=3)
+    one, _ = generate(target, [prompts[1]], 24, HeadDrafter(head), sampling=GREEDY, gamma=3)
     assert one[0].tolist() == alone[1]                         # batch 1
 
 
 def test_training_the_head_raises_its_acceptance(targets, trained_heads):
     target = targets["llama"]
     prompts = ragged_prompts(seed=9)
-    _, fresh = generate(target, prompts, 24, prophet=head_for(target, seed=3), temperature=0, gamma=4)
-    _, trained = generate(target, prompts, 24, prophet=trained_heads["llama"], temperature=0, gamma=4)
+    _, fresh = generate(target, prompts, 24, HeadDrafter(head_for(target, seed=3)), sampling=GREEDY, gamma=4)
+    _, trained = generate(target, prompts, 24, HeadDrafter(trained_heads["llama"]), sampling=GREEDY, gamma=4)
     assert trained.acceptance_rate > fresh.acceptance_rate + 0.2
 
 
@@ -224,9 +224,9 @@ def test_each_row_alone_gives_the_tokens_it_gives_in_a_batch(targets, trained_he
     target, head = targets["neox"], trained_heads["neox"]
     prompts = ragged_prompts(seed=5, lengths=(4, 11, 2, 7, 1, 5))
     g = torch.Generator().manual_seed(0)
-    batch, _ = generate(target, prompts, 30, prophet=head, temperature=0, gamma=5, generator=g)
+    batch, _ = generate(target, prompts, 30, HeadDrafter(head), sampling=GREEDY, gamma=5, generator=g)
     for i, p in enumerate(prompts):
-        alone, _ = generate(target, [p], 30, prophet=head, temperature=0, gamma=5)
+        alone, _ = generate(target, [p], 30, HeadDrafter(head), sampling=GREEDY, gamma=5)
         assert alone[0].tolist() == batch[i].tolist()
 
 
@@ -239,7 +239,7 @@ def test_a_head_with_another_target_or_vocabulary_is_refused_in_one_line(targets
     for kw, message in ((dict(target=other), "another target"),
                         (dict(target=targets["llama"], vocab_size=90), "vocabulary")):
         with pytest.raises(SpecdecError, match=message) as err:
-            generate(prompt=prompt, max_new_tokens=4, prophet=head, **kw)
+            generate(prompt=prompt, max_new_tokens=4, drafter=HeadDrafter(head), **kw)
         assert "\n" not in str(err.value)
     with pytest.raises(SpecdecError, match="hidden size"):
         HFProphet(head.config, targets["neox"])

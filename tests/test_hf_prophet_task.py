@@ -26,7 +26,7 @@ from test_hf_distill import save_model
 
 import train.run as train_run
 from specdec_models import load_export
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.errors import SpecdecError
 from specdec_models.export import read_export_config
 from specdec_models.few_rows import describe, fp32_library, kernel
@@ -99,8 +99,8 @@ def test_online_run_trains_evaluates_exports_and_the_head_decodes(online, hf, ca
     assert config["target"]["path"] == str(hf["llama"].resolve()) and config["metadata"]["global_step"] == 6
     head = load_export(online["export_dir"], target=model)
     prompts = [torch.tensor([4, 9, 12]), torch.tensor([7, 5, 20, 21, 6])]
-    plain, _ = generate(model, prompts, 12, temperature=0)
-    spec, stats = generate(model, prompts, 12, prophet=head, temperature=0)
+    plain, _ = generate(model, prompts, 12, sampling=GREEDY)
+    spec, stats = generate(model, prompts, 12, HeadDrafter(head), sampling=GREEDY)
     assert [t.tolist() for t in spec] == [t.tolist() for t in plain] and stats.tokens_per_call >= 1
     status, out, err = cli(capsys, "--hf-model", hf["llama"], "--prophet", online["export_dir"], "--prompt",
                            "the quick fox", "--max-new-tokens", "8", "--temperature", "0", "--gamma", "3", "--json")

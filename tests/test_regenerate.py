@@ -19,7 +19,7 @@ pytest.importorskip("datasets")
 from conftest import forked
 from test_hf_data import build_tokenizer, stopping_target, write_corpus
 
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, generate
 from specdec_models.hf import HFDecoder
 from specdec_models.hf.weights import load_causal_lm
 from train.data import regenerate
@@ -94,7 +94,7 @@ def test_greedy_regenerated_rows_equal_generates_greedy_continuation(hf, rows):
     greedy = list(range(0, 12, 2))                # temperatures [0, 1]: the even rows
     prompts = [tokens[i, : int(extra["prompt_len"][i])] for i in greedy]
     for i, prompt in zip(greedy, prompts):
-        out, _ = generate(hf["model"], [prompt], SEQ + 1 - prompt.numel(), temperature=0, eos_id=hf["eos"],
+        out, _ = generate(hf["model"], [prompt], SEQ + 1 - prompt.numel(), sampling=GREEDY, eos_id=hf["eos"],
                           vocab_size=len(hf["tok"]))
         expected = torch.cat([prompt, out[0]])
         assert tokens[i, : int(extra["valid_len"][i])].tolist() == expected.tolist(), i

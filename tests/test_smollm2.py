@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 import specdec_models.hf.weights as loading
 from specdec_models import SpecdecError, load_export, save_export
+from specdec_models.decode import HeadDrafter
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
 from train.bench.hf import chat_prompts, compare_with_hf_generate
 
@@ -68,7 +69,7 @@ def test_smollm2_greedy_through_generate_equals_hf_generate_plain_and_with_an_un
     head = HFProphet(HFProphetConfig.for_target(model, depth=1), model).eval()
     # compare_with_hf_generate checks every row's tokens against transformers' greedy generate()
     plain = compare_with_hf_generate(model, prompt, 24, repeats=0, pad_id=tokenizer.pad_token_id)
-    prophet = compare_with_hf_generate(model, prompt, 24, prophet=head, gamma=4, repeats=0,
+    prophet = compare_with_hf_generate(model, prompt, 24, HeadDrafter(head), gamma=4, repeats=0,
                                        pad_id=tokenizer.pad_token_id)
     assert plain["equal"] and plain["method"] == "base"
     assert prophet["equal"] and prophet["method"] == "prophet" and prophet["tokens_per_call"] >= 1.0

@@ -155,7 +155,7 @@ def test_training_raises_the_prophets_acceptance(trained, tiny_corpus):
     import copy
     import gzip
 
-    from specdec_models.decode import generate
+    from specdec_models.decode import GREEDY, HeadDrafter, generate
     from specdec_models.export import load_export
 
     trained_pair = load_export(trained["export_dir"])
@@ -165,6 +165,6 @@ def test_training_raises_the_prophets_acceptance(trained, tiny_corpus):
     prompts = torch.tensor([list(text[i:i + 24]) for i in range(1000, 9000, 1000)])
     rates = {}
     for name, pair in (("trained", trained_pair), ("fresh", fresh)):
-        _, stats = generate(pair.model, prompts, 32, prophet=pair, gamma=4, temperature=0)
+        _, stats = generate(pair.model, prompts, 32, HeadDrafter(pair), gamma=4, sampling=GREEDY)
         rates[name] = stats.acceptance_rate
     assert rates["trained"] > 0.25 and rates["trained"] > rates["fresh"] + 0.25, rates

@@ -1,12 +1,15 @@
-"""Decoding: plain, draft-model speculative and prophet speculative (`generate`; tree drafting for
-EAGLE-3 heads in `tree`, with a datastore of the target's own answers in `datastore`), its stats,
-the cost model and the choice of gamma (`cost`), and the CLI (`python -m specdec_models.decode`, in
-`__main__.py`)."""
+"""Decoding: `generate` (plain, or speculative with one drafter from `drafters`: a draft model, a
+prophet or EAGLE-3 head's chain, or an EAGLE-3 head's tree from `tree`, its looked-up path from a
+datastore of the target's own answers in `datastore`), its stats, the cost model and the choice of
+gamma (`cost`), and the CLI (`python -m specdec_models.decode`, in `__main__.py`)."""
 
+from ..sampling import GREEDY, SamplingConfig
 from .cost import SpeedProfile, choose_gamma
 from .datastore import Datastore
+from .drafters import Drafter, DraftModel, HeadDrafter, TreeDrafter
 from .speculative import generate
 from .stats import DecodeStats
 from .tree import TreeSpec
 
-__all__ = ["Datastore", "DecodeStats", "SpeedProfile", "TreeSpec", "choose_gamma", "generate"]
+__all__ = ["GREEDY", "Datastore", "DecodeStats", "DraftModel", "Drafter", "HeadDrafter", "SamplingConfig",
+           "SpeedProfile", "TreeDrafter", "TreeSpec", "choose_gamma", "generate"]

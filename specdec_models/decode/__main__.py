@@ -43,6 +43,7 @@ from ..sampling import SamplingConfig
 from . import generate
 from .cost import stored_profile
 from .datastore import Datastore
+from .drafters import Drafter, DraftModel, HeadDrafter, TreeDrafter
 from .inputs import parse_gamma
 from .speculative import VERIFY
 from .tree import TreeSpec
@@ -193,10 +194,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # a profile stored with the export (per-position acceptance, c and v measured in training's evaluation)
         metadata = read_export_config(args.draft if method == "draft" else args.export).get("metadata", {})
         profile = stored_profile(metadata, sampling.temperature, args.batch)
-    tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=draft,
-                             prophet=prophet, gamma=args.gamma, speed_profile=profile, temperature=sampling.temperature,
-                             top_k=sampling.top_k, top_p=sampling.top_p,
-                             repetition_penalty=sampling.repetition_penalty, eos_id=args.eos_id, verify=args.verify,
+    tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, _drafter(draft, prophet),
+                             sampling=sampling, gamma=args.gamma, speed_profile=profile, eos_id=args.eos_id,
+                             verify=args.verify,
                              generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
     continuations = [byte_tokenizer.decode(t) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
@@ -233,14 +233,23 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
     prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len)
     eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id
     check(eos is None or 0 <= eos < hf.vocab_size, f"--eos-id must be a token id in [0, {hf.vocab_size}), got {eos}")
-    tokens, stats = generate(hf.target, prompt.expand(args.batch, -1), args.max_new_tokens, draft=hf.draft,
-                             prophet=hf.prophet, gamma=args.gamma, temperature=sampling.temperature,
-                             top_k=sampling.top_k, top_p=sampling.top_p,
-                             repetition_penalty=sampling.repetition_penalty, eos_id=eos, vocab_size=hf.vocab_size,
-                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed),
-                             tree=args.tree, verify=args.verify, datastore=args.datastore)
+    tokens, stats = generate(hf.target, prompt.expand(args.batch, -1), args.max_new_tokens,
+                             _drafter(hf.draft, hf.prophet, args.tree, args.datastore), sampling=sampling,
+                             gamma=args.gamma, eos_id=eos, vocab_size=hf.vocab_size, verify=args.verify,
+                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
+
+
+def _drafter(draft: Any = None, head: Any = None, tree: TreeSpec | None = None,
+             datastore: Datastore | None = None) -> Drafter | None:
+    """The drafter the loaded models make: a draft model, a head's tree (with its datastore) or a
+    head's chain, or None (plain decoding)."""
+    if draft is not None:
+        return DraftModel(draft)
+    if tree is not None:
+        return TreeDrafter(head, tree, datastore)
+    return None if head is None else HeadDrafter(head)
 
 
 def _quiet_transformers() -> None:

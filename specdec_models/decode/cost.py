@@ -23,12 +23,15 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from ..errors import check
 from ..heads import Eagle3Head
+
+if TYPE_CHECKING:
+    from .drafters import Drafter
 
 TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
 
@@ -143,13 +146,17 @@ def cost_ratios(times: StepTimes, target_times: StepTimes | None = None) -> tupl
     return draft / step, {g: times.mean(verify_key(g)) / step for g in times.verify_gammas()}
 
 
-def measure_costs(target, batch: int, context: int, gammas: Sequence[int], *, draft=None, prophet=None,
+def measure_costs(target, batch: int, context: int, gammas: Sequence[int], drafter: Drafter | None = None, *,
                   steps: int = 20, warmup: int = 3) -> StepTimes:
-    """Time 1-token target steps, verify calls of gamma + 1 tokens for each gamma, and draft (or
-    prophet) steps on KV caches filled with `context` random tokens, each call rolled back so all
-    see the same length. For gammas a decoding run did not use; a run's own `StepTimes` (timed
-    inside `generate`) is the better source for the gamma it ran."""
-    check(draft is None or prophet is None, "give either a draft or a prophet, not both")
+    """Time 1-token target steps, verify calls of gamma + 1 tokens for each gamma, and the chain
+    drafter's steps (a `DraftModel`'s or a `HeadDrafter`'s) on KV caches filled with `context`
+    random tokens, each call rolled back so all see the same length. For gammas a decoding run did
+    not use; a run's own `StepTimes` (timed inside `generate`) is the better source for the gamma it ran."""
+    # drafters.py imports the tree, whose stats import this module: the drafter is told by its method
+    check(drafter is None or getattr(drafter, "method", None) in ("draft", "prophet", "eagle3"),
+          f"measure_costs times a chain's draft steps: pass a DraftModel or a HeadDrafter, "
+          f"not {type(drafter).__name__}")
+    draft, prophet = (None, None) if drafter is None else (drafter.model, drafter.head)
     g = torch.Generator().manual_seed(0)
     tok = lambda n: torch.randint(0, target.vocab_size, (batch, n), generator=g).to(target.device)  # noqa: E731
     times = StepTimes()

@@ -9,7 +9,7 @@ lookup takes the context's last n tokens (the largest n in [min_ngram, max_ngram
 returns the continuation most of their occurrences share, token by token (ties to the occurrence
 seen last), so one unusual answer does not decide it.
 
-In a draft tree (`generate(..., tree=spec, datastore=store)`) the continuation is the round's
+In a draft tree (`generate(..., TreeDrafter(head, spec, store))`) the continuation is the round's
 looked-up path where it follows a longer n-gram than prompt lookup's match (a tie goes to prompt
 lookup): on the recipe's held-out answers, prompt lookup often matches only the last token, and a
 datastore's 3-gram then predicts better. The path depends only on the committed context, never on

@@ -65,11 +65,12 @@ def check_context(rows: list[Tensor], max_new_tokens: int, models: dict[str, obj
               f"output degrades silently): ask for at most {max(limit - longest, 0)} new tokens or shorten the prompt")
 
 
-def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile) -> str:
-    """Check generate's arguments before any work; return the method ("base", "draft", "prophet" or "eagle3")."""
+def check_inputs(target, draft, head, gamma, max_new_tokens, eos_id, speed_profile) -> str:
+    """Check generate's arguments before any work, the drafter's against the target (`draft`: its
+    draft model, wrapped; `head`: its draft head); return the method ("base", "draft", "prophet"
+    or "eagle3")."""
     check(isinstance(target, (Decoder, HFDecoder)),
           f"target must be a specdec_models Decoder or a Hugging Face causal LM, got {type(target).__name__}")
-    check(draft is None or prophet is None, "give either a draft or a prophet, not both")
     check(gamma == AUTO or (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1),
           f"gamma must be an integer >= 1 or 'auto', got {gamma!r}")
     if speed_profile is not None:
@@ -82,34 +83,32 @@ def check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_pr
         check(isinstance(eos_id, int) and 0 <= eos_id < target.vocab_size,
               f"eos_id must be a token id in [0, {target.vocab_size}), got {eos_id!r}")
     if draft is not None:
-        check(isinstance(draft, (Decoder, HFDecoder)),
-              f"draft must be a specdec_models Decoder or a Hugging Face causal LM, got {type(draft).__name__}")
         check(draft.vocab_size == target.vocab_size,
               f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         return "draft"
-    if isinstance(prophet, Eagle3Head):
-        check(isinstance(target, HFDecoder) and target.model is prophet.target,
+    if isinstance(head, Eagle3Head):
+        check(isinstance(target, HFDecoder) and target.model is head.target,
               "this eagle3 head was built for another target: pass the Hugging Face model it was loaded with "
               "(head.target) as the target")
-        check(prophet.vocab_size == target.vocab_size,
-              f"the eagle3 head's vocabulary ({prophet.vocab_size}) differs from the target's "
-              f"({target.vocab_size}): pass vocab_size={prophet.vocab_size}")
+        check(head.vocab_size == target.vocab_size,
+              f"the eagle3 head's vocabulary ({head.vocab_size}) differs from the target's "
+              f"({target.vocab_size}): pass vocab_size={head.vocab_size}")
         return "eagle3"
-    if prophet is not None:
-        check(isinstance(prophet, ProphetHead),
-              f"prophet must be a ModelWithProphet or an HFProphet, got {type(prophet).__name__}")
-        if isinstance(prophet, ModelWithProphet):
+    if head is not None:
+        check(isinstance(head, ProphetHead),
+              f"a draft head must be a ModelWithProphet, an HFProphet or an Eagle3Head, got {type(head).__name__}")
+        if isinstance(head, ModelWithProphet):
             check(isinstance(target, Decoder), "prophet decoding needs the specdec Decoder the prophet was built for, "
                   "not a Hugging Face target (a Hugging Face target drafts with an HFProphet head)")
-            check(prophet.model is target, "prophet was not built for this target: pass prophet.model as the target")
+            check(head.model is target, "prophet was not built for this target: pass prophet.model as the target")
         else:      # an HFProphet: drafts from the hidden states of the Hugging Face model it shares weights with
-            check(isinstance(target, HFDecoder) and target.model is getattr(prophet, "target", None),
+            check(isinstance(target, HFDecoder) and target.model is getattr(head, "target", None),
                   "this prophet head was built for another target: pass the Hugging Face model it was loaded "
                   "with (head.target) as the target")
-            check(prophet.vocab_size == target.vocab_size,
-                  f"the prophet head's vocabulary ({prophet.vocab_size}) differs from the target's "
-                  f"({target.vocab_size}): pass vocab_size={prophet.vocab_size}")
-        top = prophet.prophet_cfg.prophet_train_length - 1
+            check(head.vocab_size == target.vocab_size,
+                  f"the prophet head's vocabulary ({head.vocab_size}) differs from the target's "
+                  f"({target.vocab_size}): pass vocab_size={head.vocab_size}")
+        top = head.prophet_cfg.prophet_train_length - 1
         check(gamma == AUTO or gamma <= top,
               f"gamma {gamma} exceeds what the prophet was trained for: prophet_train_length "
               f"{top + 1} covers drafts 1..{top} (its first prediction is the token the target already "

@@ -1,16 +1,18 @@
 """Plain and speculative decoding with KV caches: batched, ragged and lossless.
 
-`generate` runs one of three methods on a target `Decoder`:
-- base: one target call per token (the baseline every speed-up is measured against);
-- draft: a smaller `Decoder` proposes gamma tokens, the target verifies them in one call
-  (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023, Algorithm 2);
-- prophet: a `ModelWithProphet` whose prophet drafts from the target's cached last-layer
-  embeddings, verified the same way; for a Hugging Face target, an `hf.HFProphet` head
+`generate` decodes a target `Decoder` plainly, or speculatively with one drafter object
+(`decode.drafters`), and picks the method from the drafter's type:
+- base (no drafter): one target call per token (the baseline every speed-up is measured against);
+- draft (`DraftModel(model)`): a smaller `Decoder` proposes gamma tokens, the target verifies them
+  in one call (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023, Algorithm 2);
+- prophet (`HeadDrafter(head)`): a `ModelWithProphet` whose prophet drafts from the target's cached
+  last-layer embeddings, verified the same way; for a Hugging Face target, an `hf.HFProphet` head
   drafting from the hidden states the target's cache keeps;
-- eagle3: an `hf.Eagle3Head` (passed as `prophet=`) for a Hugging Face target: after every
-  target call its own KV cache is extended with the target's aux-layer features of the committed
+- eagle3 (`HeadDrafter(head)` with an `hf.Eagle3Head`, Hugging Face targets): after every target
+  call the head's own KV cache is extended with the target's aux-layer features of the committed
   positions, and it drafts feeding its own features back (the draft vocabulary spread over the
-  target's with q = 0 outside it, so the residual covers those tokens).
+  target's with q = 0 outside it, so the residual covers those tokens);
+- eagle3_tree (`TreeDrafter(head, tree)`): the head drafts a tree, verified in one call (`decode.tree`).
 Target and draft may also be Hugging Face causal LMs (wrapped in `hf.HFDecoder`, with per-row
 rollback of their caches; `vocab_size` slices padded heads to the shared vocabulary).
 
@@ -51,10 +53,10 @@ from ..model import Decoder
 from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
-from .datastore import Datastore
+from .drafters import Drafter, TreeDrafter
 from .inputs import AUTO, check_context, check_inputs, prompt_rows
 from .stats import DecodeStats
-from .tree import TreeSpec, tree_generate
+from .tree import tree_generate
 
 VERIFY = ("block", "token")   # how a sampled chain is accepted (generate's `verify`)
 AUTO_GAMMA_MAX = 8          # gamma="auto" chooses among 1..8 (fewer when a prophet was trained for fewer)
@@ -175,23 +177,22 @@ def generate(
     target: Decoder | HFDecoder | PreTrainedModel,
     prompt: Tensor | list[Tensor],
     max_new_tokens: int,
-    draft: Decoder | HFDecoder | PreTrainedModel | None = None,
-    prophet: ProphetHead | None = None,
+    drafter: Drafter | None = None,
+    *,
+    sampling: SamplingConfig | None = None,
     gamma: int | str = 5,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    verify: str = "block",
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     vocab_size: int | str | None = None,
     timing: bool = False,
     speed_profile: SpeedProfile | None = None,
-    repetition_penalty: float | None = None,
-    tree: TreeSpec | None = None,
-    verify: str = "block",
-    datastore: Datastore | None = None,
 ) -> tuple[list[Tensor], DecodeStats]:
-    """Generate up to `max_new_tokens` new tokens per prompt row; see the module docstring.
+    """Generate up to `max_new_tokens` new tokens per prompt row (a (batch, len) tensor or a list
+    of 1-D rows of their own lengths), plainly without a `drafter`, else speculatively with it
+    (`DraftModel`, `HeadDrafter` or `TreeDrafter`: module docstring), sampled as `sampling`
+    says (a `sampling.SamplingConfig`; `sampling.GREEDY` is temperature 0; None: temperature 1,
+    unfiltered).
 
     Hugging Face causal LMs are wrapped in `HFDecoder`s; `vocab_size` (an integer, or "min" for
     the smaller head) slices their logits to the vocabulary target and draft share (see `hf.as_decoders`).
@@ -214,15 +215,12 @@ def generate(
     synchronisation per call; a given profile times nothing. `stats.gamma`
     is the gamma chosen; `stats.predicted_speedup` and `stats.measured_speedup` compare.
 
-    `repetition_penalty` (transformers' semantics, see `sampling.penalise`) stays lossless: every
-    position, drafted ones included, is processed with the context before it (draft position i
-    and the target's verify position that predicts it both see prompt + emitted + d_1..d_{i-1}).
-    `tree=TreeSpec(depth, topk, width, lookup)` (an EAGLE-3 head only) drafts a tree of candidates
-    instead of a chain, with `lookup` prompt-lookup tokens as one more path, and verifies it in one
-    call (`decode.tree`: lossless at every temperature, rows one after another); the tree's depth
-    takes gamma's place, so gamma must not be "auto". `datastore` (a `decode.datastore.Datastore`,
-    with a tree whose lookup is on): where it matches a longer n-gram than prompt lookup does in the
-    context, the looked-up path is the datastore's continuation (the target's own earlier answers).
+    A repetition penalty (`sampling.repetition_penalty`, transformers' semantics, see
+    `sampling.penalise`) stays lossless: every position, drafted ones included, is processed with
+    the context before it (draft position i and the target's verify position that predicts it both
+    see prompt + emitted + d_1..d_{i-1}). A `TreeDrafter` verifies its tree in one call per row
+    (`decode.tree`: lossless at every temperature, rows one after another); the tree's depth takes
+    gamma's place, so gamma must not be "auto", and it takes no repetition penalty or timing.
     `verify` ("block" or "token") picks how a sampled chain is accepted: block verification
     (`decode.block`, the default: lossless, and never fewer tokens per round in expectation) or
     token by token (the module docstring). A tree verifies by block only where its round is a
@@ -230,34 +228,35 @@ def generate(
 
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
-    target, draft = as_decoders(target, draft, vocab_size)
-    method = check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile)
-    sampling = SamplingConfig(temperature, top_k, top_p, repetition_penalty)
+    check(drafter is None or isinstance(drafter, Drafter),
+          f"drafter must be a decode DraftModel, HeadDrafter or TreeDrafter, got {type(drafter).__name__}: wrap a "
+          f"draft model in DraftModel(model), a draft head in HeadDrafter(head)")
+    sampling = SamplingConfig() if sampling is None else sampling
+    check(isinstance(sampling, SamplingConfig), f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    head = None if drafter is None else drafter.head
+    target, draft = as_decoders(target, None if drafter is None else drafter.model, vocab_size)
+    method = check_inputs(target, draft, head, gamma, max_new_tokens, eos_id, speed_profile)
     check(verify in VERIFY, f"verify must be one of {', '.join(VERIFY)}, got {verify!r}")
     rows_in = prompt_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
-    limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
+    limit = head.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
     gamma_max = (AUTO_GAMMA_MAX if limit is None else min(AUTO_GAMMA_MAX, limit)) if gamma == AUTO else gamma
-    check(datastore is None or (tree is not None and tree.lookup > 0),
-          "a datastore proposes a tree's looked-up path: pass it with a tree whose lookup is on (e.g. 8,4,3,4..16)")
-    check(datastore is None or isinstance(datastore, Datastore),
-          f"datastore must be a decode.datastore.Datastore, got {type(datastore).__name__}")
-    if tree is not None:
-        check(method == "eagle3", f"tree drafting needs an EAGLE-3 head (prophet=Eagle3Head), not method {method!r}")
-        check(gamma != AUTO and speed_profile is None, "tree drafting has its own depth: pass an integer gamma "
-                                                       "(unused) and no speed_profile")
+    if isinstance(drafter, TreeDrafter):
+        check(gamma != AUTO and speed_profile is None, "tree drafting has its own depth (the tree's): gamma='auto' "
+                                                       "and a speed_profile do not apply")
         check(not sampling.penalised and not timing, "tree drafting does not take a repetition penalty or timing=True")
-        stats = DecodeStats(method="eagle3_tree", batch=len(rows_in), gamma=tree.depth)
+        tree = drafter.tree
+        stats = DecodeStats(method=drafter.method, batch=len(rows_in), gamma=tree.depth)
         t0 = time.perf_counter()
-        tokens = tree_generate(target, prophet, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats,
-                               block=verify == "block", datastore=datastore)
+        tokens = tree_generate(target, head, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats,
+                               block=verify == "block", datastore=drafter.datastore)
         stats.wall_seconds = time.perf_counter() - t0
         stats.new_tokens = sum(t.numel() for t in tokens)
         return tokens, stats.finish()
     stats = DecodeStats(method=method, batch=len(rows_in), gamma=gamma_max if method != "base" else 0,
                         step_times=StepTimes() if timing else None)
     t0 = time.perf_counter()
-    run = _Decoding(target, draft, prophet, rows_in, max_new_tokens, gamma_max, sampling, eos_id, generator, stats,
+    run = _Decoding(target, draft, head, rows_in, max_new_tokens, gamma_max, sampling, eos_id, generator, stats,
                     block=verify == "block")
     if max_new_tokens > 0:
         run.prefill()
@@ -289,9 +288,9 @@ def _move_rows(t: Tensor, dst: Tensor, src: Tensor, batch: int) -> Tensor:
 class _Decoding:
     """The state of one generate call: models, caches, rows, counters and the clock."""
 
-    def __init__(self, target, draft, prophet, rows_in, max_new, gamma, sampling, eos_id, generator, stats,
+    def __init__(self, target, draft, head, rows_in, max_new, gamma, sampling, eos_id, generator, stats,
                  block: bool = True) -> None:
-        self.target, self.draft, self.prophet = target, draft, prophet
+        self.target, self.draft, self.head = target, draft, head
         self.block = block                                      # sampled chains verified by block
         self.sampling, self.eos_id, self.generator = sampling, eos_id, generator
         self.method = stats.method
@@ -413,13 +412,13 @@ class _Decoding:
         padded = rows.seq[:, :width]
         eagle3 = self.method == "eagle3"
         self.cache = target.new_cache(b, rows.capacity, keep_embeds=self.method == "prophet",
-                                      **({"keep_layers": self.prophet.aux_layers} if eagle3 else {}))
+                                      **({"keep_layers": self.head.aux_layers} if eagle3 else {}))
         last = self._logits_at(PREFILL, target, padded, self.cache, rows.lens - 1)
         self.cache.rollback(rows.lens)
         self.count_call()
         rows.emit(self.next_tokens(last, rows.context())[:, None], torch.ones_like(rows.lens), self.eos_id)
         if eagle3:
-            self.draft_cache = self.prophet.new_cache(b, rows.capacity)
+            self.draft_cache = self.head.new_cache(b, rows.capacity)
             self._extend_head(torch.zeros_like(rows.lens))
         if self.method == "draft":
             self.draft_cache = self.draft.new_cache(b, rows.capacity)
@@ -427,9 +426,9 @@ class _Decoding:
             self.draft_cache.rollback(torch.minimum(self.draft_cache.lengths, rows.lens))
         if self.method == "prophet":
             # one prophet cache for all rounds (each round empties it): S start tokens + gamma tokens
-            self.draft_cache = self.prophet.prophet.new_cache(b, self.prophet.num_start_tokens + self.gamma_max)
+            self.draft_cache = self.head.prophet.new_cache(b, self.head.num_start_tokens + self.gamma_max)
             # the prophet needs S cached target positions per row: decode plainly until there are
-            while not self.finished() and int(self.cache.lengths.min()) < self.prophet.num_start_tokens:
+            while not self.finished() and int(self.cache.lengths.min()) < self.head.num_start_tokens:
                 self.base_step()
 
     def _logits_at(self, key: str, model, tokens: Tensor, cache, at: Tensor) -> Tensor:
@@ -459,7 +458,7 @@ class _Decoding:
         (each row's before[r] .. cache length - 1), with the token after each, and keep the head's
         prediction for the next draft (`head_next`). The head's cache then holds exactly the
         target's committed positions (the drafted ones of the last round are dropped first)."""
-        head, rows, cache = self.prophet, self.rows, self.cache
+        head, rows, cache = self.head, self.rows, self.cache
         feats = cache.layer_states                                     # (b, n, A*H) of positions before ..
         n = feats.shape[1]
         idx = (before[:, None] + 1 + torch.arange(n, device=before.device)).clamp(max=rows.capacity - 1)
@@ -499,7 +498,7 @@ class _Decoding:
             draft_cache.rollback(rows.seq_len - n)
             model, first, start = self.draft, rows.last(n), None
         else:
-            prophet = self.prophet
+            prophet = self.head
             start = prophet.start_tokens(self.cache.last_embeds(prophet.num_start_tokens))
             draft_cache.rollback(torch.zeros_like(draft_cache.lengths))
             model, first = prophet.prophet, rows.last(1)
@@ -510,8 +509,8 @@ class _Decoding:
 
     def _eagle3_round(self, gamma: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """`draft_round` for an EAGLE-3 head: d_1 from the prediction the last extension left, then
-        each step feeds the drafted token and the head's own feature (see `hf.eagle3`)."""
-        head, cache = self.prophet, self.draft_cache
+        each step feeds the drafted token and the head's own feature (see `heads.eagle3`)."""
+        head, cache = self.head, self.draft_cache
         logits, feature = self.head_next
         state = [feature]
 

@@ -552,7 +552,7 @@ def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: i
                   sampling: SamplingConfig, eos_id: int | None, generator: torch.Generator | None,
                   stats: DecodeStats, block: bool = True, datastore: Datastore | None = None) -> list[Tensor]:
     """Decode each row with tree drafting (module docstring); fills `stats`' counters. Called by
-    `generate(..., tree=TreeSpec(...))`, which has checked its arguments; `block`: verify sampled
+    `generate(..., TreeDrafter(head, TreeSpec(...)))`, which has checked its arguments; `block`: verify sampled
     chains by block (module docstring); `datastore`: where prompt lookup finds nothing, the
     looked-up path is the datastore's continuation where its n-gram is longer than the context's
     own match (`decode.datastore`)."""

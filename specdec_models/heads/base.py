@@ -2,7 +2,7 @@
 
 Two families share it: the prophet's (`prophet.ProphetHead`: `ModelWithProphet` for specdec's
 own decoders, `hf_prophet.HFProphet` for Hugging Face targets) and EAGLE-3's (`eagle3.Eagle3Head`,
-Hugging Face targets). `generate(target, prompt, n, prophet=head)`, the evaluation callback and
+Hugging Face targets). `generate(target, prompt, n, HeadDrafter(head))`, the evaluation callback and
 `cost.measure_costs` take any of them; each family drafts its own way (see
 `decode.speculative`), and `max_gamma` says how far a head may draft in one round.
 """

@@ -326,7 +326,7 @@ class Eagle3Head(DraftHead):
 
     head = Eagle3Head(Eagle3Config.for_target(model, draft_vocab_size=8192), model, draft_ids)
     out = head.ttt_loss(tokens, aux, last, label_mask, steps=4)    # training
-    tokens, stats = generate(model, prompt, 64, prophet=head)       # decoding
+    tokens, stats = generate(model, prompt, 64, HeadDrafter(head))  # decoding
 
     `draft_ids` (draft_vocab_size,) sorted target ids of the draft vocabulary (None: the first
     draft_vocab_size ids, the whole vocabulary when the sizes agree); `init_from_target` copies

@@ -4,7 +4,7 @@ The layout and the loss are the prophet's (`heads.prophet.ProphetHead`): for an
 anchor t the head reads the target's hidden states h[t-S+1..t], projected to its width, as S
 leading start tokens, then the tokens x[t+1], x[t+2], ...; it predicts x[t+1 .. t+L]. In decoding
 it drafts from the hidden states the target's cache keeps (`HFDecoder.new_cache(keep_embeds=True)`)
-through `generate(target, prompt, n, prophet=head)`, batched, ragged and lossless.
+through `generate(target, prompt, n, HeadDrafter(head))`, batched, ragged and lossless.
 
 Which hidden states: the last layer's, after the final norm (transformers' `hidden_states[-1]`,
 the input of the target's head). Three reasons: every causal LM in transformers exposes exactly
@@ -143,7 +143,7 @@ class HFProphet(ProphetHead):
     head = HFProphet(HFProphetConfig.for_target(model, depth=1), model)
     hidden, _ = head.target_hidden(seq[:, :-1])                  # the target's, no gradient
     loss = head.loss(seq, hidden)                                 # prophet loss over the windows
-    tokens, stats = generate(model, prompt, 64, prophet=head)     # drafting from the target's cache
+    tokens, stats = generate(model, prompt, 64, HeadDrafter(head))  # drafting from the target's cache
 
     The head lives on the target's device and takes its dtype; the target is not one of its
     submodules, so moving the head (`.to(...)`, Lightning) leaves the target where it is: move the

@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdec_models.decode import generate, speculative
+from specdec_models.decode import HeadDrafter, generate, speculative
 from specdec_models.decode.block import block_weights
 from specdec_models.errors import check, check_positive_int
 from specdec_models.sampling import SamplingConfig, residual, to_probs
@@ -170,8 +170,8 @@ def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *,
     for i, prompt in enumerate(prompts):
         seen: list[tuple[int, Tensor]] = []
         with observed_round_starts(seen), observed_block_rounds(kept):
-            answers, stats = generate(target, [prompt], max_new_tokens, temperature=temperature, top_p=top_p,
-                                      eos_id=eos_id, prophet=head, gamma=gamma, vocab_size=vocab,
+            answers, stats = generate(target, [prompt], max_new_tokens, HeadDrafter(head), sampling=cfg,
+                                      eos_id=eos_id, gamma=gamma, vocab_size=vocab,
                                       generator=torch.Generator(device=head.device).manual_seed(seed + i))
         answer = answers[0]
         seq = torch.cat([prompt.to(head.device), answer.to(head.device)])[None]

@@ -100,6 +100,7 @@ def compare(args: Any) -> dict[str, Any]:
     steps, seq_len, batch_size, prompt_len, lr, gamma, divergences, data_sources, no_frozen_prophet,
     prompts, prompt_bytes, max_new_tokens, repeats, threads, retrain, out)."""
     from specdec_models import ModelWithProphet, load_export
+    from specdec_models.decode import DraftModel, HeadDrafter
 
     from ..data.enwik8 import validation_prompts
     from .drafts import compare_drafters
@@ -129,7 +130,8 @@ def compare(args: Any) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:
-        drafters = {e["name"]: {"draft" if e["kind"] == "draft" else "prophet": e["model"]} for e in entries}
+        drafters = {e["name"]: {"drafter": DraftModel(e["model"]) if e["kind"] == "draft" else HeadDrafter(e["model"])}
+                    for e in entries}
         rows = compare_drafters(pair.model, prompts, drafters, gamma=args.gamma, batches={1: len(prompts)},
                                 max_new_tokens=args.max_new_tokens, rounds=args.repeats)
     finally:

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO, Callable
 import torch
 
 from specdec_models.config import ModelConfig, ProphetConfig
-from specdec_models.decode import DecodeStats, generate
+from specdec_models.decode import DecodeStats, DraftModel, HeadDrafter, SamplingConfig, generate
 from specdec_models.decode.cost import (DRAFT, TARGET, expected_tokens_from_acceptance, predicted_speedup,
                                         stored_profile, verify_key)
 from specdec_models.errors import check
@@ -145,13 +145,13 @@ def run(bench: DecodeBench, log: Callable[[str], None] = lambda s: print(s, file
             from .lucidrains import lucidrains_prophet_decode
 
             return lucidrains_prophet_decode(theirs[method], rows, max_new, gamma, bench.temperature, bench.top_k, seed)
-        kw = {"draft": {"draft": models.draft}, "prophet": {"prophet": models.prophet}, "base": {}}[method]
-        if gamma == "stored":
-            kw["speed_profile"] = stored_profile(models.metadata, bench.temperature, batch)
+        drafter = {"draft": lambda: DraftModel(models.draft), "prophet": lambda: HeadDrafter(models.prophet),
+                   "base": lambda: None}[method]()
+        profile = stored_profile(models.metadata, bench.temperature, batch) if gamma == "stored" else None
         gamma = 5 if gamma is None else "auto" if gamma == "stored" else gamma
-        return generate(models.target, rows, max_new, gamma=gamma,
-                        temperature=bench.temperature,
-                        top_k=bench.top_k, generator=torch.Generator().manual_seed(seed), timing=True, **kw)[1]
+        return generate(models.target, rows, max_new, drafter, gamma=gamma, speed_profile=profile,
+                        sampling=SamplingConfig(bench.temperature, top_k=bench.top_k),
+                        generator=torch.Generator().manual_seed(seed), timing=True)[1]
 
     results = []
     with torch.inference_mode():

@@ -1,10 +1,10 @@
 """Drafters of one Hugging Face target side by side: tokens per target call and wall-clock speed-up.
 
 `compare_drafters(target, prompts, drafters)` decodes the same prompts plainly and with each
-drafter (`generate`'s keyword arguments: {"prophet": head} or {"draft": model}, or
-{"prompt_lookup": n}: transformers' own prompt-lookup decoding,
+drafter (`generate`'s keyword arguments: {"drafter": HeadDrafter(head)} or {"drafter":
+DraftModel(model)}, or {"prompt_lookup": n}: transformers' own prompt-lookup decoding,
 `generate(prompt_lookup_num_tokens=n)`, which needs no training and decodes one row at a time, so
-it runs at batch 1 only, as does tree drafting, {"prophet": head, "tree": TreeSpec(...)}), at each
+it runs at batch 1 only, as does tree drafting, {"drafter": TreeDrafter(head, TreeSpec(...))}), at each
 temperature and batch size, interleaved round by round and, within a round, batch by batch (base,
 A, B, ... on the first batch of prompts, then on the next: at batch 1 even one round interleaves
 prompt by prompt) in one process, so each speed-up is a ratio of runs that saw the same machine
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdec_models.decode import generate
+from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, TreeDrafter, generate
 from specdec_models.errors import check
 from specdec_models.few_rows import use_few_rows
 from specdec_models.files import staged_dir
@@ -59,6 +59,8 @@ def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, An
         target, kwargs = kwargs["target"], {k: v for k, v in kwargs.items() if k != "target"}
     if "prompt_lookup" in kwargs:
         return _prompt_lookup(target, prompts, kwargs["prompt_lookup"], seed, **settings)
+    sampling = SamplingConfig(settings["temperature"])
+    settings = {k: v for k, v in settings.items() if k != "temperature"} | {"sampling": sampling}
     counts: dict[str, Any] = {key: 0.0 for key in COUNTS}
     counts.update(accepted_at=[], drafted_at=[], nodes_by_q=[], accepted_by_q=[])
     rows: list[list[int]] = []
@@ -163,7 +165,8 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
             # at batch 1 only: prompt lookup and tree drafting (they decode one row at a time), and the
             # drafters on another target instance (its plain decoding runs at every batch size)
             methods = {name: kw for name, kw in every.items()
-                       if batch == 1 or not ({"prompt_lookup", "tree"} & set(kw) or (name not in plains and "target" in kw))}
+                       if batch == 1 or not ("prompt_lookup" in kw or isinstance(kw.get("drafter"), TreeDrafter)
+                                             or (name not in plains and "target" in kw))}
             for kwargs in methods.values():        # warm-up: first calls at a shape pay one-time costs
                 _decode(target, chosen[:batch], batch, kwargs, seed, temperature=temperature,
                         **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
@@ -443,37 +446,39 @@ class HFDrafters:
             head = load_eagle3(directory, model).to(device=device, dtype=dtype)
             gammas = self.eagle3_gammas or (None,)
             for gamma in gammas:
-                chain = {"prophet": head, **({"gamma": gamma} if gamma else {})}
+                chain = {"drafter": HeadDrafter(head), **({"gamma": gamma} if gamma else {})}
                 label = f"eagle3 {name}" + (f" gamma {gamma}" if len(gammas) > 1 else "")
                 drafters[label] = chain
                 if self.token_verify:
                     drafters[f"{label} (token verify)"] = {**chain, "verify": "token"}
             if self.auto_gamma:
-                drafters[f"eagle3 {name} gamma auto"] = {"prophet": head, "gamma": "auto"}
+                drafters[f"eagle3 {name} gamma auto"] = {"drafter": HeadDrafter(head), "gamma": "auto"}
             for tree in self.trees:
-                drafters[f"eagle3 {name} tree {tree.label}"] = {"prophet": head, "tree": tree}
+                drafters[f"eagle3 {name} tree {tree.label}"] = {"drafter": TreeDrafter(head, tree)}
                 if self.datastore is not None and tree.lookup:
-                    drafters[f"eagle3 {name} tree {tree.label} + datastore"] = {"prophet": head, "tree": tree,
-                                                                              "datastore": self.datastore}
+                    drafters[f"eagle3 {name} tree {tree.label} + datastore"] = {
+                        "drafter": TreeDrafter(head, tree, self.datastore)}
                 if self.token_verify and tree.topk == 1:
-                    drafters[f"eagle3 {name} tree {tree.label} (token verify)"] = {"prophet": head, "tree": tree,
+                    drafters[f"eagle3 {name} tree {tree.label} (token verify)"] = {"drafter": TreeDrafter(head, tree),
                                                                                  "verify": "token"}
         if self.prophet:
             head = load_export(self.prophet, target=model).to(device=device, dtype=dtype)
-            drafters[NAMES["prophet"]] = {"prophet": head}
+            drafters[NAMES["prophet"]] = {"drafter": HeadDrafter(head)}
         if self.student:
-            drafters[NAMES["student"]] = {"draft": load_causal_lm(self.student, dtype=dtype, what="student").to(device)}
+            student = load_causal_lm(self.student, dtype=dtype, what="student").to(device)
+            drafters[NAMES["student"]] = {"drafter": DraftModel(student)}
         if self.prompt_lookup:
             drafters[f"prompt lookup (transformers, n={self.prompt_lookup})"] = {"prompt_lookup": self.prompt_lookup}
         if self.prophet and self.random_head:
             torch.manual_seed(0)
-            drafters[NAMES["random"]] = {"prophet": HFProphet(head.config, model).to(device=device, dtype=dtype).eval()}
+            random_head = HFProphet(head.config, model).to(device=device, dtype=dtype).eval()
+            drafters[NAMES["random"]] = {"drafter": HeadDrafter(random_head)}
         return drafters
 
 
 def _use_few_rows(model: Any, built: dict[str, dict[str, Any]]) -> None:
     """Switch the linear layers of `model` and of every drafter `built` on it to few-row layers."""
-    for module in [model] + [kw[k] for kw in built.values() for k in ("prophet", "draft") if k in kw]:
+    for module in [model] + [kw["drafter"].module for kw in built.values() if "drafter" in kw]:
         use_few_rows(module)
 
 

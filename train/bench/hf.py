@@ -1,8 +1,8 @@
 """specdec's `generate` against Hugging Face's own `generate()` on the same model, timed side by side.
 
 `compare_with_hf_generate(model, prompts, max_new_tokens)` decodes greedily with transformers'
-`model.generate()` and with `specdec_models.decode.generate` (plain, or speculative with a `draft`
-or a `prophet`), interleaved in one process (hf, ours, hf, ours, ...) after a warm-up pair, so both
+`model.generate()` and with `specdec_models.decode.generate` (plain, or speculative with a
+`drafter`), interleaved in one process (hf, ours, hf, ours, ...) after a warm-up pair, so both
 see the same machine load; the speed figure is the median over pairs of the per-pair ratio of
 tokens per second (ours / hf). Both emit exactly `max_new_tokens` tokens per row (no EOS), and
 the result says whether every row's tokens are equal. The batch is left-padded for transformers
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, Drafter, DraftModel, generate
 from specdec_models.errors import check
 from specdec_models.hf import logits_width
 from specdec_models.hf.adapter import cache_argument
@@ -63,16 +63,15 @@ def _hf_generate(model: Any, prompts: list[Tensor], n: int, pad_id: int) -> list
     return out[:, width:].tolist()
 
 
-def compare_with_hf_generate(model: Any, prompts: list[Tensor], max_new_tokens: int, *, draft: Any = None,
-                             prophet: Any = None, gamma: int = 4, repeats: int = 3, pad_id: int = 0,
-                             tree: Any = None, datastore: Any = None) -> dict[str, Any]:
+def compare_with_hf_generate(model: Any, prompts: list[Tensor], max_new_tokens: int, drafter: Drafter | None = None,
+                             *, gamma: int = 4, repeats: int = 3, pad_id: int = 0) -> dict[str, Any]:
     """Time HF greedy `generate()` and specdec's `generate` (temperature 0) interleaved; return
     {"hf": {...}, "ours": {...}, "ratio": median of per-pair (ours tokens/s) / (hf tokens/s),
     "equal": every row identical, "tokens_per_call", ...}. Seconds are per call, tokens/s count
     all rows' new tokens; repeats=0 only checks the tokens (no timing)."""
     check(isinstance(repeats, int) and repeats >= 0, f"repeats must be an integer >= 0, got {repeats!r}")
     check(len(prompts) >= 1, "give at least one prompt")
-    kwargs = dict(draft=draft, prophet=prophet, gamma=gamma, temperature=0, tree=tree, datastore=datastore)
+    kwargs = dict(drafter=drafter, gamma=gamma, sampling=GREEDY)
 
     def ours() -> tuple[list[list[int]], Any]:
         tokens, stats = generate(model, prompts, max_new_tokens, **kwargs)
@@ -389,17 +388,17 @@ def compare_with_assisted(target: Any, draft: Any, ids: Tensor, *, max_new_token
     results["hf"] = {"tokens_per_second": n / t, "equal": True}
     t, out = best_time(lambda: target.generate(ids[None], assistant_model=draft, **hf_kw), repeats, device)
     results["hf_assisted"] = {"tokens_per_second": n / t, "equal": out[0, ids.numel():].tolist() == reference}
-    for name, kw in (("specdec_base", {}), ("specdec_draft", {"draft": draft, "gamma": gamma})):
-        t, (tokens, stats) = best_time(lambda kw=kw: generate(target, [ids], n, temperature=0, vocab_size=vocab_size, **kw),
-                                       repeats, device)
+    for name, kw in (("specdec_base", {}), ("specdec_draft", {"drafter": DraftModel(draft), "gamma": gamma})):
+        t, (tokens, stats) = best_time(lambda kw=kw: generate(target, [ids], n, sampling=GREEDY,
+                                                              vocab_size=vocab_size, **kw), repeats, device)
         results[name] = {"tokens_per_second": n / t, "equal": tokens[0].tolist() == reference,
                          "tokens_per_call": stats.tokens_per_call, "acceptance_rate": stats.acceptance_rate}
     if batch > 1:
         g = torch.Generator().manual_seed(1)
         rows = [ids[: int(torch.randint(4, ids.numel() + 1, (1,), generator=g))] for _ in range(batch)]
-        for name, kw in (("base", {}), ("draft", {"draft": draft, "gamma": gamma})):
-            t, (_, stats) = best_time(lambda kw=kw: generate(target, rows, n, temperature=0, vocab_size=vocab_size, **kw),
-                                      repeats, device)
+        for name, kw in (("base", {}), ("draft", {"drafter": DraftModel(draft), "gamma": gamma})):
+            t, (_, stats) = best_time(lambda kw=kw: generate(target, rows, n, sampling=GREEDY,
+                                                             vocab_size=vocab_size, **kw), repeats, device)
             results[f"specdec_{name}_batch{batch}"] = {"tokens_per_second": stats.new_tokens / t,
                                                         "tokens_per_call": stats.tokens_per_call}
     return results

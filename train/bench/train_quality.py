@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from specdec_models.decode import generate
+from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.errors import check
 from specdec_models.heads.prophet import ModelWithProphet, drafted_hits, simulated_tokens_per_call
 
@@ -80,7 +80,7 @@ def acceptance(net: ModelWithProphet, valid: Tensor, prompts: Tensor, gamma: int
         with torch.no_grad():
             out = net(valid)
             a = (drafted_hits(out.prophet_logits, out.labels, gamma) / out.labels.shape[0]).tolist()
-            _, stats = generate(net.model, prompts, new_tokens, prophet=net, gamma=gamma, temperature=0.0)
+            _, stats = generate(net.model, prompts, new_tokens, HeadDrafter(net), gamma=gamma, sampling=GREEDY)
     finally:
         net.train(modes)
     return {"tokens_per_call": simulated_tokens_per_call(a), "per_position_accuracy": a,

@@ -71,7 +71,7 @@ import torch
 from torch import Tensor, nn
 
 from specdec_models import ModelWithProphet, byte_tokenizer
-from specdec_models.decode import SpeedProfile, generate
+from specdec_models.decode import SamplingConfig, SpeedProfile, TreeDrafter, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.decode.tree import TreeSpec
 from specdec_models.errors import SpecdecError, check, check_positive_int
@@ -236,7 +236,7 @@ class SpeculativeEval(SpecdecCallback):
         """Model-call times {batch: StepTimes} for c and v(1..gamma), at batch 1 and the prompts'
         batch, on KV caches holding about as many tokens as the evaluation's mid-point."""
         context = max(len(p) for p in prompts) + self.max_new_tokens // 2
-        return {b: measure_costs(models.target, b, context, list(range(1, self.gamma + 1)), **models.drafter(),
+        return {b: measure_costs(models.target, b, context, list(range(1, self.gamma + 1)), models.drafter(),
                                  steps=8, warmup=2)
                 for b in sorted({1, len(prompts)})}
 
@@ -263,15 +263,15 @@ class SpeculativeEval(SpecdecCallback):
                      costs: dict[int, StepTimes]) -> tuple[dict[str, float], list[dict[str, Any]], list[dict[str, Any]]]:
         tag = temperature_tag(temperature)
         target, drafter = models.target, models.drafter()
-        decode = dict(max_new_tokens=self.max_new_tokens, gamma=self.gamma, temperature=temperature)
+        decode = dict(max_new_tokens=self.max_new_tokens, gamma=self.gamma, sampling=SamplingConfig(temperature))
         # warm-up (a few tokens, same batch): first calls at a shape pay one-time costs that would
         # skew the timing
         warm = dict(decode, max_new_tokens=min(self.max_new_tokens, 2 * self.gamma + 2))
-        generate(target, prompts, **drafter, generator=self._generator(device, temperature), **warm)
+        generate(target, prompts, drafter=drafter, generator=self._generator(device, temperature), **warm)
         generate(target, prompts, generator=self._generator(device, temperature), **warm)
 
         timing = bool(costs)
-        spec_tokens, spec = generate(target, prompts, **drafter, generator=self._generator(device, temperature),
+        spec_tokens, spec = generate(target, prompts, drafter=drafter, generator=self._generator(device, temperature),
                                      timing=timing, **decode)
         base_tokens, base = generate(target, prompts, generator=self._generator(device, temperature),
                                      timing=timing, **decode)
@@ -319,12 +319,12 @@ class SpeculativeEval(SpecdecCallback):
         against plain decoding also one row at a time: tokens per call, the fraction of rounds
         that accepted at least i tokens, and the wall-time ratio."""
         rows = list(prompts)
-        decode = dict(max_new_tokens=self.max_new_tokens, temperature=temperature)
+        decode = dict(max_new_tokens=self.max_new_tokens, sampling=SamplingConfig(temperature))
         warm = dict(decode, max_new_tokens=min(self.max_new_tokens, 2 * self.tree.depth + 2))
-        generate(models.target, rows[:1], prophet=models.prophet, tree=self.tree, gamma=self.tree.depth,
-                 generator=self._generator(device, temperature), **warm)
-        _, tree = generate(models.target, rows, prophet=models.prophet, tree=self.tree, gamma=self.tree.depth,
-                           generator=self._generator(device, temperature), **decode)
+        drafter = TreeDrafter(models.prophet, self.tree)
+        generate(models.target, rows[:1], drafter=drafter, generator=self._generator(device, temperature), **warm)
+        _, tree = generate(models.target, rows, drafter=drafter, generator=self._generator(device, temperature),
+                           **decode)
         t0 = time.perf_counter()
         for row in rows:
             generate(models.target, [row], generator=self._generator(device, temperature), **decode)

@@ -38,6 +38,7 @@ from torch import nn
 
 from specdec_models import Decoder, ModelWithProphet, save_export
 from specdec_models.config import from_dict
+from specdec_models.decode import DraftModel, HeadDrafter
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import check_export_target, describe_export
 from specdec_models.heads.hf_prophet import HFProphet
@@ -100,9 +101,9 @@ class SpeculativeModels:
     def __post_init__(self) -> None:
         check((self.draft is None) != (self.prophet is None), "give exactly one of a draft and a prophet")
 
-    def drafter(self) -> dict[str, Any]:
-        """generate()'s keyword argument: {"draft": ...} or {"prophet": ...}."""
-        return {"draft": self.draft} if self.draft is not None else {"prophet": self.prophet}
+    def drafter(self) -> DraftModel | HeadDrafter:
+        """The drafter `generate` decodes with: the draft model, or the prophet (any draft head)."""
+        return DraftModel(self.draft) if self.draft is not None else HeadDrafter(self.prophet)
 
 
 class FrozenModel:

@@ -137,8 +137,8 @@ class DistillModule(TaskModule):
         training = self.student.training
         self.student.eval()
         try:
-            new, _ = generate(model, prompts, self.objective.gen_len, temperature=self.objective.sample_temperature,
-                              generator=generator)
+            new, _ = generate(model, prompts, self.objective.gen_len,
+                              sampling=SamplingConfig(self.objective.sample_temperature), generator=generator)
         finally:
             self.student.train(training)
         return torch.cat([prompts, torch.stack(new).to(prompts.device)], 1).clone()   # not an inference tensor
