@@ -2,7 +2,7 @@
 minutes it had trained, read from its output folder (`csv/metrics.csv`, and `train.log` for the time
 of each logged step).
 
-    python scripts/plot_runs.py --run "1,008 rows=outputs/r28/full" --run "504 rows=outputs/r28/half" \\
+    python scripts/plot_runs.py --run "1,008 rows=outputs/rows1008" --run "504 rows=outputs/rows504" \\
         --out docs/figures/runs.png [--metric val/ttt_kl/step0 --metric val/simulated_tokens_per_call] \\
         [--train-metric train/kl/step0] [--title TEXT]
 

@@ -3,15 +3,13 @@
 Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-64 for a verify or a
 draft tree at batch 1, or a verify at batch 8. PyTorch computes `F.linear(x, W)` = x @ W.T with its
 CPU BLAS, and for a few rows that runs far below what reading the weights costs. `FewRowsLinear` computes the same
-product another way, chosen by dtype, row count and host (timed on the hosts of docs/smollm2_history.md:
-"Few-row fp32 matmuls", "A numba kernel for few rows", "Packed bf16 weights for decoding" and
-"MKL's packed fp32 product on the Xeon (r20)"):
+product another way, chosen by dtype, row count and host (timed on the hosts docs/cpu.md names):
 
 - fp32 on an Intel CPU (`fp32_library()` "mkl"): up to `LINEAR_ROWS` rows `F.linear` itself, and
   from there to `PACKED_ROWS` rows MKL's product with the weight packed once into its own layout
   (`torch.ops.mkl`, where torch has MKL: the fp32 path torch.compile's CPU backend takes). On the
   Intel Xeon without bf16 instructions, over a model's worth of SmolLM2's weight shapes streamed
-  from memory (2 threads; docs/smollm2_history.md, "MKL's packed fp32 product on the Xeon (r20)"),
+  from memory (2 threads),
   `F.linear` took 30-32 ms for 1-3 rows, about memory speed, and then jumped (67 for 4 rows, 135 for
   16), where MKL's packed product took 31 for 4 rows (numba's kernel 39, oneDNN's 42), 42 for 16
   (oneDNN 56) and 91 for 64 (oneDNN 113). A plain SmolLM2 step through `F.linear` took 50.5 ms
@@ -23,11 +21,11 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   (`kernel()` "panels", `kernel_for`): every call of up to `PACKED_ROWS` rows takes numba's panel
   kernel (`few_rows_panels`: the weight packed once into panels of 16 output columns, tiles of 6
   rows by 16 columns held in registers). On the Zen 3 EPYC (AVX2, 2 threads) over all of
-  SmolLM2's linear weights (`python scripts/bench_hf.py --matmul-rows ...`; docs/smollm2_history.md,
-  "A panel kernel for verify calls on the Zen 3 EPYC (r25)") it took 25.9 / 33.3 / 49.9 / 153 ms for 1 / 10 / 16 /
+  SmolLM2's linear weights (`python scripts/bench_hf.py --matmul-rows ...`) it took 25.9 / 33.3 /
+  49.9 / 153 ms for 1 / 10 / 16 /
   64 rows, where numba's dot kernel took 26.6 / 46.7 / 76.0 / 281 and oneDNN's packed product
   37.7 / 52.9 / 68.5 / 167: the rule below stays for other CPUs, where it is untimed.
-- fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs the earlier rounds ran on), up to
+- fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs with AVX-512), up to
   `SMALL_ROWS` rows (`small_rows_for`: 4 on a CPU with AVX-512, 10 on one without): numba's kernel
   (`few_rows_kernel`, when numba is installed: `pip install specdec[fast]`), which streams each
   weight row once and runs near the host's memory speed; on the AMD EPYC (AVX2) it made plain fp32
@@ -43,7 +41,7 @@ product another way, chosen by dtype, row count and host (timed on the hosts of 
   numba's kernel won up to 10 rows: over all of SmolLM2's linear weights (2 threads, `python
   scripts/bench_hf.py --matmul-rows 1 4 6 8 10 12 14 16`) it took 37.9 / 40.3 / 51.6 ms for 6 / 8 /
   10 rows, where oneDNN took 47.1 / 47.3 / 56.2, and 61.9 against 59.3 for 12
-  (docs/smollm2_history.md, "Numba's kernel up to 10 rows without AVX-512", r24). Without oneDNN,
+  (so numba takes up to 10 rows there). Without oneDNN,
   fp32 calls of up to `MAX_ROWS` rows take the small-row kernel.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
   (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but

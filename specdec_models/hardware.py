@@ -4,8 +4,9 @@ bf16 halves the bytes a matmul reads, but only hardware with bf16 instructions a
 fast. Elsewhere a bf16 matmul is converted and computed slowly, which a 1-token decoding step
 hides (it is bound by reading the weights) and every call on many tokens shows: a verify, a tree,
 a batch of rows being generated. Measured on SmolLM2-135M, 2 CPU threads
-(docs/smollm2_history.md, "Which dtype, on which host"):
-- a host with AMX (the earlier rounds' host): bf16 decoded a step in 22.7 ms against 43.6 in fp32,
+(docs/cpu.md):
+- a host with AMX (inferred from its speed; flags not recorded): bf16 decoded a step in 22.7 ms
+  against 43.6 in fp32,
   a 6-token verify cost 1.10 steps, and bf16 generated a cache 1.6-1.8x as fast;
 - an Intel Xeon with AVX-512 and its bf16 instructions (avx512_bf16) but no AMX: a bf16 verify
   of 5 / 28 tokens cost 1.34 / 2.52 steps; the eagle3 tree decoded text at 34.1 tokens/s in
@@ -20,7 +21,7 @@ a batch of rows being generated. Measured on SmolLM2-135M, 2 CPU threads
   (numba) 38.4, a bf16 verify of 16 tokens 62.3 against fp32's 99.7; bf16 generated the cache at
   500-800 tokens/s, and a bf16 tree was the fastest drafting at T=0 in 8-prompt comparisons,
   while fp32 plain decoding beat bf16's (`racing_dtype` below). With bf16 weights packed once for
-  oneDNN (`few_rows.py`, r12) a bf16 step costs about a numba fp32 step (0.80-0.86 of an unpacked
+  oneDNN (`few_rows.py`) a bf16 step costs about a numba fp32 step (0.80-0.86 of an unpacked
   bf16 step, both) and a bf16 verify of 8 tokens 0.91-0.98 against fp32's 1.32-1.33: the two plain
   decodings came within a few percent of each other, the faster one either dtype by cell.
 
@@ -96,12 +97,12 @@ def racing_dtype(device: str | torch.device = "cpu") -> torch.dtype | None:
       EPYC with avx512_bf16 (interleaved, 200 cached tokens) a bf16 step took 46.4 ms, a numba
       few-row fp32 step 38.4; fp32 plain decoding ran 1.16-1.36x bf16's, and in two 8-prompt
       comparisons a bf16 tree was the fastest drafting at T=0 (tied once with the fp32 tree) while
-      fp32 chains beat bf16's (README, "A host with bf16 instructions but no AMX"). With bf16 weights
-      packed for oneDNN (r12) the two plain decodings came within a few percent, either the faster by
+      fp32 chains beat bf16's. With bf16 weights
+      packed for oneDNN the two plain decodings came within a few percent, either the faster by
       cell, so the race stays. Both dtypes' drafters race there (`race_drafters`).
     - bf16 on a CPU without bf16 instructions (its flags known): a 1-token step reads half the
       bytes in bf16, while every call on many tokens is dearer, so only bf16's plain decoding races
-      the fp32 drafters. On an AMD EPYC with AVX2 only (Zen 3, r23; `scripts/bench_hf.py
+      the fp32 drafters. On an AMD EPYC with AVX2 only (Zen 3; `scripts/bench_hf.py
       --verify-cost 4 8 16 --few-rows --dtype float32 --also-dtype bfloat16`), in units of an fp32
       1-token step with torch's layers: a bf16 step with packed weights 0.60-0.67, a numba few-row
       fp32 step 0.69-0.75, while a bf16 call on 8 tokens cost 2.1-2.3 against fp32's 1.0-1.1.

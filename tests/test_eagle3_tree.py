@@ -703,7 +703,7 @@ def test_tree_stats_count_the_heads_nodes_by_their_draft_probability(toy):
 
 def test_the_comparisons_plot_gives_each_method_its_own_bars_and_a_dtype_twin_its_colour_hatched():
     # the recipe's comparison races two dtypes: 13 methods and their [float32] twins, 26 bars a group;
-    # a colormap indexed past its end gave every method from the 21st on one colour (r21's figure)
+    # a colormap indexed past its end gave every method from the 21st on one colour
     from train.bench.drafts import bar_styles
 
     bases = ["plain"] + [f"eagle3 tree {k}" for k in range(12)]

@@ -117,8 +117,7 @@ def test_the_smollm2_experiments_resolve_their_precision_from_the_machine(compos
 def test_the_smollm2_heads_run_their_frozen_target_in_the_machines_fast_dtype(compose, machine, monkeypatch,
                                                                               experiment, cpuinfo, expected):
     # the target only runs forward passes: emulated bf16 on an AVX2-only CPU made the recipe's
-    # prophet steps take 36 s there (docs/smollm2_history.md, "On the EPYC the recipe first overran its
-    # 90 minutes")
+    # prophet steps take 36 s there
     machine(cpuinfo)
     monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
     assert compose([f"experiment={experiment}"]).target.dtype == expected

@@ -457,7 +457,7 @@ def test_the_comparison_refuses_its_own_dtype_as_the_other(hf, tmp_path, capsys)
 
 def test_the_comparison_races_the_chain_at_several_gammas_at_batch_8_only(online, hf, tmp_path, capsys):
     # --eagle3-gamma 1 2 decodes a chain per gamma, named by it; --batch1-count 0 leaves out batch 1
-    # (the batch-8 study of the README). At T=0 every chain emits plain decoding's tokens, and a
+    # (the batch-8 study of docs/results.md). At T=0 every chain emits plain decoding's tokens, and a
     # chain at gamma g drafts at most g tokens a row-call
     from conftest import load_script
 

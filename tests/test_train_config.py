@@ -225,8 +225,7 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
         assert cfg.trainer.max_time == "00:00:30:00" and cfg.data.seq_len == 256
         assert cfg.trainer.accelerator == "cpu" and not any(c.startswith("data.batch_size") for c in command)
         assert cfg.callbacks.speculative_eval.every == 0          # decoded at the end only: the comparison decodes
-    # the eagle3 head's layer starts as the target's
-    # (docs/smollm2_history.md, "Starting the head's layer from the target's")
+    # the eagle3 head's layer starts as the target's (a lower held-out KL from the first validation on)
     assert compose(commands[0][3:]).head.init_layer is True
 
 
@@ -287,7 +286,7 @@ def test_the_gpu_experiment_is_the_recipes_eagle3_head_at_the_gpu_sizes_that_met
     ("cpu", {"prompts": 100}, (100, 4096, 30)),
 ])
 def test_the_smollm2_recipe_sizes_its_data_and_training_for_the_device_unless_told(device, given, expected):
-    # --device cuda: the prompts, rows and minutes of the H100 head that met the goals (r13); a value
+    # --device cuda: the prompts, rows and minutes of the H100 head that met the goals; a value
     # given on the command line wins on either device
     import argparse
 

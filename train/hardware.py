@@ -3,9 +3,8 @@
 bf16-mixed autocasts the matmuls to bf16 (the weights stay fp32). Whether that is faster than fp32
 depends on the hardware, and on a CPU it can be much slower. Measured on one eagle3 training step
 at the SmolLM2 recipe's shapes (4 rows x 256 tokens, 4 unroll steps, the 8,192-row vocabulary,
-forward, backward and AdamW on one thread; docs/smollm2_history.md, "The same recipe on a host
-without AMX" and "bf16-mixed training on an AMD EPYC with avx512_bf16"):
-- on the host of the earlier rounds, bf16-mixed ran 1.8x the fp32 step rate;
+forward, backward and AdamW on one thread; docs/cpu.md):
+- on a host with AMX (inferred from its speed), bf16-mixed ran 1.8x the fp32 step rate;
 - on an Intel Xeon with AVX-512 and its bf16 instructions but no AMX, it ran at 0.68x (2.88 s a
   step against 1.94 s);
 - on an AMD EPYC (Zen 4) with AVX-512 and avx512_bf16, no AMX, it ran 1.76x (`python

@@ -2,7 +2,7 @@
 
 The SmolLM2 recipe (`scripts/smollm2.py`) trains its two heads side by side on a 2-core CPU, one
 thread each, for the same wall time. The prophet head stops at its `max_steps` about halfway
-(docs/smollm2_history.md, "The recipe from an empty folder"), and its core then idled while the
+on a fast host, and its core then idled while the
 eagle3 head went on with one thread. With `callbacks.threads_file.path=FILE`, a run reads FILE
 before each training step; the recipe writes there the threads each run left may use once another
 ends (`scripts/smollm2.py`, `side_by_side`), and the run goes on with them

@@ -68,14 +68,13 @@ These knobs make the tree fit each round rather than the worst one:
     node draws min(`topk`, the nodes left) children, and the tree stops when none are left. How
     many children a node draws then depends only on nodes drawn before them.
   It is for hardware where a verify of many nodes costs about one step (a GPU). On 2 CPU cores,
-  where the recipe's floored tree verifies 6-7 nodes, a budget did not pay (docs/smollm2_history.md,
-  "A node budget"): the extra depth it affords costs head steps the extra tokens do not repay.
+  where the recipe's floored tree verifies 6-7 nodes, a budget did not pay: the extra depth it
+  affords costs head steps the extra tokens do not repay.
 - `keep` (greedy decoding: a floor on the nodes verified, not only on those expanded): `min_prob`
   decides which nodes get children, but each expanded node brings all its `topk` children into the
   verify call, most of them unlikely. The head's cumulative draft probability tracks how often a
   node is accepted (on the recipe's held-out prompts a node of q in [0.1, 0.2) was accepted 18-22%
-  of the time, one below 0.01 0.5-1%: docs/smollm2_history.md, "Larger trees at T=0, and verifying
-  only the nodes that pay"; `stats.nodes_by_q` counts them for any run), and each
+  of the time, one below 0.01 0.5-1%; `stats.nodes_by_q` counts them for any run), and each
   verified node costs the same, so the nodes worth verifying are those above a threshold: `keep`
   cuts the head's nodes below it (and expands none below it). Exact for the same reason as the
   budget; sampling ignores it (a drawn child cannot be dropped for its own value).
@@ -113,8 +112,8 @@ class TreeSpec:
     `nodes` > 0 verifies at most that many head nodes, the most probable; `keep` > 0 verifies only
     head nodes whose cumulative draft probability reaches it (greedy decoding; module docstring)."""
 
-    # the default is the best of the shapes measured on a 2-core CPU (docs/smollm2_history.md, "Tree
-    # drafting"), where a verify call's cost grows with its tokens; where verifying many tokens is
+    # the default is the best of the shapes measured on a 2-core CPU, where a verify call's cost
+    # grows with its tokens; where verifying many tokens is
     # nearly free (a GPU), larger trees (e.g. 5,3,3) pay
     depth: int = 3
     topk: int = 2

@@ -15,11 +15,11 @@ outside it). Only answer tokens count: for regenerated rows, the labels of the p
 everything after the row's end (EOS) are masked (`prompt_len`, `valid_len` of the cache).
 `task.ttt_ramp`: the share of the budget (the larger of the steps' and `max_time`'s share, as the
 schedule reads it) whose training steps unroll draft step 1 alone, at about a third of a 4-step
-step's cost, before the rest unrolls all `ttt_steps` (on in experiment=smollm2_eagle3:
-docs/smollm2_history.md, "Draft step 1 alone first (r27)"). `task.feature_weight` adds the
+step's cost, before the rest unrolls all `ttt_steps` (on in experiment=smollm2_eagle3, where the
+first position bounds every later one). `task.feature_weight` adds the
 smooth-L1 distance between the head's normed output and the target's normed last layer at the
 label; `task.feature_noise` adds noise of that many times each aux layer's RMS to its hidden
-states in training (both off: neither moved the held-out figures, same section).
+states in training (both off: neither moved the held-out figures).
 
 Draft vocabulary: the `head.draft_vocab_size` tokens the target emits most as its greedy choice
 on the training data, from a token-count file written by `scripts/draft_vocab.py` (which also
@@ -28,7 +28,7 @@ and another target's is refused in one line. `head.draft_vocab_size: null` keeps
 vocabulary (no file needed). `head.train_lm_head`: the LM head's rows start from the target's and
 train, or stay frozen. `head.init_layer`: the decoder layer starts as the target's layer that reads
 the highest aux layer, the fc as the identity on it (`Eagle3Head.init_layer_from`; off by default,
-on in experiment=smollm2_eagle3: docs/smollm2_history.md, "Starting the head's layer from the target's").
+on in experiment=smollm2_eagle3, where it lowered the held-out KL from the first validation on).
 `head.init_from=EXPORT`: the head starts from an hf_eagle3 export's weights (its draft vocabulary
 too; they replace any start `head.init_layer` chose) and trains on, with a fresh optimizer and
 schedule: more data and steps for a head trained before. The export must be for this target and of
