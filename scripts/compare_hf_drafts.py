@@ -120,7 +120,7 @@ def check_inputs(args) -> None:
     check_device(args.device)
     check(args.also_dtype or not args.also_plain_only, "--also-plain-only goes with --also-dtype")
     if args.also_dtype:
-        from specdec_models.hardware import resolve_dtype
+        from specdec_models.cpu import resolve_dtype
 
         check(resolve_dtype(args.dtype, args.device) != resolve_dtype(args.also_dtype, args.device),
               f"--also-dtype {args.also_dtype} is the comparison's own dtype (--dtype {args.dtype}): name the other one")
@@ -221,8 +221,8 @@ def compare(args, loaded) -> dict:
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
                           token_verify=args.token_verify, auto_gamma=args.eagle3_auto, datastore=datastore)
-    from specdec_models.few_rows import describe, fp32_library, kernel, resolve_few_rows
-    from specdec_models.hardware import resolve_dtype
+    from specdec_models.cpu.few_rows import describe, fp32_library, kernel, resolve_few_rows
+    from specdec_models.cpu import resolve_dtype
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
     dtype = str(torch_dtype).removeprefix("torch.")
@@ -251,7 +251,7 @@ def acceptance(args, loaded) -> list[str]:
 
     from specdec_models.export.eagle3 import load_eagle3
     from specdec_models.files import staged_dir
-    from specdec_models.hardware import resolve_dtype
+    from specdec_models.cpu import resolve_dtype
     from train.bench.acceptance import first_token_acceptance
     from train.data.regenerate import read_prompts, stop_token
 
@@ -296,7 +296,7 @@ def heldout(args, loaded) -> list[str]:
 
     from specdec_models.export.eagle3 import load_eagle3
     from specdec_models.files import staged_dir
-    from specdec_models.hardware import resolve_dtype
+    from specdec_models.cpu import resolve_dtype
     from specdec_models.hf.weights import weights_sha256
     from train.bench.acceptance import heldout_acceptance
     from train.data.embeddings_cache import check_cache

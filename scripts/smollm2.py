@@ -111,7 +111,7 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
     for the same wall time at the same precision (--precision, else the one faster on the device).
     `threads_file`: on a CPU, each run takes its CPU threads from it (`train.threads`), where
     `side_by_side` hands over the threads of a head that ended."""
-    from train.hardware import fast_precision
+    from specdec_models.cpu import fast_precision
 
     gpu = args.device == "cuda"
     share = [f"callbacks.threads_file.path={threads_file}"] if threads_file is not None and not gpu else []
@@ -170,7 +170,7 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
     instructions but no AMX, in fp32 too, and on one without them plain decoding in bf16 too
     (`hardware.racing_dtype`). `datastore`: the eagle3 head's
     trees with a lookup also draft with it."""
-    from specdec_models.hardware import race_drafters, racing_dtype
+    from specdec_models.cpu.dtypes import race_drafters, racing_dtype
 
     rounds = args.compare_rounds or (2 if args.device == "cuda" else 1)
     command = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",

@@ -135,7 +135,7 @@ def test_eval_callback_logs_acceptance_metrics_and_writes_samples_after_validati
 def test_eval_callback_decodes_with_few_row_layers_where_they_pay_and_restores_them(tmp_path, monkeypatch, setting):
     """fp32 on a CPU: auto decodes through FewRowsLinear (as the decoding CLI does), off never;
     training's layers are plain nn.Linear again after each evaluation."""
-    from specdec_models.few_rows import FewRowsLinear
+    from specdec_models.cpu.few_rows import FewRowsLinear
 
     calls = []
     forward = FewRowsLinear.forward

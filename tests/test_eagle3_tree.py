@@ -581,10 +581,10 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     assert all(set(c) == {1, 3} and all(v > 0 for v in c.values()) for c in costs.values())
     with pytest.raises(SpecdecError, match="include 1"):
         verify_costs(models["llama"], 8, [3])
-    from specdec_models.few_rows import FewRowsLinear
+    from specdec_models.cpu.few_rows import FewRowsLinear
 
-    from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import fp32_library, kernel, mkl_packs
+    from specdec_models.cpu import few_rows_kernel
+    from specdec_models.cpu.few_rows import fp32_library, kernel, mkl_packs
 
     before = kernel(), fp32_library()
     costs = verify_costs(models["llama"], 8, [1, 3], repeats=2, few_rows=True)
@@ -621,8 +621,8 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
 def test_matmul_costs_time_every_few_row_path_over_the_models_weights(models):
     import copy
 
-    from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import mkl_packs, packs
+    from specdec_models.cpu import few_rows_kernel
+    from specdec_models.cpu.few_rows import mkl_packs, packs
     from train.bench.hf import matmul_costs
 
     costs = matmul_costs(models["llama"], [1, 5], repeats=2)

@@ -282,7 +282,7 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
     cache's rows, interleaved; the report holds every timed step, paired ratios and the rule's pick."""
     from conftest import load_script
 
-    from train.hardware import fast_precision
+    from specdec_models.cpu import fast_precision
 
     bench_train = load_script("bench_train")
 
@@ -313,7 +313,7 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
 @pytest.mark.parametrize("experiment", ["hf_eagle3", "hf_prophet"])
 def test_heads_train_under_bf16_mixed_precision_as_the_smollm2_experiments_do(hf, caches, tmp_path, experiment):
     """experiment=smollm2_eagle3 / smollm2_prophet train with trainer.precision=bf16-mixed where the
-    machine makes it the faster (train/hardware.py): the head's weights stay fp32, its loss is finite
+    machine makes it the faster (specdec_models.cpu.fast_precision): the head's weights stay fp32, its loss is finite
     and falls, and the export is fp32."""
     from specdec_models.export import read_export_config
 

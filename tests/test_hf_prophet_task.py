@@ -29,7 +29,7 @@ from specdec_models import load_export
 from specdec_models.decode import generate
 from specdec_models.errors import SpecdecError
 from specdec_models.export import read_export_config
-from specdec_models.few_rows import describe, fp32_library, kernel
+from specdec_models.cpu.few_rows import describe, fp32_library, kernel
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.regenerate import build_hf_cache, prompts_from_text

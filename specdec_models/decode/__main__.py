@@ -35,8 +35,8 @@ import torch
 from .. import byte_tokenizer
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config
-from ..few_rows import resolve_few_rows
-from ..hardware import resolve_dtype
+from ..cpu.few_rows import resolve_few_rows
+from ..cpu import resolve_dtype
 from ..hf import HFDecoder
 from ..prophet import ModelWithProphet
 from ..sampling import SamplingConfig

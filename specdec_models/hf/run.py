@@ -23,7 +23,7 @@ from torch import Tensor
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config, read_json_object
 from ..export.eagle3 import detect_layout, load_eagle3
-from ..few_rows import use_few_rows
+from ..cpu.few_rows import use_few_rows
 from .adapter import logits_width
 from .eagle3 import Eagle3Head
 from .prophet import HFProphet

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from specdec_models.decode import generate
 from specdec_models.errors import check
-from specdec_models.few_rows import use_few_rows
+from specdec_models.cpu.few_rows import use_few_rows
 from specdec_models.files import staged_dir
 
 from .report import pyplot

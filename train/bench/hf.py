@@ -142,8 +142,8 @@ def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, 
     shows which dtype's step and verify are cheaper. Medians over `repeats` rounds, every size,
     mask, layer kind and model interleaved within a round; the unit is the first model's chain
     1-token call with torch's own layers."""
-    from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import (
+    from specdec_models.cpu import few_rows_kernel
+    from specdec_models.cpu.few_rows import (
         FewRowsLinear,
         fp32_library,
         kernel,
@@ -230,8 +230,8 @@ def matmul_costs(model: Any, rows: list[int], repeats: int = 5, seed: int = 0) -
     rounds, every path and row count interleaved within a round."""
     from torch import nn
 
-    from specdec_models import few_rows_kernel, few_rows_panels
-    from specdec_models.few_rows import PACK_ROWS, PACKED_ROWS, mkl_packs, packs
+    from specdec_models.cpu import few_rows_kernel, few_rows_panels
+    from specdec_models.cpu.few_rows import PACK_ROWS, PACKED_ROWS, mkl_packs, packs
 
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
     check(bool(weights) and all(w.dtype == torch.float32 and w.device.type == "cpu" for w in weights),

@@ -1,4 +1,4 @@
-"""Few-row linear layers (`specdec_models.few_rows`): the same function as `F.linear` up to fp32
+"""Few-row linear layers (`specdec_models.cpu.few_rows`): the same function as `F.linear` up to fp32
 rounding at every row count, by MKL's packed product and by the other rule (either small-row kernel,
 torch's or numba's, and oneDNN's packed weights above them, or numba's panel kernel up to 64 rows),
 bit for bit `F.linear` in bf16, MKL's
@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_models import SpecdecError, few_rows, few_rows_kernel
-from specdec_models.few_rows import (
+from specdec_models import SpecdecError
+from specdec_models.cpu import few_rows, few_rows_kernel
+from specdec_models.cpu.few_rows import (
     LINEAR_ROWS,
     MAX_ROWS,
     PACKED_ROWS,
@@ -191,7 +192,7 @@ def test_use_few_rows_switches_plain_linears_in_place_and_back():
 
 
 def test_a_numba_kernel_is_chosen_where_it_is_installed_and_a_bad_choice_is_one_line(monkeypatch):
-    from specdec_models.hardware import cpu_flags
+    from specdec_models.cpu.dtypes import cpu_flags
 
     assert kernel() == kernel_for(cpu_flags(), few_rows_kernel.available())
     with pytest.raises(SpecdecError, match="must be one of panels, numba, torch"):
@@ -253,7 +254,7 @@ def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kern
 
 @pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
 def test_mkl_is_the_fp32_rule_on_intel_cpus_and_the_choice_is_checked(monkeypatch):
-    from specdec_models.hardware import cpu_vendor
+    from specdec_models.cpu.dtypes import cpu_vendor
 
     assert fp32_library() == ("mkl" if cpu_vendor() == "GenuineIntel" else "onednn")
     for bad, match in (("blas", "must be one of mkl, onednn"), ("mkl", "needs a torch built with MKL")):
@@ -399,7 +400,7 @@ def test_set_small_rows_moves_the_line_and_refuses_bad_counts(monkeypatch):
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 64])
 def test_the_panel_kernel_is_the_exact_product_up_to_fp32_rounding(out, inp, rows):
     # every tile height (1-6 rows and their sums), outputs padded to whole panels of 16 and dropped
-    from specdec_models import few_rows_panels
+    from specdec_models.cpu import few_rows_panels
 
     g = torch.Generator().manual_seed(rows * 1000 + out)
     w, x = torch.randn(out, inp, generator=g), torch.randn(rows, inp, generator=g)
@@ -414,7 +415,7 @@ def test_the_panel_kernel_is_the_exact_product_up_to_fp32_rounding(out, inp, row
 
 @pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
 def test_the_panel_rule_takes_every_fp32_call_up_to_packed_rows_and_f_linear_above(monkeypatch):
-    from specdec_models import few_rows_panels
+    from specdec_models.cpu import few_rows_panels
 
     monkeypatch.setattr(few_rows, "_library", "onednn")
     monkeypatch.setattr(few_rows, "_kernel", "panels")

@@ -93,8 +93,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import few_rows_kernel, few_rows_panels
-from .errors import check
-from .hardware import cpu_flags, cpu_vendor
+from ..errors import check
+from .dtypes import cpu_flags, cpu_vendor
 
 
 def small_rows_for(flags: frozenset[str]) -> int:
