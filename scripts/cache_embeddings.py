@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--model-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="HF: the dtype the target runs in; default auto: bfloat16 on a CUDA device with bf16 or "
-                             "a CPU with bf16 instructions (with AMX 1.6-1.8x fp32's speed), else float32 "
+                             "a CPU with bf16 instructions, else float32 "
                              "(specdec_models/cpu)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="HF: a time budget for making the rows once the target is loaded: a batch starts only "

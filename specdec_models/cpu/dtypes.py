@@ -43,6 +43,7 @@ import os
 import torch
 
 from ..errors import SpecdecError, check
+from .pieces import off
 
 _CPUINFO = "/proc/cpuinfo"
 DEVICES = ("cpu", "cuda", "mps")
@@ -115,13 +116,15 @@ def resolve_device(name: str | torch.device, what: str = "device") -> torch.devi
 
 def fast_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     """The dtype decoding and caching run faster in on `device` (module docstring): torch.bfloat16
-    on a CUDA device that supports it or a CPU with bf16 instructions, else torch.float32."""
+    on a CUDA device that supports it or a CPU with bf16 instructions (unless a benchmark turned
+    the piece "bf16" off: `pieces`), else torch.float32."""
     if str(device).lower().startswith("mps"):
         return torch.float32
     cuda = cuda_device(device)
     if cuda:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if cuda is False and BF16_INSTRUCTIONS & cpu_flags() else torch.float32
+    bf16 = cuda is False and BF16_INSTRUCTIONS & cpu_flags() and "bf16" not in off()
+    return torch.bfloat16 if bf16 else torch.float32
 
 
 def bf16_trains_fast_on_cpu() -> bool:
@@ -141,25 +144,6 @@ def fast_precision(accelerator: str = "cpu") -> str:
     return "bf16-mixed" if cuda is False and bf16_trains_fast_on_cpu() else "32-true"
 
 
-def racing_dtype(device: str | torch.device = "cpu") -> torch.dtype | None:
-    """The dtype whose plain decoding may beat `fast_dtype(device)`'s on `device`, else None:
-    fp32 on a CPU with bf16 dot products but no AMX, bf16 on a CPU without bf16 instructions (its
-    flags known)."""
-    if cuda_device(device) is not False:
-        return None
-    flags = cpu_flags()
-    if not flags:
-        return None
-    if not BF16_INSTRUCTIONS & flags:
-        return torch.bfloat16
-    return torch.float32 if "amx_bf16" not in flags else None
-
-
-def race_drafters(device: str | torch.device = "cpu") -> bool:
-    """Whether the drafters race in `racing_dtype(device)` too, or only its plain decoding."""
-    return racing_dtype(device) == torch.float32
-
-
 def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """A dtype named on a command line: "bfloat16", "float32", or "auto" (`fast_dtype(device)`);
     a torch.dtype is taken as given."""
@@ -170,5 +154,4 @@ def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -
 
 
 __all__ = ["BF16_INSTRUCTIONS", "RULE_FLAGS", "bf16_trains_fast_on_cpu", "cpu_flags", "cpu_model", "cpu_vendor",
-           "cuda_device", "fast_dtype", "fast_precision", "race_drafters", "racing_dtype", "resolve_device",
-           "resolve_dtype"]
+           "cuda_device", "fast_dtype", "fast_precision", "resolve_device", "resolve_dtype"]

@@ -23,7 +23,6 @@ from torch import Tensor
 from ..errors import SpecdecError, check
 from ..export import load_export, read_export_config, read_json_object
 from ..export.eagle3 import detect_layout, load_eagle3
-from ..cpu.few_rows import use_few_rows
 from .adapter import logits_width
 from .eagle3 import Eagle3Head
 from .prophet import HFProphet
@@ -40,9 +39,8 @@ class HFRun(NamedTuple):
 
 def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | None = None,
                 prophet: str | os.PathLike | None = None, *, eagle3: str | os.PathLike | None = None,
-                dtype: torch.dtype = torch.float32, few_rows: bool = False) -> HFRun:
-    """Load and check a Hugging Face decoding run (see the module docstring); `few_rows` switches
-    the target's, the draft's and the head's linear layers to `few_rows.FewRowsLinear`."""
+                dtype: torch.dtype = torch.float32) -> HFRun:
+    """Load and check a Hugging Face decoding run (see the module docstring), on the CPU in `dtype`."""
     check(sum(x is not None for x in (draft, prophet, eagle3)) <= 1,
           "give one of a draft, a prophet head or an eagle3 head, not several")
     if eagle3 is not None and target is None:
@@ -68,10 +66,6 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
     head = load_export(prophet, target=target_model) if prophet is not None else None
     if eagle3 is not None:
         head = load_eagle3(eagle3, target_model)
-    if few_rows:
-        for model in (target_model, draft_model, head):
-            if model is not None:
-                use_few_rows(model)
     sizes = [logits_width(target_model), len(tokenizer)]
     if draft_model is not None:
         sizes.append(logits_width(draft_model))
