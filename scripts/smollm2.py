@@ -17,8 +17,7 @@ runs again, so a killed recipe resumes at the step it was in):
 4. training, side by side for the same wall time, at the same precision (--precision; by default
    the one faster on this CPU: specdec_models/cpu) and one thread each: the eagle3 head
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache
-   (the head that ends first, the prophet at its max_steps, hands its thread to the other: train.threads;
-   one that fails stops the other, as the step then runs whole again on resume);
+   (one that fails stops the other, as the step then runs whole again on resume);
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also at gamma auto,
@@ -103,21 +102,18 @@ def max_time(minutes: float) -> str:
 
 
 def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
-                  runs: dict[str, Path], threads_file: Path | None = None) -> list[list[str]]:
+                  runs: dict[str, Path]) -> list[list[str]]:
     """The commands that train the heads (--heads: eagle3 and prophet) side by side on the cache,
-    for the same wall time at the same precision (--precision, else the one faster on the device).
-    `threads_file`: on a CPU, each run takes its CPU threads from it (`train.threads`), where
-    `side_by_side` hands over the threads of a head that ended."""
+    for the same wall time at the same precision (--precision, else the one faster on the device)."""
     from specdec_models.cpu import fast_precision
 
     gpu = args.device == "cuda"
-    share = [f"callbacks.threads_file.path={threads_file}"] if threads_file is not None and not gpu else []
     # the evaluation callback decodes only at the end (every=0): the comparison decodes each head anyway, and
     # in the experiments' rhythm (every 3rd validation) its decoding took 9% of the eagle3 head's 30 minutes
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
             f"trainer.max_time={max_time(args.train_minutes)}",
             f"trainer.precision={args.precision or fast_precision('gpu' if gpu else 'cpu')}",
-            "callbacks.speculative_eval.every=0", *share, *(GPU_DEFAULTS["train"] if gpu else []), *args.train_args]
+            "callbacks.speculative_eval.every=0", *(GPU_DEFAULTS["train"] if gpu else []), *args.train_args]
     commands = {"eagle3": [py, "-m", "train", "experiment=smollm2_eagle3", *same, f"head.draft_vocab={counts}",
                            f"output_dir={runs['eagle3']}", "overwrite=true"],
                 "prophet": [py, "-m", "train", "experiment=smollm2_prophet", *same, f"output_dir={runs['prophet']}",
@@ -125,18 +121,10 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
     return [commands[h] for h in HEADS if h in args.heads]
 
 
-def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int,
-                 threads_file: Path | None = None) -> list[int]:
+def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int) -> list[int]:
     """Run `commands` at once from the repository, `threads` CPU threads each (OMP_NUM_THREADS), and
     return their exit codes once all have ended. One that fails stops the others (SIGTERM): the
-    step fails anyway and runs whole again when the recipe resumes, so their minutes would be lost.
-    With `threads_file`, whenever one ends well the threads it held go to those still running: the
-    file (read by their `ThreadsFromFile` callback, `train.threads`) then holds threads x commands
-    // running; a file left by an earlier run is removed first."""
-    from specdec_models.files import write_file
-
-    if threads_file is not None:
-        threads_file.unlink(missing_ok=True)
+    step fails anyway and runs whole again when the recipe resumes, so their minutes would be lost."""
     procs = [subprocess.Popen(c, cwd=REPO, env={**env, "OMP_NUM_THREADS": str(threads)}) for c in commands]
     codes: list[int | None] = [None] * len(procs)
     while None in codes:
@@ -151,11 +139,6 @@ def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int,
                     for j, other in enumerate(procs):
                         if codes[j] is None:
                             other.terminate()
-                if threads_file is not None and code == 0 and running:
-                    share = threads * len(procs) // running
-                    write_file(threads_file, lambda f, share=share: f.write(f"{share}\n".encode()))
-                    print(f"[side by side] command {i + 1} of {len(procs)} ended: the {running} left take "
-                          f"{share} threads each", flush=True)
     return [int(code) for code in codes]
 
 
@@ -246,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_file = out / "steps.json"
     done: dict[str, float] = json.loads(steps_file.read_text()) if steps_file.is_file() else {}
 
-    def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2,
-             threads_file: Path | None = None) -> None:
+    def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2) -> None:
         if STEPS.index(name) > STEPS.index(args.until):
             return
         if name in done and marker.exists():
@@ -255,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         print(f"[{name}] " + "\n    & ".join(" ".join(c) for c in commands), flush=True)
         t0 = time.perf_counter()
-        codes = side_by_side(commands, env, threads, threads_file)
+        codes = side_by_side(commands, env, threads)
         if any(codes):
             raise SystemExit(f"[{name}] failed (exit {codes}): fix it and run the recipe again to resume here")
         done[name] = time.perf_counter() - t0
@@ -287,9 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     step("datastore", [[py, "scripts/compare_hf_drafts.py", "datastore", "--cache", str(cache), "--out",
                         str(datastore)]], datastore)
     runs = {"eagle3": out / "eagle3", "prophet": out / "prophet", "student": out / "student"}
-    threads_file = out / "train_threads"
-    train = head_training(py, args, cache, counts, runs, threads_file)
-    step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1, threads_file=threads_file)
+    train = head_training(py, args, cache, counts, runs)
+    step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1)
     if args.student_minutes:
         student_models, corpus = out / "student_models", out / "student_corpus.jsonl"
         step("student_prep", [[py, "scripts/compare_hf_drafts.py", "student", "--out", str(student_models)],

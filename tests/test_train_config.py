@@ -215,12 +215,11 @@ def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compo
     args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision, device="cpu",
                               heads=["eagle3", "prophet"], train_args=[])
     runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
-    commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs,
-                                    tmp_path / "threads")
+    commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
     assert [c[3] for c in commands] == ["experiment=smollm2_eagle3", "experiment=smollm2_prophet"]
     for command in commands:
         cfg = compose(command[3:])
-        assert cfg.callbacks.threads_file.path == str(tmp_path / "threads")   # the head left takes the other's core
+        assert "threads_file" not in cfg.callbacks                            # no thread hand-over between runs
         assert cfg.trainer.precision == (precision or fast_precision("cpu"))
         assert cfg.trainer.max_time == "00:00:30:00" and cfg.data.seq_len == 256
         assert cfg.trainer.accelerator == "cpu" and not any(c.startswith("data.batch_size") for c in command)
@@ -239,11 +238,9 @@ def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overri
     args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
                               train_args=["task.ttt_steps=6"])
     runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
-    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs,
-                                     tmp_path / "threads")
+    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
     cfg = compose(command[3:])
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-    assert cfg.callbacks.threads_file.path is None                     # no CPU threads to hand over
     assert cfg.data.batch_size == 64 and cfg.data.num_workers == 8 and cfg.trainer.val_check_interval == 500
     assert cfg.task.ttt_steps == 6 and cfg.optim.warmup_steps == 100 and cfg.trainer.max_time == "00:00:05:00"
     args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
