@@ -180,7 +180,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
 def host_lines(host: dict[str, Any]) -> list[str]:
     used = [piece for piece, on in host["pieces_used"].items() if on]
     return [f"host: {host['cpu']} ({host['vendor']}), {host['threads']} threads; flags the rules read: "
-            f"{' '.join(host['flags']) or 'none'}; numba installed: {'yes' if host['numba'] else 'no'}",
+            f"{' '.join(host['flags']) or 'none'}; {host['jit']}",
             f"rules: decoding in {host['dtype']}, training {host['precision']}; pieces used here: {', '.join(used)}"
             + (f"; turned off: {', '.join(host['pieces_off'])}" if host["pieces_off"] else ""),
             f"float32 layers: {host['float32_layers']}", f"bfloat16 layers: {host['bfloat16_layers']}"]

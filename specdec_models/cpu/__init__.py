@@ -115,7 +115,8 @@ def host_report() -> dict[str, Any]:
     it uses, the pieces off, and how each dtype's layers are computed."""
     return {"cpu": cpu_model() or "unknown", "vendor": cpu_vendor() or "unknown",
             "flags": [flag for flag in RULE_FLAGS if flag in cpu_flags()], "threads": torch.get_num_threads(),
-            "numba": few_rows.few_rows_kernel.available(), "pieces_used": host_pieces(), "pieces_off": sorted(off()),
+            "jit": "numba " + ("installed" if few_rows.few_rows_kernel.available() else
+                               "not installed: pip install 'specdec[fast]'"), "pieces_used": host_pieces(), "pieces_off": sorted(off()),
             "dtype": str(fast_dtype("cpu")).removeprefix("torch."), "precision": fast_precision("cpu"),
             "float32_layers": describe("cpu", torch.float32), "bfloat16_layers": describe("cpu", torch.bfloat16)}
 
