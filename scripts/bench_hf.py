@@ -6,18 +6,14 @@ side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tok
     python scripts/bench_hf.py --prophet HEAD_DIR               # a trained hf_prophet head
     python scripts/bench_hf.py --hf-model DIR --batch 8 --json out.json
     python scripts/bench_hf.py --verify-cost 5 9 16 28 --dtype bfloat16   # a call on n tokens / a 1-token step
-    python scripts/bench_hf.py --verify-cost 4 8 16 --few-rows            # also with specdec_models/few_rows.py
-                                                                          # (torch's kernel, and numba's if installed)
-    python scripts/bench_hf.py --verify-cost 4 8 16 --few-rows --dtype bfloat16 --also-dtype float32
-                                                                          # both dtypes interleaved, one unit
-    python scripts/bench_hf.py --matmul-rows 1 4 16 64     # ms to multiply n rows by all the model's fp32
-                                                           # weights, by each path of specdec_models/few_rows.py
+
+--verify-cost times the target as decoding runs it on the CPU (`specdec_models.cpu.prepare_for_device`;
+`SPECDEC_CPU_OFF=linear` for torch's own layers). What each CPU piece buys: scripts/bench_cpu.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -52,14 +48,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
                              "chain's verify and through a tree's 4-D mask (train.bench.hf.verify_costs)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the target's dtype")
-    parser.add_argument("--also-dtype", choices=("float32", "bfloat16"),
-                        help="--verify-cost: also time a copy of the target in this dtype, interleaved, in the same "
-                             "unit (the --dtype model's 1-token step): which dtype's calls are cheaper here")
-    parser.add_argument("--few-rows", action="store_true",
-                        help="--verify-cost: also time the calls with few-row linear layers (specdec_models/few_rows.py)")
-    parser.add_argument("--matmul-rows", type=int, nargs="+", metavar="N",
-                        help="only time N rows multiplied by every fp32 linear weight of the model, by each path "
-                             "few-row layers can take (train.bench.hf.matmul_costs)")
     parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
@@ -72,34 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify_cost:
             check(args.context >= 1, f"--context must be >= 1, got {args.context}")
             check(all(n >= 1 for n in args.verify_cost), f"--verify-cost sizes must be >= 1, got {args.verify_cost}")
-        check(args.also_dtype is None or args.verify_cost, "--also-dtype goes with --verify-cost")
         check(args.plot is None or args.verify_cost, "--plot goes with --verify-cost")
-        check(args.also_dtype != args.dtype, f"--also-dtype must differ from --dtype ({args.dtype})")
-        check(not (args.matmul_rows and args.verify_cost), "give one of --matmul-rows, --verify-cost")
-        check(not args.matmul_rows or args.dtype == "float32", "--matmul-rows times fp32 weights: leave --dtype float32")
-        check(all(n >= 1 for n in args.matmul_rows or []), f"--matmul-rows must be >= 1, got {args.matmul_rows}")
         if not (args.hf_model or args.gguf):
             from smollm2 import smollm2_gguf      # a sibling script: scripts/ is first on sys.path
 
             args.gguf = str(smollm2_gguf())
         loaded = load_model(args.hf_model or args.gguf)
-        also = copy.deepcopy(loaded.model).to(getattr(torch, args.also_dtype)) if args.also_dtype else None
         loaded.model.to(getattr(torch, args.dtype))
-        if args.matmul_rows:
-            from train.bench.hf import matmul_costs
-
-            result = {"model": str(loaded.source), "threads": torch.get_num_threads(),
-                      "ms": matmul_costs(loaded.model, sorted(set(args.matmul_rows)), repeats=args.repeats)}
-            print(json.dumps(result))
-            if args.json:
-                write_file(Path(args.json), lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
-            return 0
         if args.verify_cost:
+            from specdec_models.cpu import describe, prepare_for_device
             from train.bench.hf import verify_costs
 
-            costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats,
-                                 few_rows=args.few_rows, also=also)
-            result = {"model": str(loaded.source), "dtype": args.dtype, "also_dtype": args.also_dtype,
+            prepare_for_device(loaded.model, "cpu", dtype=None)
+            costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats)
+            result = {"model": str(loaded.source), "dtype": args.dtype, "layers": describe("cpu", loaded.model.dtype),
                       "context": args.context, **costs}
             print(json.dumps(result))
             if args.json:

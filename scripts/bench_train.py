@@ -12,7 +12,7 @@ applied, live in the same process (`train.bench.train_step`). `--quality`: train
 until the prophet's T=0 acceptance on validation prompts reaches a threshold, ours against
 lucidrains', trained interleaved (`train.bench.train_quality`). `--eagle3-step`: an eagle3 head's
 training step on a hidden-state cache in each precision, interleaved, beside the precision
-train/hardware.py's flag rule picks (`train.bench.eagle3_step`). Reports: bench/train*.json,
+specdec_models/cpu's flag rule picks (`train.bench.eagle3_step`). Reports: bench/train*.json,
 .md and .png (`--out` sets the stem). Data: `--data`, else the shared text file, else synthetic.
 """
 

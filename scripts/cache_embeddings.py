@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--model-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="HF: the dtype the target runs in; default auto: bfloat16 on a CUDA device with bf16 or "
-                             "a CPU with bf16 instructions (with AMX 1.6-1.8x fp32's speed), else float32 "
-                             "(specdec_models/hardware.py)")
+                             "a CPU with bf16 instructions, else float32 "
+                             "(specdec_models/cpu)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="HF: a time budget for making the rows once the target is loaded: a batch starts only "
                              "if it should end within it (as long as the last one took), else a smaller last batch of "
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # after argument parsing: --help stays fast
     from tqdm import tqdm
 
-    from specdec_models.hardware import resolve_dtype
+    from specdec_models.cpu import resolve_dtype
     from train.data.embeddings_cache import build_cache
     from train.data.regenerate import build_hf_cache
 

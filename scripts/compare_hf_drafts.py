@@ -127,12 +127,6 @@ def check_inputs(args) -> None:
     elif args.command != "compare":
         return
     check_device(args.device)
-    check(args.also_dtype or not args.also_plain_only, "--also-plain-only goes with --also-dtype")
-    if args.also_dtype:
-        from specdec_models.hardware import resolve_dtype
-
-        check(resolve_dtype(args.dtype, args.device) != resolve_dtype(args.also_dtype, args.device),
-              f"--also-dtype {args.also_dtype} is the comparison's own dtype (--dtype {args.dtype}): name the other one")
     check(args.prompts, f"{args.command} needs --prompts FILE (repeatable: NAME=FILE)")
     if args.datastore:
         from specdec_models.decode import TreeSpec
@@ -229,27 +223,18 @@ def compare(args, loaded) -> dict:
                           trees=[TreeSpec.parse(t) for t in args.tree or []], prophet=args.prophet,
                           student=args.student, prompt_lookup=args.prompt_lookup, random_head=args.random_head,
                           token_verify=args.token_verify, auto_gamma=args.eagle3_auto, datastore=datastore)
-    from specdec_models.few_rows import describe, fp32_library, kernel, resolve_few_rows
-    from specdec_models.hardware import resolve_dtype
+    from specdec_models.cpu import describe, resolve_dtype
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
     dtype = str(torch_dtype).removeprefix("torch.")
-    few_rows = resolve_few_rows(args.few_rows, args.device, torch_dtype)
-    also = args.also_dtype and resolve_dtype(args.also_dtype, args.device)
-    also_few_rows = bool(also) and resolve_few_rows(args.few_rows, args.device, also)
     result = compare_hf(loaded, target_source(args), sets, drafters, dtype=dtype, gamma=args.gamma,
                         max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
                         check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
-                        temperatures=tuple(args.temperatures), few_rows=few_rows,
-                        other_dtype=args.also_dtype, other_few_rows=also_few_rows,
-                        other_drafters=not args.also_plain_only,
+                        temperatures=tuple(args.temperatures),
                         eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
-    return {"settings": {**settings, "target": loaded.source, "dtype": dtype, "few_rows": few_rows, "few_rows_kernel": few_rows and kernel(),
-                         "few_rows_fp32": few_rows and fp32_library(),
-                         "few_rows_how": few_rows and describe(torch_dtype), "also_few_rows": also_few_rows,
-                         "also_few_rows_how": also_few_rows and describe(also)},
-            **result}
+    return {"settings": {**settings, "target": loaded.source, "dtype": dtype,
+                         "layers": describe(args.device, torch_dtype)}, **result}
 
 
 def acceptance(args, loaded) -> list[str]:
@@ -257,9 +242,9 @@ def acceptance(args, loaded) -> list[str]:
     results.json and table.md written together into --out (replaced whole). Returns the table."""
     import json
 
+    from specdec_models.cpu import resolve_dtype
     from specdec_models.export.eagle3 import load_eagle3
     from specdec_models.files import staged_dir
-    from specdec_models.hardware import resolve_dtype
     from train.bench.acceptance import first_token_acceptance
     from train.data.regenerate import read_prompts, stop_token
 
@@ -302,9 +287,9 @@ def heldout(args, loaded) -> list[str]:
     (replaced whole). Returns the table."""
     import json
 
+    from specdec_models.cpu import resolve_dtype
     from specdec_models.export.eagle3 import load_eagle3
     from specdec_models.files import staged_dir
-    from specdec_models.hardware import resolve_dtype
     from specdec_models.hf.weights import weights_sha256
     from train.bench.acceptance import heldout_acceptance
     from train.data.embeddings_cache import check_cache
@@ -359,22 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare: a prompts file (.txt, .jsonl with messages); repeat for several prompt sets")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="compare: the target's and drafters' dtype; default auto: bfloat16 on a CUDA device "
-                             "with bf16 or a CPU with bf16 instructions, else float32 (specdec_models/hardware.py); greedy "
+                             "with bf16 or a CPU with bf16 instructions, else float32 (specdec_models/cpu); greedy "
                              "exactness against transformers is checked in float32")
-    parser.add_argument("--also-dtype", choices=("float32", "bfloat16"), default=None,
-                        help="compare: also decode plainly and with every drafter in this dtype, interleaved (methods "
-                             "marked [DTYPE]; the drafters at batch 1 only, plain decoding at batch 8 too), and report "
-                             "each speed-up over the faster of the two plain decodings too: for a host where the dtypes "
-                             "race (few-row fp32 against bf16 instructions)")
-    parser.add_argument("--also-plain-only", action="store_true",
-                        help="compare: with --also-dtype, only plain decoding runs in the other dtype: where its "
-                             "drafters cannot pay and only its plain decoding may be the faster (bf16 on a CPU "
-                             "without bf16 instructions: specdec_models/hardware.py, racing_dtype)")
-    parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
-                        help="compare: compute the models' linear layers on few rows with the kernels of "
-                             "specdec_models/few_rows.py (fp32: numba's panel or dot kernel or W @ x.T, oneDNN or "
-                             "MKL with packed weights; bf16: oneDNN with packed weights); default auto: on a CPU in "
-                             "float32, and in bfloat16 where oneDNN runs bf16")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")

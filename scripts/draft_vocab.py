@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--positions", type=int, default=65536, help="answer positions counted, spread over the rows")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="for the timing of c; default auto: the dtype decoding runs in here (bfloat16 with bf16 "
-                             "instructions, else float32: specdec_models/hardware.py)")
+                             "instructions, else float32: specdec_models/cpu)")
     parser.add_argument("--no-timing", action="store_true", help="skip measuring c")
     parser.add_argument("--report", help="also write coverage and c as JSON here")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         target_path = args.target or meta["model"].get("path")
         check(target_path, "the cache records no target path: give --target")
         tokenizer = load_tokenizer(target_path, "target")
-        from specdec_models.hardware import resolve_dtype
+        from specdec_models.cpu import resolve_dtype
 
         dtype = resolve_dtype(args.dtype, "cpu")
         target = load_causal_lm(target_path, dtype=dtype, what="target")

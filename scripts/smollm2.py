@@ -8,17 +8,16 @@ runs again, so a killed recipe resumes at the step it was in):
    held-out evaluation sets: `text` (snippets of the text's validation split) and `open` (open-ended
    instructions on topics never trained on);
 2. cache: SmolLM2, in the dtype it decodes in here (bf16 with bf16 instructions or on a GPU, else
-   fp32: specdec_models/hardware.py), answers the training prompts itself (greedy and sampled rows,
+   fp32: specdec_models/cpu), answers the training prompts itself (greedy and sampled rows,
    stopped at its end-of-turn token) and its hidden states of layers [2, 15, 27] and the last are
    cached: --rows of them, or as many as --cache-minutes allows;
 3. draft vocabulary: the target's greedy tokens counted on the cache; coverage and c per size;
    datastore: the cache's training answers (`decode.datastore`: the target's own phrasing, for
    the trees' looked-up path where it matches a longer n-gram than prompt lookup);
 4. training, side by side for the same wall time, at the same precision (--precision; by default
-   the one faster on this CPU: train/hardware.py) and one thread each: the eagle3 head
+   the one faster on this CPU: specdec_models/cpu) and one thread each: the eagle3 head
    (experiment=smollm2_eagle3) and the prophet head (experiment=smollm2_prophet) on the same cache
-   (the head that ends first, the prophet at its max_steps, hands its thread to the other: train.threads;
-   one that fails stops the other, as the step then runs whole again on resume);
+   (one that fails stops the other, as the step then runs whole again on resume);
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also at gamma auto,
@@ -37,10 +36,7 @@ runs again, so a killed recipe resumes at the step it was in):
    datastore; trees at batch 1),
    transformers' prompt-lookup decoding and plain
    decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
-   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU); on a
-   CPU with bf16 instructions but no AMX also in fp32, where plain decoding may be faster, on one
-   without them plain decoding also in bf16, for the same reason, and every speed-up is also given
-   over the faster plain decoding (specdec_models/hardware.py, racing_dtype);
+   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU);
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
@@ -136,22 +132,20 @@ def max_time(minutes: float) -> str:
 
 
 def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
-                  runs: dict[str, Path], threads_file: Path | None = None, target: str | None = None) -> list[list[str]]:
+                  runs: dict[str, Path], target: str | None = None) -> list[list[str]]:
     """The commands that train the heads (--heads: eagle3 and prophet) side by side on the cache,
     for the same wall time at the same precision (--precision, else the one faster on the device).
     On a GPU the eagle3 head trains with experiment=hf_eagle3_gpu, which names no target: `target`
-    (SmolLM2's GGUF) is given to it. `threads_file`: on a CPU, each run takes its CPU threads from
-    it (`train.threads`), where `side_by_side` hands over the threads of a head that ended."""
-    from train.hardware import fast_precision
+    (SmolLM2's GGUF) is given to it."""
+    from specdec_models.cpu import fast_precision
 
     gpu = args.device == "cuda"
-    share = [f"callbacks.threads_file.path={threads_file}"] if threads_file is not None and not gpu else []
     # the evaluation callback decodes only at the end (every=0): the comparison decodes each head anyway, and
     # in the experiments' rhythm (every 3rd validation) its decoding took 9% of the eagle3 head's 30 minutes
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
             f"trainer.max_time={max_time(args.train_minutes)}",
             f"trainer.precision={args.precision or fast_precision('gpu' if gpu else 'cpu')}",
-            "callbacks.speculative_eval.every=0", *share, *args.train_args]
+            "callbacks.speculative_eval.every=0", *args.train_args]
     eagle3 = ([f"experiment={GPU_EXPERIMENT}", *([f"target.path={target}"] if target else [])] if gpu
               else ["experiment=smollm2_eagle3"])
     commands = {"eagle3": [py, "-m", "train", *eagle3, *same, f"head.draft_vocab={counts}",
@@ -161,18 +155,10 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
     return [commands[h] for h in HEADS if h in args.heads]
 
 
-def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int,
-                 threads_file: Path | None = None) -> list[int]:
+def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int) -> list[int]:
     """Run `commands` at once from the repository, `threads` CPU threads each (OMP_NUM_THREADS), and
     return their exit codes once all have ended. One that fails stops the others (SIGTERM): the
-    step fails anyway and runs whole again when the recipe resumes, so their minutes would be lost.
-    With `threads_file`, whenever one ends well the threads it held go to those still running: the
-    file (read by their `ThreadsFromFile` callback, `train.threads`) then holds threads x commands
-    // running; a file left by an earlier run is removed first."""
-    from specdec_models.files import write_file
-
-    if threads_file is not None:
-        threads_file.unlink(missing_ok=True)
+    step fails anyway and runs whole again when the recipe resumes, so their minutes would be lost."""
     procs = [subprocess.Popen(c, cwd=REPO, env={**env, "OMP_NUM_THREADS": str(threads)}) for c in commands]
     codes: list[int | None] = [None] * len(procs)
     while None in codes:
@@ -187,11 +173,6 @@ def side_by_side(commands: list[list[str]], env: dict[str, str], threads: int,
                     for j, other in enumerate(procs):
                         if codes[j] is None:
                             other.terminate()
-                if threads_file is not None and code == 0 and running:
-                    share = threads * len(procs) // running
-                    write_file(threads_file, lambda f, share=share: f.write(f"{share}\n".encode()))
-                    print(f"[side by side] command {i + 1} of {len(procs)} ended: the {running} left take "
-                          f"{share} threads each", flush=True)
     return [int(code) for code in codes]
 
 
@@ -199,24 +180,14 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
                out: Path, datastore: Path | None = None) -> list[str]:
     """The comparison's command: every draft trained (--heads, the student unless --student-minutes
     is 0), prompt lookup and plain decoding on both evaluation sets, in --compare-rounds rounds (1 on
-    a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU); on a CPU with bf16
-    instructions but no AMX, in fp32 too, and on one without them plain decoding in bf16 too
-    (`hardware.racing_dtype`). `datastore`: the eagle3 head's
-    trees with a lookup also draft with it."""
-    from specdec_models.hardware import race_drafters, racing_dtype
-
+    a CPU, where at batch 1 it is still interleaved prompt by prompt; 2 on a GPU), in the dtype
+    decoding runs faster in on the device. `datastore`: the eagle3 head's trees with a lookup also
+    draft with it."""
     rounds = args.compare_rounds or (2 if args.device == "cuda" else 1)
     command = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
                "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
                "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(rounds), "--gamma", "4", "--dtype",
                "auto", "--device", args.device, "--out", str(out)]
-    # where bf16 instructions make trees cheap but fp32 plain decoding is faster (no AMX), both race; without bf16
-    # instructions, bf16's plain decoding races the fp32 drafters
-    other = racing_dtype(args.device)
-    if other is not None:
-        command += ["--also-dtype", str(other).removeprefix("torch.")]
-        if not race_drafters(args.device):
-            command += ["--also-plain-only"]
     if "eagle3" in args.heads:
         command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--eagle3-auto", "--tree", "6,1,1,0.1",
                     "--tree", "8,4,3,4..16,0.2", "--tree", "8,4,3,4..16,0.1", "--tree", "5,1,1,2..4,0.4",
@@ -254,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{GPU_EXPERIMENT}.yaml)")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help="the two heads' training precision (default: the faster on this CPU, "
-                             "train/hardware.py: bf16-mixed with AMX or with avx512_bf16 on AMD, where it trained "
-                             "the eagle3 head 1.76x faster, else 32-true, 1.48x faster on an Intel Xeon without "
-                             "AMX: docs/cpu.md)")
+                             "by the CPU's flags: specdec_models/cpu, docs/cpu.md)")
     parser.add_argument("--student-minutes", type=float, default=6,
                         help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
@@ -315,8 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_file = out / "steps.json"
     done: dict[str, float] = json.loads(steps_file.read_text()) if steps_file.is_file() else {}
 
-    def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2,
-             threads_file: Path | None = None) -> None:
+    def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2) -> None:
         if STEPS.index(name) > STEPS.index(args.until):
             return
         if name in done and marker.exists():
@@ -324,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         print(f"[{name}] " + "\n    & ".join(" ".join(c) for c in commands), flush=True)
         t0 = time.perf_counter()
-        codes = side_by_side(commands, env, threads, threads_file)
+        codes = side_by_side(commands, env, threads)
         if any(codes):
             raise SystemExit(f"[{name}] failed (exit {codes}): fix it and run the recipe again to resume here")
         done[name] = time.perf_counter() - t0
@@ -354,9 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     step("datastore", [[py, "scripts/compare_hf_drafts.py", "datastore", "--cache", str(cache), "--out",
                         str(datastore)]], datastore)
     runs = {"eagle3": out / "eagle3", "prophet": out / "prophet", "student": out / "student"}
-    threads_file = out / "train_threads"
-    train = head_training(py, args, cache, counts, runs, threads_file, target=gguf)
-    step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1, threads_file=threads_file)
+    train = head_training(py, args, cache, counts, runs, target=gguf)
+    step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1)
     if args.student_minutes:
         student_models, corpus = out / "student_models", out / "student_corpus.jsonl"
         step("student_prep", [[py, "scripts/compare_hf_drafts.py", "student", "--out", str(student_models)],

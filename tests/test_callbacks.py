@@ -131,24 +131,32 @@ def test_eval_callback_logs_acceptance_metrics_and_writes_samples_after_validati
     assert all(r["matches_base"] for r in lines if r["temperature"] == 0.0)
 
 
-@pytest.mark.parametrize("setting", ["auto", "off"])
-def test_eval_callback_decodes_with_few_row_layers_where_they_pay_and_restores_them(tmp_path, monkeypatch, setting):
-    """fp32 on a CPU: auto decodes through FewRowsLinear (as the decoding CLI does), off never;
-    training's layers are plain nn.Linear again after each evaluation."""
-    from specdec_models.few_rows import FewRowsLinear
+@pytest.mark.parametrize("off", [False, True])
+def test_eval_callback_decodes_with_its_models_prepared_for_the_cpu_and_restores_them(tmp_path, monkeypatch, off):
+    """fp32 on a CPU: decoding goes through the layers `prepare_for_device` switches (as the
+    decoding CLI does), through none with the piece turned off; training's layers are plain
+    nn.Linear again after each evaluation."""
+    from specdec_models import cpu
 
     calls = []
-    forward = FewRowsLinear.forward
-    monkeypatch.setattr(FewRowsLinear, "forward", lambda self, x: calls.append(x.shape) or forward(self, x))
-    callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=6, gamma=GAMMA, temperatures=[0.0],
-                               few_rows=setting)
-    _, module = fit(tmp_path, callback)
+    prepare = cpu.prepare_for_device
+
+    def spy(*args, **kwargs):
+        prepared = prepare(*args, **kwargs)
+        for layer in prepared.layers:                                 # counts the calls while switched
+            layer.register_forward_hook(lambda m, i, o: calls.append(1) if type(m) is not torch.nn.Linear else None)
+        return prepared
+
+    monkeypatch.setattr("train.callbacks.prepare_for_device", spy)
+    callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=6, gamma=GAMMA, temperatures=[0.0])
+    with cpu.pieces_off({"linear"} if off else ()):
+        _, module = fit(tmp_path, callback)
     assert callback.last_metrics["val/tokens_per_call/t0"] >= 1
-    assert (len(calls) > 0) == (setting == "auto")
+    assert (len(calls) > 0) == (not off)
     layers = [type(m) for m in module.modules() if isinstance(m, torch.nn.Linear)]
     assert layers and all(t is torch.nn.Linear for t in layers)
-    with pytest.raises(SpecdecError, match="speculative_eval.few_rows must be auto, on or off"):
-        SpeculativeEval(few_rows="yes")
+    with pytest.raises(TypeError, match="few_rows"):                 # no longer a setting: the corner decides
+        SpeculativeEval(few_rows="auto")
 
 
 def test_eval_callback_every_n_validations_decodes_at_every_nth_and_the_last(tmp_path):

@@ -112,3 +112,22 @@ def test_the_comparison_runs_on_the_gpu(hf, tmp_path, capsys):
     assert report["device_name"] == torch.cuda.get_device_name()
     assert all(report["greedy_equals_transformers_generate"].values())
     assert {r["method"] for r in report["rows"]} == {"plain", "eagle3 x", "eagle3 x tree 2,2,1"}
+
+
+def test_the_decoding_cli_decodes_on_the_gpu_with_device_cuda(hf, tmp_path, capsys):
+    # an eagle3 export and its Hugging Face target, moved there by --device; auto picks the GPU's dtype
+    from specdec_models.cpu import fast_dtype
+    from specdec_models.decode.__main__ import main
+
+    out = run(cfg(hf, tmp_path / "run", "trainer.max_steps=2", "callbacks.speculative_eval=null"))
+    capsys.readouterr()                                                      # the training's own output
+    args = ["--hf-model", str(hf["llama"]), "--eagle3", str(out["export_dir"]), "--prompt", "the quick fox",
+            "--max-new-tokens", "8", "--ignore-eos", "--device", "cuda", "--json"]
+    results = []
+    for extra in (["--temperature", "0", "--dtype", "float32"], ["--temperature", "1", "--seed", "3"],
+                  ["--temperature", "1", "--seed", "3"]):
+        assert main([*args, *extra]) == 0, capsys.readouterr().err
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0]["method"] == "eagle3" and results[0]["stats"]["new_tokens"] == 8
+    assert results[1]["continuations"] == results[2]["continuations"]          # a CUDA generator, seeded
+    assert fast_dtype("cuda") in (torch.bfloat16, torch.float32)

@@ -165,6 +165,24 @@ def test_bad_arguments_exit_2_with_one_line(exports, capsys, args, match):
     assert_usage_error(capsys, match, "--export", exports / "target", *args)
 
 
+@pytest.mark.parametrize("device, match", [("tpu", "--device 'tpu' is not a torch device"),
+                                           ("meta", "--device 'meta': decoding runs on cpu, cuda, mps"),
+                                           ("cuda:99", "--device cuda:99: "), ("cpu:3", "the CPU is cpu")])
+def test_a_device_that_is_not_here_exits_2_with_one_line_before_loading(exports, capsys, monkeypatch, device, match):
+    import specdec_models.decode.__main__ as cli_module
+
+    monkeypatch.setattr(cli_module, "load_export", lambda *a: pytest.fail("loaded a model"))
+    assert_usage_error(capsys, match, "--export", exports / "target", "--prompt", "x", "--device", device)
+
+
+def test_the_device_defaults_to_the_cpu_and_is_in_the_help(exports, capsys):
+    help_text = subprocess.run([sys.executable, "-m", "specdec_models.decode", "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    assert "--device" in help_text and "cpu (default), cuda, cuda:N or mps" in " ".join(help_text.split())
+    args = ("--export", exports / "target", "--prompt", "ab", "--temperature", 0, "--max-new-tokens", 6)
+    assert cli_json(capsys, *args)["continuations"] == cli_json(capsys, *args, "--device", "cpu")["continuations"]
+
+
 def test_missing_required_arguments_exit_2_with_one_line(exports, capsys):
     assert_usage_error(capsys, "--export", "--prompt", "x")
     assert_usage_error(capsys, "--prompt", "--export", exports / "target")

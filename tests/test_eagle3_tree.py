@@ -582,32 +582,15 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     assert all(set(c) == {1, 3} and all(v > 0 for v in c.values()) for c in costs.values())
     with pytest.raises(SpecdecError, match="include 1"):
         verify_costs(models["llama"], 8, [3])
-    from specdec_models.few_rows import FewRowsLinear
+    # a model prepared for the CPU is timed through its few-row layers, and left as it was given
+    from specdec_models.cpu import prepare_for_device
 
-    from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import fp32_library, kernel, mkl_packs
-
-    before = kernel(), fp32_library()
-    costs = verify_costs(models["llama"], 8, [1, 3], repeats=2, few_rows=True)
-    fp32_only = ({f"{kind}, few rows, {kernel}" for kind in ("chain", "tree") for kernel in ("numba", "panels")}
-                 if few_rows_kernel.available() else set())
-    fp32_only |= {"chain, few rows, mkl", "tree, few rows, mkl"} if mkl_packs() else set()
-    assert set(costs) == {"chain", "tree", "chain, few rows", "tree, few rows"} | fp32_only
-    assert costs["chain"][1] == 1.0
-    assert (kernel(), fp32_library()) == before                                        # restored
-    assert all(v > 0 for c in costs.values() for v in c.values())
-    assert not any(isinstance(m, FewRowsLinear) for m in models["llama"].modules())     # switched back
-    # the same target in bf16 beside it, in the same unit; numba's kernels and MKL are timed for fp32 only
-    import copy
-
-    twin = copy.deepcopy(models["llama"]).to(torch.bfloat16)
-    costs = verify_costs(models["llama"], 8, [1, 3], repeats=2, few_rows=True, also=twin)
-    bf16 = {"[bfloat16] chain", "[bfloat16] tree", "[bfloat16] chain, few rows", "[bfloat16] tree, few rows"}
-    assert set(costs) == {"chain", "tree", "chain, few rows", "tree, few rows"} | fp32_only | bf16
+    with prepare_for_device(models["llama"], "cpu", dtype=None) as prepared:
+        assert prepared.layers and all(type(m) is not torch.nn.Linear for m in prepared.layers)
+        costs = verify_costs(models["llama"], 8, [1, 3], repeats=2)
     assert costs["chain"][1] == 1.0 and all(v > 0 for c in costs.values() for v in c.values())
-    assert not any(isinstance(m, FewRowsLinear) for m in twin.modules())
-    with pytest.raises(SpecdecError, match="another dtype"):
-        verify_costs(models["llama"], 8, [1, 3], also=copy.deepcopy(models["llama"]))
+    linears = [m for m in models["llama"].modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is torch.nn.Linear for m in linears)                 # switched back
     import io
 
     from train.bench.hf import plot_verify_costs
@@ -617,24 +600,6 @@ def test_verify_costs_time_chain_and_tree_calls_against_a_step(models):
     assert png.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SpecdecError, match="no verify costs"):
         plot_verify_costs({"dtype": "float32"}, io.BytesIO())
-
-
-def test_matmul_costs_time_every_few_row_path_over_the_models_weights(models):
-    import copy
-
-    from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import mkl_packs, packs
-    from train.bench.hf import matmul_costs
-
-    costs = matmul_costs(models["llama"], [1, 5], repeats=2)
-    want = {"F.linear"} | ({"numba", "panels"} if few_rows_kernel.available() else set())
-    want |= ({"onednn"} if packs(torch.float32) else set()) | ({"mkl"} if mkl_packs() else set())
-    assert set(costs) == want
-    assert all(set(c) == {1, 5} and all(v > 0 for v in c.values()) for c in costs.values())
-    with pytest.raises(SpecdecError, match="fp32 model"):
-        matmul_costs(copy.deepcopy(models["llama"]).to(torch.bfloat16), [1])
-    with pytest.raises(SpecdecError, match="integers >= 1"):
-        matmul_costs(models["llama"], [0])
 
 
 # with `make test-slow` (about 40 s on 2 cores): in the default run block verification keeps its

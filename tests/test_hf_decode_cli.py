@@ -91,10 +91,12 @@ def test_plain_draft_and_prophet_decoding_equal_the_targets_own_generate(dirs, c
     assert head["continuations"] == [expected] and recorded["continuations"] == [expected]
     assert draft["stats"]["drafted"] > 0 and head["stats"]["drafted"] > 0
     assert plain["stats"]["new_tokens"] == 12
-    # float32 on the CPU: few-row linear layers by default; torch's own give the same tokens
-    for setting in ("off", "on"):
-        again = run_json(capsys, "--hf-model", dirs / "target", "--prompt", "The fox", "--few-rows", setting, *COMMON)
-        assert again["continuations"] == [expected]
+    # float32 on the CPU: prepared for it (few-row linear layers); torch's own give the same tokens
+    from specdec_models.cpu import pieces_off
+
+    with pieces_off({"linear"}):
+        again = run_json(capsys, "--hf-model", dirs / "target", "--prompt", "The fox", "--device", "cpu", *COMMON)
+    assert again["continuations"] == [expected]
 
 
 def test_chat_wraps_the_prompt_in_the_chat_template_and_rows_stop_at_eos(dirs, capsys):
@@ -123,7 +125,9 @@ def test_chat_wraps_the_prompt_in_the_chat_template_and_rows_stop_at_eos(dirs, c
     ("prophet_method_without_head", "needs --prophet"),
     ("recorded_target_missing", "does not exist"),
     ("not_a_model_dir", "holds no config.json"),
-    ("few_rows_bad", "--few-rows: invalid choice"),
+    ("knob_gone", "unrecognized arguments: --few-rows"),
+    ("device_unknown", "--device 'tpu' is not a torch device"),
+    ("device_absent", "--device cuda:99: "),
 ])
 def test_bad_hf_input_exits_2_with_one_line_before_loading_a_model(dirs, capsys, monkeypatch, tmp_path, case, match):
     loaded = []
@@ -146,7 +150,9 @@ def test_bad_hf_input_exits_2_with_one_line_before_loading_a_model(dirs, capsys,
         "prophet_method_without_head": (*target, "--method", "prophet"),
         "recorded_target_missing": ("--prophet", dirs / "head_elsewhere"),
         "not_a_model_dir": ("--hf-model", tmp_path),
-        "few_rows_bad": (*target, "--few-rows", "maybe"),
+        "knob_gone": (*target, "--few-rows", "on"),
+        "device_unknown": (*target, "--device", "tpu"),
+        "device_absent": (*target, "--device", "cuda:99"),
     }[case]
     if case == "native_export_as_head":
         from specdec_models import Decoder, ModelConfig

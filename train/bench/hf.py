@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from specdec_models.decode import GREEDY, Drafter, DraftModel, generate
@@ -123,150 +122,40 @@ def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float
 
 
 @torch.no_grad()
-def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, seed: int = 0,
-                 few_rows: bool = False, also: Any = None) -> dict[str, dict[int, float]]:
+def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, seed: int = 0) -> dict[str, dict[int, float]]:
     """What a target call on n new tokens costs over a 1-token step, through specdec's own cache
     (`HFDecoder`, batch 1, after `context` random tokens): {"chain": {n: ratio}, "tree": {n:
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
-    drafting does. `few_rows` adds "chain, few rows" and "tree, few rows": the same calls on a copy
-    of the model with its linear layers switched to `few_rows.FewRowsLinear` (once, a copy per
-    rule, each packed under its own rule, so no timed call follows a fresh packing of the weights)
-    by the "onednn" rule with torch's small-row kernel; for an fp32 model where numba is installed
-    "chain, few rows, numba" and "tree, few rows, numba" with numba's (`few_rows_kernel`) and
-    ", panels" with its panel kernel (`few_rows_panels`); and for an fp32 model where torch has MKL
-    "chain, few rows, mkl" and "tree, few rows, mkl" with MKL's packed product
-    (`few_rows.fp32_library`). bf16 few-row calls take oneDNN's packed weights whatever the kernel.
-    `also`: the same target in another dtype (a copy), timed the same way beside it, its kinds
-    named "[dtype] chain" and so on: a host where the dtypes race (`hardware.racing_dtype`) then
-    shows which dtype's step and verify are cheaper. Medians over `repeats` rounds, every size,
-    mask, layer kind and model interleaved within a round; the unit is the first model's chain
-    1-token call with torch's own layers."""
-    from specdec_models import few_rows_kernel
-    from specdec_models.few_rows import (
-        FewRowsLinear,
-        fp32_library,
-        kernel,
-        mkl_packs,
-        set_fp32_library,
-        set_kernel,
-        use_few_rows,
-    )
+    drafting does. The model's layers are timed as they are: a model prepared for the CPU
+    (`specdec_models.cpu.prepare_for_device`) times its few-row layers. Medians over `repeats`
+    rounds, every size and mask interleaved within a round; the unit is the chain's 1-token call."""
     from specdec_models.hf import HFDecoder
 
     check(1 in sizes and all(isinstance(n, int) and n >= 1 for n in sizes),
           f"sizes must be integers >= 1 and include 1 (the unit), got {sizes}")
-    models = [model] + ([] if also is None else [also])
-    check(not any(isinstance(m, FewRowsLinear) for one in models for m in one.modules()),
-          "verify_costs times torch's own linear layers: give a model without few-row layers")
-    dtypes = [next(one.parameters()).dtype for one in models]
-    check(also is None or dtypes[1] != dtypes[0], f"also= must be the target in another dtype than {dtypes[0]}")
     g = torch.Generator().manual_seed(seed)
-    vocab = HFDecoder(model).vocab_size
+    target = HFDecoder(model)
+    vocab = target.vocab_size
     ctx = torch.randint(0, vocab, (1, context), generator=g)
-    kinds: dict[str, tuple[Any, str]] = {}                      # name -> (model, kind)
-    for i, (one, dtype) in enumerate(zip(models, dtypes)):
-        mine = ["chain", "tree"] + (["chain, few rows", "tree, few rows"] if few_rows else [])
-        if few_rows and dtype == torch.float32 and few_rows_kernel.available():   # numba's kernels serve fp32 only
-            mine += ["chain, few rows, numba", "tree, few rows, numba", "chain, few rows, panels",
-                     "tree, few rows, panels"]
-        if few_rows and dtype == torch.float32 and mkl_packs():
-            mine += ["chain, few rows, mkl", "tree, few rows, mkl"]
-        prefix = f"[{str(dtype).removeprefix('torch.')}] " if i else ""
-        kinds.update({prefix + kind: (one, kind) for kind in mine})
-
-    def rule(kind: str) -> tuple[str, str] | None:           # (fp32 library, kernel) of a kind's layers
-        if "few rows" not in kind:
-            return None
-        last = kind.rsplit(", ", 1)[-1]
-        return ("mkl", "torch") if last == "mkl" else ("onednn", last if last in ("numba", "panels") else "torch")
-
-    # each rule of few-row layers times its own copy of the model, switched and packed once under that
-    # rule: switching one model back and forth would pack it again before every call (inside the timed
-    # call, and gigabytes of fresh memory between calls)
-    copies: dict[tuple[int, tuple[str, str]], Any] = {}
-    kind_model: dict[str, Any] = {}
-    before, library = kernel(), fp32_library()
-    times: dict[tuple[str, int], list[float]] = {(m, n): [] for n in sizes for m in kinds}
-    try:
-        for name, (one, kind) in kinds.items():
-            layers = rule(kind)
-            if layers is not None and (id(one), layers) not in copies:
-                twin = copy.deepcopy(one)
-                set_fp32_library(layers[0])
-                set_kernel(layers[1])
-                use_few_rows(twin)
-                copies[id(one), layers] = twin
-            kind_model[name] = one if layers is None else copies[id(one), layers]
-        decoders = {id(m): HFDecoder(m) for m in kind_model.values()}
-        for _ in range(repeats):
-            for (name, n), seconds in times.items():
-                kind = kinds[name][1]
-                target = decoders[id(kind_model[name])]
-                layers = rule(kind) or ("onednn", "torch")
-                set_fp32_library(layers[0])
-                set_kernel(layers[1])
-                cache = target.new_cache(1, context + n + 1)
-                target(ctx, cache=cache)
-                tokens = torch.randint(0, vocab, (1, n), generator=g)
-                tree = (torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()) if kind.startswith("tree") else None
-                t0 = time.perf_counter()
-                target(tokens, cache=cache, tree=tree)
-                seconds.append(time.perf_counter() - t0)
-    finally:
-        set_kernel(before)
-        set_fp32_library(library)
-    unit = statistics.median(times["chain", 1])
-    return {m: {n: round(statistics.median(times[m, n]) / unit, 3) for n in sizes} for m in kinds}
-
-
-@torch.no_grad()
-def matmul_costs(model: Any, rows: list[int], repeats: int = 5, seed: int = 0) -> dict[str, dict[int, float]]:
-    """Milliseconds to multiply `rows` rows by every linear weight of an fp32 `model` (its whole set
-    of weights, streamed from memory as a decoding step streams them, without the step's other
-    work), by each path `few_rows.FewRowsLinear` can take: "F.linear" (torch's own), "numba" and
-    "panels" (where numba is installed), "onednn" (the weights packed for oneDNN, where torch has it) and "mkl" (packed
-    for MKL for `PACKED_ROWS` rows, where torch has MKL). {path: {rows: ms}}, medians over `repeats`
-    rounds, every path and row count interleaved within a round."""
-    from torch import nn
-
-    from specdec_models import few_rows_kernel, few_rows_panels
-    from specdec_models.few_rows import PACK_ROWS, PACKED_ROWS, mkl_packs, packs
-
-    weights = [m.weight.detach() for m in model.modules() if isinstance(m, nn.Linear)]
-    check(bool(weights) and all(w.dtype == torch.float32 and w.device.type == "cpu" for w in weights),
-          "matmul_costs times an fp32 model's linear layers on the CPU")
-    check(bool(rows) and all(isinstance(n, int) and n >= 1 for n in rows), f"rows must be integers >= 1, got {rows}")
-    g = torch.Generator().manual_seed(seed)
-    inputs = {(n, k): torch.randn(n, k, generator=g) for n in rows for k in {int(w.shape[1]) for w in weights}}
-    paths: dict[str, Any] = {"F.linear": lambda n: [F.linear(inputs[n, w.shape[1]], w) for w in weights]}
-    if few_rows_kernel.available():
-        paths["numba"] = lambda n: [few_rows_kernel.matmul_wt(inputs[n, w.shape[1]], w) for w in weights]
-        panels = [few_rows_panels.pack(w) for w in weights]
-        paths["panels"] = lambda n: [few_rows_panels.matmul_panels(inputs[n, w.shape[1]], p, int(w.shape[0]))
-                                     for w, p in zip(weights, panels)]
-    if packs(torch.float32):
-        dnnl = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
-        paths["onednn"] = lambda n: [torch.ops.mkldnn._linear_pointwise(inputs[n, w.shape[1]], p, None, "none", [], "")
-                                     for w, p in zip(weights, dnnl)]
-    if mkl_packs():
-        mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACKED_ROWS) for w in weights]
-        paths["mkl"] = lambda n: [torch.ops.mkl._mkl_linear(inputs[n, w.shape[1]], p, w, None, n)
-                                  for w, p in zip(weights, mkl)]
-    times: dict[tuple[str, int], list[float]] = {(path, n): [] for n in rows for path in paths}
-    for path, n in times:                                       # once each untimed: kernels chosen, pages touched
-        paths[path](n)
+    kinds = ("chain", "tree")
+    times: dict[tuple[str, int], list[float]] = {(kind, n): [] for n in sizes for kind in kinds}
     for _ in range(repeats):
-        for (path, n), seconds in times.items():
+        for (kind, n), seconds in times.items():
+            cache = target.new_cache(1, context + n + 1)
+            target(ctx, cache=cache)
+            tokens = torch.randint(0, vocab, (1, n), generator=g)
+            tree = (torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()) if kind == "tree" else None
             t0 = time.perf_counter()
-            paths[path](n)
+            target(tokens, cache=cache, tree=tree)
             seconds.append(time.perf_counter() - t0)
-    return {path: {n: round(statistics.median(times[path, n]) * 1e3, 2) for n in rows} for path in paths}
+    unit = statistics.median(times["chain", 1])
+    return {kind: {n: round(statistics.median(times[kind, n]) / unit, 3) for n in sizes} for kind in kinds}
 
 
 def plot_verify_costs(result: dict[str, Any], f) -> None:
     """A PNG of `verify_costs`' result (a dict holding its kinds, e.g. bench_hf's JSON) into the
     binary file f: a call's cost in 1-token steps against the new tokens it carries, one line per
-    kind (dashed: torch's own layers; solid: few-row layers), the cheapest 1-token step as a dotted line."""
+    kind (solid: a chain's verify; dashed: through a tree's mask), the cheapest 1-token step as a dotted line."""
     from .report import pyplot
 
     plt = pyplot()
@@ -274,16 +163,14 @@ def plot_verify_costs(result: dict[str, Any], f) -> None:
     check(bool(kinds), "no verify costs to plot")
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     dtype = result.get("dtype", "")
-    two = any(name.startswith("[") for name in kinds)          # the first model's kinds get their dtype too
     for name, costs in kinds.items():
         sizes = sorted(int(n) for n in costs)
         values = [costs[n] if n in costs else costs[str(n)] for n in sizes]
-        label = f"[{dtype}] {name}" if two and dtype and not name.startswith("[") else name
-        ax.plot(sizes, values, marker="o", ms=3, ls="-" if "few rows" in name else "--", label=label)
+        ax.plot(sizes, values, marker="o", ms=3, ls="--" if name.startswith("tree") else "-", label=name)
     floor = min(c.get(1, c.get("1")) for c in kinds.values())
     ax.axhline(floor, color="grey", ls=":", lw=1, label=f"cheapest 1-token step ({floor:.2f})")
     ax.set_xlabel("new tokens in the call")
-    ax.set_ylabel(f"cost in {dtype} 1-token steps (torch's layers)".replace("  ", " "))
+    ax.set_ylabel(f"cost in {dtype} 1-token steps".replace("  ", " "))
     ax.set_title(f"A target call's cost, {result.get('context', '?')} cached tokens")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="upper left")

@@ -51,8 +51,9 @@ fits its settings (gamma, prompt and generation lengths) before the run starts, 
 speed profiles to the export.
 
 Decoding runs in fp32 on the module's parameters (autocast off, also under bf16-mixed), in eval
-mode under `torch.inference_mode`, with few-row linear layers on a CPU (`few_rows: auto`, as the
-decoding CLI: `specdec_models.few_rows`), with a generator seeded the same way at every evaluation so
+mode under `torch.inference_mode`, prepared for the device as the decoding CLI prepares its models
+(`specdec_models.cpu.prepare_for_device`, their dtypes kept; switched back after each evaluation),
+with a generator seeded the same way at every evaluation so
 samples compare across steps. Under DDP only global rank 0 decodes; the other ranks wait at a
 barrier. Metrics are logged with `rank_zero_only=True` (not usable as a checkpoint monitor).
 """
@@ -71,11 +72,11 @@ import torch
 from torch import Tensor, nn
 
 from specdec_models import ModelWithProphet, byte_tokenizer
+from specdec_models.cpu import prepare_for_device
 from specdec_models.decode import SamplingConfig, SpeedProfile, TreeDrafter, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.decode.tree import TreeSpec
 from specdec_models.errors import SpecdecError, check, check_positive_int
-from specdec_models.few_rows import few_rows_while, resolve_few_rows
 from specdec_models.heads import DraftHead, Eagle3Head
 from specdec_models.hf import HFDecoder
 
@@ -102,7 +103,7 @@ class SpeculativeEval(SpecdecCallback):
     def __init__(self, num_prompts: int = 4, prompt_len: int = 64, max_new_tokens: int = 64, gamma: int = 5,
                  temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, samples_dir: str | None = None,
                  num_threads: int | None = None, choose_gamma: bool = True, tree: str | None = None,
-                 every: int = 1, few_rows: str = "auto") -> None:
+                 every: int = 1) -> None:
         """`num_prompts` fixed prompts of `prompt_len` bytes from `trainer.datamodule.prompts`,
         `max_new_tokens` new bytes each, `gamma` drafts per round, one decoding per temperature.
         `num_threads`: CPU threads while decoding (None: the process's setting). Decoding a few
@@ -113,9 +114,7 @@ class SpeculativeEval(SpecdecCallback):
         also decode with that draft tree (`decode.tree`), rows one after another as tree drafting
         runs, and log it beside the chain (module docstring). `every`: decode at every `every`-th
         validation, and at the one that ends training; a run stopped by `max_time` counts the
-        decoding in its budget, so a short run spends fewer of its minutes on it. `few_rows`
-        ("auto", "on", "off"): decode with few-row linear layers (`specdec_models.few_rows`), as
-        the decoding CLI does; auto: on where they pay (fp32 on a CPU, the decoding's precision)."""
+        decoding in its budget, so a short run spends fewer of its minutes on it."""
         super().__init__()
         for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),
                             ("max_new_tokens", max_new_tokens), ("gamma", gamma)]:
@@ -139,8 +138,6 @@ class SpeculativeEval(SpecdecCallback):
         check(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
               f"speculative_eval.every must be an integer >= 0 (0: only at the end of training), got {every!r}")
         self.every = every
-        resolve_few_rows(few_rows, "cpu", torch.float32, "speculative_eval.few_rows")   # checked before any work
-        self.few_rows = few_rows
         self._validations = 0                   # validations seen (checkpointed, so a resumed run keeps the rhythm)
         # the last evaluation's speed profiles, one per temperature and batch size (checkpointed)
         self.speed_profiles: list[dict[str, Any]] = []
@@ -192,8 +189,8 @@ class SpeculativeEval(SpecdecCallback):
         """Decode `prompts` (K, prompt_len), or K 1-D prompts of their own lengths, at each
         temperature, speculatively and plainly; return (metrics named as in the module
         docstring, one sample record per prompt and temperature). Runs in eval mode and fp32
-        (autocast off) with few-row layers where they pay, and restores the modules' training flags
-        and layers."""
+        (autocast off), prepared for the device (`specdec_models.cpu.prepare_for_device`, dtypes
+        kept), and restores the modules' training flags and layers."""
         models = self.check_model(models)
         device = models.target.device
         prompts = prompts.to(device) if isinstance(prompts, Tensor) else [p.to(device) for p in prompts]
@@ -205,13 +202,11 @@ class SpeculativeEval(SpecdecCallback):
         if self.num_threads is not None and device.type == "cpu":
             torch.set_num_threads(self.num_threads)
         autocast_off = torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda") else nullcontext()
-        dtype = next(modules[0].parameters()).dtype                    # the target's: decoding's precision
-        few_rows = few_rows_while(modules, resolve_few_rows(self.few_rows, device, dtype))
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         samples: list[dict[str, Any]] = []
         try:
-            with autocast_off, few_rows:
+            with autocast_off, prepare_for_device(modules, device, dtype=None):
                 costs = self._measure_costs(models, prompts) if self.choose_gamma else {}
                 profiles = []
                 for temperature in self.temperatures:

@@ -1,4 +1,4 @@
-"""specdec_models/hardware.py and train/hardware.py: the dtype decoding and caching run in and the
+"""specdec_models/dtypes.py and train/dtypes.py: the dtype decoding and caching run in and the
 training precision a config resolves to are decided by the machine's flags and vendor (on a CPU: AMX,
 or avx512_bf16 on AMD; bf16 support on CUDA), never by a clock."""
 
@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_models import hardware as specdec_hardware
-from train import hardware
+from specdec_models.cpu import dtypes
 
 XEON_NO_AMX = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
 XEON_AMX = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
@@ -20,23 +19,23 @@ EPYC_AVX512_BF16 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25
 
 @pytest.fixture
 def machine(monkeypatch, tmp_path):
-    """machine(text): train.hardware reads `text` as this machine's /proc/cpuinfo."""
+    """machine(text): the dtype rules read `text` as this machine's /proc/cpuinfo."""
     def use(text: str) -> None:
         info = tmp_path / "cpuinfo"
         info.write_text(text)
-        monkeypatch.setattr(specdec_hardware, "_CPUINFO", str(info))
+        monkeypatch.setattr(dtypes, "_CPUINFO", str(info))
     return use
 
 
 def test_cpu_flags_and_vendor_are_the_first_cpus_and_empty_without_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text(XEON_NO_AMX)
-    assert hardware.cpu_flags(info) == {"fpu", "sse", "avx2", "avx512f", "avx512_bf16", "avx512_fp16"}
-    assert specdec_hardware.cpu_vendor(info) == "GenuineIntel"
+    assert dtypes.cpu_flags(info) == {"fpu", "sse", "avx2", "avx512f", "avx512_bf16", "avx512_fp16"}
+    assert dtypes.cpu_vendor(info) == "GenuineIntel"
     info.write_text(EPYC_AVX512_BF16)                # the second CPU's vendor and flags are not read
-    assert specdec_hardware.cpu_vendor(info) == "AuthenticAMD" and "avx512_bf16" in hardware.cpu_flags(info)
-    assert hardware.cpu_flags(tmp_path / "missing") == frozenset()
-    assert specdec_hardware.cpu_vendor(tmp_path / "missing") == ""
+    assert dtypes.cpu_vendor(info) == "AuthenticAMD" and "avx512_bf16" in dtypes.cpu_flags(info)
+    assert dtypes.cpu_flags(tmp_path / "missing") == frozenset()
+    assert dtypes.cpu_vendor(tmp_path / "missing") == ""
 
 
 # an AMD CPU with AVX2 only, or an Intel one with avx512_bf16 but no AMX, trains faster in fp32
@@ -50,8 +49,8 @@ AMD_AVX512_BF16_NO_VENDOR = EPYC_AVX512_BF16.replace("vendor_id\t: AuthenticAMD\
 def test_a_cpu_trains_in_bf16_mixed_with_amx_or_with_avx512_bf16_on_amd(monkeypatch, machine, cpuinfo, expected,
                                                                         accelerator):
     machine(cpuinfo)
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
-    assert hardware.fast_precision(accelerator) == expected
+    monkeypatch.setattr(dtypes.torch.cuda, "is_available", lambda: False)
+    assert dtypes.fast_precision(accelerator) == expected
 
 
 @pytest.mark.parametrize("cpuinfo, expected", [(XEON_AMX, torch.bfloat16), (XEON_NO_AMX, torch.bfloat16),
@@ -59,45 +58,31 @@ def test_a_cpu_trains_in_bf16_mixed_with_amx_or_with_avx512_bf16_on_amd(monkeypa
 def test_decoding_and_caching_on_a_cpu_run_in_bf16_only_with_bf16_instructions(monkeypatch, machine, cpuinfo,
                                                                                  expected):
     machine(cpuinfo)
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
-    assert specdec_hardware.fast_dtype("cpu") == specdec_hardware.resolve_dtype("auto") == expected
-    assert specdec_hardware.resolve_dtype("float32") == torch.float32       # a named dtype is taken as given
-    assert specdec_hardware.resolve_dtype("bfloat16") == torch.bfloat16
-
-
-@pytest.mark.parametrize("cpuinfo, expected", [(EPYC_AVX512_BF16, torch.float32), (XEON_NO_AMX, torch.float32),
-                                               (XEON_AMX, None), (EPYC_AVX2, torch.bfloat16), ("", None)])
-def test_the_dtypes_race_on_a_cpu_without_amx(monkeypatch, machine, cpuinfo, expected):
-    # fp32 (drafters too) races bf16 beside bf16 instructions without AMX; bf16's plain decoding alone races fp32
-    # without bf16 instructions; nothing with AMX, on a GPU, or where the flags are unknown
-    machine(cpuinfo)
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: True)
-    assert specdec_hardware.racing_dtype("cpu") == expected
-    assert specdec_hardware.race_drafters("cpu") == (expected == torch.float32)
-    assert specdec_hardware.racing_dtype("cuda") is None                   # a GPU decodes in bf16 alone
-    assert not specdec_hardware.race_drafters("cuda")
-    if expected is not None:                                               # the race is with auto's choice
-        assert specdec_hardware.fast_dtype("cpu") != expected
+    monkeypatch.setattr(dtypes.torch.cuda, "is_available", lambda: False)
+    assert dtypes.fast_dtype("cpu") == dtypes.resolve_dtype("auto") == expected
+    assert dtypes.resolve_dtype("float32") == torch.float32       # a named dtype is taken as given
+    assert dtypes.resolve_dtype("bfloat16") == torch.bfloat16
 
 
 @pytest.mark.parametrize("bf16", [True, False])
 def test_a_cuda_device_decodes_in_bf16_where_it_has_bf16_whatever_the_host_cpu(monkeypatch, machine, bf16):
     machine(EPYC_AVX2)
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(dtypes.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dtypes.torch.cuda, "is_bf16_supported", lambda: bf16)
     expected = torch.bfloat16 if bf16 else torch.float32
-    assert specdec_hardware.fast_dtype("cuda") == specdec_hardware.fast_dtype("cuda:0") == expected
-    assert specdec_hardware.resolve_dtype("auto", "cuda") == expected
-    assert specdec_hardware.fast_dtype("cpu") == torch.float32              # the CPU beside it: AVX2 only
+    assert dtypes.fast_dtype("cuda") == dtypes.fast_dtype("cuda:0") == expected
+    assert dtypes.resolve_dtype("auto", "cuda") == expected
+    assert dtypes.fast_dtype("cpu") == torch.float32              # the CPU beside it: AVX2 only
+    assert dtypes.fast_dtype("mps") == torch.float32              # Apple's GPU: bf16 depends on the macOS version
 
 
 @pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
 def test_a_cuda_device_trains_in_bf16_mixed_where_it_has_bf16(monkeypatch, machine, bf16, expected):
     machine(XEON_NO_AMX)                             # the host CPU does not matter on a GPU
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_bf16_supported", lambda: bf16)
-    assert hardware.fast_precision("gpu") == expected
-    assert hardware.fast_precision("cpu") == "32-true"   # trainer=cpu trains on the CPU even beside a GPU
+    monkeypatch.setattr(dtypes.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dtypes.torch.cuda, "is_bf16_supported", lambda: bf16)
+    assert dtypes.fast_precision("gpu") == expected
+    assert dtypes.fast_precision("cpu") == "32-true"   # trainer=cpu trains on the CPU even beside a GPU
 
 
 @pytest.mark.parametrize("experiment", ["smollm2_eagle3", "smollm2_prophet"])
@@ -119,6 +104,6 @@ def test_the_smollm2_heads_run_their_frozen_target_in_the_machines_fast_dtype(co
     # the target only runs forward passes: emulated bf16 on an AVX2-only CPU made the recipe's
     # prophet steps take 36 s there
     machine(cpuinfo)
-    monkeypatch.setattr(specdec_hardware.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dtypes.torch.cuda, "is_available", lambda: False)
     assert compose([f"experiment={experiment}"]).target.dtype == expected
     assert compose([f"experiment={experiment}", "target.dtype=float32"]).target.dtype == "float32"

@@ -1,4 +1,4 @@
-"""Few-row linear layers (`specdec_models.few_rows`): the same function as `F.linear` up to fp32
+"""Few-row linear layers (`specdec_models.cpu.few_rows`): the same function as `F.linear` up to fp32
 rounding at every row count, by MKL's packed product and by the other rule (either small-row kernel,
 torch's or numba's, and oneDNN's packed weights above them, or numba's panel kernel up to 64 rows),
 bit for bit `F.linear` in bf16, MKL's
@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_models import SpecdecError, few_rows, few_rows_kernel
-from specdec_models.few_rows import (
+from specdec_models import SpecdecError
+from specdec_models.cpu import few_rows, few_rows_kernel, pieces_off, prepare_for_device
+from specdec_models.cpu.few_rows import (
     LINEAR_ROWS,
     MAX_ROWS,
     PACKED_ROWS,
@@ -22,13 +23,11 @@ from specdec_models.few_rows import (
     FewRowsLinear,
     describe,
     few_rows_pays,
-    few_rows_while,
     fp32_library,
     kernel,
     kernel_for,
     mkl_packs,
     packs,
-    resolve_few_rows,
     set_fp32_library,
     set_kernel,
     set_small_rows,
@@ -153,7 +152,7 @@ def test_a_packed_weight_follows_its_weight_and_stays_out_of_state_and_copies(dt
         torch.testing.assert_close(twin(x), F.linear(x, twin.weight, twin.bias), **tol)
     use_few_rows(layer, False)                                       # switched back: the packed copy goes
     assert layer not in few_rows._packed and type(layer) is nn.Linear
-    with few_rows_while([layer]):
+    with prepare_for_device(layer, "cpu", dtype=None):
         assert layer in few_rows._packed
         check_against_f_linear()
     assert layer not in few_rows._packed and type(layer) is nn.Linear
@@ -191,7 +190,7 @@ def test_use_few_rows_switches_plain_linears_in_place_and_back():
 
 
 def test_a_numba_kernel_is_chosen_where_it_is_installed_and_a_bad_choice_is_one_line(monkeypatch):
-    from specdec_models.hardware import cpu_flags
+    from specdec_models.cpu.dtypes import cpu_flags
 
     assert kernel() == kernel_for(cpu_flags(), few_rows_kernel.available())
     with pytest.raises(SpecdecError, match="must be one of panels, numba, torch"):
@@ -253,7 +252,7 @@ def test_the_numba_kernel_is_what_few_row_layers_call_in_fp32_on_a_cpu(each_kern
 
 @pytest.mark.skipif(not mkl_packs(), reason="this torch has no MKL")
 def test_mkl_is_the_fp32_rule_on_intel_cpus_and_the_choice_is_checked(monkeypatch):
-    from specdec_models.hardware import cpu_vendor
+    from specdec_models.cpu.dtypes import cpu_vendor
 
     assert fp32_library() == ("mkl" if cpu_vendor() == "GenuineIntel" else "onednn")
     for bad, match in (("blas", "must be one of mkl, onednn"), ("mkl", "needs a torch built with MKL")):
@@ -301,18 +300,28 @@ def test_mkls_layout_is_checked_per_shape_and_a_failed_shape_takes_the_other_rul
         assert few_rows._packed[layer][2] == "onednn"
 
 
-def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_the_setting_is_checked(monkeypatch):
+def test_the_rule_is_fp32_on_a_cpu_and_bf16_where_onednn_runs_it_and_a_piece_off_is_checked(monkeypatch):
     assert few_rows_pays("cpu", torch.float32) and few_rows_pays(torch.device("cpu"), torch.float32)
     assert few_rows_pays("cpu", torch.bfloat16) == packs(torch.bfloat16)
     assert not few_rows_pays("cuda", torch.float32) and not few_rows_pays("cuda", torch.bfloat16)
     assert not few_rows_pays("cpu", torch.float16)
-    assert resolve_few_rows("auto", "cpu", torch.float32)
-    assert resolve_few_rows("auto", "cpu", torch.bfloat16) == packs(torch.bfloat16)
-    assert resolve_few_rows("on", "cpu", torch.bfloat16) and not resolve_few_rows("off", "cpu", torch.float32)
+
+    def switched(dtype: torch.dtype) -> bool:            # does prepare_for_device switch a layer of this dtype
+        layer = nn.Linear(48, 80).to(dtype)
+        with prepare_for_device(layer, "cpu", dtype=None) as prepared:
+            return type(layer) is FewRowsLinear and prepared.layers == [layer]
+
+    assert switched(torch.float32)
+    assert switched(torch.bfloat16) == packs(torch.bfloat16)
+    with pieces_off({"linear"}):                       # a benchmark's "off": torch's own layers
+        assert not switched(torch.float32) and not switched(torch.bfloat16)
+    assert switched(torch.float32)
     monkeypatch.setitem(few_rows._packs, torch.bfloat16, False)      # a CPU without oneDNN's bf16 kernels
-    assert not few_rows_pays("cpu", torch.bfloat16) and not resolve_few_rows("auto", "cpu", torch.bfloat16)
-    with pytest.raises(SpecdecError, match="auto, on or off"):
-        resolve_few_rows("yes", "cpu", torch.float32)
+    assert not few_rows_pays("cpu", torch.bfloat16) and not switched(torch.bfloat16)
+    with pytest.raises(SpecdecError, match="no piece yes") as err:
+        with pieces_off({"yes"}):
+            pass
+    assert "\n" not in str(err.value)
 
 
 def test_greedy_decoding_through_few_row_layers_is_the_targets_own(tmp_path, each_kernel, each_library):
@@ -399,7 +408,7 @@ def test_set_small_rows_moves_the_line_and_refuses_bad_counts(monkeypatch):
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 64])
 def test_the_panel_kernel_is_the_exact_product_up_to_fp32_rounding(out, inp, rows):
     # every tile height (1-6 rows and their sums), outputs padded to whole panels of 16 and dropped
-    from specdec_models import few_rows_panels
+    from specdec_models.cpu import few_rows_panels
 
     g = torch.Generator().manual_seed(rows * 1000 + out)
     w, x = torch.randn(out, inp, generator=g), torch.randn(rows, inp, generator=g)
@@ -414,7 +423,7 @@ def test_the_panel_kernel_is_the_exact_product_up_to_fp32_rounding(out, inp, row
 
 @pytest.mark.skipif(not few_rows_kernel.available(), reason="numba is not installed")
 def test_the_panel_rule_takes_every_fp32_call_up_to_packed_rows_and_f_linear_above(monkeypatch):
-    from specdec_models import few_rows_panels
+    from specdec_models.cpu import few_rows_panels
 
     monkeypatch.setattr(few_rows, "_library", "onednn")
     monkeypatch.setattr(few_rows, "_kernel", "panels")
@@ -435,3 +444,19 @@ def test_the_panel_rule_takes_every_fp32_call_up_to_packed_rows_and_f_linear_abo
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         layer.to(torch.bfloat16)(torch.randn(3, 48, dtype=torch.bfloat16))   # bf16: not the fp32 kernel
     assert calls == [1, SMALL_ROWS + 1, PACKED_ROWS]
+
+
+def test_matmul_costs_time_every_few_row_path_over_the_models_weights():
+    from specdec_models.cpu.timing import matmul_costs
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 80), nn.Linear(80, 48, bias=False))
+    costs = matmul_costs(model, [1, 5], repeats=2)
+    want = {"F.linear"} | ({"numba", "panels"} if few_rows_kernel.available() else set())
+    want |= ({"onednn"} if packs(torch.float32) else set()) | ({"mkl"} if mkl_packs() else set())
+    assert set(costs) == want
+    assert all(set(c) == {1, 5} and all(v > 0 for v in c.values()) for c in costs.values())
+    with pytest.raises(SpecdecError, match="fp32 model"):
+        matmul_costs(copy.deepcopy(model).to(torch.bfloat16), [1])
+    with pytest.raises(SpecdecError, match="integers >= 1"):
+        matmul_costs(model, [0])

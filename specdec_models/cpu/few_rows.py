@@ -2,54 +2,47 @@
 
 Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-64 for a verify or a
 draft tree at batch 1, or a verify at batch 8. PyTorch computes `F.linear(x, W)` = x @ W.T with its
-CPU BLAS, and for a few rows that runs far below what reading the weights costs. `FewRowsLinear` computes the same
-product another way, chosen by dtype, row count and host (timed on the hosts docs/cpu.md names):
+CPU BLAS, and for a few rows that runs far below what reading the weights costs. `FewRowsLinear`
+computes the same product another way, chosen by dtype, row count and host (the figures: SmolLM2's
+linear weights, 2 threads; kernel timings by `python scripts/bench_cpu.py --matmul-rows ...`):
 
 - fp32 on an Intel CPU (`fp32_library()` "mkl"): up to `LINEAR_ROWS` rows `F.linear` itself, and
   from there to `PACKED_ROWS` rows MKL's product with the weight packed once into its own layout
-  (`torch.ops.mkl`, where torch has MKL: the fp32 path torch.compile's CPU backend takes). On the
-  Intel Xeon without bf16 instructions, over a model's worth of SmolLM2's weight shapes streamed
-  from memory (2 threads),
-  `F.linear` took 30-32 ms for 1-3 rows, about memory speed, and then jumped (67 for 4 rows, 135 for
-  16), where MKL's packed product took 31 for 4 rows (numba's kernel 39, oneDNN's 42), 42 for 16
-  (oneDNN 56) and 91 for 64 (oneDNN 113). A plain SmolLM2 step through `F.linear` took 50.5 ms
-  against 60.4 through numba's kernel, so the small-row kernels below lose on this host. MKL's
-  layout is packed for 64 rows and serves every row count up to them; each weight shape is
-  checked once against `F.linear` before it is used (a layout MKL tied to the row count would fail
-  there, and that shape takes the rule below).
+  (`torch.ops.mkl`, where torch has MKL: the fp32 path torch.compile's CPU backend takes). On an
+  Intel Xeon without bf16 instructions `F.linear` took 30-32 ms for 1-3 rows, about memory speed,
+  and then jumped (67 for 4 rows, 135 for 16), where MKL's packed product took 31 for 4 rows
+  (numba's kernel 39, oneDNN's 42), 42 for 16 (oneDNN 56) and 91 for 64 (oneDNN 113); a plain
+  SmolLM2 step through `F.linear` took 50.5 ms against 60.4 through numba's kernel. MKL's layout is
+  packed for 64 rows and serves every row count up to them; each weight shape is checked once
+  against `F.linear` before it is used (a layout MKL tied to the row count would fail there, and
+  that shape takes the rule below).
 - fp32 by the "onednn" rule on a CPU with AVX2 but not AVX-512, where numba is installed
   (`kernel()` "panels", `kernel_for`): every call of up to `PACKED_ROWS` rows takes numba's panel
   kernel (`few_rows_panels`: the weight packed once into panels of 16 output columns, tiles of 6
-  rows by 16 columns held in registers). On the Zen 3 EPYC (AVX2, 2 threads) over all of
-  SmolLM2's linear weights (`python scripts/bench_hf.py --matmul-rows ...`) it took 25.9 / 33.3 /
-  49.9 / 153 ms for 1 / 10 / 16 /
-  64 rows, where numba's dot kernel took 26.6 / 46.7 / 76.0 / 281 and oneDNN's packed product
-  37.7 / 52.9 / 68.5 / 167: the rule below stays for other CPUs, where it is untimed.
-- fp32 elsewhere (`fp32_library()` "onednn"; the AMD EPYCs with AVX-512), up to
-  `SMALL_ROWS` rows (`small_rows_for`: 4 on a CPU with AVX-512, 10 on one without): numba's kernel
-  (`few_rows_kernel`, when numba is installed: `pip install specdec[fast]`), which streams each
-  weight row once and runs near the host's memory speed; on the AMD EPYC (AVX2) it made plain fp32
-  decoding of SmolLM2-135M 1.3-1.4x faster. Without numba, torch's own product taken the other
-  way round, (W @ x.T).T, another MKL kernel: there a 4-token verify cost 0.91-0.93 of torch's
-  1-token step. For a single row MKL's
+  rows by 16 columns held in registers). On a Zen 3 EPYC (AVX2) it took 25.9 / 33.3 / 49.9 / 153 ms
+  for 1 / 10 / 16 / 64 rows, where numba's dot kernel took 26.6 / 46.7 / 76.0 / 281 and oneDNN's
+  packed product 37.7 / 52.9 / 68.5 / 167.
+- fp32 elsewhere (`fp32_library()` "onednn"), up to `SMALL_ROWS` rows (`small_rows_for`: 4 on a
+  CPU with AVX-512, 10 on one without): numba's kernel (`few_rows_kernel`, when numba is installed:
+  `pip install specdec[fast]`), which streams each weight row once and runs near the host's memory
+  speed; on an AMD EPYC (AVX2) it made plain fp32 decoding of SmolLM2-135M 1.3-1.4x faster.
+  Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL kernel:
+  there a 4-token verify cost 0.91-0.93 of torch's 1-token step. For a single row MKL's
   matrix-vector kernel is itself slower than its 2-row product, so one row is computed as two (the
   row twice) and the first kept.
 - fp32 elsewhere, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed
-  once into its blocked layout (`torch.ops.mkldnn`), where torch has oneDNN; on the AMD EPYC with
+  once into its blocked layout (`torch.ops.mkldnn`), where torch has oneDNN; on an AMD EPYC with
   avx512_bf16 (Zen 5) it beat numba's kernel from 6 rows on (8 rows: 85 us against 103 for a 1536
-  x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102. On a Zen 3 EPYC with AVX2 only,
-  numba's kernel won up to 10 rows: over all of SmolLM2's linear weights (2 threads, `python
-  scripts/bench_hf.py --matmul-rows 1 4 6 8 10 12 14 16`) it took 37.9 / 40.3 / 51.6 ms for 6 / 8 /
-  10 rows, where oneDNN took 47.1 / 47.3 / 56.2, and 61.9 against 59.3 for 12
-  (so numba takes up to 10 rows there). Without oneDNN,
-  fp32 calls of up to `MAX_ROWS` rows take the small-row kernel.
+  x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102. On a Zen 3 EPYC with AVX2
+  only numba's kernel won up to 10 rows: 37.9 / 40.3 / 51.6 ms for 6 / 8 / 10 rows, where oneDNN
+  took 47.1 / 47.3 / 56.2, and 61.9 against 59.3 for 12. Without oneDNN, fp32 calls of up to
+  `MAX_ROWS` rows take the small-row kernel.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
   (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but
   hands it the weight in torch's plain layout at every call; here it is in oneDNN's blocked layout,
-  packed once. The outputs are bit for bit `F.linear`'s, and on the EPYC with avx512_bf16 a 1-token step of
-  SmolLM2 took 35 ms instead of 43 and an 8-token verify 39 instead of 53. Where oneDNN does not
-  run bf16, bf16 calls are `F.linear`'s (torch's (W @ x.T).T gained nothing in bf16 on the hosts
-  timed).
+  packed once. The outputs are bit for bit `F.linear`'s, and on the EPYC with avx512_bf16 a
+  1-token step of SmolLM2 took 35 ms instead of 43 and an 8-token verify 39 instead of 53. Where
+  oneDNN does not run bf16, bf16 calls are `F.linear`'s.
 
 Same function, other rounding in fp32: the sums run in another order, so outputs differ from
 `F.linear`'s in the last bits (about 1e-6 relative), as a multi-token verify already differs from a
@@ -63,36 +56,33 @@ decoding call pays for either) and again when the weight changes (another tensor
 update such as an optimizer step: the evaluation callback decodes so between training steps);
 switching the layer back drops it.
 
-`fp32_library()` names the library of fp32 calls ("mkl" or "onednn"), `set_fp32_library` picks
-one (`SPECDEC_FEW_ROWS_FP32=onednn` in the environment does it at import); `kernel()` names the
-fp32 kernel of the "onednn" rule ("panels", "numba" or "torch"), `set_kernel` picks one
-(`SPECDEC_FEW_ROWS_KERNEL=torch` likewise), `set_small_rows` the most rows the numba and torch
-kernels take (`SPECDEC_FEW_ROWS_SMALL=4` likewise); `packs(dtype)` says whether oneDNN's packed
-path serves that dtype here.
+`fp32_library()` names the library of fp32 calls ("mkl" or "onednn") and `kernel()` the fp32
+kernel of the "onednn" rule ("panels", "numba" or "torch"): `rule(off)` gives both for this host,
+less the pieces a benchmark turned off (`specdec_models.cpu.pieces`); `set_fp32_library`,
+`set_kernel` and `set_small_rows` (the most rows the numba and torch kernels take) change them;
+`packs(dtype)` says whether oneDNN's packed path serves that dtype here.
 
-`use_few_rows(module)` switches every `nn.Linear` of a module to `FewRowsLinear` in place (the
-class only: parameters, tied weights and state_dict stay as they are); `use_few_rows(module,
-False)` switches them back. The decoding CLI and the comparisons apply it to the target and its
-drafters alike (`--few-rows auto`), so plain decoding gets the faster 1-row step too.
-`few_rows_while(modules)` switches them for a block of code, then back exactly the layers it
-switched: the evaluation callback decodes so between training steps (`few_rows: auto`).
+`switch_layers(modules)` switches every plain `nn.Linear` of the modules whose dtype pays to
+`FewRowsLinear` in place (the class only: parameters, tied weights and state_dict stay as they
+are) and `switch_back(layers)` undoes it: `specdec_models.cpu.prepare_for_device`, the one call
+decoding and the evaluation use, calls them. `use_few_rows(module, on)` switches one module's
+plain linear layers whatever their dtype (tests).
 """
 
 from __future__ import annotations
 
-import os
 import weakref
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import check
 from . import few_rows_kernel, few_rows_panels
-from .errors import check
-from .hardware import cpu_flags, cpu_vendor
+from .dtypes import cpu_flags, cpu_vendor
+from .pieces import env_off
 
 
 def small_rows_for(flags: frozenset[str]) -> int:
@@ -121,7 +111,6 @@ def kernel_for(flags: frozenset[str], numba: bool) -> str:
     return "panels" if "avx2" in flags and "avx512f" not in flags else "numba"
 
 
-_kernel = kernel_for(cpu_flags(), few_rows_kernel.available())
 
 
 def mkl_packs() -> bool:
@@ -139,7 +128,25 @@ def mkl_packs() -> bool:
 _MKL_LINEAR = torch.ops.mkl._mkl_linear.default if mkl_packs() else None
 
 
-_library = "mkl" if mkl_packs() and cpu_vendor() == "GenuineIntel" else "onednn"
+def rule_library() -> str:
+    """The fp32 library of this host's rule: "mkl" on an Intel CPU where torch has MKL's packed
+    product, else "onednn" (module docstring)."""
+    return "mkl" if mkl_packs() and cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+def rule(off: frozenset[str] = frozenset()) -> tuple[str, str]:
+    """(fp32 library, kernel) by this host's rule, less the pieces `off` ("mkl": the "onednn"
+    rule; "panels": numba's dot kernel instead; "dot": torch's instead of numba's dot kernel)."""
+    library = "onednn" if "mkl" in off else rule_library()
+    name = kernel_for(cpu_flags(), few_rows_kernel.available())
+    if name == "panels" and "panels" in off:
+        name = "numba"
+    if name == "numba" and "dot" in off:
+        name = "torch"
+    return library, name
+
+
+_library, _kernel = rule(env_off())
 
 
 def fp32_library() -> str:
@@ -185,16 +192,6 @@ def set_small_rows(rows: int) -> int:
           f"the small-row kernel's rows must be an integer from 1 to {MAX_ROWS}, got {rows!r}")
     before, SMALL_ROWS = SMALL_ROWS, rows
     return before
-
-
-if os.environ.get("SPECDEC_FEW_ROWS_KERNEL"):
-    set_kernel(os.environ["SPECDEC_FEW_ROWS_KERNEL"])
-if os.environ.get("SPECDEC_FEW_ROWS_SMALL"):
-    _small = os.environ["SPECDEC_FEW_ROWS_SMALL"]
-    check(_small.isdigit(), f"SPECDEC_FEW_ROWS_SMALL must be an integer from 1 to {MAX_ROWS}, got {_small!r}")
-    set_small_rows(int(_small))
-if os.environ.get("SPECDEC_FEW_ROWS_FP32"):
-    set_fp32_library(os.environ["SPECDEC_FEW_ROWS_FP32"])
 
 
 class FewRowsLinear(nn.Linear):
@@ -412,26 +409,22 @@ def use_few_rows(module: nn.Module, on: bool = True) -> int:
     return switched
 
 
-@contextmanager
-def few_rows_while(modules: Iterable[nn.Module], on: bool = True) -> Iterator[int]:
-    """Within the block, every plain `nn.Linear` of `modules` is a `FewRowsLinear` (`on`; else
-    nothing changes); afterwards exactly the layers switched here are plain again, however the
-    block ends. Yields how many layers were switched."""
-    found = {id(layer): layer for module in modules for layer in module.modules() if type(layer) is nn.Linear}
-    switched = list(found.values()) if on else []
+def switch_layers(modules: Iterable[nn.Module]) -> list[nn.Linear]:
+    """Switch every plain `nn.Linear` of `modules` (each once, however often it is shared) whose
+    weight's device and dtype `few_rows_pays` to `FewRowsLinear`, in place, packing its weight now;
+    returns the layers switched, for `switch_back`."""
+    found = {id(layer): layer for module in modules for layer in module.modules()
+             if type(layer) is nn.Linear and few_rows_pays(layer.weight.device, layer.weight.dtype)}
+    switched = list(found.values())
     for layer in switched:
         layer.__class__ = FewRowsLinear
     _pack(switched)
-    try:
-        yield len(switched)
-    finally:
-        for layer in switched:
-            layer.__class__ = nn.Linear
-        _forget_packed(switched)
+    return switched
 
 
-def resolve_few_rows(setting: str, device: torch.device | str, dtype: torch.dtype, name: str = "--few-rows") -> bool:
-    """The command lines' `--few-rows auto|on|off` (or the setting `name`): auto is
-    `few_rows_pays(device, dtype)`."""
-    check(setting in ("auto", "on", "off"), f"{name} must be auto, on or off, got {setting!r}")
-    return few_rows_pays(device, dtype) if setting == "auto" else setting == "on"
+def switch_back(layers: Iterable[nn.Module]) -> None:
+    """Make `layers` (switched by `switch_layers`) plain `nn.Linear`s again and drop their packed weights."""
+    layers = [layer for layer in layers if type(layer) is FewRowsLinear]
+    for layer in layers:
+        layer.__class__ = nn.Linear
+    _forget_packed(layers)

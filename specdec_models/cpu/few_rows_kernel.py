@@ -3,15 +3,14 @@
 few-row call instead: it is as fast for one row and 1.4-1.5x faster from 10.)
 
 Decoding reads every weight once per call and multiplies it by few rows, so a call should cost about
-what reading the weights costs. MKL does not get there on the AMD EPYC host (AVX2, 2 threads,
-docs/cpu.md): SmolLM2-135M's 210 decoder-layer products (425 MB
-of fp32 weights; the host streams about 24 GB/s, so 18 ms is the floor) take 35-45 ms for one row
-and 50-70 ms for 8. This kernel streams each weight row once and takes its dot products with the
+what reading the weights costs. MKL does not get there on an AMD EPYC (AVX2, 2 threads):
+SmolLM2-135M's 210 decoder-layer products (425 MB of fp32 weights; the host streams about 24 GB/s,
+so 18 ms is the floor) take 35-45 ms for one row and 50-70 ms for 8. This kernel streams each weight row once and takes its dot products with the
 rows of x four at a time while the weight row sits in L1 (each x row is read from cache), the output
 rows split between threads. In a scratch timing of those 210 products (random weights, 2 threads) it
 took 23 ms for one row, 28 for 4, 40 for 8 and 48 for 16, where torch's few-row path took 37-48,
-35-44, 52-71 and 50-67; whole target calls: `python scripts/bench_hf.py --verify-cost 2 4 8
---few-rows` (docs/cpu.md). It is plain numba
+35-44, 52-71 and 50-67 (kernels alone: `python scripts/bench_cpu.py --matmul-rows 1 4 8 16`; end to
+end: `python scripts/bench_cpu.py`, the piece "dot"). It is plain numba
 (`njit(parallel=True, fastmath=True)`): LLVM vectorises the dot products for the host's own
 instructions.
 
