@@ -62,8 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = parser.parse_args(argv)
     try:
+        from specdec_models.files import check_output
+
+        for flag, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
+                check_output(path, flag, force=args.force, inputs=[args.hf_model, args.gguf, args.prophet])
         if args.threads is not None:
             check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
@@ -78,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         check(not args.matmul_rows or args.dtype == "float32", "--matmul-rows times fp32 weights: leave --dtype float32")
         check(all(n >= 1 for n in args.matmul_rows or []), f"--matmul-rows must be >= 1, got {args.matmul_rows}")
         loaded = load_model(args.hf_model or args.gguf) if (args.hf_model or args.gguf) else load_smollm2()
+        from specdec_models.decode.inputs import check_batch_memory
+        from specdec_models.hf import HFDecoder
+
+        check_batch_memory(args.batch, args.max_new_tokens, {"target": HFDecoder(loaded.model)})  # before the prompts
         also = copy.deepcopy(loaded.model).to(getattr(torch, args.also_dtype)) if args.also_dtype else None
         loaded.model.to(getattr(torch, args.dtype))
         if args.matmul_rows:
@@ -125,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     result["model"] = loaded.source
     print(json.dumps({k: v for k, v in result.items() if k != "tokens"}, indent=1))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_file(Path(args.json), lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
     return 0
 
 

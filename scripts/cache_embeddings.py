@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_models.errors import SpecdecError
+from specdec_models.errors import SpecdecError, check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     from train.data.embeddings_cache import build_cache
     from train.data.regenerate import build_hf_cache
 
+    from specdec_models.files import check_not_input
+
+    try:
+        check(args.threads is None or args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
+        # --overwrite replaces a cache at --out, never one of the command's inputs
+        check_not_input(args.out, [args.export, args.hf_model, args.gguf, args.data, args.prompts, *(args.text or []),
+                                   *args.exclude_prompts_of], "--out", "--overwrite")
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -52,7 +52,7 @@ from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .datastore import Datastore
-from .inputs import AUTO, check_context, check_inputs, prompt_rows
+from .inputs import AUTO, check_context, check_inputs, check_memory, prompt_rows
 from .stats import DecodeStats
 from .tree import TreeSpec, tree_generate
 
@@ -234,6 +234,7 @@ def generate(
     method = check_inputs(target, draft, prophet, gamma, max_new_tokens, eos_id, speed_profile)
     sampling = SamplingConfig(temperature, top_k, top_p, repetition_penalty)
     check(verify in VERIFY, f"verify must be one of {', '.join(VERIFY)}, got {verify!r}")
+    check_memory(prompt, max_new_tokens, {"target": target, "draft": draft})
     rows_in = prompt_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     limit = prophet.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
