@@ -57,7 +57,6 @@ from pathlib import Path
 
 from specdec_models.errors import SpecdecError, check
 
-
 STUDENT_FOLDERS = ("target", "student")         # what `student` writes into --out, each a "<name> model" folder
 
 

@@ -111,7 +111,7 @@ def check_writable_dir(directory: str | os.PathLike, what: str) -> None:
 
 def mark_dir(directory: Path, kind: str) -> None:
     """Record in `directory` (which this process made) that specdec wrote it, as a `kind` folder."""
-    write_file(Path(directory) / MARKER, lambda f: f.write(f"{kind}\n".encode("utf-8")))
+    write_file(Path(directory) / MARKER, lambda f: f.write(f"{kind}\n".encode()))
 
 
 def folder_kind(directory: str | os.PathLike) -> str | None:

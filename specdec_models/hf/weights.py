@@ -107,9 +107,11 @@ def _check_not_a_head(path: Path, what: str) -> None:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return                                      # no readable config: transformers says what is wrong
+    from ..export.specdec import FORMAT  # the export package imports this one: read at call time
+
     if not isinstance(config, dict):
         return
-    check(config.get("format") != "specdec",
+    check(config.get("format") != FORMAT,
           f"{what}: {path} is a specdec {config.get('kind')} export, not a Hugging Face model directory: pass it "
           "where an export is read (--export DIR; a head's: --prophet DIR or --eagle3 DIR)")
     check("speculators_model_type" not in config,
