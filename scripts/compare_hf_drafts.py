@@ -139,9 +139,9 @@ def check_inputs(args) -> None:
         check(args.eagle3, f"{args.command} needs --eagle3 NAME=DIR")
         check(any(t > 0 for t in args.temperatures), f"{args.command} needs a --temperatures value > 0")
         check(all(0 <= t < math.inf for t in args.temperatures),
-              f"--temperatures must be finite numbers >= 0, got {args.temperatures}")
+              f"--temperatures must be >= 0 and finite, got {args.temperatures}")
         check(min(args.candidates, args.draws) >= 1, "--candidates and --draws must be >= 1")
-        check(all(0 < t < math.inf for t in args.taus), f"--taus must be finite numbers > 0, got {args.taus}")
+        check(all(0 < t < math.inf for t in args.taus), f"--taus must be > 0 and finite, got {args.taus}")
         if args.command == "heldout":
             check(args.val_windows >= 1 and args.steps >= 1, "--val-windows and --steps must be >= 1")
             return
