@@ -77,11 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # after argument parsing: --help stays fast
     from tqdm import tqdm
 
+    from specdec_models.files import check_not_input
     from specdec_models.hardware import resolve_dtype
     from train.data.embeddings_cache import build_cache
     from train.data.regenerate import build_hf_cache
-
-    from specdec_models.files import check_not_input
 
     if args.threads is not None and args.threads < 1:
         print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)

@@ -48,10 +48,9 @@ def load(path: Path, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> dict:
-    from train.bench.hf import compare_with_assisted, prompt_ids
-
     from specdec_models.decode.inputs import check_batch_memory
     from specdec_models.hf import HFDecoder
+    from train.bench.hf import compare_with_assisted, prompt_ids
 
     target, draft = load(args.target, args), load(args.draft, args)
     vocab_size = int(args.vocab_size) if args.vocab_size not in (None, "min") else args.vocab_size

@@ -42,9 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 def export(args: argparse.Namespace):
     from specdec_models.errors import check
     from specdec_models.export.eagle3 import save_eagle3
-    from specdec_models.hf.run import load_hf_run
-
     from specdec_models.files import check_not_input
+    from specdec_models.hf.run import load_hf_run
 
     check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")
     check(args.verifier is None or args.layout == "speculators", "--verifier is for --layout speculators")

@@ -243,9 +243,9 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     (marked as a `kind` folder by `mark_dir` when `kind` is given: check `target` with
     `check_output(target, ..., kind=kind)` first); when the block ends without error, its files
     get the umask's mode and it is renamed to `target` (`replace_dir`: an old `target` is moved
-    aside first, to `.tmp-<name>.old-...`, and removed after). On error `target` is unchanged. If the process dies, the next
-    `staged_dir(target)` removes its temps, after moving an old `target` back should the crash
-    have come between the two renames."""
+    aside first, to `.tmp-<name>.old-...`, and removed after). On error `target` is unchanged. If
+    the process dies, the next `staged_dir(target)` removes its temps, after moving an old
+    `target` back should the crash have come between the two renames."""
     target.parent.mkdir(parents=True, exist_ok=True)
     _restore_aside(target)
     tmp = temp_path(target)

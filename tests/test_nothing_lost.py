@@ -60,7 +60,7 @@ def test_a_file_is_replaced_only_with_force(tmp_path):
     path = tmp_path / "out.jsonl"
     assert check_output(path, "--out") is False                   # absent: fine
     path.write_text("mine\n")
-    with pytest.raises(SpecdecError, match=r"^--out .*out.jsonl exists: choose another file, or replace it with --force$"):
+    with pytest.raises(SpecdecError, match=r"^--out .*out.jsonl exists: choose another file, or replace it with --force"):
         check_output(path, "--out")
     assert check_output(path, "--out", force=True) is True
     with pytest.raises(SpecdecError, match="is a directory: give the file to write"):
@@ -367,7 +367,8 @@ def test_a_batch_past_the_memory_free_is_refused_before_any_work(tiny_decoder_ex
     status, _, err = decode(capsys, "--export", tiny_decoder_export, "--prompt", "hi", "--batch", 100_000_000)
     assert status == 2 and err.count("\n") == 1, err
     assert err.startswith("error: a batch of 100,000,000 rows of up to 202 positions needs at least ")
-    assert "GiB for its KV caches and logits, more than the" in err and err.strip().endswith("decode fewer rows at once")
+    assert "GiB for its KV caches and logits, more than the" in err
+    assert err.strip().endswith("decode fewer rows at once")
     assert time.perf_counter() - started < 30                       # not split into rows first
     from specdec_models import load_export
     from specdec_models.decode import generate

@@ -80,8 +80,8 @@ from specdec_models.decode import SpeedProfile, generate
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.decode.tree import TreeSpec
 from specdec_models.errors import SpecdecError, check, check_positive_int
-from specdec_models.files import write_file
 from specdec_models.few_rows import few_rows_while, resolve_few_rows
+from specdec_models.files import write_file
 from specdec_models.heads import DraftHead
 from specdec_models.hf import Eagle3Head, HFDecoder
 
