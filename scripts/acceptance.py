@@ -19,6 +19,7 @@ import torch
 
 from specdec_models import ModelWithProphet, SpecdecError, load_export
 from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, generate
+from specdec_models.errors import check_positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     from train.data.enwik8 import validation_prompts
 
     try:
+        for flag, value in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len),
+                            ("--max-new-tokens", args.max_new_tokens), ("--gamma", args.gamma)):
+            check_positive_int(value, flag)
+        for temperature in args.temperatures:
+            SamplingConfig(temperature)                  # a finite number >= 0
         prompts = validation_prompts(args.data, args.prompts, args.prompt_len)
         draft = load_export(args.draft) if args.draft else None
         print("| export | temperature | acceptance rate | tokens / call | alpha |\n|---|---|---|---|---|")

@@ -21,10 +21,12 @@ from pathlib import Path
 import torch
 
 from specdec_models.decode.inputs import parse_gamma
-from specdec_models.errors import SpecdecError
+from specdec_models.errors import SpecdecError, check
 from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
+from train.bench.report import check_report
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "bench" / "decode.json"
 
 
 def gamma_setting(text: str) -> int | str:
@@ -48,19 +50,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: on shared cores, extra threads wait on each other)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "decode.json",
-                        help="JSON output; .md and .png go next to it (default bench/decode.json)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON output; .md and .png go next to it (default bench/decode.json, replaced)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out report")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     try:
         bench = DecodeBench(batches=args.batch, methods=args.methods, gammas=args.gamma,
                             max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
                             top_k=args.top_k, seed=args.seed, target_export=args.target_export,
                             draft_export=args.draft_export)
+        # bench/ is the benchmarks' own folder: its reports are replaced; one elsewhere only with --force
+        check_report(args.out or DEFAULT_OUT, force=args.force or args.out is None,
+                     inputs=[args.target_export, args.draft_export])
+        args.out = args.out or DEFAULT_OUT
         report = run(bench)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -51,8 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = parser.parse_args(argv)
     try:
+        from specdec_models.files import check_output
+
+        for flag, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
+                check_output(path, flag, force=args.force, inputs=[args.hf_model, args.gguf, args.prophet])
         if args.threads is not None:
             check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
@@ -66,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 
             args.gguf = str(smollm2_gguf())
         loaded = load_model(args.hf_model or args.gguf)
+        from specdec_models.decode.inputs import check_batch_memory
+        from specdec_models.hf import HFDecoder
+
+        check_batch_memory(args.batch, args.max_new_tokens, {"target": HFDecoder(loaded.model)})  # before the prompts
         loaded.model.to(getattr(torch, args.dtype))
         if args.verify_cost:
             from specdec_models.cpu import describe, prepare_for_device
@@ -105,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     result["model"] = loaded.source
     print(json.dumps({k: v for k, v in result.items() if k != "tokens"}, indent=1))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_file(Path(args.json), lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
     return 0
 
 

@@ -30,7 +30,7 @@ import torch
 from specdec_models.errors import SpecdecError, check
 from train.bench import eagle3_step, pipeline, train_quality, train_step
 from train.bench.data import byte_batches, data_file, validation_rows
-from train.bench.report import load_note, machine, write_report
+from train.bench.report import check_report, load_note, machine, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 on an oversubscribed CPU)")
     parser.add_argument("--out", help="report stem (default bench/train, bench/train_lucidrains, bench/train_quality, "
-                                      "bench/train_eagle3_step)")
+                                      "bench/train_eagle3_step: replaced)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out report")
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 12 if args.eagle3_step else 3
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check(args.data is None or Path(args.data).is_file(), f"--data {args.data} is not a file")
         check(args.threads is None or args.threads >= 1, "--threads must be >= 1")
+        if args.out:                 # bench/ is the benchmarks' own folder: a report elsewhere is replaced with --force
+            check_report(Path(args.out), force=args.force, inputs=[args.data, args.eagle3_step, args.draft_vocab])
         if args.threads:
             torch.set_num_threads(args.threads)
         check(min(args.steps, args.rounds, args.prompts, args.prompt_len) >= 1

@@ -78,9 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from specdec_models.cpu import resolve_dtype
+    from specdec_models.files import check_not_input
     from train.data.embeddings_cache import build_cache
     from train.data.regenerate import build_hf_cache
 
+    if args.threads is not None and args.threads < 1:
+        print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     common = {"seq_len": args.seq_len, "windows": args.windows, "dtype": args.dtype, "shard_size": args.shard_size,
               "seed": args.seed, "batch_size": args.batch_size, "device": device, "overwrite": args.overwrite,
               "progress": progress, "report": print}
+    def check_out() -> None:
+        """--overwrite replaces a cache at --out, never one of the command's inputs."""
+        check_not_input(args.out, [args.export, args.hf_model, args.gguf, args.data, args.prompts, *(args.text or []),
+                                   *args.exclude_prompts_of], "--out", "--overwrite")
+
     try:
         if args.max_minutes is not None and not args.max_minutes > 0:
             raise SpecdecError(f"--max-minutes must be > 0, got {args.max_minutes}")
@@ -101,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.data is None or args.text or args.prompts or args.layers or args.max_minutes or args.exclude_prompts_of:
                 raise SpecdecError("--export reads --data PATH (not --text, --prompts, --layers, --max-minutes or "
                                    "--exclude-prompts-of)")
+            check_out()
             meta = build_cache(args.export, args.data, args.out, top_k_logits=args.top_k_logits, **common)
         else:
             if args.data is not None or args.top_k_logits:
                 raise SpecdecError("--data and --top-k-logits are for --export; a Hugging Face target reads "
                                    "--text FILE ... or --prompts FILE")
+            check_out()
             meta = build_hf_cache(args.hf_model or args.gguf, args.out, text=args.text, prompts=args.prompts,
                                   chat=args.chat, temperatures=args.temperatures, layers=args.layers,
                                   model_dtype=resolve_dtype(args.model_dtype, device),

@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads while decoding (default torch's)")
     parser.add_argument("--retrain", action="store_true", help="train again even where a run's export exists")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "compare_drafts")
+    parser.add_argument("--force", action="store_true",
+                        help="write into an --out folder that holds files specdec did not write as a comparison")
     args = parser.parse_args(argv)
     for name in POSITIVE:
         if getattr(args, name) < 1:
@@ -64,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     from train.bench.compare_drafts import compare, write_result
 
     try:
+        from specdec_models.files import check_output
+        from train.bench.compare_drafts import KIND
+
+        # its runs are kept there and reused: a folder of other files is refused (compare.json: one
+        # written before folders were marked)
+        check_output(args.out, "--out", kind=KIND, force=args.force, inputs=[args.target_export, args.data],
+                     force_does="write into it", records=["compare.json"])
         table = write_result(compare(args), args.out)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     return parser.parse_args(argv)
 
 
@@ -47,11 +48,15 @@ def load(path: Path, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> dict:
+    from specdec_models.decode.inputs import check_batch_memory
+    from specdec_models.hf import HFDecoder
     from train.bench.hf import compare_with_assisted, prompt_ids
 
     target, draft = load(args.target, args), load(args.draft, args)
     vocab_size = int(args.vocab_size) if args.vocab_size not in (None, "min") else args.vocab_size
     ids = prompt_ids(args.target, min(target.config.vocab_size, draft.config.vocab_size)).to(args.device)
+    check_batch_memory(args.batch, ids.numel() + args.max_new_tokens,      # before the batch's rows are made
+                       {"target": HFDecoder(target), "draft": HFDecoder(draft)})
     return compare_with_assisted(target, draft, ids, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                                  batch=args.batch, vocab_size=vocab_size, repeats=args.repeats, device=args.device)
 
@@ -59,6 +64,10 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.out is not None:
+            from specdec_models.files import check_output
+
+            check_output(args.out, "--out", force=args.force, inputs=[args.target, args.draft])
         results = run(args)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -66,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         print(f"{name:28s} " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
     if args.out is not None:
+        from specdec_models.files import write_file
+
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
+        write_file(args.out, lambda f: f.write(json.dumps(results, indent=2).encode()))
     return 0
 
 

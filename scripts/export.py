@@ -3,7 +3,8 @@
 Writes the same export as the end of `python -m train` (safetensors + JSON config, no pickle),
 through `train.checkpoints.export_checkpoint`; `specdec_models.load_export(OUT_DIR)` and
 `python -m specdec_models.decode --export OUT_DIR` load it. OUT_DIR must be new, empty or an
-export of the same model (which it replaces, and says so); `--force` writes into any folder.
+export of the same model (which it replaces, and says so); `--force` writes into any folder but
+one that is, holds or lies inside the checkpoint or a --set path (`files.check_not_input`).
 
 A checkpoint made on another machine (a GPU box) records that machine's paths: `--set
 target_path=FILE` (repeatable, KEY=VALUE) replaces a text setting the checkpoint holds before the
@@ -35,9 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key or not value:
             parser.error(f"--set takes KEY=VALUE, got {item!r}")
         paths[key] = value
+    from specdec_models.files import check_not_input
     from train.checkpoints import export_checkpoint   # imports lightning: after argument parsing
 
     try:
+        check_not_input(args.out_dir, [args.ckpt, *paths.values()], "OUT_DIR")
         path = export_checkpoint(args.ckpt, args.out_dir, force=args.force, paths=paths)
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)

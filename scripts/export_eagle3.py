@@ -4,8 +4,8 @@ HEAD_DIR holds an eagle3 head in any layout (specdec's hf_eagle3 export, vLLM's 
 format, SGLang's; `specdec_models.export.eagle3`); it is loaded for the target (`--hf-model DIR`
 or `--gguf FILE`; default: the target a specdec export records) and written to OUT_DIR as
 `--layout specdec | speculators | sglang`. OUT_DIR must be new, empty, or hold the same layout's
-head of the same model; `--force` replaces any folder. Bad input: one line, exit status 2,
-nothing written.
+head of the same model; `--force` replaces any folder but the head's own or the target's (or one
+holding them). Bad input: one line, exit status 2, nothing written.
 
     python scripts/export_eagle3.py outputs/run/export serve/eagle3-vllm --layout speculators \\
         --gguf SmolLM2-135M-Instruct.Q4_1.gguf --verifier HuggingFaceTB/SmolLM2-135M-Instruct
@@ -43,9 +43,11 @@ def export(args: argparse.Namespace):
     from specdec_models.errors import check
     from specdec_models.export.eagle3 import save_eagle3
     from specdec_models.export import load_hf_run
+    from specdec_models.files import check_not_input
 
     check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")
     check(args.verifier is None or args.layout == "speculators", "--verifier is for --layout speculators")
+    check_not_input(args.out_dir, [args.head, args.hf_model, args.gguf], "OUT_DIR")
     run = load_hf_run(args.hf_model or args.gguf, eagle3=args.head)
     source = args.hf_model or args.gguf
     if args.layout == "specdec":

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from specdec_models.errors import SpecdecError
 
+MAX_COUNT = 1_000_000        # about a minute of snippets and 300 MB of prompts; the GPU recipe draws 40,000
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from specdec_models.errors import check, check_positive_int
-    from specdec_models.files import check_writable_dir, os_error, write_file
+    from specdec_models.files import check_output, os_error, write_file
     from train.data.enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
     from train.data.prompts import open_prompts
     from train.data.regenerate import prompts_from_text
@@ -45,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).expanduser()
     try:
         check_positive_int(args.count, "--count")
+        check(args.count <= MAX_COUNT, f"--count {args.count} is more than the {MAX_COUNT:,} prompts this script makes")
         check(not out.is_dir(), f"--out {args.out} is a directory: give the .jsonl file to write")
-        check(args.force or not out.exists(), f"--out {args.out} exists: choose another file, or replace it with --force")
-        check_writable_dir(out.parent, "--out's folder")
+        check_output(args.out, "--out", force=args.force, inputs=[args.text])
         n_open = {"text": 0, "open": args.count, "mix": args.count // 2}[args.kind]
         prompts = open_prompts(n_open, args.split, args.seed) if n_open else []
         if n_open < args.count:

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from specdec_models.errors import SpecdecError, check
+from specdec_models.files import check_output
 
 DEFAULT_METRICS = ["val/ttt_kl/step0", "val/simulated_tokens_per_call"]
 LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\].*step (\d+)/\d+")
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-metric", default=None,
                         help="a training metric drawn dashed in the first panel (e.g. train/kl/step0)")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
     try:
         runs = []
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"no run logged {metric!r}: name a column of the runs' csv/metrics.csv")
         out = Path(args.out)
         check(out.suffix.lower() == ".png", f"--out must name a .png file, got {out}")
+        check_output(out, "--out", force=args.force, inputs=[item.partition("=")[2] for item in args.run])
     except SpecdecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

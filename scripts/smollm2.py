@@ -40,6 +40,9 @@ runs again, so a killed recipe resumes at the step it was in):
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
+--out must be new, empty or a folder the recipe ran in before (or `--force`): its steps replace
+their own paths inside it.
+
 On a machine with a CUDA GPU, `--device cuda` runs the cache, the eagle3 head's training and the
 comparison there, at the sizes of conf/experiment/hf_eagle3_gpu.yaml (the settings of the H100 head
 that met the goals: 40,000 prompts, 12,288 rows, larger generation and training batches, 6 unroll
@@ -90,6 +93,7 @@ PRECISIONS = ("bf16-mixed", "32-true")
 STEPS = ("prompts", "prompts_eval", "cache", "draft_vocab", "datastore", "train", "student_prep", "train_student",
          "compare")
 HEADS = ("eagle3", "prophet")
+RECIPE_KIND = "smollm2 recipe"          # the folder kind of --out (`specdec_models.files.mark_dir`)
 # what --device cuda changes: the experiment the eagle3 head trains with, whose `recipe` block also
 # sizes the data (prompts drawn, rows cached, rows generated per call) and whose trainer.max_time is
 # the training minutes. A cache batch of 4,096 rows is 2,048 per temperature and per call: on an H100
@@ -187,7 +191,7 @@ def comparison(py: str, args: argparse.Namespace, ev_text: Path, ev_open: Path, 
     command = [py, "scripts/compare_hf_drafts.py", "compare", "--prompt-lookup", "10", "--prompts", f"text={ev_text}",
                "--prompts", f"open={ev_open}", "--chat", "--count", str(args.eval_prompts), "--batch1-count", "2",
                "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(rounds), "--gamma", "4", "--dtype",
-               "auto", "--device", args.device, "--out", str(out)]
+               "auto", "--device", args.device, "--out", str(out), "--force"]
     if "eagle3" in args.heads:
         command += ["--eagle3", f"specdec={runs['eagle3'] / 'export'}", "--eagle3-auto", "--tree", "6,1,1,0.1",
                     "--tree", "8,4,3,4..16,0.2", "--tree", "8,4,3,4..16,0.1", "--tree", "5,1,1,2..4,0.4",
@@ -246,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
     parser.add_argument("--gguf-path", action="store_true",
                         help="print the path of SmolLM2's GGUF (the target) and exit, e.g. for scripts/cache_embeddings.py")
+    parser.add_argument("--force", action="store_true",
+                        help="run in an --out folder that holds files the recipe did not write (its steps replace "
+                             "their own paths there: prompts.jsonl, cache/, eagle3/, ...)")
     args = device_defaults(parser.parse_args(argv))
     if args.train_minutes * 60 < 1:
         parser.error(f"--train-minutes must be > 0, got {args.train_minutes}")
@@ -266,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device is available here")
 
-    from specdec_models.errors import SpecdecError
+    from specdec_models.errors import SpecdecError, check
+    from specdec_models.files import check_output, mark_dir
 
     try:
         gguf = str(smollm2_gguf())
@@ -277,12 +285,22 @@ def main(argv: list[str] | None = None) -> int:
         print(gguf)
         return 0
     out = Path(args.out).expanduser().resolve()
+    steps_file = out / "steps.json"
+    done: dict[str, float] = json.loads(steps_file.read_text()) if steps_file.is_file() else {}
+    try:
+        check({"prompts", "prompts_eval"} <= set(done) or Path(args.text).expanduser().is_file(),
+              f"--text {args.text} does not exist or is not a file (the prompts are made from it)")
+        # its steps replace their own paths inside: a folder of other files is refused (steps.json: a
+        # recipe folder from before folders were marked)
+        check_output(out, "--out", kind=RECIPE_KIND, force=args.force, inputs=[args.text], records=["steps.json"])
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
+    mark_dir(out, RECIPE_KIND)
     py = sys.executable
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
-    steps_file = out / "steps.json"
-    done: dict[str, float] = json.loads(steps_file.read_text()) if steps_file.is_file() else {}
 
     def step(name: str, commands: list[list[str]], marker: Path, threads: int = 2) -> None:
         if STEPS.index(name) > STEPS.index(args.until):
@@ -320,15 +338,16 @@ def main(argv: list[str] | None = None) -> int:
                           "--report", str(out / "draft_vocab_report.json")]], counts)
     datastore = out / "datastore.npz"
     step("datastore", [[py, "scripts/compare_hf_drafts.py", "datastore", "--cache", str(cache), "--out",
-                        str(datastore)]], datastore)
+                        str(datastore), "--force"]], datastore)
     runs = {"eagle3": out / "eagle3", "prophet": out / "prophet", "student": out / "student"}
     train = head_training(py, args, cache, counts, runs, target=gguf)
     step("train", train, runs[args.heads[0]] / "export" / "config.json", threads=1)
     if args.student_minutes:
         student_models, corpus = out / "student_models", out / "student_corpus.jsonl"
-        step("student_prep", [[py, "scripts/compare_hf_drafts.py", "student", "--out", str(student_models)],
+        step("student_prep", [[py, "scripts/compare_hf_drafts.py", "student", "--out", str(student_models),
+                               "--force"],
                               [py, "scripts/compare_hf_drafts.py", "corpus", "--cache", str(cache), "--out",
-                               str(corpus)]], corpus)
+                               str(corpus), "--force"]], corpus)
         step("train_student", [[py, "-m", "train", "experiment=smollm2_student",
                                 f"teacher.path={student_models / 'target'}", f"student.path={student_models / 'student'}",
                                 f"data.files=[{corpus}]",

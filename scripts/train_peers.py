@@ -37,9 +37,11 @@ import time
 from pathlib import Path
 
 from specdec_models.errors import SpecdecError, check
+from specdec_models.files import check_output, mark_dir
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = ("speculators", "specforge")
+KIND = "peer runs"          # the folder kind of --out (`specdec_models.files.mark_dir`)
 RUNNERS = {peer: REPO / "scripts" / "peers" / f"run_{peer}.py" for peer in PEERS}   # run by path, in --python
 
 
@@ -61,7 +63,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "target head's bfloat16)")
     p.add_argument("--python", default=str(REPO / ".venv-interop" / "bin" / "python"),
                    help="the interpreter with the peers' packages (make setup-interop)")
-    p.add_argument("--force", action="store_true", help="write into an OUT that already holds files")
+    p.add_argument("--force", action="store_true",
+                   help="write into an OUT that holds files specdec did not write as peer runs")
     a = p.parse_args(argv)
     if a.minutes is None and a.max_steps is None:
         p.error("give --minutes (a budget per peer) or --max-steps")
@@ -155,8 +158,8 @@ def train_peers(a: argparse.Namespace) -> dict:
     from train.tasks.hf_eagle3 import read_token_counts
 
     out = Path(a.out).expanduser()
-    check(a.force or not out.exists() or not any(out.iterdir()),
-          f"{out} already holds files: choose another --out, or pass --force")
+    check_output(out, "--out", kind=KIND, force=a.force, inputs=[a.cache, a.target, a.draft_vocab, a.python],
+                 force_does="write into it", records=["peers.json"])
     check(a.threads >= 1, f"--threads must be >= 1, got {a.threads}")
     check(Path(a.python).is_file(), f"--python {a.python} does not exist: make setup-interop creates it")
     meta = read_cache_meta(a.cache)
@@ -172,6 +175,7 @@ def train_peers(a: argparse.Namespace) -> dict:
         ids = choose_draft_vocab(counts, a.draft_vocab_size)
         vocab = {"size": a.draft_vocab_size, **vocab_files(ids, vocab_size, out / "data" / "vocab")}
     out.mkdir(parents=True, exist_ok=True)
+    mark_dir(out, KIND)
     verifier = verifier_dir(model, tokenizer, out / "verifier")
     dtype = getattr(torch, a.data_dtype)
     data, converted = {}, {}

@@ -9,6 +9,12 @@ pile up. Temps of a live process (another writer, on this machine) are left alon
 Files end with the mode the umask gives new files (0644 under the usual umask 022), also those
 a library created 0600 through its own temp file (safetensors does): exports are shared between
 users. Used by the export writer, training checkpoints, the metrics CSV and the embeddings cache.
+
+Whether a command may write a path at all is `check_output`'s one rule, which every script and
+`train.run` follow: a file that exists is replaced only with --force; a folder only when it is
+absent, empty, or marked by specdec as the same kind of folder (`MARKER`, written into each folder
+a writer makes), else with --force; and never a path that is, holds, or lies inside one of the
+command's own inputs, whatever the flags.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -25,6 +31,7 @@ from typing import BinaryIO
 from .errors import SpecdecError, check
 
 TMP_PREFIX = ".tmp"      # every temp this project writes starts with ".tmp-"; safetensors' own are ".tmpXXXXXX"
+MARKER = ".specdec"      # in each folder a specdec writer made: one line, the kind of folder (`mark_dir`)
 _OURS = re.compile(r"^\.tmp-(?P<name>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
@@ -102,6 +109,74 @@ def check_writable_dir(directory: str | os.PathLike, what: str) -> None:
           f"{what} {directory}: {probe} is not writable (read-only folder or file system)")
 
 
+def mark_dir(directory: Path, kind: str) -> None:
+    """Record in `directory` (which this process made) that specdec wrote it, as a `kind` folder."""
+    write_file(Path(directory) / MARKER, lambda f: f.write(f"{kind}\n".encode()))
+
+
+def folder_kind(directory: str | os.PathLike) -> str | None:
+    """The kind `mark_dir` recorded in `directory`, or None (not marked, or unreadable)."""
+    try:
+        return (Path(directory) / MARKER).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f", ... ({len(names)} entries)" if len(names) > n else "")
+
+
+def check_not_input(target: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], what: str,
+                    flag: str = "--force") -> None:
+    """Raise a one-line SpecdecError when `target` is, holds, or lies inside one of `inputs` (what
+    the same command reads; None and "" are skipped): writing there would replace or mix with what
+    the command reads, which no `flag` allows."""
+    resolved = Path(target).expanduser().resolve()
+    for given in inputs:
+        if given is None or str(given) == "":
+            continue
+        source = Path(given).expanduser().resolve()
+        relation = ("is" if resolved == source else "holds" if source.is_relative_to(resolved)
+                    else "lies inside" if resolved.is_relative_to(source) else None)
+        check(relation is None, f"{what} {target} {relation} the input {given}: write elsewhere (an input of the "
+                                f"command is never replaced, not even with {flag})")
+
+
+def check_output(target: str | os.PathLike, what: str, *, kind: str | None = None, force: bool = False,
+                 inputs: Iterable[str | os.PathLike | None] = (), flag: str = "--force",
+                 force_does: str = "replace it", records: Iterable[str] = ()) -> bool:
+    """May this command write `target`? The one rule of every writer (module docstring); raises a
+    one-line SpecdecError naming `what` (e.g. "--out") and `flag` otherwise, before any work.
+
+    kind None: `target` is a file; one that exists needs `force`. kind "...": `target` is a folder
+    the command fills and marks as `kind` (`staged_dir(target, kind)` or `mark_dir`); a non-empty
+    one needs `force` unless specdec marked it as `kind` (or, for folders written before markers
+    existed, it holds one of `records`). `inputs`: the paths the command reads (`check_not_input`).
+    `force_does`: what `flag` does to the folder, for the message. Returns whether `target` holds
+    something the command will replace (or write beside)."""
+    check_not_input(target, inputs, what, flag)
+    path = Path(target).expanduser()
+    if kind is None:
+        check(not path.is_dir(), f"{what} {target} is a directory: give the file to write")
+        check(force or not path.exists(), f"{what} {target} exists: choose another file, or {force_does} with {flag}")
+        check_writable_dir(path.parent, f"{what}'s folder")
+        return path.exists()
+    check_writable_dir(path, what)
+    if not path.is_dir():
+        return False
+    entries = sorted(p.name for p in path.iterdir() if p.name != MARKER and not p.name.startswith(TMP_PREFIX))
+    if not entries:
+        return False
+    found = folder_kind(path) or (kind if any((path / name).exists() for name in records) else None)
+    if force or found == kind:
+        return True
+    if found is not None:
+        raise SpecdecError(f"{what} {target} holds specdec's {found} ({_few(entries)}), not a {kind}: choose "
+                           f"another {what}, or {force_does} with {flag}")
+    raise SpecdecError(f"{what} {target} holds files specdec did not write ({_few(entries)}): choose another "
+                       f"{what}, or {force_does} with {flag}")
+
+
 def write_file(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     """Write `path` atomically: `write(f)` fills a temp file beside it, which is fsynced and
     renamed over `path`. A crash leaves the old `path` (or none) and a temp that
@@ -163,18 +238,21 @@ def replace_dir(src: Path, target: Path) -> None:
 
 
 @contextmanager
-def staged_dir(target: Path) -> Iterator[Path]:
-    """Build a directory that replaces `target` whole: yields an empty temp directory beside it;
-    when the block ends without error, its files get the umask's mode and it is renamed to
-    `target` (`replace_dir`: an old `target` is moved aside first, to `.tmp-<name>.old-...`, and
-    removed after). On error `target` is unchanged. If the process dies, the next
-    `staged_dir(target)` removes its temps, after moving an old `target` back should the crash
-    have come between the two renames."""
+def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
+    """Build a directory that replaces `target` whole: yields an empty temp directory beside it
+    (marked as a `kind` folder by `mark_dir` when `kind` is given: check `target` with
+    `check_output(target, ..., kind=kind)` first); when the block ends without error, its files
+    get the umask's mode and it is renamed to `target` (`replace_dir`: an old `target` is moved
+    aside first, to `.tmp-<name>.old-...`, and removed after). On error `target` is unchanged. If
+    the process dies, the next `staged_dir(target)` removes its temps, after moving an old
+    `target` back should the crash have come between the two renames."""
     target.parent.mkdir(parents=True, exist_ok=True)
     _restore_aside(target)
     tmp = temp_path(target)
     tmp.mkdir()
     try:
+        if kind is not None:
+            mark_dir(tmp, kind)
         yield tmp
         replace_dir(tmp, target)
     finally:

@@ -33,8 +33,8 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        check(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 and t == t,
-              f"temperature must be >= 0, got {t!r}")
+        check(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf"),
+              f"temperature must be >= 0 and finite, got {t!r}")
         if self.top_k is not None:
             check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 1,
                   f"top_k must be an integer >= 1, got {self.top_k!r}")

@@ -304,7 +304,7 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
                           (["--draft-vocab-size", "8"], "give --draft-vocab"),
                           (["--draft-vocab", str(tmp_path / "none.json")], "does not exist")]:
         capsys.readouterr()
-        assert bench_train.main(["--eagle3-step", str(caches["full"]), *argv, "--out", str(out)]) == 2
+        assert bench_train.main(["--eagle3-step", str(caches["full"]), *argv, "--out", str(out), "--force"]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert bench_train.main(["--eagle3-step", str(tmp_path / "no_cache"), "--draft-vocab-size", "0"]) == 2

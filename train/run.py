@@ -2,7 +2,8 @@
 
 Order: check the whole config (one-line `SpecdecError`s: unknown top-level keys, the run-level
 keys here, the task's own through its `Task.validate`), pick the output directory (checked
-writable, not yet created, and holding no earlier run unless this resumes it or overwrite=true),
+writable, not yet created, holding no earlier run and no other files unless this resumes it or
+overwrite=true, and never holding or lying inside a path the run reads: `files.check_output`),
 read the checkpoint to resume from, seed, load the data (a missing or bad file stops here), build
 the task's module (checked against that checkpoint and against what `<output>/export` holds),
 the callbacks (each `SpecdecCallback` checks the module, `train.callbacks`), the loggers
@@ -38,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specdec_models.errors import SpecdecError, check, check_positive_int
-from specdec_models.files import check_writable_dir, one_line, os_error, write_file
+from specdec_models.files import check_output, mark_dir, one_line, os_error, write_file
 
 from .callbacks import LoggerState, SpecdecCallback
 from .checkpoints import AtomicCheckpointIO, check_resumable, export_checkpoint, read_checkpoint
@@ -127,6 +128,8 @@ def validate_run(cfg: DictConfig) -> Task:
     if cfg.ckpt_path is not None:
         check(Path(cfg.ckpt_path).is_file(), f"ckpt_path {cfg.ckpt_path} does not exist")
     check(isinstance(cfg.overwrite, bool), f"overwrite must be true or false, got {cfg.overwrite!r}")
+    check(cfg.output_dir is None or (isinstance(cfg.output_dir, str) and cfg.output_dir.strip()),
+          f"output_dir must be a folder or null (null: a new outputs/<date>/<time>), got {cfg.output_dir!r}")
     OptimConfig.from_dict(to_plain(cfg.optim))
     return task
 
@@ -178,20 +181,45 @@ def output_dir(cfg: DictConfig) -> Path:
     return out
 
 
-RUN_OUTPUTS = ("config.yaml", "train.log", "checkpoints", "csv", "export", "wandb")   # what a run writes
+# what a run writes (speculative_samples.jsonl: train.callbacks.SAMPLES_FILE)
+RUN_OUTPUTS = ("config.yaml", "train.log", "checkpoints", "csv", "export", "wandb", "speculative_samples.jsonl")
+RUN_KIND = "training run"          # the folder kind run() marks its output directory with (`files.mark_dir`)
+INPUT_KEYS = frozenset({"path", "export", "cache", "extra_caches", "files", "init_from", "draft_vocab", "tokenizer",
+                        "ckpt_path"})  # config keys (at any depth) that name files a run reads
 
 
-def check_output_dir(cfg: DictConfig, out: Path) -> list[Path]:
-    """One line unless `out` may take this run's files: a resumed run writes into its checkpoint's
-    own run folder only; any other run into a folder that holds no earlier run's files
-    (RUN_OUTPUTS: absent or empty is fine), unless overwrite=true. Returns what overwrite=true
+def run_inputs(resolved: dict[str, Any], resumed: bool) -> list[str]:
+    """The existing paths a run reads, from its resolved config: every INPUT_KEYS value (a
+    resumed run's own checkpoint aside: it lies in the folder the run continues)."""
+    found: list[str] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value)
+            elif key in INPUT_KEYS and not (key == "ckpt_path" and resumed):
+                found.extend(v for v in (value if isinstance(value, list) else [value])
+                             if isinstance(v, str) and v and Path(v).expanduser().exists())
+
+    walk({k: v for k, v in resolved.items() if k != "hydra"})
+    return found
+
+
+def check_output_dir(cfg: DictConfig, out: Path, inputs: Sequence[str] = ()) -> list[Path]:
+    """One line unless `out` may take this run's files (`files.check_output`, flag overwrite=true):
+    never a folder that is, holds or lies inside one of the run's `inputs`; a resumed run writes
+    into its checkpoint's own run folder only; any other run into a folder that is absent or
+    empty, or holds no earlier run's files (RUN_OUTPUTS) and nothing else, unless overwrite=true
+    (which removes the earlier run's files and keeps the others). Returns what overwrite=true
     replaces (removed once every check has passed), else []. Other ranks of a multi-process run
     skip this: rank 0 checked it and has written config.yaml by the time they start."""
     if rank_zero_only.rank != 0:
         return []
     earlier = [name for name in RUN_OUTPUTS if (out / name).exists()]
     own = checkpoint_run_dir(cfg.ckpt_path) if cfg.ckpt_path else None
-    if own is not None and own == out.resolve():
+    resumed = own is not None and own == out.resolve()
+    check_output(out, "output directory", kind=RUN_KIND, force=True, inputs=inputs, flag="overwrite=true")
+    if resumed:
         return []
     check(own is None or not earlier,
           f"ckpt_path {cfg.ckpt_path} belongs to the run in {own}, and output directory {out} holds another run "
@@ -200,6 +228,8 @@ def check_output_dir(cfg: DictConfig, out: Path) -> list[Path]:
     check(not earlier or cfg.overwrite,
           f"output directory {out} holds an earlier run ({', '.join(earlier)}): resume it with "
           f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}, choose a new output_dir, or replace it with overwrite=true")
+    check_output(out, "output directory", kind=RUN_KIND, force=cfg.overwrite, flag="overwrite=true",
+                 force_does="write beside them")
     return [out / name for name in earlier]
 
 
@@ -278,13 +308,14 @@ def run(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any]
     task = get_task(cfg.task.name)
     chosen = not cfg.output_dir
     out = output_dir(cfg).resolve()
-    check_writable_dir(out, "output directory")
-    replaced = check_output_dir(cfg, out)
     cfg.output_dir = str(out)                       # resolves ${output_dir} in trainer, loggers, callbacks
     try:
         config_text = OmegaConf.to_yaml(cfg, resolve=True)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as error:
         raise SpecdecError(f"the config does not resolve: {one_line(error)}") from None
+    resumed = bool(cfg.ckpt_path) and checkpoint_run_dir(cfg.ckpt_path) == out
+    replaced = check_output_dir(cfg, out, run_inputs(resolved, resumed))
     ckpt = read_checkpoint(cfg.ckpt_path) if cfg.ckpt_path else None
     L.seed_everything(cfg.seed, workers=True, verbose=False)   # said below, once every check has passed
 
@@ -312,6 +343,7 @@ def run(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any]
             print(f"overwrite=true: removing the earlier run's {', '.join(p.name for p in replaced)} in {out}")
             remove_earlier_run(replaced)
         out.mkdir(parents=True, exist_ok=True)
+        mark_dir(out, RUN_KIND)
         write_file(out / "config.yaml", lambda f: f.write(config_text.encode("utf-8")))
     except OSError as error:
         raise os_error(error, f"cannot write the output directory {out}") from None
@@ -321,7 +353,6 @@ def run(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any]
         sys.argv.append(f'output_dir="{out}"')
 
     with run_log(out):
-        resolved = OmegaConf.to_container(cfg, resolve=True)
         for logger in loggers:
             logger.log_hyperparams(resolved)
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)

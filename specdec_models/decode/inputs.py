@@ -1,15 +1,18 @@
 """The checks `generate` runs on its arguments before any work: one-line `SpecdecError`s that say
-what to fix."""
+what to fix, a batch too large for the memory free (`check_memory`) among them."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..errors import check
 from ..heads import Eagle3Head, ModelWithProphet, ProphetHead
-from ..hf import HFDecoder
+from ..hf import HFDecoder, text_config
 from ..model import Decoder
 from .cost import SpeedProfile
 
@@ -24,6 +27,69 @@ def parse_gamma(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid gamma {text!r}: give an integer >= 1 or auto") from None
+
+
+def available_memory(device: torch.device | str) -> int | None:
+    """Bytes free for new tensors on `device`: a CUDA device's free memory, the host's
+    MemAvailable (/proc/meminfo) for the CPU; None where unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0]) if torch.cuda.is_available() else None
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _position_bytes(model: Any) -> int:
+    """Bytes a model's KV cache holds per position and row (0 where its sizes are unknown)."""
+    if isinstance(model, Decoder):
+        cfg, size = model.cfg, model.to_logits.weight.element_size()
+        return cfg.depth * cfg.heads * cfg.dim_head * 2 * size
+    if isinstance(model, HFDecoder):
+        config = text_config(model.model.config)
+        heads = getattr(config, "num_attention_heads", 0) or 0
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
+        size = model.model.get_input_embeddings().weight.element_size()
+        return int(getattr(config, "num_hidden_layers", 0) or 0) * kv * dim * 2 * size
+    return 0
+
+
+def check_memory(prompt: Any, max_new_tokens: Any, models: dict[str, Any]) -> None:
+    """`check_batch_memory` for generate's prompt (a (rows, longest) tensor or a list of rows,
+    read by shape only: a huge batch is refused before it is split into rows)."""
+    if isinstance(prompt, Tensor) and prompt.ndim == 2:
+        rows, longest = prompt.shape
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(r, Tensor) for r in prompt):
+        rows, longest = len(prompt), max((r.numel() for r in prompt), default=0)
+    else:
+        return                                       # prompt_rows says what is wrong with it
+    if isinstance(max_new_tokens, int):
+        check_batch_memory(int(rows), int(longest) + max(max_new_tokens, 0), models)
+
+
+def check_batch_memory(rows: int, positions: int, models: dict[str, Any]) -> None:
+    """Refuse, before any work, a batch whose KV caches and logits cannot fit: `rows` x
+    `positions` of every model's keys and values (`Decoder`s or `HFDecoder`s; None skipped), and a
+    row of fp32 logits per row and model, against the memory free on the target's device: a lower
+    bound of what decoding allocates (a batch past it would be killed for memory far into the work)."""
+    target = models["target"]
+    free = available_memory(target.device)
+    need = rows * sum(positions * _position_bytes(m) + 4 * m.vocab_size for m in models.values() if m is not None)
+    check(free is None or need <= free,
+          f"a batch of {rows:,} rows of up to {positions:,} positions needs at least {need / 2**30:,.1f} GiB for its "
+          f"KV caches and logits, more than the {free / 2**30 if free else 0:,.1f} GiB free on {target.device}: "
+          f"decode fewer rows at once")
 
 
 def prompt_rows(prompt: Tensor | list[Tensor], vocab_size: int, max_seq_len: int) -> list[Tensor]:

@@ -54,7 +54,7 @@ from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
 from .drafters import Drafter, TreeDrafter
-from .inputs import AUTO, check_context, check_inputs, prompt_rows
+from .inputs import AUTO, check_context, check_inputs, check_memory, prompt_rows
 from .stats import DecodeStats
 from .tree import tree_generate
 
@@ -237,6 +237,7 @@ def generate(
     target, draft = as_decoders(target, None if drafter is None else drafter.model, vocab_size)
     method = check_inputs(target, draft, head, gamma, max_new_tokens, eos_id, speed_profile)
     check(verify in VERIFY, f"verify must be one of {', '.join(VERIFY)}, got {verify!r}")
+    check_memory(prompt, max_new_tokens, {"target": target, "draft": draft})
     rows_in = prompt_rows(prompt, target.vocab_size, target.cfg.max_seq_len)
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     limit = head.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None

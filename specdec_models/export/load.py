@@ -15,6 +15,7 @@ is a local path).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -82,7 +83,7 @@ def _recorded_target(directory: str | os.PathLike) -> str:
         check(recorded is not None, f"the head in {directory} records no target path: {ask}")
         return recorded
     if layout == "speculators":
-        config = read_json_object(os.path.join(directory, "config.json"), "give an eagle3 head directory")
+        config = read_json_object(Path(directory, "config.json"), "give an eagle3 head directory")
         name = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         check(isinstance(name, str) and os.path.exists(name),
               f"the head in {directory} names its verifier {name!r}, not a local path: {ask}")

@@ -32,6 +32,9 @@ import hashlib
 import importlib.util
 import json
 import os
+import pickle
+import re
+import struct
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -93,8 +96,53 @@ def check_source(path: str | os.PathLike, what: str = "model", *, tokenizer_only
         check(tokenizer_only or (path / "config.json").is_file(),
               f"{what}: {path} holds no config.json: not a Hugging Face model directory (for a GGUF file give "
               "the .gguf path)")
+        _check_not_a_head(path, what)
         _require("transformers", why="loading a Hugging Face model")
     return path
+
+
+def _check_not_a_head(path: Path, what: str) -> None:
+    """One line for a directory whose config.json says it is a specdec export or a speculators
+    draft head, not a model (transformers would blame its tokenizer)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return                                      # no readable config: transformers says what is wrong
+    from ..export.specdec import FORMAT  # the export package imports this one: read at call time
+
+    if not isinstance(config, dict):
+        return
+    check(config.get("format") != FORMAT,
+          f"{what}: {path} is a specdec {config.get('kind')} export, not a Hugging Face model directory: pass it "
+          "where an export is read (--export DIR; a head's: --prophet DIR or --eagle3 DIR)")
+    check("speculators_model_type" not in config,
+          f"{what}: {path} is a speculators draft head, not a Hugging Face model directory: pass it as --eagle3 DIR")
+
+
+def _load_error(path: Path, what: str, doing: str, error: BaseException) -> SpecdecError:
+    """A one-line error for a failed load; a GGUF file that does not read whole is said to be
+    damaged (transformers' own error names whatever it was reading: often the tokenizer)."""
+    if path.suffix == ".gguf":
+        damage = _gguf_damage(path)
+        if damage is not None:
+            return SpecdecError(f"{what}: GGUF file {path} is cut short or damaged ({damage}): copy or download it "
+                                "again")
+    return SpecdecError(f"{what}: cannot {doing} {path}: {_one_line(error)}")
+
+
+def _gguf_damage(path: Path) -> str | None:
+    """Why a GGUF file does not read whole (its header or tensors run past its end), or None."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    except ImportError:
+        return None
+    except Exception as error:  # a damaged file can fail any way the reader parses it
+        return f"it does not parse: {_one_line(error)}"
+    size = path.stat().st_size
+    return f"its tensors end at byte {end:,}, the file has {size:,}" if end > size else None
 
 
 def _is_gguf(path: Path) -> bool:
@@ -143,8 +191,8 @@ def load_tokenizer(path: str | os.PathLike, what: str = "model") -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(**_where(path))
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise SpecdecError(f"{what}: cannot load a tokenizer from {path}: {_one_line(error)}") from None
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error) as error:
+        raise _load_error(path, what, "load a tokenizer from", error) from None
 
 
 def load_config(path: str | os.PathLike, what: str = "model") -> Any:
@@ -154,8 +202,8 @@ def load_config(path: str | os.PathLike, what: str = "model") -> Any:
 
     try:
         return AutoConfig.from_pretrained(**_where(path))
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise SpecdecError(f"{what}: cannot read the config of {path}: {_one_line(error)}") from None
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error) as error:
+        raise _load_error(path, what, "read the config of", error) from None
 
 
 def head_rows(config: Any) -> int:
@@ -185,8 +233,14 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float3
 
     try:
         return AutoModelForCausalLM.from_pretrained(**_where(path), **_dense(path), dtype=dtype).eval()
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise SpecdecError(f"{what}: cannot load a causal LM from {path}: {_one_line(error)}") from None
+    except pickle.UnpicklingError as error:
+        # torch's weights-only loader refused objects that are not tensors (they could run code)
+        found = re.search(r"Trying to load unsupported GLOBAL ([\w.]+)", str(error))
+        raise SpecdecError(f"{what}: {path} holds pickled weights that are not plain tensors"
+                           f"{f' (they call {found[1]})' if found else ''}: refused, as loading them could run "
+                           "code; use a copy of the model saved as safetensors") from None
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error) as error:
+        raise _load_error(path, what, "load a causal LM from", error) from None
 
 
 def load_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LoadedModel:

@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from specdec_models.errors import check
-from specdec_models.files import write_file
+from specdec_models.files import mark_dir, write_file
 
 from ..run import compose, run
 from .report import pyplot
 
 DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+KIND = "draft comparison"          # the folder kind of --out (`specdec_models.files.mark_dir`): runs/ and the report
 
 
 @dataclass
@@ -112,6 +113,7 @@ def compare(args: Any) -> dict[str, Any]:
                                               "a model_with_prophet export (its prophet is a candidate)")
     prompts = list(validation_prompts(args.data, args.prompts, args.prompt_bytes))
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    mark_dir(Path(args.out), KIND)
     entries, n_target, draft_weights = [], weights(pair.model), 0
     for name, kind, overrides in candidates(args.target_export, budget, args.divergences, args.data_sources,
                                             not args.no_frozen_prophet):

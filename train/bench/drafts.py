@@ -353,10 +353,10 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores", tar
     plt.close(fig)
 
 
-def write_report(report: dict[str, Any], out: Path) -> list[str]:
+def write_report(report: dict[str, Any], out: Path, kind: str | None = None) -> list[str]:
     """results.json, table.md and compare.png of a comparison ({"rows": compare_drafters' rows,
     "greedy_equals_transformers_generate": ...}), written together: `out` is replaced whole
-    (`files.staged_dir`). Returns the table's lines."""
+    (`files.staged_dir`, marked as a `kind` folder when given). Returns the table's lines."""
     lines = markdown_table(report["rows"])
     greedy = ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in report["greedy_equals_transformers_generate"].items())
     lines += ["", f"Greedy output equals transformers' generate(): {greedy}"]
@@ -378,7 +378,7 @@ def write_report(report: dict[str, Any], out: Path) -> list[str]:
         lines += ["", "Greedy agreement with plain decoding in the comparison's dtype (mean fraction of a row "
                       "emitted before its first difference): " + "; ".join(agree)]
     lines += node_table(report["rows"])
-    with staged_dir(out) as tmp:
+    with staged_dir(out, kind=kind) as tmp:
         (tmp / "results.json").write_text(json.dumps(report, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
         settings = report.get("settings", {})

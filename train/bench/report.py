@@ -7,11 +7,11 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from specdec_models.files import write_file
+from specdec_models.files import check_output, write_file
 
 
 def machine(load_before: float | None = None) -> dict[str, Any]:
@@ -29,6 +29,14 @@ def load_note(report: dict[str, Any]) -> str:
     before = "" if m.get("load_average_1m_before") is None else f"{m['load_average_1m_before']:.2f} before, "
     return (f"\n\n{m['cpus']} CPUs, torch threads: {m['threads']}, {m['gpu'] or 'no GPU'}; load average (1 min) {before}"
             f"{m['load_average_1m_after']:.2f} after (above 0 means other jobs shared the CPUs).")
+
+
+def check_report(out: Path, *, force: bool, inputs: Sequence[str | Path | None] = ()) -> None:
+    """Before a benchmark runs: may its report go to out.json, out.md and out.png? Existing files
+    only with `force` (a script passes it for its own default place, bench/), never over an input
+    (`files.check_output`)."""
+    for suffix in (".json", ".md", ".png"):
+        check_output(out.with_suffix(suffix), "--out", force=force, inputs=inputs)
 
 
 def write_report(report: dict[str, Any], out: Path, markdown: str,

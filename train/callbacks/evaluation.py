@@ -43,7 +43,9 @@ log what other trainers report instead, from teacher-forced validation windows
 (`ProphetTaskModule.track_drafted`): `val/teacher_forced_accuracy/pos{i}` and
 `val/simulated_tokens_per_call` (compare it with `val/tokens_per_call/t0`). The samples go to
 `<samples_dir>/speculative_samples.jsonl` (one line per prompt, temperature and evaluation;
-samples_dir defaults to the trainer's default_root_dir, the run's output directory), and, when a
+samples_dir defaults to the trainer's default_root_dir, the run's output directory; rewritten
+atomically at each evaluation, without the lines of this step or later ones that a run killed
+before its checkpoint wrote, so a resumed run lists each step once), and, when a
 `WandbLogger` is attached, to a W&B table `val/samples`.
 
 `SpeculativeEval` is a `SpecdecCallback` (`train.callbacks.base`): it checks that what it decodes
@@ -77,6 +79,7 @@ from specdec_models.decode import SamplingConfig, SpeedProfile, TreeDrafter, gen
 from specdec_models.decode.cost import StepTimes, measure_costs
 from specdec_models.decode.tree import TreeSpec
 from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.files import write_file
 from specdec_models.heads import DraftHead, Eagle3Head
 from specdec_models.hf import HFDecoder
 
@@ -86,6 +89,20 @@ from .base import SpecdecCallback
 
 SAMPLES_FILE = "speculative_samples.jsonl"
 TABLE_KEY = "val/samples"
+
+
+def _sample_lines(path: Path) -> list[str]:
+    """The complete JSON lines of a samples file (none if it is absent; a line a kill cut short is dropped)."""
+    if not path.is_file():
+        return []
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if isinstance(json.loads(line), dict):
+                lines.append(line)
+        except ValueError:
+            continue
+    return lines
 
 
 def temperature_tag(temperature: float) -> str:
@@ -381,9 +398,12 @@ class SpeculativeEval(SpecdecCallback):
         rows = [{"step": step, **s} for s in samples]
         directory = Path(self.samples_dir or trainer.default_root_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / SAMPLES_FILE, "a", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        path = directory / SAMPLES_FILE
+        # a run resumed from a checkpoint before this step may have written this step's samples (and
+        # later ones) before it was killed: they are dropped, as the metrics CSV drops its rows
+        kept = [line for line in _sample_lines(path) if json.loads(line).get("step", -1) < step]
+        text = "".join(line + "\n" for line in kept) + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        write_file(path, lambda f: f.write(text.encode("utf-8")))
         from lightning.pytorch.loggers import WandbLogger
 
         for logger in trainer.loggers:

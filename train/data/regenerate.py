@@ -219,8 +219,7 @@ class Regenerated(RowSource):
     def __init__(self, target: HFDecoder, prompts: list[Tensor], seq_len: int, seed: int, layers: Sequence[int],
                  temperatures: Sequence[float] = (1.0,), source: str = "", eos_id: int | None = None,
                  left_out: Sequence[int] = (), left_out_because: Sequence[str] = ()) -> None:
-        check(len(temperatures) > 0 and all(float(t) >= 0 for t in temperatures),
-              f"temperatures must be numbers >= 0, got {list(temperatures)!r}")
+        check_temperatures(temperatures)
         check(eos_id is None or 0 <= eos_id < target.vocab_size,
               f"the stop token {eos_id} is not among the target's {target.vocab_size} tokens")
         skip = set(left_out)
@@ -302,6 +301,12 @@ class TextWindows(RowSource):
         return tokens, {"offset": part.astype(np.int64)}
 
 
+def check_temperatures(temperatures: Sequence[float]) -> None:
+    """One line unless `temperatures` are one or more finite numbers >= 0."""
+    check(len(temperatures) > 0 and all(0 <= float(t) < float("inf") for t in temperatures),
+          f"temperatures must be finite numbers >= 0, got {list(temperatures)!r}")
+
+
 def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: Sequence[str] | None = None,
                    prompts: str | os.PathLike | None = None, chat: bool = False,
                    temperatures: Sequence[float] = (1.0,), seq_len: int = 256, windows: int = 1024,
@@ -324,6 +329,7 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
     check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     shard_size_bytes(shard_size)
     check((text is None) != (prompts is None), "give either text files or a prompts file")
+    check_temperatures(temperatures)
     check(not exclude_prompts_of or prompts is not None, "--exclude-prompts-of leaves out prompts: give --prompts")
     continued: set[tuple[int, ...]] = set()
     for cache in exclude_prompts_of:                              # read before the target loads: bad input fails fast
