@@ -18,6 +18,9 @@ from .errors import SpecdecError, check, check_positive_int
 
 
 # the one dtype vocabulary of configs, CLIs and file metadata: torch's own names
+# the `format` field of every specdec export's config.json (specdec_models.export.specdec); here, at
+# the bottom of the package order, so that loading code below `export` (hf.weights) can recognise one
+EXPORT_FORMAT = "specdec-export"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

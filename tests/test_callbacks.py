@@ -147,7 +147,7 @@ def test_eval_callback_decodes_with_its_models_prepared_for_the_cpu_and_restores
             layer.register_forward_hook(lambda m, i, o: calls.append(1) if type(m) is not torch.nn.Linear else None)
         return prepared
 
-    monkeypatch.setattr("train.callbacks.prepare_for_device", spy)
+    monkeypatch.setattr("train.callbacks.evaluation.prepare_for_device", spy)
     callback = SpeculativeEval(num_prompts=1, prompt_len=12, max_new_tokens=6, gamma=GAMMA, temperatures=[0.0])
     with cpu.pieces_off({"linear"} if off else ()):
         _, module = fit(tmp_path, callback)

@@ -222,7 +222,7 @@ def test_numbas_pool_gets_torchs_threads_unless_numba_num_threads_is_set(env, po
     import subprocess
     import sys
 
-    code = ("import torch; from specdec_models import few_rows_kernel as k; print(torch.get_num_threads()); "
+    code = ("import torch; from specdec_models.cpu import few_rows_kernel as k; print(torch.get_num_threads()); "
             "k.matmul_wt(torch.randn(2, 8), torch.randn(4, 8)); import numba; "
             "print(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())")
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}

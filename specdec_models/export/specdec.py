@@ -59,7 +59,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..config import ModelConfig, ProphetConfig
+from ..config import EXPORT_FORMAT, ModelConfig, ProphetConfig
 from ..errors import SpecdecError, check
 from ..files import (
     TMP_PREFIX,
@@ -76,7 +76,7 @@ from ..heads import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, ModelW
 from ..hf import is_hf_model, target_identity, weights_sha256
 from ..model import Decoder
 
-FORMAT = "specdec-export"
+FORMAT = EXPORT_FORMAT
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text

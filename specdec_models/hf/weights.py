@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..config import EXPORT_FORMAT
 from ..errors import SpecdecError, check
 from .adapter import is_hf_model, logits_width, text_config
 
@@ -108,11 +109,9 @@ def _check_not_a_head(path: Path, what: str) -> None:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return                                      # no readable config: transformers says what is wrong
-    from ..export.specdec import FORMAT  # the export package imports this one: read at call time
-
     if not isinstance(config, dict):
         return
-    check(config.get("format") != FORMAT,
+    check(config.get("format") != EXPORT_FORMAT,
           f"{what}: {path} is a specdec {config.get('kind')} export, not a Hugging Face model directory: pass it "
           "where an export is read (--export DIR; a head's: --prophet DIR or --eagle3 DIR)")
     check("speculators_model_type" not in config,
