@@ -235,9 +235,12 @@ class SpeedProfile:
         return min(len(self.per_position_acceptance), max(self.v_by_gamma))
 
     def v(self, gamma: int) -> float:
-        """v(gamma): measured, or interpolated between the nearest measured gammas (v(0) = 1)."""
+        """v(gamma): measured, or interpolated between the nearest measured gammas (v(0) = 1), and
+        never below 1: a verify call does a plain step's work and more, so a measured v < 1 is timing
+        noise (tiny models, a loaded machine), and taken at face value it would predict a gain from
+        a draft that is never accepted (E = 1)."""
         check(0 <= gamma <= max(self.v_by_gamma), f"v is known up to gamma {max(self.v_by_gamma)}, not {gamma}")
-        known = {0: 1.0, **self.v_by_gamma}
+        known = {0: 1.0, **{g: max(1.0, v) for g, v in self.v_by_gamma.items()}}
         if gamma in known:
             return known[gamma]
         lo = max(g for g in known if g < gamma)
