@@ -239,7 +239,7 @@ def read_conversations(source: str | Path, limit: int | None = None) -> tuple[li
         from datasets import load_dataset
         try:
             rows = _iter_dataset(load_dataset(name), counts)
-        except Exception as e:  # the hub's errors are many; the user needs one line
+        except Exception as e:  # noqa: BLE001 (the hub's errors are many; the user needs one line)
             raise SpecdecError(f"data {name!r} is no file, folder or reachable dataset: {type(e).__name__}") from None
     out = []
     for i, record in enumerate(rows):
