@@ -21,14 +21,22 @@ CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role']
 THINKING = CHATML.replace("{{ '<|im_start|>assistant\\n' }}",
                           "{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and not enable_thinking %}"
                           "{{ '<think> </think> ' }}{% endif %}")
-WORDS = ["be", "brief", "hi", "there", "hello", "friend", "how", "are", "you", "fine", "thanks", "You", "a", "helpful", "AI", "assistant", "<think>", "</think>"]
+# Qwen3's way: an empty think block before the answers after the last user turn only, and the
+# generation prompt's own think block when enable_thinking is False
+QWEN3_LIKE = ("{% set ns = namespace(last=0) %}{% for m in messages %}{% if m['role'] == 'user' %}"
+              "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}{% for m in messages %}"
+              "{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m['role'] == 'assistant' and loop.index0 > ns.last %}"
+              "{{ '<think> </think> ' }}{% endif %}{{ m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+              "{% if enable_thinking is defined and not enable_thinking %}{{ '<think> </think> ' }}{% endif %}{% endif %}")
+WORDS = ["be", "brief", "hi", "there", "hello", "friend", "how", "are", "you", "fine", "thanks", "You", "a", "helpful", "AI", "<think>", "</think>"]
 
 
 def tokenizer(chat_template=CHATML):
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(["<unk>", "<pad>", "\n", "system", "user", "assistant", *WORDS])}
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(["<unk>", "<pad>", "\n", "system", "user", "assistant", *WORDS]))}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("\n"), "isolated"),
                                                   pre_tokenizers.Split(Regex(" "), "removed")])
@@ -178,6 +186,21 @@ def test_the_loss_mask_is_one_exactly_on_each_answer_and_its_end_of_turn_token()
     assert pieces[:4] == ["<|im_start|>", "system", "\n", "You"] and len(mask) == len(ids)
     assert [p for p, m in zip(pieces, mask) if m] == ["fine", "<|im_end|>"]
     assert [i for i, m in enumerate(mask) if m] == [len(ids) - 3, len(ids) - 2]
+
+
+def test_a_template_that_renders_the_last_answer_unlike_past_ones_masks_every_answer():
+    tok = tokenizer(QWEN3_LIKE)
+    c = conv(("user", "hi there"), ("assistant", "hello friend"), ("user", "how are you"), ("assistant", "fine thanks"))
+    ids, mask = cv.render(tok, c)
+    pieces = tok.convert_ids_to_tokens(ids)
+    assert pieces[22:] == ["<|im_start|>", "assistant", "\n", "<think>", "</think>", "fine", "thanks", "<|im_end|>", "\n"]
+    # the first answer renders as a past turn (no think block); the last keeps the template's think block
+    assert [i for i, m in enumerate(mask) if m] == [10, 11, 12, 25, 26, 27, 28, 29]
+    assert [p for p, m in zip(pieces, mask) if m] == ["hello", "friend", "<|im_end|>",
+                                                      "<think>", "</think>", "fine", "thanks", "<|im_end|>"]
+    # with enable_thinking False the generation prompt holds the think block: only the answer is marked
+    ids, mask = cv.render(tok, c, chat_template_kwargs={"enable_thinking": False})
+    assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask) if m][3:] == ["fine", "thanks", "<|im_end|>"]
 
 
 def test_rows_are_cut_at_turn_boundaries():

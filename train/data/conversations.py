@@ -310,6 +310,7 @@ def split_held_out(conversations: Iterable[Conversation], fraction: float, seed:
 # ---------------------------------------------------------------- rendering
 
 _CHECKED: set[tuple[int, str]] = set()
+_SENTINEL = "\u2063specdec-next-turn\u2063"  # content no real turn starts with
 _PROBE = (Turn("user", "PROBE-Q1"), Turn("assistant", "PROBE-A1"), Turn("user", "PROBE-Q2"))
 
 
@@ -382,9 +383,12 @@ def render_turns(tokenizer: Any, conversation: Conversation, chat_template_kwarg
     with it (after the template's header, e.g. `<|im_start|>assistant\\n`) to where turns[:i + 1]
     stops agreeing, trimmed after the last `end_of_turn` token in that span (default: the template's
     end-of-turn token, `regenerate.stop_token`), so the separator a template writes between turns
-    (ChatML's newline) stays 0. A template whose earlier turns render differently once more turns
-    follow (one that drops the reasoning of old answers) only shortens the agreeing prefixes: the
-    mask never marks a token outside an answer."""
+    (ChatML's newline) stays 0. Templates that render the last answer unlike a past one (Qwen3 puts
+    an empty `<think></think>` block before the last answer only) are why an answer followed by
+    another turn is measured against turns[:i + 1] plus the next turn with a sentinel content: there
+    answer i renders as a past turn, as in the full rendering. Without an end-of-turn token in the
+    span, only what the answer's own rendering agrees on is marked: the mask never marks a token
+    outside an answer's rendering."""
     from train.data.regenerate import stop_token
 
     kwargs = dict(chat_template_kwargs or {})
@@ -398,9 +402,14 @@ def render_turns(tokenizer: Any, conversation: Conversation, chat_template_kwarg
         end = _common(ids, _ids(tokenizer, turns[:i + 1], False, kwargs))
         if turn.role == "assistant":
             start = _common(ids, _ids(tokenizer, turns[:i], True, kwargs))
+            if i + 1 < len(turns):  # up to the next turn's content: turn i renders as a past turn, as in `ids`
+                probe = (*turns[:i + 1], Turn(turns[i + 1].role, _SENTINEL))
+                end = max(end, _common(ids, _ids(tokenizer, probe, False, kwargs)))
             span = ids[start:end]
             if eot is not None and eot in span:
                 end = start + len(span) - span[::-1].index(eot)
+            elif i + 1 < len(turns):  # no end-of-turn token to cut at: only what the answer's own rendering agrees on
+                end = min(end, max(start, _common(ids, _ids(tokenizer, turns[:i + 1], False, kwargs))))
             mask[start:end] = [1] * (end - start)
         boundaries.append(end)
     return Rendered(ids, mask, boundaries)
