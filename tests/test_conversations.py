@@ -254,3 +254,23 @@ def test_answer_prompts_feed_the_targets_own_earlier_answers_into_later_contexts
     assert cv.fill_answers(c, keep_answers=True) is c
     with pytest.raises(SpecdecError, match="answer function"):
         cv.fill_answers(c)
+
+
+def test_the_mask_on_smollm2s_own_tokenizer_and_template():
+    """The same mask on a real BPE tokenizer and template (skipped where the SmolLM2 GGUF is not installed)."""
+    from conftest import load_script
+
+    from specdec_models.hf import weights
+    try:
+        path = weights.check_source(load_script("smollm2").smollm2_gguf(), "SmolLM2", tokenizer_only=True)
+    except SpecdecError as error:
+        pytest.skip(f"the real weights are not installed: {error}")
+    tok = weights.load_tokenizer(path)
+    c = conv(("user", "Hello there, how are you?"), ("assistant", "I'm fine.\nThanks!"), ("user", "Tell me a joke"),
+             ("assistant", "Why did the chicken cross the road?"))
+    r = cv.render_turns(tok, c)
+    pieces = tok.convert_ids_to_tokens(r.input_ids)
+    assert [p for p, m in zip(pieces, r.loss_mask) if m] == [
+        "I", "'m", "Ġfine", ".", "Ċ", "Thanks", "!", "<|im_end|>",
+        "Why", "Ġdid", "Ġthe", "Ġchicken", "Ġcross", "Ġthe", "Ġroad", "?", "<|im_end|>"]
+    assert pieces[r.boundaries[1]] == "Ċ" and pieces[-1] == "Ċ" and r.loss_mask[-1] == 0
