@@ -165,6 +165,17 @@ def test_dedup_length_filter_and_the_held_out_split_by_conversation():
         cv.split_held_out(many, 1.0)
 
 
+def test_prepare_conversations_counts_every_step(tmp_path):
+    path = tmp_path / "share.jsonl"
+    records = [*SHAREGPT, SHAREGPT[0] | {"id": "a-again"}]  # one duplicate under another id
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    train, held, counts = cv.prepare_conversations(path, max_turns=4, held_out=0.5, seed="s")
+    # read 7: 2 empty, 1 without an answer, a-again a duplicate, b (5 turns) too long
+    assert (counts.read, counts.empty, counts.no_assistant, counts.duplicates, counts.out_of_length) == (7, 2, 1, 1, 1)
+    assert sorted(c.id for c in train + held) == ["a", "c"] and counts.kept == 2 and counts.held_out == len(held)
+    assert "1 duplicates" in counts.line()
+
+
 # ---------------------------------------------------------------- rendering
 
 def test_the_loss_mask_is_one_exactly_on_each_answer_and_its_end_of_turn_token():

@@ -66,17 +66,23 @@ class Conversation:
 class Counts:
     """What a read kept and skipped: `read` complete records, `cut` records cut off by the end of the
     file (the packaged ShareGPT), `empty` with no non-empty turn, `no_assistant` without an
-    assistant turn, `bad_role` with a role outside `ROLES`, `kept` conversations returned."""
+    assistant turn, `bad_role` with a role outside `ROLES`, `kept` conversations returned; then
+    `prepare_conversations`' `duplicates`, `out_of_length` (dropped) and `held_out` (of `kept`)."""
     read: int = 0
     cut: int = 0
     empty: int = 0
     no_assistant: int = 0
     bad_role: int = 0
     kept: int = 0
+    duplicates: int = 0
+    out_of_length: int = 0
+    held_out: int = 0
 
     def line(self) -> str:
         return (f"{self.read} records read, {self.kept} conversations kept (skipped: {self.cut} cut off, "
-                f"{self.empty} empty, {self.no_assistant} without an answer, {self.bad_role} unknown role)")
+                f"{self.empty} empty, {self.no_assistant} without an answer, {self.bad_role} unknown role, "
+                f"{self.duplicates} duplicates, {self.out_of_length} out of the length bounds), "
+                f"{self.held_out} of them held out")
 
 
 # ---------------------------------------------------------------- sources
@@ -249,6 +255,20 @@ def read_conversations(source: str | Path, limit: int | None = None) -> tuple[li
             if limit is not None and len(out) >= limit:
                 break
     return out, counts
+
+
+def prepare_conversations(source: str | Path, *, held_out: float = 0.0, seed: str = "", max_chars: int | None = None,
+                          max_turns: int | None = None, min_turns: int = 2, limit: int | None = None
+                          ) -> tuple[list[Conversation], list[Conversation], Counts]:
+    """(train, held_out, counts): `read_conversations`, then `deduplicate`, `filter_length` and
+    `split_held_out`, each step's drops counted (`counts.kept` is what is left after all)."""
+    check(0.0 <= held_out < 1.0, f"the held-out fraction must be in [0, 1), got {held_out}")
+    convs, counts = read_conversations(source, limit=limit)
+    convs, counts.duplicates = deduplicate(convs)
+    convs, counts.out_of_length = filter_length(convs, max_chars=max_chars, max_turns=max_turns, min_turns=min_turns)
+    train, held = split_held_out(convs, held_out, seed)
+    counts.kept, counts.held_out = len(convs), len(held)
+    return train, held, counts
 
 
 # ---------------------------------------------------------------- filters
