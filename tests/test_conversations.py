@@ -241,6 +241,13 @@ def test_no_chat_template_is_refused_and_ignored_kwargs_warn(recwarn):
     ids, mask = cv.render(tok, c, chat_template_kwargs={"enable_thinking": False})
     assert not [w for w in recwarn if "chat_template_kwargs" in str(w.message)]
     assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask) if m] == ["fine", "<|im_end|>"]
+    # a conversation the template refuses is one line naming it, for the caller to skip
+    strict = tokenizer(CHATML.replace("{% for message in messages %}",
+                                      "{% for message in messages %}{% if loop.index0 > 0 and message['role'] == "
+                                      "messages[loop.index0 - 1]['role'] %}{{ raise_exception('roles must alternate') }}"
+                                      "{% endif %}", 1))
+    with pytest.raises(SpecdecError, match="conversation twice: the chat template refuses it .roles must alternate"):
+        cv.render(strict, conv(("user", "hi"), ("assistant", "fine"), ("assistant", "thanks"), cid="twice"))
 
 
 # ---------------------------------------------------------------- the regeneration plan

@@ -408,11 +408,21 @@ def render_turns(tokenizer: Any, conversation: Conversation, chat_template_kwarg
     another turn is measured against turns[:i + 1] plus the next turn with a sentinel content: there
     answer i renders as a past turn, as in the full rendering. Without an end-of-turn token in the
     span, only what the answer's own rendering agrees on is marked: the mask never marks a token
-    outside an answer's rendering."""
-    from train.data.regenerate import stop_token
+    outside an answer's rendering. A conversation the template refuses (e.g. two answers in a row
+    where it insists on alternating roles) raises SpecdecError naming its id, for the caller to skip."""
+    from jinja2 import TemplateError
 
     kwargs = dict(chat_template_kwargs or {})
     check_chat_template(tokenizer, kwargs)
+    try:
+        return _render_turns(tokenizer, conversation, kwargs, end_of_turn)
+    except TemplateError as error:  # e.g. a template that insists on alternating roles; the caller may skip it
+        raise _refused(conversation, error) from None
+
+
+def _render_turns(tokenizer: Any, conversation: Conversation, kwargs: dict, end_of_turn: int | None) -> Rendered:
+    from train.data.regenerate import stop_token
+
     turns = conversation.turns
     ids = _ids(tokenizer, turns, False, kwargs)
     eot = stop_token(tokenizer, chat=True) if end_of_turn is None else end_of_turn
@@ -443,6 +453,11 @@ def render(tokenizer: Any, conversation: Conversation, chat_template_kwargs: dic
     `apply_chat_template` (e.g. Qwen3's `enable_thinking`); a template that ignores them warns."""
     r = render_turns(tokenizer, conversation, chat_template_kwargs)
     return r.input_ids, r.loss_mask
+
+
+def _refused(conversation: Conversation, error: Exception) -> SpecdecError:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SpecdecError(f"conversation {conversation.id}: the chat template refuses it ({first})")
 
 
 def cut_at_turns(ids: list[int], mask: list[int], boundaries: list[int], seq_len: int
