@@ -112,6 +112,15 @@ def test_sharegpt_jsonl_and_messages_jsonl_become_the_same_conversations(tmp_pat
     assert [(c.id, c.turns) for c in a] == [(c.id, c.turns) for c in b]
     assert (ca.read, ca.cut, ca.kept) == (cb.read, cb.cut, cb.kept) == (6, 0, 3)
     assert cv.read_conversations(share, limit=2)[0] == a[:2]
+    # a JSONL cut off inside its last line: the complete lines are read and the cut one counted;
+    # an undecodable line before the end is one line naming it
+    text = share.read_text()
+    share.write_text(text + text.splitlines()[0][:25])
+    convs, counts = cv.read_conversations(share)
+    assert [c.id for c in convs] == [c.id for c in a] and (counts.read, counts.cut) == (6, 1)
+    share.write_text(text + "{oops\n" + text)
+    with pytest.raises(SpecdecError, match=r"share.jsonl:7: not a JSON line"):
+        cv.read_conversations(share)
 
 
 def test_a_save_to_disk_folder_of_either_shape_is_read(tmp_path):

@@ -207,11 +207,20 @@ def _iter_file(path: Path, counts: Counts) -> Iterator[dict]:
     if kind == "json":
         yield from iter_json_array(path, counts)
         return
+    bad = None  # (line number) of an undecodable line: fatal unless it is the last one (a cut-off file)
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                counts.read += 1
-                yield json.loads(line)
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            check(bad is None, f"{path}:{bad}: not a JSON line")
+            try:
+                record = json.loads(line)
+            except ValueError:
+                bad = number
+                continue
+            counts.read += 1
+            yield record
+    counts.cut += bad is not None
 
 
 def _iter_dataset(ds: Any, counts: Counts) -> Iterator[dict]:
