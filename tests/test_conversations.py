@@ -88,6 +88,24 @@ def test_cut_off_sharegpt_reads_every_complete_record_and_counts_the_cut_one(tmp
     assert "6 records read" in counts.line() and "1 cut off" in counts.line()
 
 
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_a_malformed_record_before_the_end_is_one_line_not_a_silent_cut(tmp_path, monkeypatch, chunk):
+    text = json.dumps(SHAREGPT, indent=2)
+    bad = tmp_path / "bad.json"
+    bad.write_text(text.replace('"id": "b"', '"id": b', 1))
+    if chunk:
+        monkeypatch.setattr(cv, "CHUNK", chunk)
+    with pytest.raises(SpecdecError, match="bad.json: record 2 is not JSON"):
+        cv.read_conversations(bad)
+    full = json.dumps(SHAREGPT + [{"id": "cut", "conversations": [{"from": "human", "value": "x\u00e9 true"},
+                                                                  {"from": "gpt", "value": None}]}], indent=2)
+    start = full.rindex("{", 0, full.index('"id": "cut"'))
+    for cut in range(start + 1, full.rindex("}") - 1):  # every cut inside the last record reads the others
+        (tmp_path / "cut.json").write_text(full[:cut])
+        convs, counts = cv.read_conversations(tmp_path / "cut.json")
+        assert [c.id for c in convs] == ["a", "b", "c"] and counts.cut == 1, full[start:cut]
+
+
 def test_sharegpt_is_found_through_the_package_or_named_with_its_install_command(tmp_path, monkeypatch):
     def missing(name):
         raise metadata.PackageNotFoundError(name)

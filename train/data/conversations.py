@@ -104,7 +104,8 @@ def sharegpt_path() -> Path:
 def iter_json_array(path: Path, counts: Counts, chunk: int | None = None) -> Iterator[Any]:
     """The records of a JSON array file, one at a time, without parsing the whole file: a buffered
     read and `raw_decode` of each record. A record cut off by the end of the file (a truncated
-    download or package) is skipped and counted in `counts.cut`."""
+    download or package) is skipped and counted in `counts.cut`; a malformed record is one
+    SpecdecError line as soon as it is met (not after reading the rest of the file into the buffer)."""
     decoder = json.JSONDecoder()
     chunk = chunk or CHUNK
     with open(path, encoding="utf-8") as f:
@@ -118,9 +119,10 @@ def iter_json_array(path: Path, counts: Counts, chunk: int | None = None) -> Ite
                 return
             try:
                 if pos >= len(buf):
-                    raise ValueError("need more")
+                    raise json.JSONDecodeError("need more", buf, pos)
                 record, end = decoder.raw_decode(buf, pos)
-            except ValueError:
+            except json.JSONDecodeError as e:
+                check(_runs_off_the_end(buf, e), f"{path}: record {counts.read + 1} is not JSON ({e.msg})")
                 if eof:
                     counts.cut += pos < len(buf)
                     return
@@ -133,6 +135,13 @@ def iter_json_array(path: Path, counts: Counts, chunk: int | None = None) -> Ite
             pos = end
             if pos > chunk:  # drop what was decoded so the buffer stays about one chunk long
                 buf, pos = buf[pos:], 0
+
+
+def _runs_off_the_end(buf: str, error: json.JSONDecodeError) -> bool:
+    """Whether a decode failed only because the text stops (a record that the buffer or the file
+    cuts off), not on malformed JSON: an unclosed string, or nothing but whitespace or a few
+    characters (a cut `true` or `\\u` escape) after the failure point."""
+    return error.msg.startswith("Unterminated string") or error.pos >= len(buf) - 6 or not buf[error.pos:].strip()
 
 
 def _first_record(path: Path) -> tuple[str, Any]:
