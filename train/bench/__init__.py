@@ -11,6 +11,8 @@
 - `drafts`: drafters of one Hugging Face target side by side (scripts/compare_hf_drafts.py);
   `hf`: specdec's `generate` against transformers' `generate()` and assisted generation
   (scripts/bench_hf.py, scripts/compare_hf.py);
+- `benchmarks`: the prompt sets papers score on (MT-Bench's 80 two-turn questions, HumanEval's 164
+  problems), read from their PyPI packages;
 - `lucidrains`: lucidrains' speculative-decoding package at our sizes, for comparison;
 - `report`: atomic JSON / markdown / PNG reports.
 """
