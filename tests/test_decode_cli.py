@@ -160,6 +160,12 @@ def test_text_output_prints_each_row_and_a_stats_summary(exports, capsys):
     (("--prompt", "x", "--method", "medusa"), "invalid choice"),
     (("--prompt", "x", "--repetition-penalty", 0), "repetition_penalty must be a number > 0"),
     (("--prompt", "xy", "--max-new-tokens", 100000), f"exceed the target's max_seq_len {MAX_LEN}"),
+    (("--prompt", "x", "--lookup", "four"), "--lookup is N or N..MAX"),
+    (("--prompt", "x", "--lookup", "0"), "lookup must be an integer >= 1"),
+    (("--prompt", "x", "--lookup", "8..4"), "lookup_max must be 0"),
+    (("--prompt", "x", "--method", "lookup"), "--method lookup needs --lookup"),
+    (("--prompt", "x", "--lookup", "4", "--method", "base"), "--lookup is only used by --method lookup"),
+    (("--prompt", "x", "--datastore", "store.npz"), "give --lookup N, or --tree"),
 ])
 def test_bad_arguments_exit_2_with_one_line(exports, capsys, args, match):
     assert_usage_error(capsys, match, "--export", exports / "target", *args)
@@ -181,6 +187,27 @@ def test_the_device_defaults_to_the_cpu_and_is_in_the_help(exports, capsys):
     assert "--device" in help_text and "cpu (default), cuda, cuda:N or mps" in " ".join(help_text.split())
     args = ("--export", exports / "target", "--prompt", "ab", "--temperature", 0, "--max-new-tokens", 6)
     assert cli_json(capsys, *args)["continuations"] == cli_json(capsys, *args, "--device", "cpu")["continuations"]
+
+
+def test_lookup_decodes_an_export_greedily_as_plain_decoding_and_takes_a_datastore(exports, capsys, tmp_path):
+    from specdec_models import byte_tokenizer, load_export
+    from specdec_models.decode import GREEDY, Datastore, generate
+
+    common = ("--export", exports / "target", "--prompt", "ab, ab, a", "--max-new-tokens", 16,
+              "--temperature", 0, "--batch", 2)
+    base = cli_json(capsys, *common)
+    lookup = cli_json(capsys, *common, "--lookup", "2..8")
+    assert lookup["method"] == "lookup" and lookup["continuations"] == base["continuations"]
+    assert lookup["stats"]["drafted"] > 0 and lookup["stats"]["row_calls"] <= base["stats"]["row_calls"]
+    # a datastore of the target's own answer: its continuations are the target's, so all are accepted
+    target = load_export(exports / "target")
+    prompt = byte_tokenizer.encode("ab, ab, a", target.vocab_size, target.cfg.max_seq_len)
+    answer, _ = generate(target, prompt[None], 16, sampling=GREEDY)
+    Datastore([prompt.tolist() + answer[0].tolist()]).save(tmp_path / "store.npz")
+    stored = cli_json(capsys, *common, "--lookup", "4", "--datastore", tmp_path / "store.npz")
+    assert stored["continuations"] == base["continuations"]
+    assert stored["stats"]["accepted"] > lookup["stats"]["accepted"]
+    assert_usage_error(capsys, "give --lookup or --draft, not both", *common, "--lookup", "4", "--draft", tmp_path)
 
 
 def test_missing_required_arguments_exit_2_with_one_line(exports, capsys):

@@ -99,6 +99,15 @@ def test_plain_draft_and_prophet_decoding_equal_the_targets_own_generate(dirs, c
     assert again["continuations"] == [expected]
 
 
+def test_prompt_lookup_decoding_equals_the_targets_own_generate(dirs, capsys):
+    tok = transformers.AutoTokenizer.from_pretrained(dirs / "target")
+    prompt = "The fox, the fox, the fox"
+    expected = tok.decode(hf_greedy_ids(dirs / "target", tok(prompt)["input_ids"], 12), skip_special_tokens=True)
+    result = run_json(capsys, "--hf-model", dirs / "target", "--lookup", "3", "--prompt", prompt, "--batch", 2, *COMMON)
+    assert result["method"] == "lookup" and result["continuations"] == [expected] * 2
+    assert result["stats"]["drafted"] > 0 and result["stats"]["new_tokens"] == 24
+
+
 def test_chat_wraps_the_prompt_in_the_chat_template_and_rows_stop_at_eos(dirs, capsys):
     tok = transformers.AutoTokenizer.from_pretrained(dirs / "target")
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True)

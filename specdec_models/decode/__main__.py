@@ -4,7 +4,9 @@ Loads an export (see `specdec_models.export`), encodes the prompt with the expor
 (kind "bytes": the UTF-8 bytes, token id = byte value), runs `generate` with the chosen method
 and prints each row's continuation and the decoding stats (docs/DECODING.md defines them), or one JSON
 object with `--json`. Methods: `base` (one target call per token), `draft` (a second export
-drafts, `--draft DIR`), `prophet` (a model_with_prophet export drafts with its own prophet).
+drafts, `--draft DIR`), `prophet` (a model_with_prophet export drafts with its own prophet),
+`lookup` (`--lookup N[..MAX]`: prompt lookup, no draft model; `--datastore FILE` adds a datastore's
+continuations, `decode.lookup`).
 Every bad input is one line `error: ...` on stderr and exit status 2. `--device` (cpu by default,
 cuda, cuda:N, mps; one that is not here is refused) is where the models decode, prepared for it by
 `specdec_models.cpu.prepare_for_device` (on a CPU: few-row linear layers where they pay).
@@ -23,6 +25,8 @@ speculators format or SGLang's (`specdec_models.export.eagle3`), e.g. one traine
         --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4
     python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --eagle3 SPECULATORS_DIR \
         --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4 --json
+    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --lookup 4..16 \
+        --chat --prompt "Repeat after me: the cat sat on the mat." --temperature 0
 """
 
 from __future__ import annotations
@@ -44,12 +48,12 @@ from ..sampling import SamplingConfig
 from . import generate
 from .cost import stored_profile
 from .datastore import Datastore
-from .drafters import Drafter, DraftModel, HeadDrafter, TreeDrafter
+from .drafters import Drafter, DraftModel, HeadDrafter, Lookup, TreeDrafter
 from .inputs import parse_gamma
 from .speculative import VERIFY
 from .tree import TreeSpec
 
-METHODS = ("base", "draft", "prophet", "eagle3")
+METHODS = ("base", "draft", "prophet", "eagle3", "lookup")
 
 
 class _UsageError(Exception):
@@ -90,8 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "whose draft probability reaches it (e.g. 6,3,1,4..16,0.3); nodes=N verifies only the N most "
                              "probable of the head's nodes (e.g. 6,3,2,4..16,0.3,nodes=12); keep=P (greedy) verifies only the "
                              "head's nodes whose draft probability reaches P (e.g. 8,4,3,4..16,0.1,keep=0.05)")
+    parser.add_argument("--lookup", metavar="N[..MAX]", default=None,
+                        help="prompt-lookup decoding (method lookup, no draft model): N tokens that followed the "
+                             "context's last n-gram earlier in it, verified in one call per round; N..MAX doubles "
+                             "after each fully accepted lookup, up to MAX (e.g. 4..16)")
     parser.add_argument("--datastore", metavar="FILE",
-                        help="with --tree and its lookup: a datastore of the target's own answers (scripts/"
+                        help="with --lookup, or --tree and its lookup: a datastore of the target's own answers (scripts/"
                              "compare_hf_drafts.py datastore): where it matches a longer n-gram than prompt lookup "
                              "does in the context, its continuation is the tree's looked-up path")
     parser.add_argument("--method", choices=METHODS,
@@ -153,9 +161,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.tree is not None:
         args.tree = TreeSpec.parse(args.tree)          # parsed once, before any model is loaded
         check(args.eagle3, "--tree drafts with an EAGLE-3 head: give --eagle3 DIR")
+    if args.lookup is not None:
+        args.lookup = parse_lookup(args.lookup)
+    check(args.method != "lookup" or args.lookup is not None, "--method lookup needs --lookup N[..MAX]")
+    check(args.lookup is None or (args.method or "lookup") == "lookup",
+          f"--lookup is only used by --method lookup, not --method {args.method}")
+    for flag, value in (("--draft", args.draft), ("--prophet", args.prophet), ("--eagle3", args.eagle3)):
+        check(args.lookup is None or value is None, f"give --lookup or {flag}, not both: prompt lookup needs no drafter")
     if args.datastore is not None:
-        check(args.tree is not None and args.tree.lookup > 0,
-              "--datastore proposes a tree's looked-up path: give --tree with a lookup (e.g. 8,4,3,4..16,0.2)")
+        check(args.lookup is not None or (args.tree is not None and args.tree.lookup > 0),
+              "--datastore proposes a looked-up path: give --lookup N, or --tree with a lookup (e.g. 8,4,3,4..16,0.2)")
         args.datastore = Datastore.load(args.datastore)
     given = [flag for flag, value in (("--export", args.export), ("--hf-model", args.hf_model), ("--gguf", args.gguf))
              if value is not None]
@@ -169,7 +184,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     exported = load_export(args.export)
     target = exported.model if isinstance(exported, ModelWithProphet) else exported
-    method = args.method or ("draft" if args.draft else "prophet" if isinstance(exported, ModelWithProphet) else "base")
+    method = args.method or ("draft" if args.draft else "lookup" if args.lookup else
+                             "prophet" if isinstance(exported, ModelWithProphet) else "base")
     check(method != "eagle3", "--method eagle3 is for a Hugging Face target (--hf-model DIR or --gguf FILE with "
                               "--eagle3 DIR), not --export")
     draft = prophet = None
@@ -195,7 +211,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # a profile stored with the export (per-position acceptance, c and v measured in training's evaluation)
         metadata = read_export_config(args.draft if method == "draft" else args.export).get("metadata", {})
         profile = stored_profile(metadata, sampling.temperature, args.batch)
-    tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, _drafter(draft, prophet),
+    drafter = _drafter(draft, prophet, lookup=args.lookup, datastore=args.datastore)
+    tokens, stats = generate(target, prompt.expand(args.batch, -1), args.max_new_tokens, drafter,
                              sampling=sampling, gamma=args.gamma, speed_profile=profile, eos_id=args.eos_id,
                              verify=args.verify, generator=_generator(args))
     continuations = [byte_tokenizer.decode(t) for t in tokens]
@@ -206,7 +223,7 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
     """The Hugging Face target's run: load and check the models (`export.load.load_hf_run`), decode."""
 
     method = args.method or ("draft" if args.draft else "prophet" if args.prophet else "eagle3" if args.eagle3
-                             else "base")
+                             else "lookup" if args.lookup else "base")
     check(method != "draft" or args.draft is not None, "--method draft needs --draft (a Hugging Face model directory "
                                                        "or GGUF file sharing the target's tokenizer)")
     check(method != "prophet" or args.prophet is not None,
@@ -231,19 +248,30 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
     eos = args.eos_id if args.eos_id is not None or args.ignore_eos else hf.tokenizer.eos_token_id
     check(eos is None or 0 <= eos < hf.vocab_size, f"--eos-id must be a token id in [0, {hf.vocab_size}), got {eos}")
     tokens, stats = generate(hf.target, prompt.expand(args.batch, -1), args.max_new_tokens,
-                             _drafter(hf.draft, hf.prophet, args.tree, args.datastore), sampling=sampling,
+                             _drafter(hf.draft, hf.prophet, args.tree, args.lookup, args.datastore), sampling=sampling,
                              gamma=args.gamma, eos_id=eos, vocab_size=hf.vocab_size, verify=args.verify,
                              generator=_generator(args))
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
 
 
-def _drafter(draft: Any = None, head: Any = None, tree: TreeSpec | None = None,
+def parse_lookup(text: str) -> tuple[int, int]:
+    """--lookup 'N' or 'N..MAX': (lookup, lookup_max), as `Lookup` takes them (lookup_max 0: fixed)."""
+    parts = text.split("..")
+    check(len(parts) <= 2 and all(p.strip().isdigit() for p in parts),
+          f"--lookup is N or N..MAX (positive integers, e.g. 4 or 4..16), got {text!r}")
+    Lookup(*(int(p) for p in parts))              # its own one-line checks (N >= 1, MAX >= N), before any loading
+    return int(parts[0]), int(parts[1]) if len(parts) == 2 else 0
+
+
+def _drafter(draft: Any = None, head: Any = None, tree: TreeSpec | None = None, lookup: tuple[int, int] | None = None,
              datastore: Datastore | None = None) -> Drafter | None:
-    """The drafter the loaded models make: a draft model, a head's tree (with its datastore) or a
-    head's chain, or None (plain decoding)."""
+    """The drafter the loaded models make: a draft model, a head's tree (with its datastore),
+    prompt lookup (with its datastore) or a head's chain, or None (plain decoding)."""
     if draft is not None:
         return DraftModel(draft)
+    if lookup is not None:
+        return Lookup(*lookup, datastore=datastore)
     if tree is not None:
         return TreeDrafter(head, tree, datastore)
     return None if head is None else HeadDrafter(head)

@@ -10,9 +10,11 @@ speculatively with one of these, and picks the decoding from the drafter's type:
 - `TreeDrafter(head, tree, datastore=None)`: an `hf.Eagle3Head` drafts a tree of candidates shaped
   by `tree` (a `decode.tree.TreeSpec`, whose `lookup` adds a prompt-lookup path), verified in one
   call per row (method "eagle3_tree"); a `decode.datastore.Datastore` of the target's own answers
-  proposes that looked-up path where it matches a longer n-gram than the context does.
-
-Prompt lookup is a path of a tree, not a drafter of its own: it needs a tree whose `lookup` is on.
+  proposes that looked-up path where it matches a longer n-gram than the context does;
+- `Lookup(lookup, lookup_max=0, datastore=None)`: no model drafts; prompt lookup (Saxena 2023)
+  proposes the tokens that followed the context's last n-gram earlier in it (or a datastore's
+  continuation of a longer one), verified in one call per row (method "lookup", `decode.lookup`):
+  a tree of only its looked-up path, for a specdec `Decoder` or a Hugging Face target.
 
 Each drafter checks its own arguments when it is built (one-line `SpecdecError`s); what depends
 on the target (its vocabulary, whether a head was built for it, a prophet's trained length) is
@@ -46,13 +48,13 @@ class Drafter:
     datastore: Datastore | None = None
 
     @property
-    def module(self) -> nn.Module:
+    def module(self) -> nn.Module | None:
         """The module that drafts (the draft model or the head): what a caller moves to a device,
-        puts in eval mode or prepares for a dtype alongside the target."""
+        puts in eval mode or prepares for a dtype alongside the target; None for `Lookup`."""
         return self.model if self.model is not None else self.head
 
     def __repr__(self) -> str:
-        parts = [type(self.module).__name__] + ([repr(self.tree)] if self.tree is not None else []) \
+        parts = ([type(self.module).__name__] if self.module is not None else []) + ([repr(self.tree)] if self.tree is not None else []) \
             + (["Datastore"] if self.datastore is not None else [])
         return f"{type(self).__name__}({', '.join(parts)})"
 
@@ -100,3 +102,29 @@ class TreeDrafter(Drafter):
         check(isinstance(head, Eagle3Head), f"tree drafting needs an EAGLE-3 head (an hf.Eagle3Head), "
                                             f"got {type(head).__name__}")
         self.head, self.tree, self.datastore = head, tree, datastore
+
+
+class Lookup(Drafter):
+    """Prompt-lookup decoding (`decode.lookup`): `lookup` tokens looked up in the row's context per
+    round (or in `datastore`, where it matches a longer n-gram); `lookup_max` > 0 makes the length
+    adaptive, from `lookup` up to `lookup_max` (doubled after a round that accepted all of it, back
+    to `lookup` after a miss), as `TreeSpec`'s fields of the same names. `tree` is the lookup's
+    `TreeSpec` (its head fields unused)."""
+
+    method = "lookup"
+
+    def __init__(self, lookup: int, lookup_max: int = 0, datastore: Datastore | None = None) -> None:
+        check(isinstance(lookup, int) and not isinstance(lookup, bool) and lookup >= 1,
+              f"lookup must be an integer >= 1 (the tokens looked up per round), got {lookup!r}")
+        check(isinstance(lookup_max, int) and not isinstance(lookup_max, bool)
+              and (lookup_max == 0 or lookup_max >= lookup),
+              f"lookup_max must be 0 (a fixed length) or an integer >= lookup ({lookup}), got {lookup_max!r}")
+        check(datastore is None or isinstance(datastore, Datastore),
+              f"datastore must be a decode.datastore.Datastore, got {type(datastore).__name__}")
+        self.tree = TreeSpec(1, 1, 1, lookup=lookup, lookup_max=lookup_max)
+        self.datastore = datastore
+
+    def __repr__(self) -> str:
+        spec = self.tree
+        length = f"{spec.lookup}..{spec.lookup_max}" if spec.adaptive else f"{spec.lookup}"
+        return f"Lookup({length}{', Datastore' if self.datastore is not None else ''})"

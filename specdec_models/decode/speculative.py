@@ -12,7 +12,9 @@
   call the head's own KV cache is extended with the target's aux-layer features of the committed
   positions, and it drafts feeding its own features back (the draft vocabulary spread over the
   target's with q = 0 outside it, so the residual covers those tokens);
-- eagle3_tree (`TreeDrafter(head, tree)`): the head drafts a tree, verified in one call (`decode.tree`).
+- eagle3_tree (`TreeDrafter(head, tree)`): the head drafts a tree, verified in one call (`decode.tree`);
+- lookup (`Lookup(n)`): prompt lookup proposes n tokens copied from the context, verified in one
+  call (`decode.lookup`).
 Target and draft may also be Hugging Face causal LMs (wrapped in `hf.HFDecoder`, with per-row
 rollback of their caches; `vocab_size` slices padded heads to the shared vocabulary).
 
@@ -53,8 +55,9 @@ from ..model import Decoder
 from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
 from .block import block_verify
 from .cost import DRAFT, PREFILL, TAIL, TARGET, Clock, SpeedProfile, StepTimes, verify_key
-from .drafters import Drafter, TreeDrafter
+from .drafters import Drafter, Lookup, TreeDrafter
 from .inputs import AUTO, check_context, check_inputs, check_memory, prompt_rows
+from .lookup import lookup_generate
 from .stats import DecodeStats
 from .tree import tree_generate
 
@@ -190,7 +193,7 @@ def generate(
 ) -> tuple[list[Tensor], DecodeStats]:
     """Generate up to `max_new_tokens` new tokens per prompt row (a (batch, len) tensor or a list
     of 1-D rows of their own lengths), plainly without a `drafter`, else speculatively with it
-    (`DraftModel`, `HeadDrafter` or `TreeDrafter`: module docstring), sampled as `sampling`
+    (`DraftModel`, `HeadDrafter`, `TreeDrafter` or `Lookup`: module docstring), sampled as `sampling`
     says (a `sampling.SamplingConfig`; `sampling.GREEDY` is temperature 0; None: temperature 1,
     unfiltered).
 
@@ -229,7 +232,7 @@ def generate(
     Returns (tokens, stats): one 1-D LongTensor of new tokens per row (cut after eos_id), and a
     `DecodeStats`."""
     check(drafter is None or isinstance(drafter, Drafter),
-          f"drafter must be a decode DraftModel, HeadDrafter or TreeDrafter, got {type(drafter).__name__}: wrap a "
+          f"drafter must be a decode DraftModel, HeadDrafter, TreeDrafter or Lookup, got {type(drafter).__name__}: wrap a "
           f"draft model in DraftModel(model), a draft head in HeadDrafter(head)")
     sampling = SamplingConfig() if sampling is None else sampling
     check(isinstance(sampling, SamplingConfig), f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
@@ -242,15 +245,21 @@ def generate(
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     limit = head.prophet_cfg.prophet_train_length - 1 if method == "prophet" else None
     gamma_max = (AUTO_GAMMA_MAX if limit is None else min(AUTO_GAMMA_MAX, limit)) if gamma == AUTO else gamma
-    if isinstance(drafter, TreeDrafter):
-        check(gamma != AUTO and speed_profile is None, "tree drafting has its own depth (the tree's): gamma='auto' "
-                                                       "and a speed_profile do not apply")
-        check(not sampling.penalised and not timing, "tree drafting does not take a repetition penalty or timing=True")
+    if isinstance(drafter, (TreeDrafter, Lookup)):
+        kind = "prompt lookup" if isinstance(drafter, Lookup) else "tree drafting"
+        check(gamma != AUTO and speed_profile is None, f"{kind} has its own depth (the tree's or the lookup's): "
+                                                       f"gamma='auto' and a speed_profile do not apply")
+        check(not sampling.penalised and not timing, f"{kind} does not take a repetition penalty or timing=True")
         tree = drafter.tree
-        stats = DecodeStats(method=drafter.method, batch=len(rows_in), gamma=tree.depth)
         t0 = time.perf_counter()
-        tokens = tree_generate(target, head, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats,
-                               block=verify == "block", datastore=drafter.datastore)
+        if isinstance(drafter, Lookup):
+            stats = DecodeStats(method=drafter.method, batch=len(rows_in), gamma=tree.lookup)
+            tokens = lookup_generate(target, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats,
+                                     datastore=drafter.datastore)
+        else:
+            stats = DecodeStats(method=drafter.method, batch=len(rows_in), gamma=tree.depth)
+            tokens = tree_generate(target, head, rows_in, max_new_tokens, tree, sampling, eos_id, generator, stats,
+                                   block=verify == "block", datastore=drafter.datastore)
         stats.wall_seconds = time.perf_counter() - t0
         stats.new_tokens = sum(t.numel() for t in tokens)
         return tokens, stats.finish()
