@@ -49,7 +49,6 @@ import torch
 from torch import Tensor
 
 from ..errors import SpecdecError, check
-from ..heads import ProphetHead
 from ..hf import HFDecoder, as_decoders
 from ..model import Decoder
 from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
