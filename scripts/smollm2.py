@@ -21,22 +21,18 @@ runs again, so a killed recipe resumes at the step it was in):
    then the 2-layer distilled student (experiment=smollm2_student) on the cache's text, two threads,
    for --student-minutes (--student-minutes 0 leaves it out);
 5. comparison (scripts/compare_hf_drafts.py): every draft (the eagle3 head also at gamma auto,
-   which decodes plainly where no gamma pays, as at batch 8 on a 2-core CPU; with a 6-deep
-   chain grown while its draft probability stays >= 0.1, block-verified at T=1, the fastest there;
-   with an 8,4,3 tree grown only where its
-   draft probability stays >= 0.2 plus an adaptive prompt-lookup path of 4..16 tokens, the fastest
-   tree at T=1, and grown where it stays >= 0.1, which drafts the most at T=0
-   (a 6,3,1 tree is left out: level with the 8,4,3 one, it took 4 minutes of the comparison's
-   time); and with a 5-deep chain
-   grown while it stays >= 0.4 plus a 2..4-token lookup, the fastest at T=0 in fp32 on a CPU;
-   and with an 8-deep tree of 2 children per node,
-   one node expanded per depth, grown while it stays >= 0.2, plus a 2..8-token lookup, the fastest
-   at T=0 in fp32 once verifies of up to 20 tokens got cheap (docs/cpu.md); each tree with a lookup
-   also with the
-   datastore; trees at batch 1),
-   transformers' prompt-lookup decoding and plain
-   decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype decoding runs in here,
-   interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a CPU, 2 on a GPU);
+   which decodes plainly where no gamma pays, as at batch 8 on a 2-core CPU; with a 6-deep chain
+   grown while its draft probability stays >= 0.1, block-verified at T=1, the fastest there; with
+   an 8,4,3 tree grown only where its draft probability stays >= 0.2 plus an adaptive prompt-lookup
+   path of 4..16 tokens, the fastest tree at T=1, and grown where it stays >= 0.1, which drafts the
+   most at T=0; with a 5-deep chain grown while it stays >= 0.4 plus a 2..4-token lookup, the
+   fastest at T=0 in fp32 on a CPU; and with an 8-deep tree of 2 children per node, one node
+   expanded per depth, grown while it stays >= 0.2, plus a 2..8-token lookup, the fastest at T=0 in
+   fp32 once verifies of up to 20 tokens got cheap; each tree with a lookup also with the
+   datastore; trees at batch 1; why these shapes: docs/eagle3.md), transformers' prompt-lookup
+   decoding and plain decoding on both prompt sets, batch 1 and 8, T=0 and T=1, in the dtype
+   decoding runs in here, interleaved prompt by prompt at batch 1 (--compare-rounds rounds: 1 on a
+   CPU, 2 on a GPU);
 6. report: OUT/report/ holds the comparison (table.md, results.json, compare.png), the draft
    vocabulary table and steps.md, the wall time of each step.
 
@@ -96,12 +92,10 @@ HEADS = ("eagle3", "prophet")
 RECIPE_KIND = "smollm2 recipe"          # the folder kind of --out (`specdec_models.files.mark_dir`)
 # what --device cuda changes: the experiment the eagle3 head trains with, whose `recipe` block also
 # sizes the data (prompts drawn, rows cached, rows generated per call) and whose trainer.max_time is
-# the training minutes. A cache batch of 4,096 rows is 2,048 per temperature and per call: on an H100
-# a generating step cost 86 ms at 512 and at 2,048 rows (the host's per-call work), and 2,048 rows at
-# 257 tokens peak near 47 GB. On a CPU, CPU_DEFAULTS:
-# 4,096 rows, or as many as --cache-minutes allows (a Zen 5 EPYC cached 2,048 in 10.5 minutes, and its
-# head, 4.8 passes over them, stopped gaining on held-out rows while its training loss fell: it had
-# learnt its rows by heart)
+# the training minutes. A cache batch of 4,096 rows is 2,048 per temperature and per call (a GPU's
+# generating step costs about the same at 512 and at 2,048 rows: docs/eagle3.md). On a CPU,
+# CPU_DEFAULTS: 4,096 rows, or as many as --cache-minutes allows (a head needs more rows and more
+# steps together, or it learns its rows by heart: docs/eagle3.md)
 GPU_EXPERIMENT = "hf_eagle3_gpu"
 CPU_DEFAULTS = {"prompts": 4096, "rows": 4096, "train_minutes": 30}
 CPU_CACHE_BATCH = 256
@@ -145,7 +139,7 @@ def head_training(py: str, args: argparse.Namespace, cache: Path, counts: Path,
 
     gpu = args.device == "cuda"
     # the evaluation callback decodes only at the end (every=0): the comparison decodes each head anyway, and
-    # in the experiments' rhythm (every 3rd validation) its decoding took 9% of the eagle3 head's 30 minutes
+    # decoding inside a time-boxed run takes its share of the training minutes (docs/eagle3.md)
     same = [f"data.cache={cache}", f"data.seq_len={args.seq_len}",
             f"trainer.max_time={max_time(args.train_minutes)}",
             f"trainer.precision={args.precision or fast_precision('gpu' if gpu else 'cpu')}",
@@ -209,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/smollm2", help="the recipe's folder (steps resume inside it)")
     parser.add_argument("--text", default=str(TEXT), help="text for prompts (raw, .zip or .gz)")
-    # the cache's 21 minutes and 6 student minutes keep the recipe inside 90 minutes on the slowest host so far, an
-    # Intel Xeon without bf16 instructions: 2,048 rows in 20.6 minutes there, the recipe 83.7
+    # the cache's 21 minutes and 6 student minutes keep the recipe inside 90 minutes on the slowest host timed
+    # (docs/results.md)
     parser.add_argument("--prompts", type=int, default=None,
                         help=f"training prompts (default 4096; with --device cuda, recipe.prompts of {GPU_EXPERIMENT}.yaml)")
     parser.add_argument("--rows", type=int, default=None,
@@ -234,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall time of the 2-layer student's training (two threads); 0 leaves the student out")
     parser.add_argument("--eval-prompts", type=int, default=8, help="prompts per evaluation set (batch 8 decodes all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    # on the AMD EPYC (AVX2, fp32) 2 rounds took the comparison 31.6 minutes and the recipe to 104.7
-    # minutes, over its 90; at batch 1 one round is still interleaved prompt by prompt
+    # one round on a CPU keeps the recipe inside its 90 minutes (docs/eagle3.md); at batch 1 one round is
+    # still interleaved prompt by prompt
     parser.add_argument("--compare-rounds", type=int, default=None,
                         help="interleaved rounds of every method in the comparison (default 1 on a CPU, 2 with "
                              "--device cuda)")

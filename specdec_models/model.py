@@ -113,9 +113,9 @@ def _column_major_where_faster(module: nn.Module) -> None:
     """Store the weights of widening projections (in <= out) column-major.
 
     Batch-1 decoding is memory-bound matrix-vector work. On CPU, `F.linear` streams a (out, in)
-    weight about twice as fast when it is laid out column-major if in <= out (measured here: 512->2048
-    at 8 GB/s row-major, 18 GB/s column-major), and row-major when in > out. Shapes, state dicts and
-    exports are unchanged: only the strides differ, and `load_state_dict` copies into them."""
+    weight about twice as fast when it is laid out column-major if in <= out, and row-major when
+    in > out (docs/cpu.md). Shapes, state dicts and exports are unchanged: only the strides differ,
+    and `load_state_dict` copies into them."""
     for m in module.modules():
         if isinstance(m, nn.Linear) and m.in_features <= m.out_features and m.weight.is_contiguous():
             m.weight = nn.Parameter(m.weight.detach().t().contiguous().t(), requires_grad=m.weight.requires_grad)

@@ -93,8 +93,7 @@ def greedy_tokens(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None = Non
     """The argmax (...) of the penalised logits (..., vocab): the token greedy decoding picks, on
     which `to_probs` puts its one-hot. Read from the logits in their own dtype (a widening cast
     changes no value, so no index either): decoding at temperature 0 builds no (..., vocab)
-    tensor, where a copy and a one-hot of 8 rows x 5 positions x 49,152 tokens cost 15 ms of a
-    70 ms verify call on 2 CPU cores."""
+    tensor, whose copy and one-hot cost a large share of a CPU verify call (docs/DECODING.md)."""
     return (penalise(logits, cfg, seen) if cfg.penalised else logits).argmax(dim=-1)
 
 
@@ -111,8 +110,8 @@ def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One token per row of probs (..., vocab) -> (...), by inverse transform sampling: the first
     token whose cumulative probability exceeds u * total, u uniform in [0, 1). A zero-probability
     token spans an empty interval, so it is never drawn. One uniform per row, where
-    `torch.multinomial` draws an exponential per vocabulary entry (measured here: 3x slower at
-    batch 1 x 256, 9x at 8 x 256, 28x at 8 x 50,000). The cumulative sum is float64 (float32 on
+    `torch.multinomial` draws an exponential per vocabulary entry and is several times slower
+    (docs/DECODING.md). The cumulative sum is float64 (float32 on
     MPS, which lacks it), so the intervals keep the probabilities of rare tokens."""
     flat = probs.reshape(-1, probs.shape[-1])
     dtype = torch.float32 if flat.device.type == "mps" else torch.float64

@@ -1,4 +1,4 @@
-"""The run's loggers, and what a resumed run needs to continue them (issue: resume loses history).
+"""The run's loggers, and what a resumed run needs to continue them (so a resumed run keeps its history).
 
 `train.callbacks.LoggerState` (attached to every run by `train.run`) flushes the loggers at every
 checkpoint save, before the file is written, and records in the checkpoint where they stood

@@ -3,16 +3,7 @@
 bf16 halves the bytes a matmul reads, but only hardware with bf16 instructions also computes it
 fast. Elsewhere a bf16 matmul is converted and computed slowly, which a 1-token decoding step
 hides (it is bound by reading the weights) and every call on many tokens shows: a verify, a tree,
-a batch of rows being generated. Measured on SmolLM2-135M, 2 CPU threads:
-- a host with AMX: bf16 decoded a step in 22.7 ms against 43.6 in fp32, a 6-token verify cost
-  1.10 steps, and bf16 generated a cache 1.6-1.8x as fast;
-- an Intel Xeon with AVX-512 and its bf16 instructions (avx512_bf16) but no AMX: a bf16 verify
-  of 5 / 28 tokens cost 1.34 / 2.52 steps; the eagle3 tree decoded text at 34.1 tokens/s in
-  bf16 against 29.8 in fp32;
-- an AMD EPYC with AVX2 only: a verify of 5 / 28 tokens cost 2.31 / 9.20 bf16 steps against
-  1.52 / 2.03 fp32 steps, so in bf16 every drafted method ran slower than plain decoding;
-- an AMD EPYC with AVX-512 and avx512_bf16, no AMX: a bf16 verify of 16 tokens cost 62.3 ms
-  against fp32's 99.7, and a bf16 tree was the fastest drafting at T=0.
+a batch of rows being generated (the timings per host class: docs/cpu.md).
 
 So `fast_dtype("cpu")`, the dtype decoding and caching run in by default ("auto"), is bf16 where
 /proc/cpuinfo lists `avx512_bf16` or `amx_bf16` and fp32 elsewhere; on a CUDA device, bf16
@@ -22,18 +13,12 @@ with the machine's load).
 
 Training has its own rule, `fast_precision(accelerator)` (Lightning's precision, the
 `${fast_precision:...}` resolver of train/__init__.py): bf16-mixed autocasts the matmuls to bf16
-(the weights stay fp32), which on a CPU can be much slower than fp32. On one eagle3 training step
-at the SmolLM2 recipe's shapes (4 rows x 256 tokens, 4 unroll steps, the 8,192-row vocabulary,
-forward, backward and AdamW on one thread; `python scripts/bench_train.py --eagle3-step`):
-- on a host with AMX, bf16-mixed ran 1.8x the fp32 step rate;
-- on an Intel Xeon with avx512_bf16 but no AMX, 0.68x (2.88 s a step against 1.94 s);
-- on an AMD EPYC (Zen 4) with avx512_bf16, no AMX, 1.76x (1.244 s against 2.209 s): Zen 4 executes
-  a 512-bit fp32 FMA as two 256-bit halves, while its bf16 dot product (vdpbf16ps) does twice the
-  work per instruction.
-AMX is what gives Intel CPUs their bf16 matmul speed (oneDNN's bf16 kernels use its tiles), so
+(the weights stay fp32), which on a CPU can be much slower than fp32. AMX is what gives Intel CPUs
+their bf16 matmul speed (oneDNN's bf16 kernels use its tiles), and Zen 4 executes a 512-bit fp32
+FMA as two 256-bit halves while its bf16 dot product does twice the work per instruction, so
 `fast_precision("cpu")` is "bf16-mixed" where /proc/cpuinfo lists `amx_bf16`, or lists
-`avx512_bf16` on an AMD CPU (`vendor_id` AuthenticAMD), and "32-true" elsewhere (untimed on an
-AVX2-only EPYC); on a CUDA device with bf16, "bf16-mixed".
+`avx512_bf16` on an AMD CPU (`vendor_id` AuthenticAMD), and "32-true" elsewhere; on a CUDA device
+with bf16, "bf16-mixed" (the training-step timings: docs/cpu.md).
 """
 
 from __future__ import annotations

@@ -3,46 +3,35 @@
 Decoding calls a model's linear layers on few rows: 1 for a plain step, 2-64 for a verify or a
 draft tree at batch 1, or a verify at batch 8. PyTorch computes `F.linear(x, W)` = x @ W.T with its
 CPU BLAS, and for a few rows that runs far below what reading the weights costs. `FewRowsLinear`
-computes the same product another way, chosen by dtype, row count and host (the figures: SmolLM2's
-linear weights, 2 threads; kernel timings by `python scripts/bench_cpu.py --matmul-rows ...`):
+computes the same product another way, chosen by dtype, row count and host, each path the fastest
+one timed on its host class (the timings and their commands: docs/cpu.md):
 
-- fp32 on an Intel CPU (`fp32_library()` "mkl"): up to `LINEAR_ROWS` rows `F.linear` itself, and
-  from there to `PACKED_ROWS` rows MKL's product with the weight packed once into its own layout
-  (`torch.ops.mkl`, where torch has MKL: the fp32 path torch.compile's CPU backend takes). On an
-  Intel Xeon without bf16 instructions `F.linear` took 30-32 ms for 1-3 rows, about memory speed,
-  and then jumped (67 for 4 rows, 135 for 16), where MKL's packed product took 31 for 4 rows
-  (numba's kernel 39, oneDNN's 42), 42 for 16 (oneDNN 56) and 91 for 64 (oneDNN 113); a plain
-  SmolLM2 step through `F.linear` took 50.5 ms against 60.4 through numba's kernel. MKL's layout is
-  packed for 64 rows and serves every row count up to them; each weight shape is checked once
-  against `F.linear` before it is used (a layout MKL tied to the row count would fail there, and
-  that shape takes the rule below).
+- fp32 on an Intel CPU (`fp32_library()` "mkl"): up to `LINEAR_ROWS` rows `F.linear` itself (it
+  runs at about memory speed there, and then jumps), and from there to `PACKED_ROWS` rows MKL's
+  product with the weight packed once into its own layout (`torch.ops.mkl`, where torch has MKL:
+  the fp32 path torch.compile's CPU backend takes). MKL's layout is packed for 64 rows and serves
+  every row count up to them; each weight shape is checked once against `F.linear` before it is
+  used (a layout MKL tied to the row count would fail there, and that shape takes the rule below).
 - fp32 by the "onednn" rule on a CPU with AVX2 but not AVX-512, where numba is installed
   (`kernel()` "panels", `kernel_for`): every call of up to `PACKED_ROWS` rows takes numba's panel
   kernel (`few_rows_panels`: the weight packed once into panels of 16 output columns, tiles of 6
-  rows by 16 columns held in registers). On a Zen 3 EPYC (AVX2) it took 25.9 / 33.3 / 49.9 / 153 ms
-  for 1 / 10 / 16 / 64 rows, where numba's dot kernel took 26.6 / 46.7 / 76.0 / 281 and oneDNN's
-  packed product 37.7 / 52.9 / 68.5 / 167.
+  rows by 16 columns held in registers), level with the dot kernel at one row and faster than
+  every other path from there.
 - fp32 elsewhere (`fp32_library()` "onednn"), up to `SMALL_ROWS` rows (`small_rows_for`: 4 on a
   CPU with AVX-512, 10 on one without): numba's kernel (`few_rows_kernel`, when numba is installed:
   `pip install specdec[fast]`), which streams each weight row once and runs near the host's memory
-  speed; on an AMD EPYC (AVX2) it made plain fp32 decoding of SmolLM2-135M 1.3-1.4x faster.
-  Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL kernel:
-  there a 4-token verify cost 0.91-0.93 of torch's 1-token step. For a single row MKL's
-  matrix-vector kernel is itself slower than its 2-row product, so one row is computed as two (the
-  row twice) and the first kept.
+  speed. Without numba, torch's own product taken the other way round, (W @ x.T).T, another MKL
+  kernel. For a single row MKL's matrix-vector kernel is itself slower than its 2-row product, so
+  one row is computed as two (the row twice) and the first kept.
 - fp32 elsewhere, `SMALL_ROWS` + 1 to `PACKED_ROWS` rows: oneDNN's product with the weight packed
-  once into its blocked layout (`torch.ops.mkldnn`), where torch has oneDNN; on an AMD EPYC with
-  avx512_bf16 (Zen 5) it beat numba's kernel from 6 rows on (8 rows: 85 us against 103 for a 1536
-  x 576 weight) and SmolLM2's 16-token verify took 68 ms against 102. On a Zen 3 EPYC with AVX2
-  only numba's kernel won up to 10 rows: 37.9 / 40.3 / 51.6 ms for 6 / 8 / 10 rows, where oneDNN
-  took 47.1 / 47.3 / 56.2, and 61.9 against 59.3 for 12. Without oneDNN, fp32 calls of up to
-  `MAX_ROWS` rows take the small-row kernel.
+  once into its blocked layout (`torch.ops.mkldnn`), where torch has oneDNN; above `SMALL_ROWS` it
+  beats numba's kernel. Without oneDNN, fp32 calls of up to `MAX_ROWS` rows take the small-row
+  kernel.
 - bf16, any row count: oneDNN with the packed weight, where this CPU runs oneDNN's bf16 kernels
   (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). `F.linear` already calls oneDNN in bf16, but
   hands it the weight in torch's plain layout at every call; here it is in oneDNN's blocked layout,
-  packed once. The outputs are bit for bit `F.linear`'s, and on the EPYC with avx512_bf16 a
-  1-token step of SmolLM2 took 35 ms instead of 43 and an 8-token verify 39 instead of 53. Where
-  oneDNN does not run bf16, bf16 calls are `F.linear`'s.
+  packed once, and the outputs are bit for bit `F.linear`'s. Where oneDNN does not run bf16, bf16
+  calls are `F.linear`'s.
 
 Same function, other rounding in fp32: the sums run in another order, so outputs differ from
 `F.linear`'s in the last bits (about 1e-6 relative), as a multi-token verify already differs from a

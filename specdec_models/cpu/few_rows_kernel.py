@@ -1,15 +1,12 @@
 """A numba kernel for `few_rows.FewRowsLinear`: out = x @ W.T for 1 to 32 rows of fp32 on a CPU.
 (On a CPU with AVX2 but not AVX-512, `few_rows_panels`' kernel, on packed weights, takes every
-few-row call instead: it is as fast for one row and 1.4-1.5x faster from 10.)
+few-row call instead: it is as fast for one row and faster from a few rows on.)
 
 Decoding reads every weight once per call and multiplies it by few rows, so a call should cost about
-what reading the weights costs. MKL does not get there on an AMD EPYC (AVX2, 2 threads):
-SmolLM2-135M's 210 decoder-layer products (425 MB of fp32 weights; the host streams about 24 GB/s,
-so 18 ms is the floor) take 35-45 ms for one row and 50-70 ms for 8. This kernel streams each weight row once and takes its dot products with the
-rows of x four at a time while the weight row sits in L1 (each x row is read from cache), the output
-rows split between threads. In a scratch timing of those 210 products (random weights, 2 threads) it
-took 23 ms for one row, 28 for 4, 40 for 8 and 48 for 16, where torch's few-row path took 37-48,
-35-44, 52-71 and 50-67 (kernels alone: `python scripts/bench_cpu.py --matmul-rows 1 4 8 16`; end to
+what reading the weights costs; MKL's few-row product runs well below that on an AVX2 EPYC
+(docs/cpu.md). This kernel streams each weight row once and takes its dot products with the rows of
+x four at a time while the weight row sits in L1 (each x row is read from cache), the output rows
+split between threads (kernels alone: `python scripts/bench_cpu.py --matmul-rows 1 4 8 16`; end to
 end: `python scripts/bench_cpu.py`, the piece "dot"). It is plain numba
 (`njit(parallel=True, fastmath=True)`): LLVM vectorises the dot products for the host's own
 instructions.
@@ -24,11 +21,10 @@ Threads: numba starts its thread pool once, of NUMBA_NUM_THREADS threads (by def
 and its OpenMP workers spin between products. A process that runs torch on fewer threads than the
 host has cores (the recipe trains two heads side by side with OMP_NUM_THREADS=1 each, and each
 decodes at the end of its training) would still start a pool of every core, and two such processes
-fight over the cores: on a 2-core Intel Xeon each decoded 1-2 tokens/s instead of 15 alone, 9.7
-with a pool of one thread. So unless NUMBA_NUM_THREADS is set, the pool gets torch's thread count
-at the first product (`_pool_size`); a product then runs on min(torch's threads, the pool), told
-to numba only when that count changes (telling it cost 2.5-3 us; SmolLM2's 210 decoder-layer products
-took 21.5 ms for one row, about 100 us each).
+fight over the cores (docs/cpu.md). So unless NUMBA_NUM_THREADS is set, the pool gets torch's thread
+count at the first product (`_pool_size`); a product then runs on min(torch's threads, the pool),
+told to numba only when that count changes (telling it costs microseconds, a share of a 1-row
+product).
 """
 
 from __future__ import annotations
@@ -125,9 +121,8 @@ def matmul_wt(x: Tensor, weight: Tensor, array: np.ndarray | None = None,
     tensor, or of `shape` (a tuple of ints, rows x out in all). The caller checks dtype, device and
     that no gradient is wanted (`few_rows`); `array`, where given, is `weight` as a numpy array
     (`few_rows` keeps one per layer: making it costs microseconds at every call). The shape is set
-    in numpy, before torch sees the array: a view of a tensor made from numpy cost about 12 us here,
-    a decoding step makes hundreds of products, and a 1-row product of SmolLM2's decoder layers
-    computes in about 100 us."""
+    in numpy, before torch sees the array: a view of a tensor made from numpy costs microseconds,
+    and a decoding step makes hundreds of products."""
     numba, xwt = _compiled()
     tell_threads(numba)
     if array is None:

@@ -1,6 +1,6 @@
 """Block verification: accept a sampled draft chain as a whole, not token by token.
 
-Token verification (docs/DECODING.md, section 1) tests draft i with probability
+Token verification (docs/DECODING.md) tests draft i with probability
 min(1, p_i(x_i) / q_i(x_i)) and stops at the first rejection. A chain whose first token the
 target finds less likely than the draft did loses the whole round even where the target likes
 the next tokens more than the draft did. Block verification (Sun, Mendlovic, Leviathan, Aharoni,

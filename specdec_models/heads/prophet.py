@@ -19,7 +19,7 @@ every anchor of every sequence, computed as one batched forward over all windows
 or over `windows_per_seq` random anchors per sequence.
 
 `drafted_hits` and `simulated_tokens_per_call` give the acceptance length other trainers report
-from teacher-forced windows alone (docs/DECODING.md, section 2): window output i = 1..gamma
+from teacher-forced windows alone (docs/DECODING.md): window output i = 1..gamma
 predicts the token decoding drafts at position i (output 0 predicts the token the target emits
 itself), so with a_i the top-1 accuracy there, a round would emit 1 + sum_k prod_{i<=k} a_i
 tokens if acceptance at each position depended on nothing but the earlier ones' success.

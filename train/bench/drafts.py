@@ -148,9 +148,9 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     speedup_over_fastest_plain: the median over rounds of its token rate over the fastest plain
     decoding's in that round, the speed-up a user gets over the best they could do without a draft.
     Drafters on another target instance decode at batch 1 only; at larger batches that instance's
-    plain decoding still runs, so the fastest plain decoding is still found there (on the 2-core
-    EPYC every draft was below plain at batch 8 in both dtypes, and the fp32 drafters' batch-8 runs
-    cost the recipe's comparison 3.4 of its 17.4 minutes)."""
+    plain decoding still runs, so the fastest plain decoding is still found there (on a 2-core CPU
+    drafts run below plain decoding at batch 8, and their batch-8 runs would cost the comparison
+    minutes)."""
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
     check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
           "rounds must be >= 1 and each batch size decode between 1 and len(prompts) prompts")

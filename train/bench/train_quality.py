@@ -13,7 +13,7 @@ published form's missing feed-forward becomes a zero one):
 - the quality, `tokens_per_call`: greedy (T=0) acceptance against the validation text itself,
   teacher-forced: a_i = top-1 accuracy of the prophet's drafted position i over every window
   (`prophet.drafted_hits`), and 1 + sum_k prod_{i<=k} a_i the tokens per target call a gamma
-  round would emit (`prophet.simulated_tokens_per_call`; docs/DECODING.md, section 2);
+  round would emit (`prophet.simulated_tokens_per_call`; docs/DECODING.md);
 - for information, the real T=0 acceptance of our lossless `decode.generate` with prophet
   drafting on validation prompts. It cannot be the quality here: the main model is trained
   jointly, and after a few steps main model and prophet both emit the same repeated byte at

@@ -24,27 +24,9 @@ eagle3 task's label mask (`prompt_len`, `valid_len`) drops them, and task=hf_pro
 windows inside `valid_len` first (`ProphetHead.anchors`).
 
 A row that ends leaves the batch at once (its cache rows too), so the long answers of a batch do
-not drag finished rows through every call; that is also the simplest loop (no finished row rides
-along). On SmolLM2-135M (bf16, 2 shared threads, greedy, answers of 19-219 tokens in 257-token
-rows, one run each on a loaded machine) a batch of 64 took 35.7 s dropping rows as they end, 40.3 s
-riding along until all were done and 41.3 s compacting as `generate` does (once 1/8 are done).
-
-Against the former path (`generate`, whose rows all ran to the shortest prompt's budget, past
-their own cut, then a teacher-forced pass for the states): 64 rows at batch 64, temperatures 0
-and 1, layers [2, 15, 27, 30], the recipe's `--kind mix` prompts, SmolLM2-135M bf16, 2 threads,
-wall seconds of `write_cache` (row tokens / s), in run order:
-    seq_len 256: former 196.7 s (83), new 249.2 s (66); then new 177.0 s (93), former 135.6 s (121)
-    seq_len 128: new 116.3 s (70), former 167.1 s (49)
-The machine was shared with other sessions' test runs at a higher priority (load 3-5 on 2 cores):
-runs of the same work differed by up to 1.5x, so these figures do not settle which is faster. A
-profile of both loops shows the same cost per model call; the new one makes fewer row-calls (no
-row runs past seq_len + 1) and no second pass (64 x 256 tokens: ~12 s at issue 16's planning
-figure of ~1,400 tokens/s). Measure again on an idle machine before quoting a speed-up.
-
-Rows per call (measured on an idle machine, SmolLM2-135M bf16, 2 threads, the recipe's chat
-prompts, 257-token rows, `continue_with_states` alone): 32 rows at T=1 made 284 new tokens/s,
-128 rows 375 (T=1) and 411 (T=0), 256 rows 394 (T=1). A build's batch is split by temperature, so
-the recipe's `--batch-size 256` continues 128 rows per call.
+not drag finished rows through every call, and no row runs past seq_len + 1; that is also the
+simplest loop (no finished row rides along). A build's batch is split by temperature, so the
+recipe's `--batch-size 256` continues 128 rows per call (why 128: docs/eagle3.md).
 
 The target is loaded from a local model directory or a GGUF file (`specdec_models.hf.weights`);
 every input is checked before the weights load, the weights before any row is made.

@@ -62,8 +62,8 @@ class ProphetModule(ProphetNetModule):
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False) -> None:
         """`main`, `prophet`: the dicts of ModelConfig and ProphetConfig; `optim`: of OptimConfig;
         `metadata`: plain values kept in the checkpoint and copied into the export (run name, gamma);
-        `compile`: torch.compile the joint loss (once, about 1-2 minutes on a 2-core CPU; then
-        about 1.3x faster steps there from fused element-wise work). State dicts are unchanged."""
+        `compile`: torch.compile the joint loss (minutes once, then faster CPU steps from fused
+        element-wise work: docs/prophet.md). State dicts are unchanged."""
         super().__init__(main, prophet, optim, seed, metadata, compile)
         self.save_hyperparameters()
         if compile:
