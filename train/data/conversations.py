@@ -233,7 +233,9 @@ def _iter_file(path: Path, counts: Counts) -> Iterator[dict]:
 
 
 def _iter_dataset(ds: Any, counts: Counts) -> Iterator[dict]:
-    if hasattr(ds, "keys") and not hasattr(ds, "features"):  # a DatasetDict: its train split, else the first
+    from datasets import DatasetDict, IterableDatasetDict
+
+    if isinstance(ds, (DatasetDict, IterableDatasetDict)):  # its train split, else the first
         ds = ds["train"] if "train" in ds else ds[next(iter(ds.keys()))]
     for row in ds:
         counts.read += 1
