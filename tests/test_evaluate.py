@@ -1,0 +1,129 @@
+"""train.bench.evaluate: tau from known acceptances, plain tau = 1, sums over ratios, MT-Bench's
+second turn asked after the target's own first answer, greedy equality of every drafter on a tiny
+Decoder with the word-level ChatML tokenizer of test_conversations, and a planted mismatch raising."""
+
+import pytest
+import torch
+from test_conversations import tokenizer
+
+from specdec_models import Decoder, ModelConfig, SpecdecError
+from specdec_models.decode import GREEDY, DecodeStats, DraftModel, Lookup, generate
+from train.bench import evaluate as ev
+from train.bench.benchmarks import BenchPrompt
+
+
+def tiny_target(vocab, seed=0, dim=32, depth=2):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, dim=dim, depth=depth, heads=2, dim_head=16, max_seq_len=256)
+    return Decoder(cfg).eval()
+
+
+def prompts():
+    return [BenchPrompt("81", "writing", ["how are you", "be brief"]),
+            BenchPrompt("82", "roleplay", ["hi there friend", "thanks"])]
+
+
+def test_tau_of_three_rounds_accepting_2_0_4_of_4_counts_the_prefill_and_the_bonus_tokens():
+    # prefill emits 1 token; the rounds emit 2+1, 0+1, 4+1: 10 tokens over 4 target calls
+    stats = DecodeStats(method="draft", batch=1, gamma=4, new_tokens=10, target_calls=4,
+                        accepted_at=[2, 1, 1, 1], drafted_at=[3, 3, 3, 3])
+    assert ev.acceptance_length(10, 4) == 2.5
+    s = ev.score([stats])
+    assert s.tau == 2.5
+    assert s.per_position_acceptance == pytest.approx([2 / 3, 1 / 3, 1 / 3, 1 / 3])
+
+
+def test_tau_of_plain_decoding_is_one():
+    target = tiny_target(48)
+    _, stats = generate(target, [torch.tensor([1, 2, 3])], 7, sampling=GREEDY)
+    assert ev.acceptance_length(stats.new_tokens, stats.target_calls) == 1.0
+    assert ev.score([stats]).tau == 1.0 and ev.score([stats]).per_position_acceptance == []
+
+
+def test_tau_over_many_prompts_is_a_ratio_of_sums_not_a_mean_of_ratios():
+    short = DecodeStats(method="draft", batch=1, gamma=4, new_tokens=5, target_calls=1,
+                        accepted_at=[1], drafted_at=[1])
+    long = DecodeStats(method="draft", batch=1, gamma=4, new_tokens=100, target_calls=50,
+                       accepted_at=[30, 10], drafted_at=[49, 30])
+    s = ev.score([short, long])
+    assert s.tau == 105 / 51 != (5 + 2) / 2
+    assert s.per_position_acceptance == pytest.approx([31 / 50, 10 / 30])
+
+
+def test_acceptance_length_refuses_zero_calls():
+    with pytest.raises(SpecdecError, match="target_calls must be >= 1"):
+        ev.acceptance_length(3, 0)
+
+
+def test_mt_bench_second_turn_holds_the_targets_own_first_answer_after_the_first_question():
+    tok = tokenizer()
+    answer = torch.tensor(tok.convert_tokens_to_ids(["hello", "friend", "fine"]) + [tok.eos_token_id])
+    seen = []
+
+    def answer_fn(ids):
+        seen.append(ids)
+        return answer
+
+    first, second = ev.conversation_turns(tok, prompts()[0], answer_fn)
+    assert len(seen) == 1 and torch.equal(seen[0], first)
+    text = tok.decode(second.tolist())
+    assert text.index("how are you") < text.index("hello friend fine") < text.index("be brief")
+    assert torch.equal(second[:len(first)], first)  # turn 2 continues turn 1's context
+    assert text.count("<|im_end|>") == 4  # system, question, answer, question: the answer's own eos dropped
+
+
+def test_target_answer_in_turn_two_is_its_greedy_decoding():
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+    eos = ev.end_of_turn_id(tok)
+    assert eos == tok.convert_tokens_to_ids("<|im_end|>")
+    first, second = ev.conversation_turns(
+        tok, prompts()[0], lambda ids: generate(target, [ids], 6, sampling=GREEDY, eos_id=eos)[0][0])
+    greedy, _ = generate(target, [first], 6, sampling=GREEDY, eos_id=eos)
+    words = tok.decode(greedy[0].tolist(), skip_special_tokens=True).strip()
+    assert words and words in tok.decode(second.tolist())
+
+
+def drafters(vocab):
+    return {"draft": DraftModel(tiny_target(vocab, seed=1, dim=16, depth=1)), "lookup": Lookup(2)}
+
+
+def test_every_drafter_reproduces_plain_greedy_decoding_and_is_scored_per_category():
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+    out = ev.evaluate(target, tok, drafters(len(tok)), prompts(), temperatures=(0.0, 1.0), max_new_tokens=8)
+    assert set(out) == {0.0, 1.0}
+    for groups in out.values():
+        assert set(groups) == {"writing", "roleplay", "overall"}
+        overall = groups["overall"]
+        assert set(overall) == {"plain", "draft", "lookup"}
+        assert overall["plain"]["tau"] == 1.0
+        assert overall["plain"]["speedup"] == pytest.approx(1.0)
+        for m in overall.values():
+            assert m["tau"] >= 1.0 and m["tokens"] > 0 and m["seconds"] > 0
+        # overall sums the categories
+        assert overall["draft"]["tokens"] == groups["writing"]["draft"]["tokens"] + groups["roleplay"]["draft"]["tokens"]
+    greedy = out[0.0]["overall"]
+    assert greedy["draft"]["tokens"] == greedy["plain"]["tokens"] == greedy["lookup"]["tokens"]
+    assert len(greedy["draft"]["per_position_acceptance"]) > 0
+
+
+def test_a_drafter_that_changes_the_greedy_output_raises(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+
+    def planted(target, prompt, max_new_tokens, drafter=None, **kw):
+        tokens, stats = generate(target, prompt, max_new_tokens, drafter, **kw)
+        if drafter is not None and drafter.method == "draft":
+            tokens = [torch.cat([t, t[-1:] + 1]) for t in tokens]
+        return tokens, stats
+
+    monkeypatch.setattr(ev, "generate", planted)
+    with pytest.raises(SpecdecError, match="drafter draft changed the greedy output of prompt 81 turn 1"):
+        ev.evaluate(target, tok, drafters(len(tok)), prompts(), temperatures=(0.0,), max_new_tokens=6)
+
+
+def test_a_drafter_named_plain_is_refused():
+    tok = tokenizer()
+    with pytest.raises(SpecdecError, match="'plain' names plain decoding"):
+        ev.evaluate(tiny_target(len(tok)), tok, {"plain": None}, prompts())
