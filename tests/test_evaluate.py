@@ -4,7 +4,7 @@ Decoder with the word-level ChatML tokenizer of test_conversations, and a plante
 
 import pytest
 import torch
-from test_conversations import tokenizer
+from test_conversations import THINKING, tokenizer
 
 from specdec_models import Decoder, ModelConfig, SpecdecError
 from specdec_models.decode import GREEDY, DecodeStats, DraftModel, Lookup, generate
@@ -70,6 +70,15 @@ def test_mt_bench_second_turn_holds_the_targets_own_first_answer_after_the_first
     assert text.index("how are you") < text.index("hello friend fine") < text.index("be brief")
     assert torch.equal(second[:len(first)], first)  # turn 2 continues turn 1's context
     assert text.count("<|im_end|>") == 4  # system, question, answer, question: the answer's own eos dropped
+
+
+def test_chat_template_kwargs_reach_every_turns_template():
+    tok = tokenizer(THINKING)
+    plain = ev.conversation_turns(tok, prompts()[0], lambda ids: torch.tensor([], dtype=torch.long))
+    off = ev.conversation_turns(tok, prompts()[0], lambda ids: torch.tensor([], dtype=torch.long),
+                                {"enable_thinking": False})
+    for a, b in zip(plain, off):
+        assert "<think>" not in tok.decode(a.tolist()) and tok.decode(b.tolist()).endswith("<think> </think>")
 
 
 def test_target_answer_in_turn_two_is_its_greedy_decoding():

@@ -94,16 +94,19 @@ def end_of_turn_id(tokenizer) -> int:
     return tokenizer.eos_token_id
 
 
-def _ids(tokenizer, messages: list[dict]) -> Tensor:
+def _ids(tokenizer, messages: list[dict], chat_template_kwargs: Mapping | None) -> Tensor:
     # render then tokenize: apply_chat_template(tokenize=True) returns a list or a BatchEncoding
     # depending on the transformers version; the template already holds any special tokens
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         **dict(chat_template_kwargs or {}))
     return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
-def conversation_turns(tokenizer, prompt: BenchPrompt, answer_fn: Callable[[Tensor], Tensor]) -> list[Tensor]:
+def conversation_turns(tokenizer, prompt: BenchPrompt, answer_fn: Callable[[Tensor], Tensor],
+                       chat_template_kwargs: Mapping | None = None) -> list[Tensor]:
     """One 1-D LongTensor of prompt ids per user turn of `prompt`, through the tokenizer's chat
-    template with the generation prompt. Turn k + 1's context holds the earlier turns and the
+    template with the generation prompt (and `chat_template_kwargs`, e.g. Qwen3's
+    `enable_thinking`). Turn k + 1's context holds the earlier turns and the
     answer `answer_fn(turn k ids)` gives (1-D new token ids, e.g. the target's own greedy answer),
     decoded without special tokens (so its end-of-turn token is the template's, not doubled).
     answer_fn is not called after the last turn."""
@@ -111,7 +114,7 @@ def conversation_turns(tokenizer, prompt: BenchPrompt, answer_fn: Callable[[Tens
     messages, out = [], []
     for k, turn in enumerate(prompt.turns):
         messages.append({"role": "user", "content": turn})
-        out.append(_ids(tokenizer, messages))
+        out.append(_ids(tokenizer, messages, chat_template_kwargs))
         if k + 1 < len(prompt.turns):
             answer = tokenizer.decode(answer_fn(out[-1]).tolist(), skip_special_tokens=True).strip()
             messages.append({"role": "assistant", "content": answer})
@@ -133,7 +136,8 @@ def _timed(target, ids: Tensor, max_new_tokens: int, drafter, sampling, eos_id, 
 
 
 def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts: Sequence[BenchPrompt],
-             temperatures: Sequence[float] = (0.0, 1.0), max_new_tokens: int = 256, seed: int = 0) -> dict:
+             temperatures: Sequence[float] = (0.0, 1.0), max_new_tokens: int = 256, seed: int = 0,
+             chat_template_kwargs: Mapping | None = None) -> dict:
     """Score each drafter in `drafters` (name -> a Drafter; None decodes plainly, as a control)
     against plain decoding of `target` on `prompts`, batch 1.
 
@@ -144,7 +148,8 @@ def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts:
     call's generator is seeded with (seed, prompt index, turn), the same for every method.
     Answers stop at the end-of-turn token or after `max_new_tokens`. At temperature 0 every
     drafter's tokens must equal plain decoding's: a mismatch raises `SpecdecError` naming the
-    drafter, prompt and turn.
+    drafter, prompt and turn; run the target in fp32 for that check, since in bf16 a verify
+    call's logits may differ from a one-token step's in the last bit and flip a near tie.
 
     Returns {temperature: {category or "overall": {method: metrics}}}, the methods being "plain"
     and the drafters' names, metrics a dict of tau, per_position_acceptance, tokens,
@@ -159,7 +164,7 @@ def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts:
         tokens, _ = generate(target, [ids], max_new_tokens, sampling=GREEDY, eos_id=eos_id)
         return tokens[0][tokens[0] != eos_id]
 
-    turns = [conversation_turns(tokenizer, p, greedy_answer) for p in prompts]
+    turns = [conversation_turns(tokenizer, p, greedy_answer, chat_template_kwargs) for p in prompts]
     methods = [PLAIN, *drafters]
     out = {}
     for temperature in temperatures:
