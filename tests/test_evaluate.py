@@ -136,3 +136,17 @@ def test_a_drafter_named_plain_is_refused():
     tok = tokenizer()
     with pytest.raises(SpecdecError, match="'plain' names plain decoding"):
         ev.evaluate(tiny_target(len(tok)), tok, {"plain": None}, prompts())
+
+
+def test_greedy_equality_holds_with_a_tiny_hf_llama_target():
+    import transformers
+    from test_hf_decode import llama_config
+
+    tok = tokenizer()
+    torch.manual_seed(0)
+    target = transformers.LlamaForCausalLM(llama_config(vocab=len(tok))).float().eval()
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(8.0)  # random heads give near-uniform logits
+    out = ev.evaluate(target, tok, drafters(len(tok)), prompts()[:1], temperatures=(0.0,), max_new_tokens=8)
+    greedy = out[0.0]["overall"]
+    assert greedy["draft"]["tokens"] == greedy["lookup"]["tokens"] == greedy["plain"]["tokens"] > 0
