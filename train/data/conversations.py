@@ -376,6 +376,12 @@ def _ids(tokenizer: Any, turns: tuple[Turn, ...], generation_prompt: bool, kwarg
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def context_ids(tokenizer: Any, turns: tuple[Turn, ...], chat_template_kwargs: dict | None = None) -> list[int]:
+    """The token ids the target answers from: `turns` through the chat template with the
+    assistant's turn opened (the generation prompt), tokenized as `render` tokenizes."""
+    return _ids(tokenizer, tuple(turns), True, dict(chat_template_kwargs or {}))
+
+
 def _common(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two id lists."""
     n = min(len(a), len(b))

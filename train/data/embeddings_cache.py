@@ -24,6 +24,8 @@ from the passes that generated them, `RowSource`):
                   the prompt's length in tokens (int32)
     valid_len     for those rows too: the real tokens among the seq_len + 1 (prompt + answer up to
                   and including its end-of-turn token); the rest is padding (int32)
+    loss_mask     for conversation rows (`train.data.chat_rows`): seq_len + 1 uint8, 1 on every
+                  assistant turn's tokens (its end-of-turn token included), 0 elsewhere
 
 A batch (`cache_rows`) holds "embeds" (b, seq_len, len(layers) * dim), the layers concatenated in
 cache.json's order, so a one-layer cache reads as (b, seq_len, dim). cache.json records "layers"
@@ -79,6 +81,7 @@ READ_VERSIONS = (3, 4)     # 3: any vocabulary, int8 with per-token scales, the 
 META_NAME = "cache.json"
 BUILD_NAME = "build.json"
 DATASET_DIR = "dataset"
+MASK = "mask"              # a RowSource column kind: seq_len + 1 uint8 per row (a per-token loss mask)
 DTYPES = ("bfloat16", "float16", "int8")      # names as in specdec_models.config.DTYPES, plus int8
 HOW_TO_BUILD = ("build one with scripts/cache_embeddings.py (--export MAIN_EXPORT --data DATA, or --hf-model DIR / "
                 "--gguf FILE) --out CACHE_DIR")
@@ -129,7 +132,7 @@ def unpack_embeds(values: np.ndarray, dtype: str, seq_len: int, scales: np.ndarr
 def row_bytes(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, columns: dict[str, str],
               layers: int = 1) -> int:
     """Bytes one row takes in the Arrow files (values only)."""
-    width = {"uint8": 1, "uint16": 2, "int32": 4, "int64": 8}
+    width = {"uint8": 1, "uint16": 2, "int32": 4, "int64": 8, MASK: seq_len + 1}
     tokens = (seq_len + 1) * width[token_type(vocab_size)]
     embeds = seq_len * layers * (dim * (1 if dtype == "int8" else 2) + (4 if dtype == "int8" else 0))
     topk = seq_len * top_k * (2 + (1 if vocab_size <= 256 else 4))          # float16 values, uint8 / int32 ids
@@ -148,7 +151,8 @@ def _features(seq_len: int, dim: int, dtype: str, top_k: int, vocab_size: int, c
     if top_k:
         features["topk_values"] = List(Value("float16"), length=seq_len * top_k)
         features["topk_indices"] = List(Value("uint8" if vocab_size <= 256 else "int32"), length=seq_len * top_k)
-    features.update({name: Value(kind) for name, kind in columns.items()})
+    features.update({name: List(Value("uint8"), length=seq_len + 1) if kind == MASK else Value(kind)
+                     for name, kind in columns.items()})
     return Features(features)
 
 
@@ -383,7 +387,8 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
                         columns["topk_indices"] = _fixed_lists(indices.cpu().numpy().astype(
                             np.uint8 if model.vocab_size <= 256 else np.int32).reshape(len(tokens), -1))
                     for name, kind in source.columns.items():
-                        columns[name] = pa.array(extra[name].astype(kind))
+                        columns[name] = (_fixed_lists(extra[name].astype(np.uint8)) if kind == MASK
+                                         else pa.array(extra[name].astype(kind)))
                     writer.write_table(pa.table({name: columns[name] for name in features}))
                     if progress is not None:
                         progress(len(tokens) * seq_len)
@@ -527,7 +532,7 @@ def open_cache(cache: str | os.PathLike, meta: dict[str, Any] | None = None):
 def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = False) -> dict[str, torch.Tensor]:
     """Rows `rows` of an opened cache as a training batch {"tokens" (b, n + 1) int64, "embeds"
     (b, n, len(layers) * d), the layers in meta["layers"]' order} (+ "prompt_len" and "valid_len"
-    (b,) int64 when the rows have them; with `top_k`, "topk_values" (b, n, K) float16 and
+    (b,) int64 and "loss_mask" (b, n + 1) bool when the rows have them; with `top_k`, "topk_values" (b, n, K) float16 and
     "topk_indices" (b, n, K) int64)."""
     table = dataset[rows.tolist()]
     n = meta["seq_len"]
@@ -542,6 +547,8 @@ def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = Fa
     for name in ("prompt_len", "valid_len"):
         if name in table.column_names:
             batch[name] = torch.from_numpy(table.column(name).to_numpy().astype(np.int64))
+    if "loss_mask" in table.column_names:
+        batch["loss_mask"] = torch.from_numpy(column("loss_mask").astype(bool))
     if top_k:
         check(meta["top_k_logits"] > 0, "the embeddings cache holds no top-k logits: rebuild it with --top-k-logits K")
         batch["topk_values"] = torch.from_numpy(column("topk_values").copy()).view(len(rows), n, -1)

@@ -218,7 +218,10 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
 
 def label_mask(batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
     """(b, n) whether the target's prediction at position j (of token j + 1) is trained on: token
-    j + 1 lies in the row's answer (at or past `prompt_len`, before `valid_len`); None: all."""
+    j + 1 is an answer token (`loss_mask[:, j + 1]` of conversation rows; else at or past
+    `prompt_len` and before `valid_len`); None: all."""
+    if "loss_mask" in batch:
+        return batch["loss_mask"][:, 1:n + 1].bool()
     if "prompt_len" not in batch and "valid_len" not in batch:
         return None
     b = batch["tokens"].shape[0]

@@ -67,12 +67,15 @@ FORMATS = ("speculators", "specforge")
 SPECFORGE_VOCAB = "vocab_mapping.pt"
 
 
-def answer_mask(n: int, prompt_len: int | None, valid_len: int | None) -> Tensor:
+def answer_mask(n: int, prompt_len: int | None, valid_len: int | None, loss_mask: Tensor | None = None) -> Tensor:
     """(n,) bool: whether the target's prediction at position j (of token j + 1) is trained on,
-    as specdec's eagle3 task decides (`train.data.hf_embeddings.label_mask`)."""
+    as specdec's eagle3 task decides (`train.data.hf_embeddings.label_mask`); `loss_mask` (n + 1,):
+    a conversation row's per-token mask."""
     from .hf_embeddings import label_mask
 
     batch: dict[str, Tensor] = {"tokens": torch.zeros(1, n + 1, dtype=torch.long)}
+    if loss_mask is not None:
+        batch["loss_mask"] = loss_mask[None]
     if prompt_len is not None:
         batch["prompt_len"] = torch.tensor([prompt_len])
     if valid_len is not None:
@@ -114,7 +117,7 @@ def iter_rows(cache: str | os.PathLike, rows: int | None = None, batch: int = 32
             valid = int(b["valid_len"][r]) if "valid_len" in b else None
             T = n if valid is None else max(2, min(valid, n))
             yield {"tokens": b["tokens"][r, :T], "embeds": b["embeds"][r, :T].float().view(T, k, -1),
-                   "mask": answer_mask(n, prompt, valid)[:T]}
+                   "mask": answer_mask(n, prompt, valid, b["loss_mask"][r] if "loss_mask" in b else None)[:T]}
 
 
 def _summary(kind: str, meta: dict[str, Any], aux: list[int], rows: int, tokens: int, answers: int) -> dict[str, Any]:

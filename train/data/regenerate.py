@@ -137,8 +137,8 @@ def stop_token(tokenizer: Any, chat: bool) -> int | None:
 
 @torch.inference_mode()
 def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, layers: Sequence[int],
-                         temperature: float, generator: torch.Generator | None = None, eos_id: int | None = None
-                         ) -> tuple[Tensor, Tensor, Tensor]:
+                         temperature: float, generator: torch.Generator | None = None, eos_id: int | None = None,
+                         max_new: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Each prompt continued by the target, KV-cached, one token per row per call, sampled at
     `temperature` with `generator` (greedy at 0, `sampling.to_probs`), up to and including
     `eos_id` (None: no stop) or up to `length` tokens in all, recording the hidden states at
@@ -148,7 +148,9 @@ def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, 
     eos_id (0 without one), valid (b,) each row's real tokens, and states (b, length - 1,
     len(layers) * hidden) of tokens[:, :length - 1] in the target's dtype: exactly the hidden states
     a teacher-forced pass gives at positions < valid - 1, and zero from valid - 1 on (a row's last
-    token is never fed). A row that ends leaves the batch (the cache drops it too)."""
+    token is never fed). A row that ends leaves the batch (the cache drops it too). `max_new`: a
+    row also ends after that many new tokens. No `layers`: no states are kept (None), for answers
+    whose states a later teacher-forced pass computes (`train.data.chat_answers`)."""
     b, device = len(prompts), target.device
     lens = torch.tensor([p.numel() for p in prompts], device=device)
     width = int(lens.max())
@@ -157,11 +159,14 @@ def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, 
     for i, p in enumerate(prompts):
         tokens[i, : p.numel()] = p.to(device)
     sampling = SamplingConfig(temperature)
-    cache = target.new_cache(b, length, keep_layers=list(layers))
+    cache = target.new_cache(b, length, keep_layers=list(layers) or None)
     logits = target(tokens[:, :width], cache=cache, logits_at=lens - 1).logits[:, 0]        # (b, vocab)
-    fed = cache.layer_states                                                              # (b, width, k h)
-    states = fed.new_zeros(b, length - 1, fed.shape[-1])
-    states[:, :width] = fed.masked_fill((torch.arange(width, device=device) >= lens[:, None])[..., None], 0)
+    states = None
+    if layers:
+        fed = cache.layer_states                                                          # (b, width, k h)
+        states = fed.new_zeros(b, length - 1, fed.shape[-1])
+        states[:, :width] = fed.masked_fill((torch.arange(width, device=device) >= lens[:, None])[..., None], 0)
+    last = lens + (length if max_new is None else max_new)       # the position after each row's last new token
     cache.rollback(lens)
     row = torch.arange(b, device=device)             # the output row of each row still in the batch
     at = lens.clone()                                # the position each row's next token takes
@@ -170,7 +175,7 @@ def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, 
         probs = to_probs(logits, sampling)
         nxt = probs.argmax(-1) if sampling.greedy else sample(probs, generator)           # (a,)
         tokens[row, at], valid[row] = nxt, at + 1
-        done = (at + 1 >= length) | (False if eos_id is None else nxt == eos_id)
+        done = (at + 1 >= length) | (at + 1 >= last[row]) | (False if eos_id is None else nxt == eos_id)
         if bool(done.any()):                         # a finished row leaves at once (module docstring)
             batch = int((~done).sum())
             if batch == 0:
@@ -181,7 +186,8 @@ def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, 
             order[dst] = src
             row, at, nxt = row[order[:batch]], at[order[:batch]], nxt[order[:batch]]
         logits = target(nxt[:, None], cache=cache).logits[:, -1]
-        states[row, at] = cache.layer_states[:, 0]
+        if states is not None:
+            states[row, at] = cache.layer_states[:, 0]
         at = at + 1
     return tokens, valid, states
 

@@ -1,8 +1,9 @@
 """task=hf_eagle3: an EAGLE-3-class head trained against a frozen Hugging Face target.
 
 `python -m train experiment=smollm2_eagle3 data.cache=DIR head.draft_vocab=COUNTS.json` (from a
-cache of the target's hidden states, `data=hf_embeddings`) or `data=hf_text data.files=[...]`
-(hidden states online: the target runs under no_grad at every step). The head is
+cache of the target's hidden states, `data=hf_embeddings`), or online (the target runs under
+no_grad at every step) from conversations (`data=hf_chat data.answers=DIR`, `train.data.chat_rows`)
+or plain text (`data=hf_text data.files=[...]`). The head is
 `specdec_models.heads.eagle3.Eagle3Head`: a fc over three aux layers, one decoder layer at the target's
 shapes attending over the whole context, an LM head over a draft vocabulary; it shares (frozen)
 the target's token embedding.
@@ -11,8 +12,9 @@ Training runs as decoding does (`Eagle3Head.ttt_loss`): `task.ttt_steps` unrolle
 fed the head's own features of the step before, weighted `task.ttt_decay`^k; the loss is the
 forward KL from the target's distribution renormalised over the draft vocabulary (the module
 docstring of `specdec_models.heads.eagle3` says why renormalising is the right handling of the mass
-outside it). Only answer tokens count: for regenerated rows, the labels of the prompt and of
-everything after the row's end (EOS) are masked (`prompt_len`, `valid_len` of the cache).
+outside it). Only answer tokens count: for conversation rows, the labels of every token outside an
+assistant turn are masked (`loss_mask`); for rows of one prompt and its continuation, those of the
+prompt and of everything after the row's end (`prompt_len`, `valid_len` of the cache).
 `task.ttt_ramp`: the share of the budget (the larger of the steps' and `max_time`'s share, as the
 schedule reads it) whose training steps unroll draft step 1 alone, at about a third of a 4-step
 step's cost, before the rest unrolls all `ttt_steps` (on in experiment=smollm2_eagle3, where the
@@ -62,6 +64,7 @@ from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_v
 from specdec_models.hf.weights import tokenizer_fingerprint, vocabulary_fingerprint
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
+from ..data.chat_rows import HFChatDataModule
 from ..data.hf_embeddings import HFEmbeddingsDataModule, label_mask
 from ..data.hf_text import HFTextDataModule
 from .base import FrozenModel, Task, TaskModule, required, to_plain
@@ -291,14 +294,15 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         """(tokens (b, n + 1), aux (b, n, A*H), last (b, n, H), label mask (b, n) or None)."""
         layers = self.head.aux_layers
         last_layer = self.head.config.target_layers
-        if isinstance(batch, dict):
+        if isinstance(batch, dict) and "embeds" in batch:
             aux, last = cached_layers(batch["embeds"], self.hparams.cache_layers or [last_layer], layers, last_layer)
             return batch["tokens"], aux, last, label_mask(batch, batch["embeds"].shape[1])
-        tokens = batch
+        tokens = batch["tokens"] if isinstance(batch, dict) else batch     # online: data=hf_text or data=hf_chat
         with torch.no_grad():
             out = self.target(input_ids=tokens[:, :-1], output_hidden_states=True, use_cache=False, logits_to_keep=1)
         states = out.hidden_states
-        return tokens, torch.cat([states[i] for i in layers], -1), states[last_layer], None
+        mask = label_mask(batch, tokens.shape[1] - 1) if isinstance(batch, dict) else None
+        return tokens, torch.cat([states[i] for i in layers], -1), states[last_layer], mask
 
     def _loss(self, batch, greedy: bool = False):
         tokens, aux, last, mask = self._inputs(batch)
@@ -365,4 +369,4 @@ class HFEagle3Module(HFTargetHead, TaskModule):
 
 
 TASK = Task(name="hf_eagle3", config=Eagle3Options, module=HFEagle3Module,
-            data=(HFTextDataModule, HFEmbeddingsDataModule), validate=validate)
+            data=(HFTextDataModule, HFChatDataModule, HFEmbeddingsDataModule), validate=validate)
