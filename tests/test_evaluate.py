@@ -132,6 +132,31 @@ def test_a_drafter_that_changes_the_greedy_output_raises(monkeypatch):
         ev.evaluate(target, tok, drafters(len(tok)), prompts(), temperatures=(0.0,), max_new_tokens=6)
 
 
+def test_without_strict_a_changed_greedy_output_is_counted_not_raised_and_progress_is_told(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+
+    def planted(target, prompt, max_new_tokens, drafter=None, **kw):
+        tokens, stats = generate(target, prompt, max_new_tokens, drafter, **kw)
+        if drafter is not None and drafter.method == "draft":
+            tokens = [torch.cat([t, t[-1:] + 1]) for t in tokens]
+        return tokens, stats
+
+    monkeypatch.setattr(ev, "generate", planted)
+    lines = []
+    out = ev.evaluate(target, tok, drafters(len(tok)), prompts(), temperatures=(0.0, 1.0), max_new_tokens=6,
+                      strict=False, progress=lines.append)
+    greedy = out[0.0]
+    assert greedy["overall"]["draft"]["greedy_mismatches"] == 4  # 2 prompts x 2 turns
+    assert greedy["writing"]["draft"]["greedy_mismatches"] == 2
+    assert greedy["overall"]["lookup"]["greedy_mismatches"] == greedy["overall"]["plain"]["greedy_mismatches"] == 0
+    assert "greedy_mismatches" not in out[1.0]["overall"]["draft"]
+    # one line per prompt's context, then one per prompt and turn at each temperature
+    assert len(lines) == 2 + 2 * 4
+    assert lines[0].startswith("context: prompt 1 of 2") and lines[-1].startswith("T=1: prompt 2 of 2 turn 2 of 2")
+    assert all(line.endswith(" s)") for line in lines)
+
+
 def test_a_drafter_named_plain_is_refused():
     tok = tokenizer()
     with pytest.raises(SpecdecError, match="'plain' names plain decoding"):
