@@ -154,6 +154,8 @@ def run(args: argparse.Namespace, command: str) -> list[Path]:
     heads = parse_heads(args.head)
     check(heads or lookup, "nothing to score against plain decoding: give --head NAME=PATH or --lookup")
     check(tree is None or heads, "--tree drafts with the heads: give --head NAME=PATH")
+    check(tree is None or tree.lookup == 0, f"--tree {args.tree} adds a prompt-lookup path, which would count in the "
+                                            "heads' tau: drop it from SPEC; --lookup scores prompt lookup as its own column")
     device = resolve_device(args.device, "--device")
     dtype = resolve_dtype(DTYPES[args.dtype], device)
     check_source(args.target, "--target")

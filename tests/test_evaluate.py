@@ -316,6 +316,7 @@ def _missing(distribution):
     ("out-is-input", "--out {target} is the input"),
     ("temperature", "--temperatures: each must be a finite number >= 0, got '-1'"),
     ("temperature-text", "--temperatures is comma-separated numbers >= 0"),
+    ("tree-with-lookup", "--tree 3,2,1,4 adds a prompt-lookup path, which would count in the heads' tau"),
 ])
 def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_written(
         cli_inputs, command, tmp_path, monkeypatch, case, message):
@@ -346,6 +347,8 @@ def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_wr
         extra = ["--temperatures", "0,-1"]
     elif case == "temperature-text":
         extra = ["--temperatures", "0,hot"]
+    elif case == "tree-with-lookup":
+        extra = ["--tree", "3,2,1,4"]
     before = sorted(p.name for p in (root / "target").iterdir())
     status, stdout, err = command(*[x for kv in args.items() for x in kv], *extra)
     assert status == 2 and stdout == ""
