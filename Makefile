@@ -9,7 +9,7 @@ DATA ?= $(wildcard ../shared/data/textmix100m.gz)
 TRAIN_ARGS ?=
 
 .PHONY: setup setup-real setup-sharegpt setup-interop train test test-slow test-interop eagle3 smollm2 smollm2-text \
-	bench-decode bench-train clean
+	evaluate bench-decode bench-train clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -92,6 +92,17 @@ smollm2: $(REAL_STAMP) $(SHAREGPT_STAMP)
 # baseline the ShareGPT head is compared with
 smollm2-text: $(REAL_STAMP)
 	$(PY) scripts/smollm2.py --out outputs/smollm2_text $(if $(DATA),--text $(DATA)) $(SMOLLM2_ARGS)
+
+# Heads scored as EAGLE-3 reports them (MT-Bench and HumanEval, T=0 and T=1, tau, per-position acceptance,
+# speed-up; prompt lookup as a baseline): scripts/evaluate.py, docs/benchmarks.md. For example
+#   make evaluate TARGET=model.gguf HEADS="recipe=outputs/eagle3/head specforge=outputs/peers/specforge" EVAL_ARGS="--subset 2"
+TARGET ?=
+HEADS ?=
+EVAL_OUT ?= outputs/evaluation
+EVAL_ARGS ?=
+evaluate: $(REAL_STAMP)
+	@test -n "$(TARGET)" || { echo 'error: give TARGET=DIR|FILE.gguf (and HEADS="name=PATH ...")' >&2; exit 2; }
+	$(PY) scripts/evaluate.py --target $(TARGET) $(foreach head,$(HEADS),--head $(head)) --lookup --out $(EVAL_OUT) $(EVAL_ARGS)
 
 bench-decode: $(STAMP)
 	$(PY) scripts/bench_decode.py

