@@ -52,8 +52,9 @@ def parser() -> argparse.ArgumentParser:
                    help="also train speculators' and SpecForge's heads on the same cache and minutes (make setup-interop)")
     p.add_argument("--peer-python", default=None, help="the interpreter with the peers' packages")
     p.add_argument("--benchmarks", default=",".join(d.benchmarks), help="evaluated benchmarks, comma-separated")
-    p.add_argument("--subset", type=int, default=d.subset,
-                   help=f"prompts per benchmark category (default {d.subset}; 0: all: 80 MT-Bench, 164 HumanEval)")
+    p.add_argument("--subset", default=d.subset,
+                   help=f"prompts per benchmark category, K or NAME=K,... (default {d.subset}: 8 prompts per set; "
+                        "'all': 80 MT-Bench, 164 HumanEval)")
     p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
     p.add_argument("--tree", default=d.tree, help="the head's tree in the evaluation, beside its chain ('' for none)")
     p.add_argument("--seed", type=int, default=0)
@@ -78,7 +79,7 @@ def settings(a: argparse.Namespace):
                     answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers, chat_template_kwargs=kwargs,
                     cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
-                    benchmarks=tuple(b for b in a.benchmarks.split(",") if b), subset=a.subset or None,
+                    benchmarks=tuple(b for b in a.benchmarks.split(",") if b), subset=None if a.subset == "all" else a.subset,
                     eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, seed=a.seed, until=a.until)
 
 

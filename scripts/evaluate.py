@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lookup", nargs="?", const="4..16", metavar="N[..MAX]",
                    help="prompt lookup as a baseline drafter, its own column (default 4..16 when given bare)")
     p.add_argument("--benchmarks", default="mt_bench,humaneval", help="comma-separated (default mt_bench,humaneval)")
-    p.add_argument("--subset", type=int, default=None,
-                   help="the first K prompts of each category (MT-Bench has 10 per category, HumanEval 164 in one)")
+    p.add_argument("--subset", default=None, metavar="K|NAME=K,...",
+                   help="the first K prompts of each category (MT-Bench has 10 per category, HumanEval 164 in one), or "
+                        "per benchmark, e.g. mt_bench=1,humaneval=8")
     p.add_argument("--temperatures", default="0,1", help="comma-separated, each >= 0 (default 0,1)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer (default 256)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace, command: str) -> list[Path]:
     from specdec_models.files import check_output
     from specdec_models.hf import check_source
     from train.bench import eval_report
-    from train.bench.benchmarks import SOURCES, load_benchmark
+    from train.bench.benchmarks import SOURCES, load_benchmark, parse_subset
 
     # every check first: nothing loads before all the arguments pass
     names = [n.strip() for n in args.benchmarks.split(",")]
@@ -161,7 +162,8 @@ def run(args: argparse.Namespace, command: str) -> list[Path]:
     check_source(args.target, "--target")
     out = Path(args.out)
     check_output(out, "--out", kind=eval_report.KIND, force=args.force, inputs=[args.target, *heads.values()])
-    prompts = {name: load_benchmark(name, args.subset) for name in names}   # missing package, subset too large
+    subsets = parse_subset(args.subset, names)
+    prompts = {name: load_benchmark(name, subsets[name]) for name in names}   # missing package, subset too large
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

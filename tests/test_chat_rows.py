@@ -14,16 +14,16 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from test_hf_data import stopping_target, text_setup  # noqa: E402
-from test_hf_distill import save_model  # noqa: E402
+from test_hf_data import stopping_target, text_setup
+from test_hf_distill import save_model
 
-import train.run as train_run  # noqa: E402
-from specdec_models.errors import SpecdecError  # noqa: E402
-from train.data import chat_answers as ca  # noqa: E402
-from train.data.chat_rows import HFChatDataModule, chat_rows, row_order  # noqa: E402
-from train.data.conversations import Conversation, Turn, render_turns  # noqa: E402
-from train.data.embeddings_cache import cache_rows, check_cache, open_cache  # noqa: E402
-from train.data.hf_embeddings import label_mask  # noqa: E402
+import train.run as train_run
+from specdec_models.errors import SpecdecError
+from train.data import chat_answers as ca
+from train.data.chat_rows import HFChatDataModule, chat_rows, row_order
+from train.data.conversations import Conversation, Turn, render_turns
+from train.data.embeddings_cache import cache_rows, check_cache, open_cache
+from train.data.hf_embeddings import label_mask
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 SEQ = 48

@@ -67,7 +67,7 @@ class Settings:
     peers: bool = False
     peer_python: str | None = None
     benchmarks: tuple[str, ...] = ("mt_bench", "humaneval")
-    subset: int | None = 1
+    subset: str | None = "mt_bench=1,humaneval=8"    # scripts/evaluate.py's --subset: 8 prompts per set
     eval_max_new_tokens: int = 128
     tree: str | None = "6,3,1,0.1"
     seed: int = 0
@@ -96,7 +96,8 @@ def check_inputs(s: Settings) -> dict[str, Any]:
                         ("--max-new-tokens", s.max_new_tokens), ("--answer-batch", s.answer_batch),
                         ("--cache-batch", s.cache_batch), ("--eval-max-new-tokens", s.eval_max_new_tokens)]:
         check(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
-    check(0 <= s.held_out < s.conversations, f"--held-out must be in [0, --conversations), got {s.held_out}")
+    check(2 <= s.held_out < s.conversations, f"--held-out must be in [2, --conversations): the held-out "
+                                             f"conversations are the validation rows, got {s.held_out}")
     check(s.train_minutes > 0, f"--train-minutes must be > 0, got {s.train_minutes}")
     check(s.answer_minutes is None or s.answer_minutes > 0, f"--answer-minutes must be > 0, got {s.answer_minutes}")
     check(all(0 <= t < float("inf") for t in s.temperatures) and s.temperatures,
@@ -114,15 +115,16 @@ def check_inputs(s: Settings) -> dict[str, Any]:
     for name in s.benchmarks:
         check(name in SOURCES, f"unknown benchmark {name!r}: choose from {', '.join(sorted(SOURCES))}")
         locate(name)
-    if s.subset is not None:
-        from train.bench.benchmarks import load_benchmark
-        for name in s.benchmarks:
-            load_benchmark(name, s.subset)              # --subset larger than a category: one line
+    from train.bench.benchmarks import load_benchmark, parse_subset
+    subsets = parse_subset(s.subset, list(s.benchmarks))
+    for name in s.benchmarks:
+        load_benchmark(name, subsets[name])             # --subset larger than a category: one line
     if s.device == "cuda":
         import torch
         check(torch.cuda.is_available(), "--device cuda: no CUDA device is available here")
-    depth = int(text_config(load_config(path, "--target")).num_hidden_layers)
-    return {"depth": depth, "layers": [*aux_layers(depth), depth], "path": str(path.resolve())}
+    config = text_config(load_config(path, "--target"))
+    depth = int(config.num_hidden_layers)
+    return {"depth": depth, "vocab_size": int(config.vocab_size), "layers": sorted({*aux_layers(depth), depth}), "path": str(path.resolve())}
 
 
 # ---------------------------------------------------------------- the steps run in this process
@@ -131,9 +133,12 @@ def step_data(s: Settings, out: Path) -> dict[str, Any]:
     """Conversations chosen for the recipe: data/train.jsonl and data/held_out.jsonl (messages
     JSONL), data/data.json the counts."""
     from .data.chat_answers import record
-    from .data.conversations import prepare_conversations
+    from .data.conversations import prepare_conversations, split_held_out
 
-    train, held, counts = prepare_conversations(s.data, held_out=0.05, seed=str(s.seed), min_turns=2)
+    convs, _, counts = prepare_conversations(s.data, seed=str(s.seed), min_turns=2)
+    # held out by id hash (a conversation wholly on one side), about three times --held-out of them to draw from
+    train, held = split_held_out(convs, min(0.5, max(0.01, 3 * s.held_out / max(len(convs), 1))), str(s.seed))
+    counts.held_out = len(held)
     check(train, f"--data {s.data} left no training conversation ({counts.line()})")
     rng = random.Random(s.seed)
     train = rng.sample(train, min(len(train), s.conversations - min(s.held_out, len(held))))
@@ -165,7 +170,8 @@ def step_answers(s: Settings, out: Path, model_dtype) -> dict[str, Any]:
     """The target answers the training then the held-out conversations (answers/)."""
     from .data.chat_answers import answer_conversations, load_answerer
 
-    convs = _read(out / "data" / "train.jsonl") + _read(out / "data" / "held_out.jsonl")
+    # the held-out conversations first: a time budget that runs out leaves fewer training rows, never no validation
+    convs = _read(out / "data" / "held_out.jsonl") + _read(out / "data" / "train.jsonl")
     answerer = identity = None
     if not s.keep_answers:
         answerer, identity = load_answerer(s.target, seq_len=s.seq_len, max_new_tokens=s.max_new_tokens,
@@ -233,7 +239,11 @@ def max_time(minutes: float) -> str:
     return f"{days:02d}:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def commands(s: Settings, out: Path, py: str, held_out_rows: int, rows: int) -> dict[str, list[list[str]]]:
+DRAFT_VOCAB_SIZES = (2048, 4096, 8192, 16384, 32768)
+
+
+def commands(s: Settings, out: Path, py: str, held_out_rows: int, rows: int, vocab_size: int
+             ) -> dict[str, list[list[str]]]:
     """The commands of the steps that run as their own processes (`rows`: the cache's, the last
     `held_out_rows` of them validation rows, which the peers do not train on either)."""
     from specdec_models.cpu import fast_precision
@@ -268,8 +278,9 @@ def commands(s: Settings, out: Path, py: str, held_out_rows: int, rows: int) -> 
              "--target", s.target, "--out", str(out / "peers"), "--minutes", str(s.train_minutes), "--threads", "2",
              "--rows", str(max(1, rows - held_out_rows)), "--force",
              *(["--python", s.peer_python] if s.peer_python else [])]
+    sizes = [str(n) for n in DRAFT_VOCAB_SIZES if n < vocab_size] or [str(max(1, vocab_size // 2))]
     return {"draft_vocab": [[py, "scripts/draft_vocab.py", "--cache", str(out / "cache"), "--out",
-                             str(out / "draft_vocab.json"), "--val-windows", str(max(1, held_out_rows)),
+                             str(out / "draft_vocab.json"), "--val-windows", str(max(1, held_out_rows)), "--sizes", *sizes,
                              "--report", str(out / "draft_vocab_report.json"), "--force"]],
             "train": [train], "peers": [peers], "export": layouts, "evaluate": [evaluate]}
 
@@ -350,10 +361,11 @@ def run_recipe(s: Settings, force: bool = False) -> int:
 
     def run_commands(name: str) -> None:
         cache = facts.get("cache", {})
-        cmds = commands(s, out, py, int(cache.get("held_out_rows", s.held_out)), int(cache.get("windows", 0)))[name]
+        cmds = commands(s, out, py, int(cache.get("held_out_rows", s.held_out)), int(cache.get("windows", 0)),
+                        target["vocab_size"])[name]
         for cmd in cmds:
             print(f"[{name}] {' '.join(cmd)}", flush=True)
-            code = subprocess.run(cmd, cwd=REPO, env=env).returncode
+            code = subprocess.run(cmd, check=False, cwd=REPO, env=env).returncode
             if code:
                 raise SystemExit(f"[{name}] failed (exit {code}): fix it and run the recipe again to resume here")
 

@@ -165,3 +165,23 @@ def load_benchmark(name: str, subset: int | None = None) -> list[BenchPrompt]:
             taken[prompt.category] += 1
             kept.append(prompt)
     return kept
+
+
+def parse_subset(text: str | None, names: list[str]) -> dict[str, int | None]:
+    """--subset: None (every prompt), K (each benchmark), or NAME=K,... (the benchmarks not named:
+    every prompt). A K that is not a whole number or a name not among --benchmarks: one line."""
+    if text is None:
+        return {name: None for name in names}
+
+    def count(value: str) -> int:
+        check(value.strip().lstrip("-").isdigit(), f"--subset: {value!r} is not a whole number of prompts")
+        return int(value)
+
+    if "=" not in text:
+        return {name: count(text) for name in names}
+    out: dict[str, int | None] = {name: None for name in names}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        check(name.strip() in names, f"--subset names {name.strip()!r}, which is not among --benchmarks {','.join(names)}")
+        out[name.strip()] = count(value)
+    return out

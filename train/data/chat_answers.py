@@ -85,23 +85,33 @@ def read_answers(out: str | os.PathLike) -> tuple[list[tuple[Conversation, bool]
 
 class Answerer:
     """Answers a batch of contexts with the target: `__call__(prompts, temperature, generator)` ->
-    [(answer token ids without the stop token, whether it reached the stop token)]."""
+    [(answer token ids without the stop token, whether it reached the stop token)].
 
-    def __init__(self, decoder: Any, tokenizer: Any, eos_id: int | None, seq_len: int, max_new_tokens: int) -> None:
+    The contexts are sorted by length and continued `chunk` at a time: the prefill is right-padded
+    to the longest context of its call, and ShareGPT's first turns run from a few tokens to
+    hundreds, so unsorted calls spent most of their prefill on padding (SmolLM2, bf16, 2 cores: a
+    call of 128 contexts of 60 tokens on average and up to 300 made 100 tokens/s, where its decoding
+    steps alone make 315)."""
+
+    def __init__(self, decoder: Any, tokenizer: Any, eos_id: int | None, seq_len: int, max_new_tokens: int,
+                 chunk: int = 64) -> None:
         self.decoder, self.tokenizer, self.eos_id = decoder, tokenizer, eos_id
-        self.seq_len, self.max_new_tokens = seq_len, max_new_tokens
+        self.seq_len, self.max_new_tokens, self.chunk = seq_len, max_new_tokens, chunk
 
     def __call__(self, prompts: list[torch.Tensor], temperature: float, generator: torch.Generator
                  ) -> list[tuple[list[int], bool]]:
         from .regenerate import continue_with_states
 
-        tokens, valid, _ = continue_with_states(self.decoder, prompts, self.seq_len + 1, [], temperature, generator,
-                                                self.eos_id, max_new=self.max_new_tokens)
-        out = []
-        for row, p, n in zip(tokens.tolist(), prompts, valid.tolist()):
-            answer = row[p.numel():n]
-            ended = bool(answer) and self.eos_id is not None and answer[-1] == self.eos_id
-            out.append((answer[:-1] if ended else answer, ended))
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i].numel())
+        out: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
+        for start in range(0, len(order), self.chunk):
+            mine = order[start:start + self.chunk]
+            tokens, valid, _ = continue_with_states(self.decoder, [prompts[i] for i in mine], self.seq_len + 1, [],
+                                                    temperature, generator, self.eos_id, max_new=self.max_new_tokens)
+            for i, row, n in zip(mine, tokens.tolist(), valid.tolist()):
+                answer = row[prompts[i].numel():n]
+                ended = bool(answer) and self.eos_id is not None and answer[-1] == self.eos_id
+                out[i] = (answer[:-1] if ended else answer, ended)
         return out
 
 
@@ -256,7 +266,7 @@ def _ids_digest(conversations: Sequence[Conversation]) -> str:
 
 
 def load_answerer(target: str | os.PathLike, *, seq_len: int, max_new_tokens: int, device: str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> tuple[Answerer, dict[str, Any]]:
+                  dtype: torch.dtype = torch.float32, chunk: int = 64) -> tuple[Answerer, dict[str, Any]]:
     """The target (a model directory or GGUF file) loaded for answering, and its identity."""
     from specdec_models.hf import HFDecoder, logits_width
     from specdec_models.hf.weights import check_source, load_causal_lm, load_tokenizer, target_identity
@@ -274,5 +284,5 @@ def load_answerer(target: str | os.PathLike, *, seq_len: int, max_new_tokens: in
     eos = stop_token(tokenizer, chat=True)
     if eos is None:
         raise SpecdecError(f"the target {path} has no end-of-turn or EOS token: its answers would never stop")
-    return Answerer(decoder, tokenizer, eos, seq_len, max_new_tokens), {"kind": "hf", **target_identity(model,
+    return Answerer(decoder, tokenizer, eos, seq_len, max_new_tokens, chunk), {"kind": "hf", **target_identity(model,
                                                                                                        path.resolve())}

