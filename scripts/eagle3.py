@@ -28,23 +28,30 @@ def parser() -> argparse.ArgumentParser:
                         "a save_to_disk folder, or a dataset name where a hub is reachable")
     p.add_argument("--out", required=True, help="the recipe's folder (steps resume inside it)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--conversations", type=int, default=d.conversations,
-                   help=f"conversations taken from --data, held-out ones included (default {d.conversations})")
+    p.add_argument("--conversations", type=int, default=None,
+                   help=f"conversations taken from --data, held-out ones included (default {d.conversations}; with "
+                        "--device cuda, recipe.conversations of hf_eagle3_gpu.yaml)")
     p.add_argument("--held-out", type=int, default=d.held_out,
                    help=f"held-out conversations: the training's validation rows (default {d.held_out})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per row; conversations are cut at turns")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="the longest answer per turn")
     p.add_argument("--temperatures", type=float, nargs="+", default=list(d.temperatures),
                    help="the answers' sampling temperatures, alternating by conversation (0: greedy)")
-    p.add_argument("--answer-batch", type=int, default=d.answer_batch, help="conversations answered together")
+    p.add_argument("--answer-batch", type=int, default=None,
+                   help=f"conversations answered together (default {d.answer_batch}; GPU: the experiment's)")
+    p.add_argument("--answer-chunk", type=int, default=None,
+                   help=f"contexts continued per generating call, sorted by length (default {d.answer_chunk}; GPU: "
+                        "the experiment's)")
     p.add_argument("--answer-minutes", type=float, default=d.answer_minutes,
                    help="time budget of the answers step: a slower machine answers fewer conversations (0: none)")
     p.add_argument("--keep-answers", action="store_true",
                    help="train on the data's own answers (EAGLE-1's way) instead of the target's")
     p.add_argument("--chat-template-kwargs", default="{}",
                    help='JSON passed to the chat template, e.g. \'{"enable_thinking": false}\'')
-    p.add_argument("--cache-batch", type=int, default=d.cache_batch, help="rows per forward pass of the cache step")
-    p.add_argument("--train-minutes", type=float, default=d.train_minutes, help="the head's training wall time")
+    p.add_argument("--cache-batch", type=int, default=None,
+                   help=f"rows per forward pass of the cache step (default {d.cache_batch}; GPU: the experiment's)")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help=f"the head's training wall time (default {d.train_minutes}; GPU: the experiment's max_time)")
     p.add_argument("--experiment", default=None,
                    help="the training experiment (default hf_eagle3_cpu, or hf_eagle3_gpu with --device cuda)")
     p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE", help="more Hydra overrides of training")
@@ -57,15 +64,42 @@ def parser() -> argparse.ArgumentParser:
                         "'all': 80 MT-Bench, 164 HumanEval)")
     p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
     p.add_argument("--tree", default=d.tree, help="the head's tree in the evaluation, beside its chain ('' for none)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="answer and cache in that many processes here, each a share of the threads (or GPUs: "
+                        "torchrun, docs/scale.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
     p.add_argument("--force", action="store_true", help="run in an --out folder holding files the recipe did not write")
     return p
 
 
+def device_defaults(a: argparse.Namespace) -> argparse.Namespace:
+    """The sizes not given: Settings' (sized for 2 CPU cores), or with --device cuda the `recipe`
+    block and trainer.max_time of conf/experiment/hf_eagle3_gpu.yaml."""
+    from train.eagle3_recipe import REPO, Settings, max_time_minutes
+
+    d = Settings(target="", data="", out=Path())
+    sizes = {"conversations": d.conversations, "answer_batch": d.answer_batch, "answer_chunk": d.answer_chunk,
+             "cache_batch": d.cache_batch, "train_minutes": d.train_minutes}
+    if a.device == "cuda":
+        import yaml
+
+        cfg = yaml.safe_load((REPO / "conf" / "experiment" / "hf_eagle3_gpu.yaml").read_text())
+        r = cfg["recipe"]
+        sizes = {"conversations": r["conversations"], "answer_batch": r["answer_batch"],
+                 "answer_chunk": r["answer_chunk"], "cache_batch": r["chat_cache_batch"],
+                 "train_minutes": max_time_minutes(cfg["trainer"]["max_time"])}
+    for name, value in sizes.items():
+        if getattr(a, name) is None:
+            setattr(a, name, value)
+    return a
+
+
 def settings(a: argparse.Namespace):
     from specdec_models.errors import SpecdecError
     from train.eagle3_recipe import Settings
+
+    a = device_defaults(a)
 
     try:
         kwargs = json.loads(a.chat_template_kwargs)
@@ -75,12 +109,13 @@ def settings(a: argparse.Namespace):
         raise SpecdecError("--chat-template-kwargs must be a JSON object")
     return Settings(target=a.target, data=a.data, out=Path(a.out), device=a.device, conversations=a.conversations,
                     held_out=a.held_out, seq_len=a.seq_len, max_new_tokens=a.max_new_tokens,
-                    temperatures=tuple(a.temperatures), answer_batch=a.answer_batch,
+                    temperatures=tuple(a.temperatures), answer_batch=a.answer_batch, answer_chunk=a.answer_chunk,
                     answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers, chat_template_kwargs=kwargs,
                     cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
                     benchmarks=tuple(b for b in a.benchmarks.split(",") if b), subset=None if a.subset == "all" else a.subset,
-                    eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, seed=a.seed, until=a.until)
+                    eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, processes=a.processes,
+                    seed=a.seed, until=a.until)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,8 +52,11 @@ def hf(tmp_path_factory):
 def answered(hf, tmp_path_factory):
     out = tmp_path_factory.mktemp("answers") / "answers"
     answerer, identity = ca.load_answerer(hf["stop"], seq_len=SEQ, max_new_tokens=8)
+    heard = []
     meta = ca.answer_conversations(CONVS, out, answerer=answerer, identity=identity, data={"source": "test"},
-                                   temperatures=(0.0, 1.0), batch_size=3, seed=1)
+                                   temperatures=(0.0, 1.0), batch_size=3, seed=1, progress=lambda *a: heard.append(a))
+    assert heard[-1] == (len(CONVS), len(CONVS), meta["tokens"], "")         # after the last batch
+    assert any(where.startswith("batch 1/3, turn 2") for *_, where in heard)   # and within each batch, per turn
     return out, meta
 
 
@@ -65,13 +68,15 @@ class Canned:
         self.tokenizer, self.seq_len, self.max_new_tokens, self.seen = tok, seq_len, 8, []
         self.decoder = type("D", (), {"device": torch.device("cpu")})()
 
-    def __call__(self, prompts, temperature, generator):
+    def __call__(self, prompts, temperature, generator, each=None):
         out = []
         for p in prompts:
             text = self.tokenizer.decode(p.tolist())
             self.seen.append(text)
             n = text.count(" user ")
             out.append((self.tokenizer.convert_tokens_to_ids(["fast"] * n), True))
+        if each is not None:
+            each(sum(len(a) + 1 for a, _ in out))
         return out
 
 
@@ -224,3 +229,26 @@ def test_hf_chat_batches_are_pure_functions_of_the_step_and_hold_the_mask(hf, an
     assert len(dm.prompts(2, 8)) == 2 and all(p.numel() > 0 for p in dm.prompts(2, 8))
     with pytest.raises(SpecdecError, match="needs data.answers"):
         HFChatDataModule(tokenizer=str(hf["stop"]))
+
+
+def test_the_peers_rows_carry_the_conversation_mask_as_the_eagle3_task_reads_it(chat_cache):
+    from train.data.peer_formats import iter_rows
+    out, _ = chat_cache
+    meta = check_cache(out)
+    batch = cache_rows(open_cache(out, meta), np.arange(meta["windows"]), meta)
+    for r, row in enumerate(iter_rows(out)):
+        T = len(row["tokens"])
+        assert T == min(int(batch["valid_len"][r]), SEQ)
+        assert row["mask"].tolist() == batch["loss_mask"][r, 1:T + 1].tolist()
+
+
+def test_a_line_separator_inside_an_answer_does_not_split_its_record(hf, tmp_path):
+    # str.splitlines() also breaks at U+2028, which json.dumps(ensure_ascii=False) leaves raw in ShareGPT text
+    from train.data.conversations import read_conversations
+    path = tmp_path / "m.jsonl"
+    rows = [ca.record(conv("a", "one\u2028two", "three")), ca.record(conv("b", "four", "five\u2029six"))]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    convs, counts = read_conversations(path)
+    assert [c.id for c in convs] == ["a", "b"] and convs[0].turns[0].content == "one\u2028two"
+    from train.eagle3_recipe import _read
+    assert [c.turns[1].content for c in _read(path)] == ["three", "five\u2029six"]

@@ -42,6 +42,7 @@ from specdec_models.files import write_file
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("data", "answers", "cache", "draft_vocab", "train", "peers", "export", "evaluate", "report")
 RECIPE_KIND = "eagle3 recipe"     # the folder kind of --out (`specdec_models.files.mark_dir`)
+SETTINGS_FILE = "settings.json"   # the recipe's Settings, which `python -m train.eagle3_recipe STEP OUT` reads
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Settings:
     max_new_tokens: int = 256
     temperatures: tuple[float, ...] = (0.0, 1.0)
     answer_batch: int = 64
+    answer_chunk: int = 64
     answer_minutes: float | None = 30.0
     keep_answers: bool = False
     chat_template_kwargs: dict = field(default_factory=dict)
@@ -70,6 +72,7 @@ class Settings:
     subset: str | None = "mt_bench=1,humaneval=8"    # scripts/evaluate.py's --subset: 8 prompts per set
     eval_max_new_tokens: int = 128
     tree: str | None = "6,3,1,0.1"
+    processes: int = 1               # answers and cache: that many processes here (each a share of the threads)
     seed: int = 0
     until: str = STEPS[-1]
 
@@ -94,8 +97,15 @@ def check_inputs(s: Settings) -> dict[str, Any]:
     check(s.until in STEPS, f"--until must be one of {', '.join(STEPS)}")
     for name, value in [("--conversations", s.conversations), ("--seq-len", s.seq_len),
                         ("--max-new-tokens", s.max_new_tokens), ("--answer-batch", s.answer_batch),
+                        ("--answer-chunk", s.answer_chunk),
                         ("--cache-batch", s.cache_batch), ("--eval-max-new-tokens", s.eval_max_new_tokens)]:
         check(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
+    batches = -(-s.conversations // s.answer_batch)
+    check(isinstance(s.processes, int) and 1 <= s.processes <= batches,
+          f"--processes {s.processes} is more than the {batches} batch(es) of --answer-batch {s.answer_batch} that "
+          f"--conversations {s.conversations} make: some processes would have nothing to answer")
+    check(s.processes == 1 or s.device == "cpu", "--processes runs CPU processes here; on GPUs launch the answers "
+                                                 "and cache steps with torchrun (docs/scale.md)")
     check(2 <= s.held_out < s.conversations, f"--held-out must be in [2, --conversations): the held-out "
                                              f"conversations are the validation rows, got {s.held_out}")
     check(s.train_minutes > 0, f"--train-minutes must be > 0, got {s.train_minutes}")
@@ -158,7 +168,7 @@ def step_data(s: Settings, out: Path) -> dict[str, Any]:
 
 def _read(path: Path):
     from .data.chat_answers import from_record
-    return [from_record(json.loads(line))[0] for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [from_record(json.loads(line))[0] for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 def _eta(done: int, total: int, seconds: float) -> str:
@@ -166,8 +176,9 @@ def _eta(done: int, total: int, seconds: float) -> str:
     return f"{seconds / 60:.1f} min, about {left / 60:.1f} min left"
 
 
-def step_answers(s: Settings, out: Path, model_dtype) -> dict[str, Any]:
-    """The target answers the training then the held-out conversations (answers/)."""
+def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int = 1) -> dict[str, Any]:
+    """The target answers the held-out then the training conversations (answers/); as process
+    `rank` of `world`, its batches of them (`chat_answers.answer_conversations`)."""
     from .data.chat_answers import answer_conversations, load_answerer
 
     # the held-out conversations first: a time budget that runs out leaves fewer training rows, never no validation
@@ -175,27 +186,34 @@ def step_answers(s: Settings, out: Path, model_dtype) -> dict[str, Any]:
     answerer = identity = None
     if not s.keep_answers:
         answerer, identity = load_answerer(s.target, seq_len=s.seq_len, max_new_tokens=s.max_new_tokens,
-                                           device=s.device, dtype=model_dtype)
+                                           device=s.device, dtype=model_dtype, chunk=s.answer_chunk)
     t0 = time.perf_counter()
 
-    def progress(done: int, total: int, tokens: int) -> None:
+    def progress(done: int, total: int, tokens: int, where: str) -> None:
         seconds = time.perf_counter() - t0
-        print(f"[answers] {done:,}/{total:,} conversations, {tokens:,} tokens, {tokens / max(seconds, 1e-9):,.0f} "
-              f"tokens/s, {_eta(done, total, seconds)}", flush=True)
+        budget = f", budget {s.answer_minutes:.0f} min" if s.answer_minutes else ""
+        print(f"[answers{f' {rank}/{world}' if world > 1 else ''}] {done:,}/{total:,} conversations"
+              f"{f' ({where})' if where else ''}, {tokens:,} tokens, "
+              f"{tokens / max(seconds, 1e-9):,.0f} tokens/s, {seconds / 60:.1f} min{budget}", flush=True)
 
     meta = answer_conversations(convs, out / "answers", answerer=answerer, identity=identity or {"kind": "data"},
                                 data={"source": s.data, "seed": s.seed}, temperatures=s.temperatures,
                                 batch_size=s.answer_batch, seed=s.seed, chat_template_kwargs=s.chat_template_kwargs,
                                 keep_answers=s.keep_answers, progress=progress,
                                 report=lambda line: print(f"[answers] {line}", flush=True),
-                                max_seconds=None if s.answer_minutes is None else 60 * s.answer_minutes)
+                                max_seconds=None if s.answer_minutes is None or world > 1 else 60 * s.answer_minutes,
+                                rank=rank, world=world)
+    if not meta.get("finalized", True):
+        return meta
     print(f"[answers] {meta['written']:,} conversations, {meta['answers']:,} answers, {meta['tokens']:,} tokens at "
           f"{meta['tokens_per_second']:,.0f} tokens/s ({meta['too_long']} too long to answer)", flush=True)
     return meta
 
 
-def step_cache(s: Settings, out: Path, layers: list[int], model_dtype) -> dict[str, Any]:
-    """The embeddings cache of the answered conversations (cache/), held-out ones last."""
+def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int = 0, world: int = 1
+               ) -> dict[str, Any]:
+    """The embeddings cache of the answered conversations (cache/), held-out ones last; as process
+    `rank` of `world`, its shards of it."""
     from .data.chat_answers import read_answers
     from .data.chat_rows import build_chat_cache
 
@@ -222,7 +240,10 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype) -> dict[s
     meta = build_chat_cache(s.target, train, held, out / "cache", seq_len=s.seq_len, layers=layers,
                             describe={"answers": str((out / "answers").resolve())},
                             chat_template_kwargs=s.chat_template_kwargs, batch_size=s.cache_batch, device=s.device,
-                            model_dtype=model_dtype, seed=s.seed, overwrite=True, progress=progress, report=report)
+                            model_dtype=model_dtype, seed=s.seed, overwrite=world == 1, progress=progress,
+                            report=report, rank=rank, world=world)
+    if not meta.get("finalized", True):
+        return meta
     rc = meta["row_counts"]
     print(f"[cache] {meta['windows']:,} rows ({meta['held_out_rows']} held out), {rc['tokens']:,} tokens of which "
           f"{rc['answer_tokens']:,} answer tokens ({rc['refused']} refused by the template, {rc['no_answer']} with no "
@@ -231,6 +252,12 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype) -> dict[s
 
 
 # ---------------------------------------------------------------- the steps run as commands
+
+def max_time_minutes(text: str) -> float:
+    """trainer.max_time (DD:HH:MM:SS) in minutes."""
+    days, hours, minutes, seconds = (int(x) for x in str(text).split(":"))
+    return (days * 24 + hours) * 60 + minutes + seconds / 60
+
 
 def max_time(minutes: float) -> str:
     """trainer.max_time for a budget in minutes (DD:HH:MM:SS, as Lightning's Timer reads it)."""
@@ -337,6 +364,8 @@ def run_recipe(s: Settings, force: bool = False) -> int:
     py = sys.executable
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+    blob = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(s).items()}, indent=1)
+    write_file(out / SETTINGS_FILE, lambda f: f.write(blob.encode()))
     print(f"[recipe] {out}: target {target['path']} ({target['depth']} layers; cached hidden states "
           f"{target['layers']}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
 
@@ -371,8 +400,10 @@ def run_recipe(s: Settings, force: bool = False) -> int:
 
     try:
         step("data", lambda: step_data(s, out))
-        step("answers", lambda: step_answers(s, out, model_dtype))
-        step("cache", lambda: step_cache(s, out, target["layers"], model_dtype))
+        step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
+             else step_answers(s, out, model_dtype))
+        step("cache", lambda: in_processes("cache", s, out) if s.processes > 1
+             else step_cache(s, out, target["layers"], model_dtype))
     except SpecdecError as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
@@ -387,3 +418,70 @@ def run_recipe(s: Settings, force: bool = False) -> int:
         print((out / "report" / "steps.md").read_text(), flush=True)
         print(f"report: {out / 'report'}", flush=True)
     return 0
+
+
+# ---------------------------------------------------------------- one step as one of several processes
+
+def read_settings(out: Path) -> Settings:
+    """The Settings a recipe run recorded in OUT/settings.json."""
+    path = out / SETTINGS_FILE
+    check(path.is_file(), f"{out} holds no recipe settings ({SETTINGS_FILE}): start the recipe with scripts/eagle3.py")
+    raw = json.loads(path.read_text())
+    raw["out"] = Path(raw["out"])
+    for name in ("temperatures", "train_args", "benchmarks"):
+        raw[name] = tuple(raw[name])
+    return Settings(**raw)
+
+
+def in_processes(name: str, s: Settings, out: Path) -> dict[str, Any]:
+    """Step `name` (answers or cache) as `s.processes` processes on this machine, each with its
+    share of the CPU threads (`python -m train.eagle3_recipe NAME OUT` with RANK and WORLD_SIZE);
+    the last to finish writes the step's folder. Returns what the folder records."""
+    world = s.processes
+    threads = max(1, (os.cpu_count() or world) // world)
+    env = {**os.environ, "WORLD_SIZE": str(world), "OMP_NUM_THREADS": str(threads)}
+    procs = [subprocess.Popen([sys.executable, "-m", "train.eagle3_recipe", name, str(out)], cwd=REPO,
+                              env={**env, "RANK": str(rank)}) for rank in range(world)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"[{name}] a process failed (exit codes {codes}): run the recipe again to resume here")
+    if name == "answers":
+        return json.loads((out / "answers" / "answers.json").read_text())
+    meta = json.loads((out / "cache" / "cache.json").read_text())
+    return {"windows": meta["windows"], "held_out_rows": meta["source"]["held_out_rows"],
+            "rows": meta["source"]["rows"], "processes": world}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m train.eagle3_recipe answers|cache OUT`: one process's share of a step of the recipe
+    in OUT (its settings.json), rank and world from RANK and WORLD_SIZE (torchrun sets them; every
+    process must see OUT: one machine, or a filesystem the nodes share)."""
+    import argparse
+
+    from specdec_models.cpu import resolve_dtype
+
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("step", choices=("answers", "cache"))
+    p.add_argument("out")
+    a = p.parse_args(argv)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        s = read_settings(Path(a.out))
+        if s.device == "cuda":                       # one GPU per process (torchrun's LOCAL_RANK)
+            from dataclasses import replace
+            s = replace(s, device=f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        out = Path(a.out).expanduser().resolve()
+        dtype = resolve_dtype("auto", s.device)
+        if a.step == "answers":
+            step_answers(s, out, dtype, rank, world)
+        else:
+            target = check_inputs(s)
+            step_cache(s, out, target["layers"], dtype, rank, world)
+    except SpecdecError as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -125,11 +125,13 @@ def build_chat_cache(target: str | os.PathLike, train: Sequence[tuple[Conversati
                      chat_template_kwargs: dict | None = None, dtype: str = "bfloat16", shard_size: str = "500MB",
                      seed: int = 0, batch_size: int = 16, device: str = "cpu",
                      model_dtype: torch.dtype = torch.float32, overwrite: bool = False,
-                     progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None
-                     ) -> dict[str, Any]:
+                     progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None,
+                     rank: int = 0, world: int = 1) -> dict[str, Any]:
     """The embeddings cache (hidden states at `layers`, `build_hf_cache`'s convention) of the rows
-    of `train` then `held_out` conversations (`row_order`), through `write_cache` (resumable).
-    Returns cache.json's contents plus "row_counts" (`chat_rows`' counts) and "held_out_rows"."""
+    of `train` then `held_out` conversations (`row_order`), through `write_cache` (resumable; as
+    process `rank` of `world`, its shards of it). Returns cache.json's contents plus "row_counts"
+    (`chat_rows`' counts) and "held_out_rows" ({"finalized": False, ...} from a process that did
+    not write cache.json)."""
     from specdec_models.hf import HFDecoder, logits_width, text_config
     from specdec_models.hf.weights import check_source, load_causal_lm, load_config, load_tokenizer, target_identity
 
@@ -141,7 +143,7 @@ def build_chat_cache(target: str | os.PathLike, train: Sequence[tuple[Conversati
     depth = int(text_config(load_config(path, "target")).num_hidden_layers)
     layers = normalize_layers([depth] if layers is None else list(layers), depth)
     out = check_build(out, seq_len=seq_len, windows=len(order), dtype=dtype, top_k_logits=0, batch_size=batch_size,
-                      overwrite=overwrite)
+                      overwrite=overwrite and world == 1)
     model = load_causal_lm(path, dtype=model_dtype, what="target").to(device)
     model.requires_grad_(False)
     vocab = min(len(tokenizer), logits_width(model))
@@ -157,7 +159,7 @@ def build_chat_cache(target: str | os.PathLike, train: Sequence[tuple[Conversati
                         depth=depth, layers=tuple(layers))
     meta = write_cache(cached, source, out, seq_len=seq_len, windows=len(order), dtype=dtype, top_k_logits=0,
                        shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
-                       progress=progress, report=report)
+                       progress=progress, report=report, rank=rank, world=world)
     return {**meta, "row_counts": counts, "held_out_rows": held}
 
 

@@ -155,7 +155,7 @@ def _first_record(path: Path) -> tuple[str, Any]:
             record = next(records, None)
             records.close()
             return "json", record
-        return "jsonl", json.loads(text.splitlines()[0]) if text else None
+        return "jsonl", json.loads(text.split("\n", 1)[0]) if text else None
     except (ValueError, IndexError):
         return "", None
 

@@ -288,7 +288,7 @@ def last_batch_rows(seconds_left: float, batch_seconds: float, batch_rows: int, 
 def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int, windows: int, dtype: str,
                 top_k_logits: int, shard_size: str | int, seed: int, batch_size: int, overwrite: bool = False,
                 progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None,
-                max_seconds: float | None = None) -> dict[str, Any]:
+                max_seconds: float | None = None, rank: int = 0, world: int = 1) -> dict[str, Any]:
     """Run `model` over `windows` rows of `source` and write the cache to `out` (see the module
     docstring), resuming a killed build of the same settings. `report(line)` hears the size the
     cache will take before any work, and what a resume keeps; `progress(tokens)` follows each batch.
@@ -299,8 +299,17 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     holds the rows written by then, the first rows of the full build (cache.json records "windows"
     written and "requested_windows"; a smaller last batch's sampled rows are drawn by other draws than
     the full batch's): a slow machine gets fewer rows rather than a longer build. Returns cache.json's
-    contents, with the seconds this call took."""
+    contents, with the seconds this call took.
+
+    As one of `world` processes (`rank`), it writes shards rank, rank + world, ... into the same
+    CACHE_DIR.partial/ (a shared filesystem); whichever process finds every shard written when it
+    ends writes cache.json and renames the folder (a lock file keeps it to one); the others return
+    {"finalized": False}. Shards are pure functions of the settings, so the cache is the one a single
+    process writes. A partial build of other settings is refused then, even with `overwrite` (a
+    process would remove what another is writing)."""
     t0 = time.perf_counter()
+    check(world >= 1 and 0 <= rank < world, f"rank {rank} of {world} processes is not a rank")
+    check(max_seconds is None or world == 1, "a time budget stops one process; with several, give none")
     check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
     say = report or (lambda line: None)
     check(model.logits is not None or not top_k_logits,
@@ -333,13 +342,16 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
         found = json.loads(path.read_text()) if path.is_file() else None     # None: killed before any shard
         if found != build:
             changed = sorted(k for k in build if found is not None and found.get(k) != build[k])
-            check(overwrite or found is None, f"{partial} holds a partial build with other settings "
+            check((overwrite and world == 1) or found is None, f"{partial} holds a partial build with other settings "
                                               f"({', '.join(changed)} differ): run the command that started it to "
                                               f"resume, or pass --overwrite to start over")
-            shutil.rmtree(partial)
+            if world == 1:                          # (with several, another process may be starting this very build)
+                shutil.rmtree(partial)
     (partial / DATASET_DIR).mkdir(parents=True, exist_ok=True)
     write_file(partial / BUILD_NAME, lambda f: f.write(json.dumps(build, indent=2, sort_keys=True).encode()))
-    remove_stale_temps(partial / DATASET_DIR)
+    remove_stale_temps(partial / DATASET_DIR)       # (only a dead process's temps: the pid in a temp's name)
+    check(world <= shards, f"{world} processes for a cache of {shards} shard(s): some would have nothing to write; "
+                           f"use at most {shards} processes or a smaller --shard-size")
     kept = [k for k in range(shards) if (partial / _shard_name(k)).is_file()]
     if kept:
         say(f"resuming {partial}: {len(kept)} of {shards} shard(s) already written")
@@ -351,7 +363,7 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     written = windows                                    # rows in the cache: fewer when the time budget runs out
     batch_seconds, batch_rows = 0.0, 0                   # how long this call's last batch took, and its rows
     for k in range(shards):
-        if k in kept:
+        if k in kept or k % world != rank:
             continue
         final = partial / _shard_name(k)
         tmp = temp_path(final)
@@ -405,14 +417,46 @@ def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int
     if written < windows:                               # (shards are written in order: none lies past it)
         say(f"the time budget ({max_seconds / 60:.1f} min) ran out after {written:,} of {windows:,} rows: "
             f"the cache holds those")
+    if world > 1:
+        missing = [k for k in range(shards) if not (partial / _shard_name(k)).is_file()]
+        if missing or not take_lock(partial / "finalize.lock"):
+            if missing:
+                say(f"rank {rank} wrote its shards; {len(missing)} of other ranks are not written yet: the last rank "
+                    f"to finish writes {out}")
+            return {**build, "finalized": False, "rank": rank}
     files = {_shard_name(k): (partial / _shard_name(k)).stat().st_size for k in range(-(-written // per_shard))}
     meta = {**build, "windows": written, "tokens": written * seq_len, "files": files, "bytes": sum(files.values())}
     if written < windows:
         meta["requested_windows"] = windows
     write_file(partial / META_NAME, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
     replace_dir(partial, out)
+    (out / "finalize.lock").unlink(missing_ok=True)
     meta["seconds"] = time.perf_counter() - t0
     return meta
+
+
+def take_lock(lock: Path) -> bool:
+    """Create `lock` holding this pid, or take it over from a dead process; False when a live
+    process holds it or the folder is gone (another process finished)."""
+    from specdec_models.files import _pid_alive
+
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _pid_alive(pid):
+                return False
+            lock.unlink(missing_ok=True)
+            continue
+        except FileNotFoundError:
+            return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
 
 
 def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, seq_len: int = 512,

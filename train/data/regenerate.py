@@ -137,8 +137,9 @@ def stop_token(tokenizer: Any, chat: bool) -> int | None:
 
 @torch.inference_mode()
 def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, layers: Sequence[int],
-                         temperature: float, generator: torch.Generator | None = None, eos_id: int | None = None,
-                         max_new: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+                         temperature: float | Sequence[float], generator: torch.Generator | None = None,
+                         eos_id: int | None = None, max_new: int | None = None
+                         ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Each prompt continued by the target, KV-cached, one token per row per call, sampled at
     `temperature` with `generator` (greedy at 0, `sampling.to_probs`), up to and including
     `eos_id` (None: no stop) or up to `length` tokens in all, recording the hidden states at
@@ -150,7 +151,9 @@ def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, 
     a teacher-forced pass gives at positions < valid - 1, and zero from valid - 1 on (a row's last
     token is never fed). A row that ends leaves the batch (the cache drops it too). `max_new`: a
     row also ends after that many new tokens. No `layers`: no states are kept (None), for answers
-    whose states a later teacher-forced pass computes (`train.data.chat_answers`)."""
+    whose states a later teacher-forced pass computes (`train.data.chat_answers`). `temperature`: one
+    for every row, or one per row (rows of several temperatures in one call: a larger batch per
+    call, which a CPU runs at more tokens per second)."""
     b, device = len(prompts), target.device
     lens = torch.tensor([p.numel() for p in prompts], device=device)
     width = int(lens.max())
@@ -158,7 +161,12 @@ def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, 
     tokens = torch.full((b, length), 0 if eos_id is None else eos_id, dtype=torch.long, device=device)
     for i, p in enumerate(prompts):
         tokens[i, : p.numel()] = p.to(device)
-    sampling = SamplingConfig(temperature)
+    per_row = not isinstance(temperature, (int, float))
+    sampling = SamplingConfig(1.0 if per_row else float(temperature))
+    if per_row:
+        check(len(temperature) == b, f"{len(temperature)} temperatures for {b} prompts")
+        temps = torch.tensor([float(t) for t in temperature], device=device)
+        check_temperatures(temperature)
     cache = target.new_cache(b, length, keep_layers=list(layers) or None)
     logits = target(tokens[:, :width], cache=cache, logits_at=lens - 1).logits[:, 0]        # (b, vocab)
     states = None
@@ -172,8 +180,13 @@ def continue_with_states(target: HFDecoder, prompts: list[Tensor], length: int, 
     at = lens.clone()                                # the position each row's next token takes
     valid = lens.clone()
     while True:
-        probs = to_probs(logits, sampling)
-        nxt = probs.argmax(-1) if sampling.greedy else sample(probs, generator)           # (a,)
+        if per_row:                                  # greedy rows take the argmax; the others sample at their own T
+            t = temps[row]
+            nxt = torch.where(t == 0, logits.argmax(-1),
+                              sample((logits.float() / t.clamp(min=1e-6)[:, None]).softmax(-1), generator))
+        else:
+            probs = to_probs(logits, sampling)
+            nxt = probs.argmax(-1) if sampling.greedy else sample(probs, generator)       # (a,)
         tokens[row, at], valid[row] = nxt, at + 1
         done = (at + 1 >= length) | (at + 1 >= last[row]) | (False if eos_id is None else nxt == eos_id)
         if bool(done.any()):                         # a finished row leaves at once (module docstring)
