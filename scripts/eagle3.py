@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train-minutes", type=float, default=None,
                    help=f"the head's training wall time (default {d.train_minutes}; GPU: the experiment's max_time)")
     p.add_argument("--experiment", default=None,
-                   help="the training experiment (default hf_eagle3_cpu, or hf_eagle3_gpu with --device cuda)")
+                   help="the training experiment (default smollm2_eagle3, the CPU sizes, with --target as target.path; hf_eagle3_gpu with --device cuda)")
     p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE", help="more Hydra overrides of training")
     p.add_argument("--peers", action="store_true",
                    help="also train speculators' and SpecForge's heads on the same cache and minutes (make setup-interop)")

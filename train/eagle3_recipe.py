@@ -13,8 +13,8 @@ cache resume batch by batch inside their step):
    and the target's hidden states at EAGLE-3's layers [2, L//2, L-3] and its last
    (`train.data.chat_rows.build_chat_cache`), the held-out conversations as validation rows;
 4. draft_vocab: the target's greedy tokens on the cache's answers counted (`scripts/draft_vocab.py`);
-5. train: `python -m train experiment=hf_eagle3_cpu` (or `hf_eagle3_gpu` with `--device cuda`, or
-   `--experiment`) on the cache for `--train-minutes`;
+5. train: `python -m train experiment=smollm2_eagle3 target.path=TARGET` (its CPU sizes;
+   `hf_eagle3_gpu` with `--device cuda`; or `--experiment`) on the cache for `--train-minutes`;
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
    minutes (`scripts/train_peers.py`, needs `make setup-interop`);
 7. export: the head in the speculators and SGLang layouts (`scripts/export_eagle3.py`);
@@ -276,7 +276,7 @@ def commands(s: Settings, out: Path, py: str, held_out_rows: int, rows: int, voc
     from specdec_models.cpu import fast_precision
 
     gpu = s.device == "cuda"
-    experiment = s.experiment or ("hf_eagle3_gpu" if gpu else "hf_eagle3_cpu")
+    experiment = s.experiment or ("hf_eagle3_gpu" if gpu else "smollm2_eagle3")     # its CPU sizes, any target
     head = out / "eagle3"
     train = [py, "-m", "train", f"experiment={experiment}", f"target.path={s.target}", f"data.cache={out / 'cache'}",
              f"data.seq_len={s.seq_len}", f"data.val_windows={max(1, held_out_rows)}",
