@@ -68,6 +68,12 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)]
 
 
+def init_layer_index(config: "Eagle3Config") -> int:
+    """The target layer `Eagle3Head.init_layer_from` starts the head's layer from: the one that reads
+    the highest aux layer, `hidden_states[aux_layers[-1]]`."""
+    return min(config.aux_layers[-1], config.target_layers - 1)
+
+
 def _rope_theta(config: Any) -> float:
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
@@ -390,7 +396,7 @@ class Eagle3Head(DraftHead):
         half of q/k/v keeps its small random start (the target's layer has no such input). A
         target whose layer does not have the head's (Llama) shapes is refused in one line."""
         H = self.config.hidden_size
-        index = min(self.config.aux_layers[-1], self.config.target_layers - 1) if index is None else index
+        index = init_layer_index(self.config) if index is None else index
         source = _decoder_layer(self.target, index)
         ours = self.layers[0]
         pairs = [(ours.self_attn.o_proj, "self_attn.o_proj"), (ours.mlp.gate_proj, "mlp.gate_proj"),

@@ -259,7 +259,12 @@ def weights_sha256(model: torch.nn.Module) -> str:
     alike loaded in float32 or in bfloat16 (a GGUF file dequantized to either, a bf16 checkpoint):
     a head trained next to a bf16 target decodes with the same target in fp32. Any change of a
     value beyond bfloat16's precision changes the hash. Cost: one pass over the weights (about
-    1 s for SmolLM2-135M's 538 MB here)."""
+    1 s for SmolLM2-135M's 538 MB here). A lean model (`hf.lean.lean_causal_lm`: the parts a head
+    trained from a cache reads) returns the hash of the whole model its files hold, computed the
+    same way tensor by tensor when it was loaded."""
+    lean = getattr(model, "specdec_lean", None)
+    if lean is not None:
+        return lean.weights_sha256
     h = hashlib.sha256()
     seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], str] = {}
     state = model.state_dict()

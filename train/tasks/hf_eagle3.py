@@ -59,8 +59,8 @@ from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.export import read_export_config, read_export_tensors
 from specdec_models.files import one_line
-from specdec_models.hf import HFDecoder, logits_width
-from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+from specdec_models.hf import HFDecoder, load_config, logits_width, text_config
+from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab, default_aux_layers, init_layer_index
 from specdec_models.hf.weights import tokenizer_fingerprint, vocabulary_fingerprint
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
@@ -68,7 +68,7 @@ from ..data.chat_rows import HFChatDataModule
 from ..data.hf_embeddings import HFEmbeddingsDataModule, label_mask
 from ..data.hf_text import HFTextDataModule
 from .base import FrozenModel, Task, TaskModule, required, to_plain
-from .hf_prophet import HFTargetHead, check_head_kind, check_target
+from .hf_prophet import HOW_TO_GIVE, HFTargetHead, check_head_kind, check_target
 
 COUNTS_FORMAT = "specdec-token-counts"
 
@@ -184,7 +184,13 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     """Check the target, the head, the draft vocabulary and the data before any work; loads the
     target once (`hf_prophet.check_target`) to identify its weights."""
     sizes = from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
-    target, path, tokenizer, model, sha, cached = check_target(cfg)
+    layers = []                     # the one target layer a head trained from a cache reads: its start
+    if sizes.init_layer and sizes.init_from is None:
+        depth = int(text_config(load_config(required(cfg, "target.path", HOW_TO_GIVE), "target.path"))
+                    .num_hidden_layers)
+        aux = sizes.aux_layers if sizes.aux_layers is not None else default_aux_layers(depth)
+        layers = [min(aux[-1], depth - 1)]                      # Eagle3Head.init_layer_from's
+    target, path, tokenizer, model, sha, cached = check_target(cfg, layers)
     vocab = min(len(tokenizer), logits_width(model))
     draft_size = vocab if sizes.draft_vocab_size is None else sizes.draft_vocab_size
     check(draft_size <= vocab, f"head.draft_vocab_size ({draft_size}) exceeds the target's vocabulary ({vocab})")
@@ -272,8 +278,9 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         super().__init__(optim, seed, metadata, compile)
         self.save_hyperparameters()
         self._target = FrozenModel(self._load_target)
+        self._parts = FrozenModel(self._load_parts)
         ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
-        target = self._target.get(torch.device("cpu"))
+        target = self._parts.get(torch.device("cpu"))
         self.head = Eagle3Head(Eagle3Config.from_dict(head), target, ids, init_layer_from_target=init_layer).float()
         if init_from is not None:                   # validate checked its target and shapes
             try:                                    # copied in full precision, names and shapes checked
@@ -287,6 +294,18 @@ class HFEagle3Module(HFTargetHead, TaskModule):
 
     def trainable(self) -> nn.Module:
         return self.head
+
+    def head_on(self, target: Any) -> nn.Module:
+        copy = Eagle3Head(self.head.config, target, self.head.draft_ids.cpu(), init_from_target=False)
+        copy.to(self.head.fc.weight).load_state_dict(self.head.state_dict())
+        return copy.train(self.head.training)
+
+    def head_layers(self) -> list[int]:
+        """The target layer `head.init_layer` starts the head's layer from (`Eagle3Head.init_layer_from`)."""
+        if not self.hparams.init_layer:
+            return []
+        config = Eagle3Config.from_dict(self.hparams.head)
+        return [init_layer_index(config)]
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -305,8 +324,8 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         return tokens, torch.cat([states[i] for i in layers], -1), states[last_layer], mask
 
     def _loss(self, batch, greedy: bool = False):
+        self.parts                                                    # on the module's device
         tokens, aux, last, mask = self._inputs(batch)
-        self.target                                                   # on the module's device
         noise = self.hparams.get("feature_noise", 0.0)
         if noise and self.training:
             aux = with_noise(aux, len(self.head.aux_layers), noise)

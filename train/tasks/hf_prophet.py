@@ -28,6 +28,7 @@ temperatures 0 and 1. The export is the head alone with its target's identity (k
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from specdec_models.config import DTYPES, from_dict, torch_dtype
 from specdec_models.errors import check, check_positive_int
 from specdec_models.hf import HFDecoder, logits_width, text_config
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
+from specdec_models.hf.lean import LeanUnavailable, lean_causal_lm
 from specdec_models.hf.weights import check_same_tokenizer, check_source, load_causal_lm, load_tokenizer, weights_sha256
 
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
@@ -99,16 +101,28 @@ class HeadSizes:
 _LOADED: dict[tuple, tuple[Any, str]] = {}
 
 
-def load_target(path: str | Path, dtype: str) -> tuple[Any, str]:
+def load_target(path: str | Path, dtype: str, layers: list[int] | None = None) -> tuple[Any, str]:
     """(the target in eval mode without gradient, the sha256 of its weights), loaded once per
-    process for its path, dtype and files (name, size, mtime): `validate` and the module share
-    one load (a real target takes tens of seconds)."""
+    process for its path, dtype, files (name, size, mtime) and parts: `validate` and the module share
+    one load (a real target takes tens of seconds). `layers=None`: the whole model; a list: the
+    lean model a head trained from a cache reads (`specdec_models.hf.lean`: embedding, final norm,
+    LM head and those decoder layers), or the whole model, said in a warning, where the checkpoint
+    cannot be read tensor by tensor."""
     source = check_source(path, "target.path")
     files = [source] if source.is_file() else sorted(p for p in source.iterdir() if p.is_file())
-    key = (str(source.resolve()), dtype, tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    parts = None if layers is None else tuple(sorted(layers))
+    key = (str(source.resolve()), dtype, tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files), parts)
     if key not in _LOADED:
-        _LOADED.clear()                                  # one target at a time
-        model = load_causal_lm(source, dtype=DTYPES[dtype], what="target.path")
+        for old in [k for k in _LOADED if k[:3] != key[:3]]:
+            del _LOADED[old]                             # one target at a time (its lean and whole forms)
+        model = None
+        if parts is not None:
+            try:
+                model = lean_causal_lm(source, dtype=DTYPES[dtype], layers=list(parts), what="target.path")
+            except LeanUnavailable as why:
+                warnings.warn(f"target.path: loading the whole target, as {why}", stacklevel=2)
+        if model is None:
+            model = load_causal_lm(source, dtype=DTYPES[dtype], what="target.path")
         model.requires_grad_(False)
         _LOADED[key] = (model, weights_sha256(model))
     return _LOADED[key]
@@ -117,38 +131,63 @@ def load_target(path: str | Path, dtype: str) -> tuple[Any, str]:
 class HFTargetHead:
     """What a module training a head on a frozen Hugging Face target shares (mixed into the
     TaskModules of hf_prophet and hf_eagle3): `self.head` and hyper-parameters `target_path`,
-    `weights_sha256` and `target_dtype`. `self._target = FrozenModel(self._load_target)` in
-    `__init__`."""
+    `weights_sha256`, `target_dtype` and `cache_layers`. In `__init__`:
+    `self._target = FrozenModel(self._load_target)` (the whole target: online hidden states, the
+    evaluation callback's decoding) and `self._parts = FrozenModel(self._load_parts)` (what the
+    head is built on: from a cache, the lean target of `head_layers()`; online, the whole one)."""
 
-    def _load_target(self) -> Any:
+    def head_layers(self) -> list[int]:
+        """The target's decoder layers the head reads besides its embedding, norm and LM head."""
+        return []
+
+    def _checked(self, layers: list[int] | None) -> Any:
         path, expected = self.hparams.target_path, self.hparams.weights_sha256
-        model, sha = load_target(path, self.hparams.target_dtype)
+        model, sha = load_target(path, self.hparams.target_dtype, layers)
         check(sha == expected, f"target.path {path} now holds other weights (sha256 {sha[:16]}...) than this run's "
                                f"target ({expected[:16]}...): restore it or start a new run")
         return model
 
+    def _load_target(self) -> Any:
+        return self._checked(None)
+
+    def _load_parts(self) -> Any:
+        return self._checked(self.head_layers() if self.hparams.get("cache_layers") else None)
+
     @property
     def target(self) -> Any:
-        """The frozen target, on the module's device."""
+        """The whole frozen target, on the module's device (loaded on first use)."""
         return self._target.get(self.device)
 
+    @property
+    def parts(self) -> Any:
+        """The target the head reads (lean from a cache), on the module's device."""
+        return self._parts.get(self.device)
+
     def speculative_models(self) -> SpeculativeModels:
-        """The target (on the head's vocabulary) drafted by the head."""
-        return SpeculativeModels(target=HFDecoder(self.target, self.head.vocab_size), prophet=self.head)
+        """The whole target (on the head's vocabulary) drafted by the head: a head trained on the
+        lean target decodes as a copy of its weights on the whole one (decoding runs the target)."""
+        target, head = self.target, self.head
+        if head.target is not target:
+            head = self.head_on(target)
+        return SpeculativeModels(target=HFDecoder(target, head.vocab_size), prophet=head)
+
+    def head_on(self, target: Any) -> nn.Module:
+        """A copy of the head (its weights, dtype and device) built on another load of its target."""
+        raise NotImplementedError
 
     def export_model(self) -> Any:
-        self.target                                                    # the head hashes its target's weights
+        self.parts                                                     # the head hashes its target's weights
         return self.head
 
     def export_options(self) -> dict[str, Any]:
         return {"target_path": self.hparams.target_path}
 
 
-def check_target(cfg: DictConfig) -> tuple[HFTarget, Path, Any, Any, str, bool]:
+def check_target(cfg: DictConfig, layers: list[int] | None = None) -> tuple[HFTarget, Path, Any, Any, str, bool]:
     """What the validate() of every head on a Hugging Face target checks: `target:`, the data's
     tokenizer against the target's (unless the data is a cache); then it loads the target
-    (`load_target`). Returns (target config, its path, its tokenizer, the model, its weights'
-    sha256, whether the data is a cache)."""
+    (`load_target`: from a cache, the lean target with decoder `layers`). Returns (target config,
+    its path, its tokenizer, the model, its weights' sha256, whether the data is a cache)."""
     target = from_dict(HFTarget, to_plain(cfg.get("target")), "target")
     path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
     tokenizer = load_tokenizer(path, "target.path")
@@ -158,7 +197,7 @@ def check_target(cfg: DictConfig) -> tuple[HFTarget, Path, Any, Any, str, bool]:
     if data_tokenizer and Path(str(data_tokenizer)).expanduser().resolve() != path.resolve():
         check_same_tokenizer(tokenizer, load_tokenizer(data_tokenizer, "data.tokenizer"), f"target.path {path}",
                              f"data.tokenizer {data_tokenizer}")
-    model, sha = load_target(path, target.dtype)
+    model, sha = load_target(path, target.dtype, (layers or []) if cached else None)
     return target, path, tokenizer, model, sha, cached
 
 
@@ -215,7 +254,8 @@ class HFProphetModule(HFTargetHead, ProphetTaskModule):
         super().__init__(optim, seed, metadata, compile)
         self.save_hyperparameters()
         self._target = FrozenModel(self._load_target)
-        self.head = HFProphet(HFProphetConfig.from_dict(head), self._target.get(torch.device("cpu"))).float()
+        self._parts = FrozenModel(self._load_parts)
+        self.head = HFProphet(HFProphetConfig.from_dict(head), self._parts.get(torch.device("cpu"))).float()
         if compile:
             for block in self.head.prophet.layers:
                 block.compile()
@@ -223,12 +263,18 @@ class HFProphetModule(HFTargetHead, ProphetTaskModule):
     def trainable(self) -> nn.Module:
         return self.head
 
+    def head_on(self, target: Any) -> nn.Module:
+        copy = HFProphet(self.head.config, target).to(self.head.to_prophet_start.weight)
+        copy.load_state_dict(self.head.state_dict())
+        return copy.train(self.head.training)
+
     # -- steps -----------------------------------------------------------------------------------
 
     def _inputs(self, batch: torch.Tensor | dict[str, torch.Tensor],
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(tokens (b, n + 1), the target's hidden states (b, n, dim), each row's real tokens (b,)
         or None): cached, or computed now."""
+        self.parts                                                     # on the module's device
         if isinstance(batch, dict):
             layers = self.hparams.cache_layers
             valid = batch.get("valid_len")
@@ -236,7 +282,6 @@ class HFProphetModule(HFTargetHead, ProphetTaskModule):
                 return batch["tokens"], batch["embeds"], valid
             parts = batch["embeds"].unflatten(-1, (len(layers), -1))
             return batch["tokens"], parts[..., layers.index(max(layers)), :], valid
-        self.target                                                    # on the module's device
         return batch, self.head.target_hidden(batch[:, :-1], logits=False)[0], None
 
     def _losses(self, seq: torch.Tensor, hidden: torch.Tensor, micro: int | None, prefix: str | None = None,
