@@ -134,9 +134,12 @@ class Target(NamedTuple):
         """Bytes per device of weights and optimizer state: the target's part in each mode, and the
         head with its Adam state (on every rank in every mode: the head trains data-parallel)."""
         layer = self.layer_params() * BF16
-        return {"offline": (2 * self.vocab * self.hidden + self.hidden) * BF16 + layer,
+        kept = (2 * self.vocab * self.hidden + self.hidden) * BF16       # embedding, final norm, LM head
+        # target.shard keeps those whole on every rank, splits the layers, and holds two in full (the one
+        # running, the next being gathered)
+        return {"offline": kept + layer,
                 "online": self.params() * BF16,
-                "sharded": self.params() * BF16 / ranks + layer,
+                "sharded": kept + (self.params() * BF16 - kept) / ranks + 2 * layer,
                 "head": sum(self.head_params(draft_vocab)) * ADAM_BYTES}
 
 
@@ -204,7 +207,7 @@ def tables(targets: list[Target], ranks: int) -> str:
                   "{:,.0f} M + {:,.0f} M".format(*(p / 1e6 for p in t.head_params(DRAFT_VOCAB))) for t in targets) + " |"]
     for key, label in (("offline", "offline, lean: embedding, final norm, LM head, one layer"),
                        ("online", "online: the whole target"),
-                       ("sharded", f"online, sharded over {ranks} ranks: 1/{ranks} of it + one layer gathered")):
+                       ("sharded", f"online, sharded over {ranks} ranks (target.shard): embedding and heads whole, 1/{ranks} of the layers, two in full")):
         lines.append(f"| {label} | " + " | ".join(
             f"{gb(memory[t.name][key])} ({gb(memory[t.name][key] + memory[t.name]['head'])} with the head)"
             for t in targets) + " |")

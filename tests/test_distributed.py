@@ -6,6 +6,7 @@ redone by the next run, and the bad inputs of a process count. Tiny random Llama
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ pytest.importorskip("datasets")
 from test_chat_rows import CONVS, SEQ, hf  # noqa: F401  (the tiny stopping target, its conversations)
 
 from specdec_models.errors import SpecdecError
+from specdec_models.hf.weights import load_causal_lm
 from train.data import chat_answers as ca
 from train.data.embeddings_cache import cache_rows, check_cache, open_cache
 
@@ -134,3 +136,117 @@ def test_the_recipe_refuses_more_processes_than_answer_batches_in_one_line(hf, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--processes 4 is more than the 3 batch(es)" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- a target split across the processes (target.shard)
+# Online task=hf_eagle3 on a tiny random Llama of 4 layers: `target.shard=true` under trainer=ddp with two CPU
+# processes (gloo, FSDP2) trains as the unsplit 2-process run does, and each process holds half of every decoder layer.
+
+SHARD_SEQ = 16
+SHARD_LINE = re.compile(r"target\.shard: rank (\d) of 2 holds ([\d,]+) of the target's ([\d,]+) parameter elements; "
+                        r"of its decoder layers ([\d,]+) of ([\d,]+)")
+
+
+@pytest.fixture(scope="module")
+def shard_setup(tmp_path_factory):
+    from test_hf_data import text_setup
+    from test_hf_distill import save_model
+
+    d = tmp_path_factory.mktemp("shard")
+    setup = text_setup(d, docs=200, prompt_docs=2)
+    return {**setup, "target": save_model(d / "target", setup["tok"], "llama", 7, depth=4)}
+
+
+def shard_args(setup, out, *extra):
+    """experiment=hf_eagle3 online (data=hf_text, unless `extra` picks data=hf_embeddings) at test sizes: 2
+    steps, validation of 3 rows at step 2."""
+    text = [] if "data=hf_embeddings" in extra else [f"data.files=[{setup['corpus']}]",
+                                                      f"data.windows_dir={setup['root'] / 'windows'}"]
+    return ["experiment=hf_eagle3", f"target.path={setup['target']}", *text, f"data.seq_len={SHARD_SEQ}",
+            "data.batch_size=2", "data.val_windows=3", "data.val_batch_size=1", "head.draft_vocab_size=null",
+            "head.aux_layers=[1,2,3]", "task.ttt_steps=2", "trainer.max_steps=2", "trainer.val_check_interval=2",
+            "trainer.num_sanity_val_steps=1", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+            "trainer.enable_model_summary=false", "callbacks.progress_bar=null", "callbacks.speculative_eval=null",
+            f"output_dir={out}", *extra]
+
+
+def logged_losses(out):
+    """{(step, name): value} of train/loss and val/loss in a run's metrics.csv (rank 0's)."""
+    import csv
+    rows = list(csv.DictReader((out / "csv" / "metrics.csv").open()))
+    return {(int(r["step"]), k): float(r[k]) for r in rows for k in ("train/loss", "val/loss") if r.get(k)}
+
+
+def train_two(setup, out, *extra):
+    """`python -m train` in two CPU processes (trainer=ddp, gloo): its stdout, checked to finish."""
+    command = [sys.executable, "-m", "train", *shard_args(setup, out, "trainer=ddp", "trainer.devices=2",
+                                                          "trainer.accelerator=cpu", *extra)]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Starting with 2 processes" in result.stdout + result.stderr
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+    assert (out / "export" / "config.json").is_file()
+    return result.stdout
+
+
+def test_a_target_split_across_two_processes_trains_as_the_whole_one_does_and_each_holds_half_its_layers(
+        shard_setup, tmp_path):
+    whole = tmp_path / "whole"
+    assert not SHARD_LINE.search(train_two(shard_setup, whole))
+    sharded = tmp_path / "sharded"
+    stdout = train_two(shard_setup, sharded, "target.shard=true")
+    # the same losses at steps 0 and 1 and in the validation (3 rows over 2 processes: one repeated)
+    expected = logged_losses(whole)
+    assert {(0, "train/loss"), (1, "train/loss"), (1, "val/loss")} <= set(expected)
+    assert logged_losses(sharded) == pytest.approx(expected, abs=1e-5)
+    held = {int(m[1]): [int(x.replace(",", "")) for x in m.groups()[1:]] for m in SHARD_LINE.finditer(stdout)}
+    assert sorted(held) == [0, 1], stdout[-3000:]
+    for mine, total, layers_mine, layers_total in held.values():
+        assert layers_mine * 2 == layers_total                     # half of every decoder layer
+        assert mine == total - layers_total // 2                   # the embedding, final norm and LM head whole
+        assert total == sum(p.numel() for p in load_causal_lm(shard_setup["target"]).parameters())
+
+
+def test_a_split_target_in_a_process_alone_stays_whole_with_a_warning(shard_setup):
+    from train.tasks.sharding import ShardedFrozenModel, held_elements
+
+    holder = ShardedFrozenModel(lambda: load_causal_lm(shard_setup["target"]))
+    with pytest.warns(UserWarning, match="target.shard: this run has one process: the target stays whole"):
+        holder.shard(torch.device("cpu"))
+    model = holder.get(torch.device("cpu"))
+    assert not holder.sharded and held_elements(model)[0] == held_elements(model)[1]
+
+
+EVALUATION_ON = "callbacks.speculative_eval.num_prompts=2"      # this case keeps the evaluation callback
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["data=hf_embeddings", "trainer=ddp"], ("target.shard: data=hf_embeddings reads the target's hidden states from "
+                                             "a cache and never runs the target")),
+    (["trainer=cpu"], r"this run has one \(trainer.devices \* trainer.num_nodes = 1\)"),
+    (["trainer=ddp", "trainer.devices=1"], r"this run has one \(trainer.devices"),
+    (["trainer=ddp", "trainer.strategy=fsdp"], "trainer.strategy must be ddp"),
+    (["trainer=ddp", EVALUATION_ON], "callbacks.speculative_eval decodes on rank 0 alone"),
+    (["trainer=ddp", "target.shard=yes"], "target.shard must be true or false, got 'yes'"),
+])
+def test_a_split_target_that_cannot_run_is_refused_in_one_line_before_any_work(shard_setup, tmp_path, extra,
+                                                                                message):
+    import train.run as train_run
+
+    out = tmp_path / "run"
+    args = shard_args(shard_setup, out, "target.shard=true", *extra)
+    if EVALUATION_ON in extra:
+        args.remove("callbacks.speculative_eval=null")
+    with pytest.raises(SpecdecError, match=message) as err:
+        train_run.validate(train_run.compose(args))
+    assert "\n" not in str(err.value) and not out.exists()
+
+
+@pytest.mark.parametrize("experiment", ["tiny", "hf_draft_distill"])
+def test_target_shard_on_a_task_without_a_target_to_shard_is_refused_in_one_line(experiment):
+    import train.run as train_run
+
+    with pytest.raises(SpecdecError, match=r"target.shard: task=\w+ runs no frozen target to shard \(only "
+                                           r"task=hf_eagle3 or task=hf_prophet with data=hf_text or data=hf_chat"):
+        train_run.validate_run(train_run.compose([f"experiment={experiment}", "+target.shard=true"]))

@@ -62,7 +62,8 @@ def test_memory_holds_the_lean_parts_or_the_target_whole_or_sharded():
     m = t.memory(8, 32_000)
     assert m["offline"] == (2 * 128256 * 4096 + 4096) * 2 + t.layer_params() * 2
     assert m["online"] == t.params() * 2
-    assert m["sharded"] == t.params() * 2 / 8 + t.layer_params() * 2
+    kept = (2 * t.vocab * t.hidden + t.hidden) * 2
+    assert m["sharded"] == kept + (t.params() * 2 - kept) / 8 + 2 * t.layer_params() * 2
     assert m["head"] == sum(t.head_params(32_000)) * 16
 
 

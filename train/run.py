@@ -48,6 +48,7 @@ from .optim import OptimConfig
 from .run_log import quiet_tips, run_log
 from .tasks import Task, get_task
 from .tasks.base import data_class, to_plain
+from .tasks.sharding import check_task_can_shard
 
 log = logging.getLogger("train.run")
 
@@ -103,6 +104,7 @@ def validate_run(cfg: DictConfig) -> Task:
                            f"check its spelling or drop +{key}=...")
     check(isinstance(cfg.get("task"), DictConfig), "task must be a config node: choose one with task=NAME")
     task = get_task(cfg.task.get("name"))
+    check_task_can_shard(cfg, task)
     check_positive_int(cfg.gamma, "gamma")
     check(isinstance(cfg.seed, int), f"seed must be an integer, got {cfg.seed!r}")
     check(isinstance(cfg.compile, bool), f"compile must be true or false, got {cfg.compile!r}")

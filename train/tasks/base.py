@@ -250,13 +250,16 @@ class Task:
     besides `name`); data: the DataModule classes whose batches the module reads; validate:
     (cfg, typed task config) -> the task's own keyword arguments of `module` (`train.run` adds
     optim, seed, metadata and compile, which every task takes; a "metadata" entry it returns is
-    added to the run's metadata, kept in checkpoints and exports)."""
+    added to the run's metadata, kept in checkpoints and exports); can_shard_target: whether the
+    task runs a frozen target that `target.shard` may split across the processes
+    (`train.tasks.sharding`; any other task refuses the key)."""
 
     name: str
     config: type
     module: type[TaskModule]
     data: tuple[type, ...]
     validate: Callable[[DictConfig, Any], dict[str, Any]]
+    can_shard_target: bool = False
 
     def typed_config(self, cfg: DictConfig) -> Any:
         node = {k: v for k, v in to_plain(cfg.task).items() if k != "name"}

@@ -237,7 +237,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
                 ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), tv_weight=float(options.tv_weight),
                 feature_weight=float(options.feature_weight), ttt_ramp=float(options.ttt_ramp),
                 feature_noise=float(options.feature_noise), cache_layers=cache_layers,
-                metadata=metadata)
+                target_shard=target.shard, metadata=metadata)
 
 
 # ------------------------------------------------------------------------------ the module
@@ -267,18 +267,19 @@ class HFEagle3Module(HFTargetHead, TaskModule):
                  draft_ids: list[int] | None = None, train_lm_head: bool = True, init_layer: bool = False,
                  init_from: str | None = None, ttt_steps: int = 4, ttt_decay: float = 0.8, tv_weight: float = 0.0,
                  feature_weight: float = 0.0, ttt_ramp: float = 0.0, feature_noise: float = 0.0,
-                 cache_layers: list[int] | None = None,
+                 cache_layers: list[int] | None = None, target_shard: bool = False,
                  optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
                  compile: bool = False) -> None:
         """`head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the
         first draft_vocab_size, the whole vocabulary); `cache_layers`: the layers a cache's
         "embeds" concatenate, in order (None: hidden states online). The head trains in float32
         whatever the target's `target_dtype`. `init_from`: an hf_eagle3 export (checked by
-        `validate`) whose weights the head starts from; a resumed run then takes its checkpoint's."""
+        `validate`) whose weights the head starts from; a resumed run then takes its checkpoint's.
+        `target_shard`: split the target across the processes at fit start (target.shard)."""
         super().__init__(optim, seed, metadata, compile)
         self.save_hyperparameters()
-        self._target = FrozenModel(self._load_target)
-        self._parts = FrozenModel(self._load_parts)
+        self._target = self._frozen_target(target_shard)
+        self._parts = FrozenModel(self._load_parts) if cache_layers else self._target     # online: the whole one
         ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
         target = self._parts.get(torch.device("cpu"))
         self.head = Eagle3Head(Eagle3Config.from_dict(head), target, ids, init_layer_from_target=init_layer).float()
@@ -388,4 +389,5 @@ class HFEagle3Module(HFTargetHead, TaskModule):
 
 
 TASK = Task(name="hf_eagle3", config=Eagle3Options, module=HFEagle3Module,
-            data=(HFTextDataModule, HFChatDataModule, HFEmbeddingsDataModule), validate=validate)
+            data=(HFTextDataModule, HFChatDataModule, HFEmbeddingsDataModule), validate=validate,
+            can_shard_target=True)

@@ -50,19 +50,23 @@ from ..data.hf_text import HFTextDataModule
 from .base import FrozenModel, SpeculativeModels, Task, data_class, required, to_plain
 from .prophet_common import ProphetTaskModule
 from .prophet_frozen import FrozenProphetOptions
+from .sharding import ShardedFrozenModel, check_shard
 
 HOW_TO_GIVE = "DIR or FILE.gguf (a local Hugging Face causal LM directory or a GGUF file)"
 
 
 @dataclass(frozen=True)
 class HFTarget:
-    """The `target:` node: the frozen Hugging Face model the head drafts for."""
+    """The `target:` node: the frozen Hugging Face model the head drafts for; `shard`: split it
+    across the processes of an online data-parallel run (`train.tasks.sharding`)."""
 
     path: str | None = None
     dtype: str = "float32"            # the target only runs forward passes; the head trains in float32
+    shard: bool = False
 
     def __post_init__(self) -> None:
         torch_dtype(self.dtype, "target.dtype")
+        check(isinstance(self.shard, bool), f"target.shard must be true or false, got {self.shard!r}")
 
 
 HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3"}    # head.kind -> the task that trains it
@@ -132,9 +136,20 @@ class HFTargetHead:
     """What a module training a head on a frozen Hugging Face target shares (mixed into the
     TaskModules of hf_prophet and hf_eagle3): `self.head` and hyper-parameters `target_path`,
     `weights_sha256`, `target_dtype` and `cache_layers`. In `__init__`:
-    `self._target = FrozenModel(self._load_target)` (the whole target: online hidden states, the
-    evaluation callback's decoding) and `self._parts = FrozenModel(self._load_parts)` (what the
-    head is built on: from a cache, the lean target of `head_layers()`; online, the whole one)."""
+    `self._target = self._frozen_target(target_shard)` (the whole target: online hidden states, the
+    evaluation callback's decoding) and `self._parts` (what the head is built on: from a cache,
+    `FrozenModel(self._load_parts)`, the lean target of `head_layers()`; online, `self._target`)."""
+
+    def _frozen_target(self, shard: bool) -> FrozenModel:
+        """The holder of the frozen target; with `shard` (target.shard) one that `on_fit_start` splits."""
+        return ShardedFrozenModel(self._load_target, forget=_LOADED.clear) if shard else FrozenModel(self._load_target)
+
+    def on_fit_start(self) -> None:
+        """With target.shard, split the target across the processes: every rank runs this hook, once
+        Lightning has set up the process group and moved the module to its device."""
+        super().on_fit_start()
+        if isinstance(self._target, ShardedFrozenModel):
+            self._target.shard(self.device)
 
     def head_layers(self) -> list[int]:
         """The target's decoder layers the head reads besides its embedding, norm and LM head."""
@@ -151,7 +166,7 @@ class HFTargetHead:
         return self._checked(None)
 
     def _load_parts(self) -> Any:
-        return self._checked(self.head_layers() if self.hparams.get("cache_layers") else None)
+        return self._checked(self.head_layers())
 
     @property
     def target(self) -> Any:
@@ -192,6 +207,7 @@ def check_target(cfg: DictConfig, layers: list[int] | None = None) -> tuple[HFTa
     path = check_source(required(cfg, "target.path", HOW_TO_GIVE), "target.path")
     tokenizer = load_tokenizer(path, "target.path")
     cached = issubclass(data_class(cfg), HFEmbeddingsDataModule)
+    check_shard(cfg, target.shard, cached)
     data_tokenizer = OmegaConf.select(cfg, "data.tokenizer", throw_on_resolution_failure=False)
     check(cached or data_tokenizer, "data.tokenizer is not set or does not resolve: set data.tokenizer=${target.path}")
     if data_tokenizer and Path(str(data_tokenizer)).expanduser().resolve() != path.resolve():
@@ -236,7 +252,7 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
                 "embeddings": "cached" if cached else "online", "distill": options.distill}
     return dict(target_path=str(path.resolve()), weights_sha256=sha, target_dtype=target.dtype, head=head.to_dict(),
                 distill=options.distill, distill_weight=float(options.distill_weight), metadata=metadata,
-                cache_layers=cache_layers)
+                cache_layers=cache_layers, target_shard=target.shard)
 
 
 class HFProphetModule(HFTargetHead, ProphetTaskModule):
@@ -245,16 +261,17 @@ class HFProphetModule(HFTargetHead, ProphetTaskModule):
     def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
                  distill: str | None = None, distill_weight: float = 1.0, optim: dict[str, Any] | None = None,
                  seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False,
-                 cache_layers: list[int] | None = None) -> None:
+                 cache_layers: list[int] | None = None, target_shard: bool = False) -> None:
         """`target_path`, `weights_sha256`: the target's source and the hash its weights must have
         (loaded here: the head is built on its embedding and head); `head`: an HFProphetConfig
         dict; the head trains in float32 whatever the target's `target_dtype`; `cache_layers`:
         the layers a cache's "embeds" concatenate (the head reads the last one, the target's
-        depth; a cache made for an eagle3 head serves a prophet head too)."""
+        depth; a cache made for an eagle3 head serves a prophet head too); `target_shard`: split
+        the target across the processes at fit start (target.shard)."""
         super().__init__(optim, seed, metadata, compile)
         self.save_hyperparameters()
-        self._target = FrozenModel(self._load_target)
-        self._parts = FrozenModel(self._load_parts)
+        self._target = self._frozen_target(target_shard)
+        self._parts = FrozenModel(self._load_parts) if cache_layers else self._target     # online: the whole one
         self.head = HFProphet(HFProphetConfig.from_dict(head), self._parts.get(torch.device("cpu"))).float()
         if compile:
             for block in self.head.prophet.layers:
@@ -318,4 +335,4 @@ class HFProphetModule(HFTargetHead, ProphetTaskModule):
 
 
 TASK = Task(name="hf_prophet", config=FrozenProphetOptions, module=HFProphetModule,
-            data=(HFTextDataModule, HFEmbeddingsDataModule), validate=validate)
+            data=(HFTextDataModule, HFEmbeddingsDataModule), validate=validate, can_shard_target=True)
