@@ -13,8 +13,9 @@ tokens of conversation rows (real tokens: prompts and answers, padding not count
   per token forward, 6 x the head's trained ones per token forward and backward), then scaled by
   FLOPs to the target, on these CPU cores and on an H100 at an assumed MFU;
 - memory per device offline (the lean trainer: embedding, final norm, LM head, one layer for
-  head.init_layer, the head and its Adam state) and online (the whole target on each device, or
-  1/N of it plus one layer gathered whole).
+  head.init_layer, the head and its Adam state) and online (the whole target on each device, or,
+  split by target.shard across N ranks, its embedding, final norm and LM head whole, 1/N of its
+  decoder layers, and two layers whole: the one running and the next being gathered).
 Every figure is an estimate from the constants below, not a measurement; activations, attention
 FLOPs and framework overhead are left out.
 """
