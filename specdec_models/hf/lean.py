@@ -82,7 +82,7 @@ class AbsentLayer(nn.Module):
 class TensorSource:
     """Named tensors of a checkpoint, read one at a time under the model's state_dict names."""
 
-    def names(self) -> set[str]:
+    def names(self) -> frozenset[str]:
         raise NotImplementedError
 
     def get(self, name: str) -> torch.Tensor:
@@ -111,9 +111,10 @@ class SafetensorsSource(TensorSource):
             for file in files:
                 with safe_open(str(file), framework="pt") as f:
                     self._where.update({name: file for name in f.keys()})  # noqa: SIM118  (safe_open is not a dict)
+        self._names = frozenset(self._where)
 
-    def names(self) -> set[str]:
-        return set(self._where)
+    def names(self) -> frozenset[str]:
+        return self._names
 
     def get(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
@@ -141,9 +142,10 @@ class GGUFSource(TensorSource):
         self._processor = processor_class(config=self._parsed.get("config", {}))
         self._mapping = g.get_gguf_hf_weights_map(meta_model, self._processor)
         self._tensors = {self._mapping[t.name]: t for t in self._reader.tensors if t.name in self._mapping}
+        self._names = frozenset(self._tensors)
 
-    def names(self) -> set[str]:
-        return set(self._tensors)
+    def names(self) -> frozenset[str]:
+        return self._names
 
     def get(self, name: str) -> torch.Tensor:
         import numpy as np
