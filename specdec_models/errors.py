@@ -3,7 +3,14 @@
 Every check on user input (configs, prompts, sampling settings, export directories) raises
 `SpecdecError` with a one-line message, so CLIs can print it and exit 2 instead of dumping a
 traceback. It subclasses `ValueError`, so callers that already catch that keep working.
+`cli_main` is the one place that turns it into that line and exit code 2.
 """
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
 
 
 class SpecdecError(ValueError):
@@ -20,3 +27,21 @@ def check_positive_int(value: object, name: str) -> None:
     """Raise `SpecdecError` unless `value` is an integer >= 1 (booleans are not integers here)."""
     check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
           f"{name} must be a positive integer, got {value!r}")
+
+
+def cli_main(main: Callable[..., int | None]) -> Callable[..., int]:
+    """Decorate a command's `main(argv=None)`: a `SpecdecError` raised anywhere inside becomes one
+    line, `error: ...` on stderr (a multi-line message folded onto one), and exit code 2; any other
+    return value is the exit code (None is 0). Commands check their inputs first, so the error comes
+    before any work."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs) -> int:
+        try:
+            code = main(*args, **kwargs)
+        except SpecdecError as error:
+            print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+            return 2
+        return 0 if code is None else int(code)
+
+    return wrapper
