@@ -21,6 +21,11 @@ target by `load_eagle3(DIR, target)`, whatever the layout (`detect_layout` tells
   `eagle_config.eagle_aux_hidden_state_layer_ids`; weights `fc.weight`, `midlayer.*`,
   `norm.weight`, `lm_head.weight`, `d2t`, `t2d`.
 
+Each foreign layout is data (`export.layouts.Layout`): a name map from the head's canonical weight
+names (`heads.eagle3.EAGLE3_WEIGHTS`, those of speculators) to the layout's (SGLang: `layers.0.` ->
+`midlayer.`), a tap numbering (SGLang's below), and its config writer and reader. Writing and
+reading go through `export.layouts` (`save_layout`, `read_layout`), the same for every layout.
+
 Aux-layer numbering. specdec and vLLM/speculators number an aux layer by its Hugging Face
 `hidden_states` index: i is the input of decoder layer i (0 the embeddings). SGLang numbers the
 output of a layer: `set_eagle3_layers_to_capture` (python/sglang/srt/models/llama.py) captures at
@@ -42,29 +47,26 @@ needs `force=True` (`--force`).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..errors import SpecdecError, check
-from ..files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
+from ..heads.eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, default_aux_layers
 from ..hf.adapter import is_hf_model, logits_width, text_config
-from ..heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from .layouts import Layout, NameMap, Rename, TapNumbering, read_config, read_layout, save_layout
 from .specdec import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
 
 LAYOUTS = ("specdec", "speculators", "sglang")
 SPECULATORS_VERSION = "0.9.0"       # the speculators release whose format is written (tests/test_eagle3_interop.py)
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
-WEIGHTS_NAME = "model.safetensors"
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-FORCE = "force=True, --force"
-_DTYPE_KEYS = ("torch_dtype", "dtype")
+# what a speculators checkpoint may hold beside the head: the verifier's copies, read and dropped
+VERIFIER_COPIES = frozenset({"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"})
 
 
 # ------------------------------------------------------------------------------ numbering
@@ -72,18 +74,12 @@ _DTYPE_KEYS = ("torch_dtype", "dtype")
 def sglang_layer_ids(aux_layers: list[int], target_layers: int) -> list[int]:
     """SGLang's ids of the aux layers given as `hidden_states` indices (module docstring): index - 1,
     refused in one line where SGLang cannot capture it."""
-    check(len(aux_layers) == 3, f"SGLang's LlamaForCausalLMEagle3 fuses exactly 3 aux layers, the head has "
-                                f"{len(aux_layers)} ({aux_layers})")
-    for i in aux_layers:
-        check(1 <= i <= target_layers - 1,
-              f"aux layer {i} (hidden_states index) cannot be captured by SGLang, which captures the outputs of "
-              f"layers 0..{target_layers - 2} (hidden_states indices 1..{target_layers - 1})")
-    return [i - 1 for i in aux_layers]
+    return SGLANG.numbering.to_layout(list(aux_layers), target_layers)
 
 
 def layer_ids_from_sglang(ids: list[int]) -> list[int]:
     """`hidden_states` indices of SGLang's aux-layer ids (id + 1)."""
-    return [int(i) + 1 for i in ids]
+    return SGLANG.numbering.from_layout(ids)
 
 
 # ------------------------------------------------------------------------------ configs
@@ -112,14 +108,19 @@ def _verifier(head: Eagle3Head, verifier: str | os.PathLike | None) -> dict[str,
     return {"name_or_path": None if name is None else str(name), "architectures": architectures}
 
 
-def speculators_config(head: Eagle3Head, *, verifier: str | os.PathLike | None = None,
+def _layout_ids(c: Eagle3Config, layout: Layout) -> list[int]:
+    """The aux layers in the layout's numbering."""
+    return layout.numbering.to_layout(list(c.aux_layers), c.target_layers)
+
+
+def speculators_config(head: Eagle3Head, layout: Layout, *, verifier: str | os.PathLike | None = None,
                        speculative_tokens: int = 3) -> dict[str, Any]:
-    """The config.json of the head in speculators' format (module docstring). `verifier`: the name
-    or path recorded for the target (default: the target's `name_or_path`)."""
+    """The config.json of the head in speculators' format (module docstring; `layout`: SPECULATORS).
+    `verifier`: the name or path recorded for the target (default: the target's `name_or_path`)."""
     c = head.config
     return {"speculators_model_type": "eagle3", "architectures": [SPECULATORS_ARCHITECTURE],
             "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": _layer_config(c),
-            "draft_vocab_size": c.draft_vocab_size, "eagle_aux_hidden_state_layer_ids": list(c.aux_layers),
+            "draft_vocab_size": c.draft_vocab_size, "eagle_aux_hidden_state_layer_ids": _layout_ids(c, layout),
             "target_hidden_size": None, **{flag: False for flag in NORM_FLAGS}, "embed_requires_grad": False,
             "tie_word_embeddings": False, "torch_dtype": _dtype_name(head),
             "speculators_config": {
@@ -129,151 +130,13 @@ def speculators_config(head: Eagle3Head, *, verifier: str | os.PathLike | None =
                 "verifier": _verifier(head, verifier)}}
 
 
-def sglang_config(head: Eagle3Head) -> dict[str, Any]:
+def sglang_config(head: Eagle3Head, layout: Layout) -> dict[str, Any]:
     """The config.json of the head in the layout SGLang's LlamaForCausalLMEagle3 loads (module
-    docstring); the aux layers in SGLang's numbering."""
+    docstring; `layout`: SGLANG); the aux layers in SGLang's numbering."""
     c = head.config
     return {"architectures": [SGLANG_ARCHITECTURE], **_layer_config(c), "draft_vocab_size": c.draft_vocab_size,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_layer_ids(c.aux_layers, c.target_layers),
-                             "use_aux_hidden_state": True},
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": _layout_ids(c, layout), "use_aux_hidden_state": True},
             "torch_dtype": _dtype_name(head)}
-
-
-def _tensors(head: Eagle3Head, layout: str) -> dict[str, Tensor]:
-    """The head's weights under the layout's names; d2t / t2d only with a draft vocabulary smaller
-    than the target's (speculators has no such buffers otherwise)."""
-    full = head.config.draft_vocab_size == head.config.target_vocab_size
-    out = {}
-    for name, t in head.state_dict().items():
-        if full and name in ("d2t", "t2d"):
-            continue
-        if layout == "sglang" and name.startswith("layers.0."):
-            name = "midlayer." + name.removeprefix("layers.0.")
-        out[name] = t.detach().to("cpu").contiguous()
-    return out
-
-
-# ------------------------------------------------------------------------------ writing
-
-def save_eagle3(directory: str | os.PathLike, head: Eagle3Head, layout: str = "specdec", *,
-                target_path: str | os.PathLike | None = None, verifier: str | os.PathLike | None = None,
-                metadata: dict[str, Any] | None = None, force: bool = False) -> Path:
-    """Write `head` into `directory` in `layout` ("specdec", "speculators" or "sglang"; see the
-    module docstring) and return its path. `target_path` (specdec) and `verifier` (speculators)
-    record where the target comes from (default: its `name_or_path`); `metadata` only in specdec's
-    layout. Refuses (one line) a directory holding another model unless `force`."""
-    check(isinstance(head, Eagle3Head), f"can only write an Eagle3Head in an eagle3 layout, got {type(head).__name__}")
-    check(layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if layout == "specdec":
-        check(verifier is None, "verifier= names the target in the speculators layout; specdec's records target_path")
-        return save_export(directory, head, target_path=target_path, metadata=metadata, force=force)
-    check(metadata is None, f"the {layout} layout has no place for metadata")
-    check(target_path is None, f"the {layout} layout records no target path (speculators: verifier=)")
-    check(layout == "speculators" or verifier is None, "verifier= is for the speculators layout")
-    config = speculators_config(head, verifier=verifier) if layout == "speculators" else sglang_config(head)
-    tensors = _tensors(head, layout)
-    directory = Path(directory)
-    _check_foreign_target(directory, layout, config, force)
-    check_writable_dir(directory.parent, "export directory")
-    text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    try:
-        with staged_dir(directory) as tmp:
-            save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-            (tmp / CONFIG_NAME).write_text(text, encoding="utf-8")
-            for name in (WEIGHTS_NAME, CONFIG_NAME):
-                with open(tmp / name, "rb+") as f:
-                    os.fsync(f.fileno())
-    except OSError as error:
-        raise os_error(error, f"cannot write the {layout} head to {directory}") from None
-    return directory
-
-
-def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in _DTYPE_KEYS}
-
-
-def _check_foreign_target(directory: Path, layout: str, config: dict[str, Any], force: bool) -> None:
-    """May a head in `layout` with `config` replace `directory`? Yes when it does not exist, is
-    empty, or holds the same layout's head of the same config (dtype aside); else only with force."""
-    check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
-    if force or not directory.is_dir():
-        return
-    others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(TMP_PREFIX))
-    if not others:
-        return
-    existing = None
-    try:
-        existing = json.loads((directory / CONFIG_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        pass
-    same = isinstance(existing, dict) and _identity(existing) == _identity(config)
-    if not same:
-        held = _describe(existing) if isinstance(existing, dict) else f"files ({', '.join(others[:3])})"
-        raise SpecdecError(f"{directory} holds {held}, not this {layout} head: choose another directory, or "
-                           f"replace it whole on purpose ({FORCE})")
-
-
-def _describe(config: dict[str, Any]) -> str:
-    if config.get("format") == FORMAT:
-        return f"a specdec {config.get('kind')} export"
-    if "speculators_model_type" in config:
-        return f"a speculators {config['speculators_model_type']} model"
-    archs = config.get("architectures") or ["an unnamed architecture"]
-    return f"a {archs[0]} model"
-
-
-# ------------------------------------------------------------------------------ reading
-
-def detect_layout(directory: str | os.PathLike) -> str:
-    """Which layout the head in `directory` has: "specdec", "speculators" or "sglang" (one-line
-    `SpecdecError` for anything else)."""
-    directory = Path(directory)
-    check(directory.is_dir(), f"eagle3 head directory {directory} does not exist")
-    path = directory / CONFIG_NAME
-    check(path.is_file(), f"{path} is missing: {directory} holds no eagle3 head (specdec, speculators or SGLang layout)")
-    config = read_json_object(path, "give an eagle3 head directory")
-    if config.get("format") == FORMAT:
-        check(config.get("kind") == "hf_eagle3",
-              f"{directory} holds a specdec {config.get('kind')} export, not an eagle3 head (kind hf_eagle3)")
-        return "specdec"
-    if "speculators_model_type" in config:
-        check(config["speculators_model_type"] == "eagle3",
-              f"{directory} holds a speculators {config['speculators_model_type']!r} model, not an eagle3 head")
-        return "speculators"
-    archs = config.get("architectures") or []
-    check(SGLANG_ARCHITECTURE in archs,
-          f"{directory} is neither a specdec hf_eagle3 export, nor a speculators eagle3 model, nor an SGLang "
-          f"{SGLANG_ARCHITECTURE} head (architectures {archs})")
-    return "sglang"
-
-
-def load_eagle3(directory: str | os.PathLike, target: Any) -> Eagle3Head:
-    """The eagle3 head in `directory` (any layout, `detect_layout`) attached to the Hugging Face
-    causal LM `target`, in eval mode. Refuses in one line a head for another target (hidden size,
-    vocabulary, depth, or for specdec's layout the hash of its weights) and the settings specdec's
-    head does not compute (module docstring)."""
-    directory = Path(directory)
-    layout = detect_layout(directory)
-    check(is_hf_model(target), f"the target of the eagle3 head in {directory} must be a Hugging Face causal LM, "
-                               f"got {type(target).__name__}")
-    if layout == "specdec":
-        return load_export(directory, target=target)
-    config = read_json_object(directory / CONFIG_NAME, "give an eagle3 head directory")
-    where = f"{directory / CONFIG_NAME} ({layout} layout)"
-    try:
-        if layout == "speculators":
-            cfg = _config_from_speculators(config, target, where)
-        else:
-            cfg = _config_from_sglang(config, target, where)
-    except (TypeError, ValueError) as error:
-        if isinstance(error, SpecdecError) and str(error).startswith(where):
-            raise
-        raise SpecdecError(f"{where}: {one_line(error)}") from None
-    tensors = _read_weights(directory)
-    if layout == "sglang":
-        tensors = {("layers.0." + k.removeprefix("midlayer.")) if k.startswith("midlayer.") else k: v
-                   for k, v in tensors.items()}
-    return _build(cfg, target, tensors, directory)
 
 
 def _get(config: dict[str, Any], key: str, where: str) -> int:
@@ -313,7 +176,7 @@ def _layer_fields(tl: dict[str, Any], target: Any, where: str) -> dict[str, Any]
             "max_seq_len": int(tl.get("max_position_embeddings") or getattr(c, "max_position_embeddings", 2048))}
 
 
-def _config_from_speculators(config: dict[str, Any], target: Any, where: str) -> Eagle3Config:
+def _config_from_speculators(config: dict[str, Any], target: Any, layout: Layout, where: str) -> Eagle3Config:
     tl = config.get("transformer_layer_config")
     check(isinstance(tl, dict), f"{where}: transformer_layer_config is missing")
     fields = _layer_fields(tl, target, where)
@@ -326,11 +189,12 @@ def _config_from_speculators(config: dict[str, Any], target: Any, where: str) ->
     size = config.get("target_hidden_size")
     check(size is None or size == fields["hidden_size"],
           f"{where}: target_hidden_size {size} differs from the layer's hidden size; specdec's head reads the target's")
-    aux = config.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(fields["target_layers"])
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    aux = layout.numbering.from_layout(ids) if ids else default_aux_layers(fields["target_layers"])
     return _eagle3_config(fields, config.get("draft_vocab_size"), aux, where)
 
 
-def _config_from_sglang(config: dict[str, Any], target: Any, where: str) -> Eagle3Config:
+def _config_from_sglang(config: dict[str, Any], target: Any, layout: Layout, where: str) -> Eagle3Config:
     check(config.get("tie_word_embeddings") is False,
           f"{where}: tie_word_embeddings is {config.get('tie_word_embeddings')!r}; an EAGLE-3 head has its own LM head "
           f"(false)")
@@ -339,7 +203,7 @@ def _config_from_sglang(config: dict[str, Any], target: Any, where: str) -> Eagl
     check(isinstance(eagle, dict), f"{where}: eagle_config must be an object")
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     # without ids, SGLang captures at hidden_states indices [2, L//2, L-3] (no +1 applied)
-    aux = layer_ids_from_sglang(ids) if ids else default_aux_layers(fields["target_layers"])
+    aux = layout.numbering.from_layout(ids) if ids else default_aux_layers(fields["target_layers"])
     draft = config.get("draft_vocab_size")
     return _eagle3_config(fields, fields["target_vocab_size"] if draft is None else draft, aux, where)
 
@@ -356,31 +220,96 @@ def _eagle3_config(fields: dict[str, Any], draft: Any, aux: Any, where: str) -> 
     return Eagle3Config(**fields, draft_vocab_size=draft, aux_layers=aux)
 
 
-def _read_weights(directory: Path) -> dict[str, Tensor]:
-    files = sorted(p for p in directory.glob("*.safetensors") if not p.name.startswith("."))
-    if not files:
-        pickled = sorted(p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-        check(not pickled, f"{directory} holds {', '.join(pickled)}: specdec reads no pickle; convert the weights to "
-                           f"safetensors")
-        raise SpecdecError(f"{directory} holds no .safetensors weights")
-    tensors: dict[str, Tensor] = {}
-    for path in files:
-        try:
-            part = load_file(str(path), device="cpu")
-        except Exception as error:  # safetensors raises its own error types for a corrupt file
-            raise SpecdecError(f"cannot read weights file {path} ({one_line(error)})") from None
-        twice = sorted(set(part) & set(tensors))
-        check(not twice, f"{directory}: tensors {', '.join(twice[:3])} appear in more than one weights file")
-        tensors.update(part)
-    return tensors
+
+def _is_speculators(config: dict[str, Any]) -> bool:
+    return config.get("speculators_model_type") == "eagle3"
 
 
-_IGNORED = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+def _is_sglang(config: dict[str, Any]) -> bool:
+    return "speculators_model_type" not in config and SGLANG_ARCHITECTURE in (config.get("architectures") or [])
 
 
-def _build(cfg: Eagle3Config, target: Any, tensors: dict[str, Tensor], directory: Path) -> Eagle3Head:
-    """An Eagle3Head for `target` holding `tensors` (speculators names), checked name by name."""
-    emb = tensors.get("embed_tokens.weight")
+# ------------------------------------------------------------------------------ the layouts
+
+# vLLM's speculators: the canonical names as they are
+SPECULATORS = Layout("speculators", EAGLE3_WEIGHTS, NameMap(), speculators_config, _config_from_speculators,
+                     _is_speculators, options=("verifier",), ignored=VERIFIER_COPIES)
+# SGLang's LlamaForCausalLMEagle3: the decoder layer is `midlayer`; a tap's id is the output of a layer,
+# hidden_states index - 1, for indices 1..L-1, and its fc fuses exactly 3 (module docstring)
+SGLANG = Layout("sglang", EAGLE3_WEIGHTS, NameMap((Rename("layers.0.", "midlayer."),)), sglang_config,
+                _config_from_sglang, _is_sglang,
+                numbering=TapNumbering(offset=-1, first=1, last=-1, count=3, reader=f"SGLang's {SGLANG_ARCHITECTURE}"),
+                ignored=VERIFIER_COPIES)
+# the layouts other servers load; "specdec" is specdec's own export (`export.specdec`, canonical names)
+EAGLE3_LAYOUTS = {layout.name: layout for layout in (SPECULATORS, SGLANG)}
+
+
+# ------------------------------------------------------------------------------ writing
+
+def save_eagle3(directory: str | os.PathLike, head: Eagle3Head, layout: str = "specdec", *,
+                target_path: str | os.PathLike | None = None, verifier: str | os.PathLike | None = None,
+                metadata: dict[str, Any] | None = None, force: bool = False) -> Path:
+    """Write `head` into `directory` in `layout` ("specdec", "speculators" or "sglang"; see the
+    module docstring) and return its path. `target_path` (specdec) and `verifier` (speculators)
+    record where the target comes from (default: its `name_or_path`); `metadata` only in specdec's
+    layout. Refuses (one line) a directory holding another model unless `force`."""
+    check(isinstance(head, Eagle3Head), f"can only write an Eagle3Head in an eagle3 layout, got {type(head).__name__}")
+    check(layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == "specdec":
+        check(verifier is None, "verifier= names the target in the speculators layout; specdec's records target_path")
+        return save_export(directory, head, target_path=target_path, metadata=metadata, force=force)
+    check(metadata is None, f"the {layout} layout has no place for metadata")
+    check(target_path is None, f"the {layout} layout records no target path (speculators: verifier=)")
+    options = {} if verifier is None else {"verifier": verifier}
+    return save_layout(directory, head, EAGLE3_LAYOUTS[layout], force=force, **options)
+
+
+# ------------------------------------------------------------------------------ reading
+
+def detect_layout(directory: str | os.PathLike) -> str:
+    """Which layout the head in `directory` has: "specdec", "speculators" or "sglang" (one-line
+    `SpecdecError` for anything else)."""
+    directory = Path(directory)
+    check(directory.is_dir(), f"eagle3 head directory {directory} does not exist")
+    path = directory / CONFIG_NAME
+    check(path.is_file(), f"{path} is missing: {directory} holds no eagle3 head (specdec, speculators or SGLang "
+                          f"layout)")
+    config = read_json_object(path, "give an eagle3 head directory")
+    if config.get("format") == FORMAT:
+        check(config.get("kind") == "hf_eagle3",
+              f"{directory} holds a specdec {config.get('kind')} export, not an eagle3 head (kind hf_eagle3)")
+        return "specdec"
+    found = [layout.name for layout in EAGLE3_LAYOUTS.values() if layout.recognize(config)]
+    if found:
+        return found[0]
+    check("speculators_model_type" not in config,
+          f"{directory} holds a speculators {config.get('speculators_model_type')!r} model, not an eagle3 head")
+    raise SpecdecError(f"{directory} is neither a specdec hf_eagle3 export, nor a speculators eagle3 model, nor an "
+                       f"SGLang {SGLANG_ARCHITECTURE} head (architectures {config.get('architectures') or []})")
+
+
+def load_eagle3(directory: str | os.PathLike, target: Any) -> Eagle3Head:
+    """The eagle3 head in `directory` (any layout, `detect_layout`) attached to the Hugging Face
+    causal LM `target`, in eval mode. Refuses in one line a head for another target (hidden size,
+    vocabulary, depth, or for specdec's layout the hash of its weights) and the settings specdec's
+    head does not compute (module docstring)."""
+    directory = Path(directory)
+    name = detect_layout(directory)
+    check(is_hf_model(target), f"the target of the eagle3 head in {directory} must be a Hugging Face causal LM, "
+                               f"got {type(target).__name__}")
+    if name == "specdec":
+        return load_export(directory, target=target)
+    layout = EAGLE3_LAYOUTS[name]
+    cfg = read_config(directory, layout, target, "an eagle3 head directory")
+    tensors, copies = read_layout(directory, layout)
+    return _build(cfg, target, tensors, copies, directory)
+
+
+def _build(cfg: Eagle3Config, target: Any, tensors: dict[str, Tensor], copies: dict[str, Tensor],
+           directory: Path) -> Eagle3Head:
+    """An Eagle3Head for `target` holding `tensors` (canonical names), checked name by name against
+    `EAGLE3_WEIGHTS`; `copies`, the verifier's weights a layout may hold, must be the target's shape."""
+    emb = copies.get("embed_tokens.weight")
     if emb is not None:
         want = tuple(target.get_input_embeddings().weight.shape)
         check(tuple(emb.shape) == want, f"{directory}: embed_tokens.weight is {tuple(emb.shape)}, the target's "
@@ -403,18 +332,17 @@ def _build(cfg: Eagle3Config, target: Any, tensors: dict[str, Tensor], directory
     if t2d is not None:
         check(t2d.shape == head.t2d.shape and torch.equal(t2d.bool(), head.t2d.cpu()),
               f"{directory}: t2d does not mark the target ids d2t names")
-    state = {k: v for k, v in tensors.items() if k not in _IGNORED and k not in ("d2t", "t2d")}
+    maps = EAGLE3_WEIGHTS.vocab_maps
+    state = {k: v for k, v in tensors.items() if k not in maps}
     if "lm_head.weight" not in state and full:
         # SGLang without draft_vocab_size loads the LM head from the target
         state["lm_head.weight"] = target.get_output_embeddings().weight[:cfg.target_vocab_size].detach()
-    expected = {k for k in head.state_dict() if k not in ("d2t", "t2d")}
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    shapes = {k: shape for k, shape in EAGLE3_WEIGHTS.shapes(cfg).items() if k not in maps}
+    missing, unexpected = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
     check(not missing and not unexpected, f"{directory}: the weights do not make specdec's eagle3 head: missing "
                                           f"{_few(missing)}, unexpected {_few(unexpected)}")
-    own = head.state_dict()
     for k, v in state.items():
-        check(tuple(v.shape) == tuple(own[k].shape),
-              f"{directory}: {k} is {tuple(v.shape)}, the config makes it {tuple(own[k].shape)}")
+        check(tuple(v.shape) == shapes[k], f"{directory}: {k} is {tuple(v.shape)}, the config makes it {shapes[k]}")
     head.load_state_dict(state, strict=False)
     return head.eval()
 
@@ -425,5 +353,5 @@ def _few(names: list[str], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-__all__ = ["LAYOUTS", "detect_layout", "layer_ids_from_sglang", "load_eagle3", "save_eagle3", "sglang_config",
-           "sglang_layer_ids", "speculators_config"]
+__all__ = ["EAGLE3_LAYOUTS", "LAYOUTS", "SGLANG", "SPECULATORS", "detect_layout", "layer_ids_from_sglang",
+           "load_eagle3", "save_eagle3", "sglang_config", "sglang_layer_ids", "speculators_config"]

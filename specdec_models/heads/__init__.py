@@ -6,19 +6,23 @@ evaluation callback and `decode.cost.measure_costs` take any of them.
   `ModelWithProphet` (specdec's own decoder with its prophet, trained jointly or frozen), with
   `ProphetLoss`, `drafted_hits` and `simulated_tokens_per_call`;
 - `hf_prophet`: `HFProphet`, a prophet head on a frozen Hugging Face target's last-layer hidden states;
-- `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of a Hugging Face target's layers, and its draft
-  vocabulary (`choose_draft_vocab`).
+- `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of a Hugging Face target's layers, its draft
+  vocabulary (`choose_draft_vocab`) and its weight table (`EAGLE3_WEIGHTS`);
+- `weights`: `WeightTable`, a head kind's weights named once (canonical name, shape, meaning),
+  what every export layout renames.
 
 The heads of a Hugging Face target read it through `specdec_models.hf` (the adapter); their export
 formats live in `specdec_models.export`. transformers is never imported here.
 """
 
 from .base import DraftHead
-from .eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+from .eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, choose_draft_vocab
 from .hf_prophet import HFProphet, HFProphetConfig
 from .prophet import ModelWithProphet, ProphetHead, ProphetLoss, drafted_hits, simulated_tokens_per_call
+from .weights import Weight, WeightTable
 
 __all__ = [
-    "DraftHead", "Eagle3Config", "Eagle3Head", "HFProphet", "HFProphetConfig", "ModelWithProphet", "ProphetHead",
-    "ProphetLoss", "choose_draft_vocab", "drafted_hits", "simulated_tokens_per_call",
+    "EAGLE3_WEIGHTS", "DraftHead", "Eagle3Config", "Eagle3Head", "HFProphet", "HFProphetConfig", "ModelWithProphet",
+    "ProphetHead", "ProphetLoss", "Weight", "WeightTable", "choose_draft_vocab", "drafted_hits",
+    "simulated_tokens_per_call",
 ]

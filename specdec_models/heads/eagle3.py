@@ -41,9 +41,10 @@ attains it; the KL toward p / p(V) has exactly that q as its minimum. An optiona
 (`feature_weight`) also pulls the head's normed output toward the target's normed last layer at
 the label's position: with the LM head's rows the target's, that vector is what gives p.
 
-Parameter names follow the speculators layout (`fc`, `layers.0.{input_layernorm, hidden_norm,
+Every weight the head saves is named once, in `EAGLE3_WEIGHTS` (canonical name, shape, meaning).
+The names are those of the speculators layout (`fc`, `layers.0.{input_layernorm, hidden_norm,
 self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `norm`, `lm_head`,
-`d2t`, `t2d`), so export to vLLM and SGLang is a renaming-free copy of the state dict.
+`d2t`, `t2d`); each serving layout renames them by a name map (`specdec_models.export.eagle3`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from ..hf.adapter import is_hf_model, logits_width, text_config
 from ..kv_cache import KVCache
 from ..model import RMSNorm, Rotary, rotate_half
 from .base import DraftHead
+from .weights import Weight, WeightTable
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -112,8 +114,8 @@ class Eagle3Config(JsonConfig):
         check(len(self.aux_layers) >= 1, "eagle3.aux_layers must name at least one layer")
         for i in self.aux_layers:
             check(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= self.target_layers,
-                  f"eagle3.aux_layers: {i!r} is out of range: a target of {self.target_layers} layers has hidden_states "
-                  f"indices 0..{self.target_layers} (index i is the input of decoder layer i)")
+                  f"eagle3.aux_layers: {i!r} is out of range: a target of {self.target_layers} layers has "
+                  f"hidden_states indices 0..{self.target_layers} (index i is the input of decoder layer i)")
         check(self.num_heads % self.num_kv_heads == 0,
               f"eagle3.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         check(self.head_dim % 2 == 0, f"eagle3.head_dim must be even for rotary embeddings, got {self.head_dim}")
@@ -156,6 +158,39 @@ def check_head_target(config: Eagle3Config, target: Any) -> None:
     check(logits_width(target) >= config.target_vocab_size,
           f"the eagle3 head drafts in a vocabulary of {config.target_vocab_size} tokens, {type(target).__name__}'s "
           f"head has {logits_width(target)} rows")
+
+
+# ------------------------------------------------------------------------------ the weights
+
+def eagle3_sizes(c: Eagle3Config) -> dict[str, int]:
+    """The named sizes of `EAGLE3_WEIGHTS`' shapes: H hidden, AH the aux layers concatenated, 2H
+    what q/k/v read ([embedding; feature]), Q and KV the query and key-value widths, I the
+    feed-forward width, D and V the draft and target vocabularies."""
+    H = c.hidden_size
+    return {"H": H, "AH": len(c.aux_layers) * H, "2H": 2 * H, "Q": c.num_heads * c.head_dim,
+            "KV": c.num_kv_heads * c.head_dim, "I": c.intermediate_size, "D": c.draft_vocab_size,
+            "V": c.target_vocab_size}
+
+
+# Every tensor an Eagle3Head saves, in state_dict order: the one place its weights are named (module
+# docstring). The target's embedding is read, never saved.
+EAGLE3_WEIGHTS = WeightTable("eagle3", (
+    Weight("d2t", ("D",), "target id - draft id of each draft id (int64)", vocab_map=True),
+    Weight("t2d", ("V",), "whether each target id is in the draft vocabulary (bool)", vocab_map=True),
+    Weight("fc.weight", ("H", "AH"), "fuses the aux layers' hidden states, concatenated, into one feature"),
+    Weight("layers.0.input_layernorm.weight", ("H",), "RMSNorm of the token embedding (first half of q/k/v's input)"),
+    Weight("layers.0.hidden_norm.weight", ("H",), "RMSNorm of the feature (second half of q/k/v's input)"),
+    Weight("layers.0.self_attn.q_proj.weight", ("Q", "2H"), "queries of [embedding; feature]"),
+    Weight("layers.0.self_attn.k_proj.weight", ("KV", "2H"), "keys of [embedding; feature]"),
+    Weight("layers.0.self_attn.v_proj.weight", ("KV", "2H"), "values of [embedding; feature]"),
+    Weight("layers.0.self_attn.o_proj.weight", ("H", "Q"), "attention output, added to the feature"),
+    Weight("layers.0.post_attention_layernorm.weight", ("H",), "RMSNorm before the feed-forward"),
+    Weight("layers.0.mlp.gate_proj.weight", ("I", "H"), "SwiGLU gate"),
+    Weight("layers.0.mlp.up_proj.weight", ("I", "H"), "SwiGLU up projection"),
+    Weight("layers.0.mlp.down_proj.weight", ("H", "I"), "SwiGLU down projection"),
+    Weight("norm.weight", ("H",), "final RMSNorm (starts as the target's)"),
+    Weight("lm_head.weight", ("D", "H"), "LM head over the draft vocabulary (starts as the target's rows)"),
+), eagle3_sizes)
 
 
 # ------------------------------------------------------------------------------ draft vocabulary
@@ -704,5 +739,5 @@ def target_hidden_states(target: Any, tokens: Tensor, layers: list[int], *, cach
     return torch.cat([out.hidden_states[i] for i in layers], -1)
 
 
-__all__ = ["Eagle3Config", "Eagle3Head", "TTTLoss", "choose_draft_vocab", "coverage", "default_aux_layers",
-           "needed_chains", "target_hidden_states", "ttt_attention", "vocab_maps"]
+__all__ = ["EAGLE3_WEIGHTS", "Eagle3Config", "Eagle3Head", "TTTLoss", "choose_draft_vocab", "coverage",
+           "default_aux_layers", "eagle3_sizes", "needed_chains", "target_hidden_states", "ttt_attention", "vocab_maps"]

@@ -1,0 +1,292 @@
+"""Serving layouts: how another server's model directory holds a draft head, as data, and the one
+writer and reader that apply it to any head kind.
+
+A head kind names its weights once (`heads.weights.WeightTable`, e.g. `heads.eagle3.EAGLE3_WEIGHTS`:
+canonical name = the `state_dict` key). A `Layout` is, for one head kind and one server:
+
+- `names`: a `NameMap`, canonical name -> the layout's name, as prefix rules (`Rename`); a rule
+  may carry a layer index `{i}` with an offset, for a layout that numbers the head's layers
+  otherwise; a name no rule matches keeps its name;
+- `numbering`: a `TapNumbering`, how the layout numbers the target layers the head taps (its aux
+  layers), relative to specdec's Hugging Face `hidden_states` indices, and which it can express;
+- `write_config` / `read_config` / `recognize`: its config.json, written from a head, read back
+  into the head's config for a target, and told apart from other layouts' configs.
+
+`rename(tensors, names, to_layout=...)` is the one function that applies a name map, in either
+direction; `save_layout` writes a head with it and `read_layout` reads a directory back to
+canonical names. A new head kind adds its table, one `Layout` per server, and a builder of the
+head from its config and canonical tensors (`export.eagle3._build` for eagle3).
+
+A layout directory holds `config.json` and `model.safetensors` (header metadata {"format": "pt"}),
+written atomically: built beside the destination and renamed over it whole (`files.staged_dir`).
+An existing directory is replaced only when it is empty or holds the same layout's head of the
+same config (dtype aside); anything else needs `force=True` (`--force`). specdec's own layout,
+the canonical names in specdec's export format, is `export.specdec.save_export`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from ..errors import SpecdecError, check
+from ..files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
+from ..heads.weights import WeightTable
+from .specdec import CONFIG_NAME, FORMAT, read_json_object
+
+WEIGHTS_NAME = "model.safetensors"
+FORCE = "force=True, --force"
+_DTYPE_KEYS = ("torch_dtype", "dtype")
+_INDEX = "{i}"
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------------ weight names
+
+@dataclass(frozen=True)
+class Rename:
+    """Names starting with `canonical` start with `layout` in the layout (and back). Either both
+    prefixes hold one `{i}` (a layer index: the layout's is the canonical one + `offset`) or
+    neither does."""
+
+    canonical: str
+    layout: str
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        counts = (self.canonical.count(_INDEX), self.layout.count(_INDEX))
+        check(counts in ((0, 0), (1, 1)), f"a name rule holds one {_INDEX} on both sides or on neither: {self}")
+        check(counts == (1, 1) or self.offset == 0, f"a name rule without {_INDEX} has no index offset: {self}")
+
+
+def _pattern(prefix: str) -> re.Pattern:
+    return re.compile(re.escape(prefix).replace(re.escape(_INDEX), r"(\d+)"))
+
+
+def _fill(prefix: str, index: int | None) -> str:
+    return prefix if index is None else prefix.replace(_INDEX, str(index))
+
+
+@dataclass(frozen=True)
+class NameMap:
+    """A layout's weight names: canonical -> layout by the first `Rename` whose prefix matches, in
+    order; a name no rule matches is the same in both. No rules: the canonical names."""
+
+    rules: tuple[Rename, ...] = ()
+
+    def convert(self, name: str, to_layout: bool) -> str:
+        """`name` in the layout (`to_layout`) or back in canonical names."""
+        for rule in self.rules:
+            source, target = (rule.canonical, rule.layout) if to_layout else (rule.layout, rule.canonical)
+            found = _pattern(source).match(name)
+            if found is None:
+                continue
+            index = None
+            if found.groups():
+                index = int(found.group(1)) + (rule.offset if to_layout else -rule.offset)
+                if index < 0:
+                    continue
+            return _fill(target, index) + name[found.end():]
+        return name
+
+
+def rename(tensors: dict[str, T], names: NameMap, *, to_layout: bool, where: str = "the weights") -> dict[str, T]:
+    """`tensors` under the layout's names (`to_layout`) or back under the canonical ones, in the
+    same order: the one place a name map is applied. Two names that land on one are refused in
+    one line (`where` names the weights)."""
+    out: dict[str, T] = {}
+    came_from: dict[str, str] = {}
+    for name, value in tensors.items():
+        new = names.convert(name, to_layout)
+        check(new not in out, f"{where}: {came_from.get(new)} and {name} both name {new}")
+        out[new] = value
+        came_from[new] = name
+    return out
+
+
+# ------------------------------------------------------------------------------ tap numbering
+
+@dataclass(frozen=True)
+class TapNumbering:
+    """How a layout numbers the target layers a head taps. specdec numbers a tap by its Hugging
+    Face `hidden_states` index i (the input of decoder layer i, 0 the embeddings); the layout's id
+    is i + `offset`, and it can express indices `first`..L + `last` of an L-layer target. `count`:
+    how many taps the layout's head fuses (None: any); `reader` names who reads the ids (errors)."""
+
+    offset: int = 0
+    first: int = 0
+    last: int = 0
+    count: int | None = None
+    reader: str = "the layout"
+
+    def to_layout(self, indices: list[int], target_layers: int) -> list[int]:
+        """The layout's ids of the `hidden_states` indices `indices`; one line where it cannot hold them."""
+        check(self.count is None or len(indices) == self.count,
+              f"{self.reader} fuses exactly {self.count} aux layers, the head has {len(indices)} ({indices})")
+        low, high = self.first, target_layers + self.last
+        for i in indices:
+            check(low <= i <= high, f"aux layer {i} (hidden_states index) cannot be captured by {self.reader}, which "
+                                    f"captures hidden_states indices {low}..{high} (its ids {low + self.offset}.."
+                                    f"{high + self.offset})")
+        return [i + self.offset for i in indices]
+
+    def from_layout(self, ids: list[int]) -> list[int]:
+        """The `hidden_states` indices of the layout's ids (a list of integers, else one line)."""
+        check(isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids),
+              f"the aux-layer ids must be a list of integers, got {ids!r}")
+        return [i - self.offset for i in ids]
+
+
+# ------------------------------------------------------------------------------ a layout
+
+@dataclass(frozen=True)
+class Layout:
+    """One server's layout of one head kind (module docstring). `write_config(head, layout, **options)`
+    gives config.json (`options`: the keywords it takes); `read_config(config, target, layout, where)`
+    the head's config for `target`, refusing in one line what the head cannot compute (both number
+    the taps by `layout.numbering`); `recognize(config)` whether a config.json is this layout's.
+    `ignored`: layout names a loader reads and drops (a server's copies of the target's weights).
+    `vocab_maps_when_full`: write the table's vocabulary maps with a full draft vocabulary too."""
+
+    name: str
+    table: WeightTable
+    names: NameMap
+    write_config: Callable[..., dict[str, Any]]
+    read_config: Callable[[dict[str, Any], Any, Layout, str], Any]
+    recognize: Callable[[dict[str, Any]], bool]
+    numbering: TapNumbering = field(default_factory=TapNumbering)
+    options: tuple[str, ...] = ()
+    ignored: frozenset[str] = frozenset()
+    vocab_maps_when_full: bool = False
+
+
+def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
+    """The weights of `head` (its `state_dict`, which must be its table's) under the layout's names,
+    on the CPU and contiguous; the vocabulary maps left out with a full draft vocabulary unless
+    the layout keeps them."""
+    state = head.state_dict()
+    table = layout.table
+    check(set(state) == set(table.names), f"the {table.kind} head's weights ({', '.join(state)}) are not its "
+                                          f"weight table's ({', '.join(table.names)})")
+    sizes = table.sizes(head.config)
+    full = sizes.get("D") == sizes.get("V")
+    drop = table.vocab_maps if full and not layout.vocab_maps_when_full else frozenset()
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items() if name not in drop}
+    return rename(tensors, layout.names, to_layout=True, where=f"the {layout.name} layout")
+
+
+# ------------------------------------------------------------------------------ writing
+
+def save_layout(directory: str | os.PathLike, head: Any, layout: Layout, *, force: bool = False,
+                **options: Any) -> Path:
+    """Write `head` into `directory` in `layout` (config.json and model.safetensors, atomically;
+    module docstring) and return its path. `options` go to the layout's config writer. Refuses
+    (one line) a directory holding another model unless `force`."""
+    unknown = sorted(set(options) - set(layout.options))
+    check(not unknown, f"{', '.join(f'{k}=' for k in unknown)} is not an option of the {layout.name} layout "
+                       f"(it takes {', '.join(layout.options) or 'none'})")
+    config = layout.write_config(head, layout, **options)
+    tensors = layout_tensors(head, layout)
+    directory = Path(directory)
+    check_replaceable(directory, layout.name, config, force)
+    check_writable_dir(directory.parent, "export directory")
+    text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    try:
+        with staged_dir(directory) as tmp:
+            save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+            (tmp / CONFIG_NAME).write_text(text, encoding="utf-8")
+            for name in (WEIGHTS_NAME, CONFIG_NAME):
+                with open(tmp / name, "rb+") as f:
+                    os.fsync(f.fileno())
+    except OSError as error:
+        raise os_error(error, f"cannot write the {layout.name} head to {directory}") from None
+    return directory
+
+
+def _identity(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in _DTYPE_KEYS}
+
+
+def check_replaceable(directory: Path, layout: str, config: dict[str, Any], force: bool) -> None:
+    """May a head in `layout` with `config` replace `directory`? Yes when it does not exist, is
+    empty, or holds the same layout's head of the same config (dtype aside); else only with force."""
+    check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
+    if force or not directory.is_dir():
+        return
+    others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(TMP_PREFIX))
+    if not others:
+        return
+    existing = None
+    try:
+        existing = json.loads((directory / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        pass
+    same = isinstance(existing, dict) and _identity(existing) == _identity(config)
+    if not same:
+        held = describe(existing) if isinstance(existing, dict) else f"files ({', '.join(others[:3])})"
+        raise SpecdecError(f"{directory} holds {held}, not this {layout} head: choose another directory, or "
+                           f"replace it whole on purpose ({FORCE})")
+
+
+def describe(config: dict[str, Any]) -> str:
+    """What a config.json holds, in a few words: a specdec export, a speculators model, an architecture."""
+    if config.get("format") == FORMAT:
+        return f"a specdec {config.get('kind')} export"
+    if "speculators_model_type" in config:
+        return f"a speculators {config['speculators_model_type']} model"
+    archs = config.get("architectures") or ["an unnamed architecture"]
+    return f"a {archs[0]} model"
+
+
+# ------------------------------------------------------------------------------ reading
+
+def read_config(directory: Path, layout: Layout, target: Any, what: str) -> Any:
+    """The head's config from `directory`'s config.json in `layout`, for `target`; every refusal one
+    line starting with the file and the layout (`what`: the kind of directory expected)."""
+    config = read_json_object(directory / CONFIG_NAME, f"give {what}")
+    where = f"{directory / CONFIG_NAME} ({layout.name} layout)"
+    try:
+        return layout.read_config(config, target, layout, where)
+    except (TypeError, ValueError) as error:
+        if isinstance(error, SpecdecError) and str(error).startswith(where):
+            raise
+        raise SpecdecError(f"{where}: {one_line(error)}") from None
+
+
+def read_layout(directory: Path, layout: Layout) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The weights in `directory` (every .safetensors file; pickles refused) under canonical names:
+    (the head's, the layout's `ignored` ones)."""
+    tensors = rename(read_weights(directory), layout.names, to_layout=False, where=str(directory))
+    ignored = {k: v for k, v in tensors.items() if k in layout.ignored}
+    return {k: v for k, v in tensors.items() if k not in layout.ignored}, ignored
+
+
+def read_weights(directory: Path) -> dict[str, Tensor]:
+    """Every tensor of the .safetensors files in `directory`, by its name in the files."""
+    files = sorted(p for p in directory.glob("*.safetensors") if not p.name.startswith("."))
+    if not files:
+        pickled = sorted(p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        check(not pickled, f"{directory} holds {', '.join(pickled)}: specdec reads no pickle; convert the weights to "
+                           f"safetensors")
+        raise SpecdecError(f"{directory} holds no .safetensors weights")
+    tensors: dict[str, Tensor] = {}
+    for path in files:
+        try:
+            part = load_file(str(path), device="cpu")
+        except Exception as error:  # safetensors raises its own error types for a corrupt file
+            raise SpecdecError(f"cannot read weights file {path} ({one_line(error)})") from None
+        twice = sorted(set(part) & set(tensors))
+        check(not twice, f"{directory}: tensors {', '.join(twice[:3])} appear in more than one weights file")
+        tensors.update(part)
+    return tensors
+
+
+__all__ = ["Layout", "NameMap", "Rename", "TapNumbering", "check_replaceable", "describe", "layout_tensors",
+           "read_config", "read_layout", "read_weights", "rename", "save_layout"]
