@@ -20,14 +20,17 @@ from torch import nn
 from specdec_models import SpecdecError
 from specdec_models.export.eagle3 import EAGLE3_LAYOUTS, SGLANG, detect_layout, load_eagle3, save_eagle3
 from specdec_models.export.layouts import (
+    HeadKind,
     Layout,
     NameMap,
     Rename,
     TapNumbering,
+    detect,
     layout_tensors,
     read_config,
     read_layout,
     rename,
+    save_head,
     save_layout,
 )
 from specdec_models.export.specdec import read_export_config, read_export_tensors
@@ -280,13 +283,15 @@ def _read_two_layer(config, target, layout, where):
 TWO_LAYER_SERVED = Layout("served", TWO_LAYER_WEIGHTS,
                           NameMap((Rename("layers.{i}.", "blocks.{i}.", offset=1), Rename("d2t", "hot_ids"))),
                           _two_layer_config, _read_two_layer, lambda c: c.get("model_type") == "two_layer",
-                          ignored=frozenset({"embed.weight"}))
+                          "a served two-layer head", ignored=frozenset({"embed.weight"}))
+TWO_LAYER = HeadKind("two_layer", TwoLayerHead, "hf_two_layer", (TWO_LAYER_SERVED,), build=None)
 
 
 @pytest.mark.parametrize("draft", [5, 8])
 def test_a_new_head_kind_needs_only_its_table_and_a_layout(tmp_path, draft):
     head = TwoLayerHead({"dim": 4, "draft": draft, "vocab": 8})
-    out = save_layout(tmp_path / "served", head, TWO_LAYER_SERVED)
+    out = save_head(tmp_path / "served", head, TWO_LAYER, "served")
+    assert detect(out, TWO_LAYER) == "served"
     tensors = load_file(str(out / "model.safetensors"))
     full = draft == 8                                  # the identity map is left out with a full vocabulary
     assert set(tensors) == {"blocks.1.weight", "blocks.2.weight"} | (set() if full else {"hot_ids"})
@@ -301,6 +306,11 @@ def test_a_new_head_kind_needs_only_its_table_and_a_layout(tmp_path, draft):
         assert torch.equal(fresh.state_dict()[name], t), name
     with pytest.raises(SpecdecError, match="verifier= is not an option of the served layout"):
         save_layout(tmp_path / "other", head, TWO_LAYER_SERVED, verifier="x")
+    with pytest.raises(SpecdecError, match="layout must be one of specdec, served"):
+        save_head(tmp_path / "other", head, TWO_LAYER, "sglang")
+    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(SpecdecError, match="neither a specdec hf_two_layer export, nor a served two-layer head"):
+        detect(out, TWO_LAYER)
     head.extra = nn.Linear(1, 1)                        # a weight the table does not name
     with pytest.raises(SpecdecError, match="not its weight table's"):
         layout_tensors(head, TWO_LAYER_SERVED)

@@ -4,8 +4,9 @@
   version and safetensors weights named after their hash; kinds `decoder`, `model_with_prophet`,
   and the heads `hf_prophet` and `hf_eagle3` for a Hugging Face target);
 - `layouts`: a serving layout as data (`Layout`: a `NameMap` from a head's canonical weight names
-  to the layout's, a `TapNumbering`, its config writer and reader) and the one writer and reader
-  that apply it to any head kind (`save_layout`, `read_layout`, `rename`);
+  to the layout's, a `TapNumbering`, its config writer and reader), a head kind's layouts
+  (`HeadKind`), and the one writer and reader that apply them to any head kind (`save_head`,
+  `load_head`, `detect`; `rename` applies a name map either way);
 - `eagle3`: an EAGLE-3 head in specdec's, vLLM's (speculators) and SGLang's layouts
   (`save_eagle3` / `load_eagle3` / `detect_layout`; the layouts `EAGLE3_LAYOUTS`);
 - `hf_draft`: a draft causal LM as a Hugging Face model directory for transformers' assisted
@@ -16,7 +17,7 @@
 Every writer is atomic: a crash leaves the previous export readable (see each module).
 """
 
-from .eagle3 import EAGLE3_LAYOUTS, LAYOUTS, detect_layout, load_eagle3, save_eagle3
+from .eagle3 import EAGLE3, EAGLE3_LAYOUTS, LAYOUTS, detect_layout, load_eagle3, save_eagle3
 from .hf_draft import (
     HF_DRAFT_METADATA,
     assistant_generation_config,
@@ -24,7 +25,7 @@ from .hf_draft import (
     sampling_temperature,
     save_hf_draft,
 )
-from .layouts import Layout, NameMap, Rename, TapNumbering, read_layout, rename, save_layout
+from .layouts import HeadKind, Layout, NameMap, Rename, TapNumbering, load_head, rename, save_head
 from .load import HFRun, encode_prompt, load_hf_run
 from .specdec import (
     CONFIG_NAME,
@@ -45,10 +46,10 @@ from .specdec import (
 )
 
 __all__ = [
-    "CONFIG_NAME", "EAGLE3_LAYOUTS", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HF_DRAFT_METADATA", "HFRun", "KINDS",
-    "LAYOUTS", "Layout", "NameMap", "Rename", "TapNumbering", "assistant_generation_config", "check_export_target",
-    "check_hf_draft_dir", "config_sha256", "describe_export", "detect_layout", "encode_prompt", "export_hash",
-    "load_eagle3", "load_export", "load_hf_run", "read_export_config", "read_export_tensors", "read_json_object",
-    "read_layout", "read_main_config", "rename", "sampling_temperature", "save_eagle3", "save_export",
-    "save_hf_draft", "save_layout",
+    "CONFIG_NAME", "EAGLE3", "EAGLE3_LAYOUTS", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HF_DRAFT_METADATA", "HFRun",
+    "HeadKind", "KINDS", "LAYOUTS", "Layout", "NameMap", "Rename", "TapNumbering", "assistant_generation_config",
+    "check_export_target", "check_hf_draft_dir", "config_sha256", "describe_export", "detect_layout", "encode_prompt",
+    "export_hash", "load_eagle3", "load_export", "load_head", "load_hf_run", "read_export_config",
+    "read_export_tensors", "read_json_object", "read_main_config", "rename", "sampling_temperature", "save_eagle3",
+    "save_export", "save_head", "save_hf_draft",
 ]

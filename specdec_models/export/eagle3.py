@@ -23,8 +23,9 @@ target by `load_eagle3(DIR, target)`, whatever the layout (`detect_layout` tells
 
 Each foreign layout is data (`export.layouts.Layout`): a name map from the head's canonical weight
 names (`heads.eagle3.EAGLE3_WEIGHTS`, those of speculators) to the layout's (SGLang: `layers.0.` ->
-`midlayer.`), a tap numbering (SGLang's below), and its config writer and reader. Writing and
-reading go through `export.layouts` (`save_layout`, `read_layout`), the same for every layout.
+`midlayer.`), a tap numbering (SGLang's below), and its config writer and reader. `EAGLE3` (a
+`HeadKind`) gathers them with the head's builder; writing, detecting and reading are the generic
+`save_head`, `detect` and `load_head` of `export.layouts`, the same for every head kind and layout.
 
 Aux-layer numbering. specdec and vLLM/speculators number an aux layer by its Hugging Face
 `hidden_states` index: i is the input of decoder layer i (0 the embeddings). SGLang numbers the
@@ -56,11 +57,10 @@ from torch import Tensor
 
 from ..errors import SpecdecError, check
 from ..heads.eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, default_aux_layers
-from ..hf.adapter import is_hf_model, logits_width, text_config
-from .layouts import Layout, NameMap, Rename, TapNumbering, read_config, read_layout, save_layout
-from .specdec import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
+from ..hf.adapter import logits_width, text_config
+from .layouts import SPECDEC, HeadKind, Layout, NameMap, Rename, TapNumbering, detect, load_head, save_head
 
-LAYOUTS = ("specdec", "speculators", "sglang")
+LAYOUTS = (SPECDEC, "speculators", "sglang")
 SPECULATORS_VERSION = "0.9.0"       # the speculators release whose format is written (tests/test_eagle3_interop.py)
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
@@ -82,7 +82,7 @@ def layer_ids_from_sglang(ids: list[int]) -> list[int]:
     return SGLANG.numbering.from_layout(ids)
 
 
-# ------------------------------------------------------------------------------ configs
+# ------------------------------------------------------------------------------ config writers
 
 def _dtype_name(head: Eagle3Head) -> str:
     return str(head.fc.weight.dtype).removeprefix("torch.")
@@ -138,6 +138,8 @@ def sglang_config(head: Eagle3Head, layout: Layout) -> dict[str, Any]:
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": _layout_ids(c, layout), "use_aux_hidden_state": True},
             "torch_dtype": _dtype_name(head)}
 
+
+# ------------------------------------------------------------------------------ config readers
 
 def _get(config: dict[str, Any], key: str, where: str) -> int:
     value = config.get(key)
@@ -220,7 +222,6 @@ def _eagle3_config(fields: dict[str, Any], draft: Any, aux: Any, where: str) -> 
     return Eagle3Config(**fields, draft_vocab_size=draft, aux_layers=aux)
 
 
-
 def _is_speculators(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") == "eagle3"
 
@@ -233,59 +234,35 @@ def _is_sglang(config: dict[str, Any]) -> bool:
 
 # vLLM's speculators: the canonical names as they are
 SPECULATORS = Layout("speculators", EAGLE3_WEIGHTS, NameMap(), speculators_config, _config_from_speculators,
-                     _is_speculators, options=("verifier",), ignored=VERIFIER_COPIES)
+                     _is_speculators, "a speculators eagle3 model", options=("verifier",), ignored=VERIFIER_COPIES)
 # SGLang's LlamaForCausalLMEagle3: the decoder layer is `midlayer`; a tap's id is the output of a layer,
 # hidden_states index - 1, for indices 1..L-1, and its fc fuses exactly 3 (module docstring)
 SGLANG = Layout("sglang", EAGLE3_WEIGHTS, NameMap((Rename("layers.0.", "midlayer."),)), sglang_config,
-                _config_from_sglang, _is_sglang,
+                _config_from_sglang, _is_sglang, f"an SGLang {SGLANG_ARCHITECTURE} head",
                 numbering=TapNumbering(offset=-1, first=1, last=-1, count=3, reader=f"SGLang's {SGLANG_ARCHITECTURE}"),
                 ignored=VERIFIER_COPIES)
 # the layouts other servers load; "specdec" is specdec's own export (`export.specdec`, canonical names)
 EAGLE3_LAYOUTS = {layout.name: layout for layout in (SPECULATORS, SGLANG)}
 
 
-# ------------------------------------------------------------------------------ writing
+# ------------------------------------------------------------------------------ writing and reading
 
-def save_eagle3(directory: str | os.PathLike, head: Eagle3Head, layout: str = "specdec", *,
+def save_eagle3(directory: str | os.PathLike, head: Eagle3Head, layout: str = SPECDEC, *,
                 target_path: str | os.PathLike | None = None, verifier: str | os.PathLike | None = None,
                 metadata: dict[str, Any] | None = None, force: bool = False) -> Path:
     """Write `head` into `directory` in `layout` ("specdec", "speculators" or "sglang"; see the
     module docstring) and return its path. `target_path` (specdec) and `verifier` (speculators)
     record where the target comes from (default: its `name_or_path`); `metadata` only in specdec's
     layout. Refuses (one line) a directory holding another model unless `force`."""
-    check(isinstance(head, Eagle3Head), f"can only write an Eagle3Head in an eagle3 layout, got {type(head).__name__}")
-    check(layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if layout == "specdec":
-        check(verifier is None, "verifier= names the target in the speculators layout; specdec's records target_path")
-        return save_export(directory, head, target_path=target_path, metadata=metadata, force=force)
-    check(metadata is None, f"the {layout} layout has no place for metadata")
-    check(target_path is None, f"the {layout} layout records no target path (speculators: verifier=)")
     options = {} if verifier is None else {"verifier": verifier}
-    return save_layout(directory, head, EAGLE3_LAYOUTS[layout], force=force, **options)
+    return save_head(directory, head, EAGLE3, layout, target_path=target_path, metadata=metadata, force=force,
+                     **options)
 
-
-# ------------------------------------------------------------------------------ reading
 
 def detect_layout(directory: str | os.PathLike) -> str:
     """Which layout the head in `directory` has: "specdec", "speculators" or "sglang" (one-line
     `SpecdecError` for anything else)."""
-    directory = Path(directory)
-    check(directory.is_dir(), f"eagle3 head directory {directory} does not exist")
-    path = directory / CONFIG_NAME
-    check(path.is_file(), f"{path} is missing: {directory} holds no eagle3 head (specdec, speculators or SGLang "
-                          f"layout)")
-    config = read_json_object(path, "give an eagle3 head directory")
-    if config.get("format") == FORMAT:
-        check(config.get("kind") == "hf_eagle3",
-              f"{directory} holds a specdec {config.get('kind')} export, not an eagle3 head (kind hf_eagle3)")
-        return "specdec"
-    found = [layout.name for layout in EAGLE3_LAYOUTS.values() if layout.recognize(config)]
-    if found:
-        return found[0]
-    check("speculators_model_type" not in config,
-          f"{directory} holds a speculators {config.get('speculators_model_type')!r} model, not an eagle3 head")
-    raise SpecdecError(f"{directory} is neither a specdec hf_eagle3 export, nor a speculators eagle3 model, nor an "
-                       f"SGLang {SGLANG_ARCHITECTURE} head (architectures {config.get('architectures') or []})")
+    return detect(directory, EAGLE3)
 
 
 def load_eagle3(directory: str | os.PathLike, target: Any) -> Eagle3Head:
@@ -293,16 +270,7 @@ def load_eagle3(directory: str | os.PathLike, target: Any) -> Eagle3Head:
     causal LM `target`, in eval mode. Refuses in one line a head for another target (hidden size,
     vocabulary, depth, or for specdec's layout the hash of its weights) and the settings specdec's
     head does not compute (module docstring)."""
-    directory = Path(directory)
-    name = detect_layout(directory)
-    check(is_hf_model(target), f"the target of the eagle3 head in {directory} must be a Hugging Face causal LM, "
-                               f"got {type(target).__name__}")
-    if name == "specdec":
-        return load_export(directory, target=target)
-    layout = EAGLE3_LAYOUTS[name]
-    cfg = read_config(directory, layout, target, "an eagle3 head directory")
-    tensors, copies = read_layout(directory, layout)
-    return _build(cfg, target, tensors, copies, directory)
+    return load_head(directory, target, EAGLE3)
 
 
 def _build(cfg: Eagle3Config, target: Any, tensors: dict[str, Tensor], copies: dict[str, Tensor],
@@ -347,11 +315,14 @@ def _build(cfg: Eagle3Config, target: Any, tensors: dict[str, Tensor], copies: d
     return head.eval()
 
 
+EAGLE3 = HeadKind("eagle3", Eagle3Head, "hf_eagle3", (SPECULATORS, SGLANG), _build)
+
+
 def _few(names: list[str], limit: int = 4) -> str:
     if not names:
         return "none"
     return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-__all__ = ["EAGLE3_LAYOUTS", "LAYOUTS", "SGLANG", "SPECULATORS", "detect_layout", "layer_ids_from_sglang",
+__all__ = ["EAGLE3", "EAGLE3_LAYOUTS", "LAYOUTS", "SGLANG", "SPECULATORS", "detect_layout", "layer_ids_from_sglang",
            "load_eagle3", "save_eagle3", "sglang_config", "sglang_layer_ids", "speculators_config"]

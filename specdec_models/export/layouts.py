@@ -14,8 +14,10 @@ canonical name = the `state_dict` key). A `Layout` is, for one head kind and one
 
 `rename(tensors, names, to_layout=...)` is the one function that applies a name map, in either
 direction; `save_layout` writes a head with it and `read_layout` reads a directory back to
-canonical names. A new head kind adds its table, one `Layout` per server, and a builder of the
-head from its config and canonical tensors (`export.eagle3._build` for eagle3).
+canonical names. A `HeadKind` gathers a head kind's layouts with its builder (the head from its
+config and canonical tensors), and `save_head`, `detect` and `load_head` serve every head kind in
+specdec's own layout and its foreign ones. A new head kind adds its table, one `Layout` per server
+(a name map, a config writer and reader) and its builder: `export.eagle3.EAGLE3` is eagle3's.
 
 A layout directory holds `config.json` and `model.safetensors` (header metadata {"format": "pt"}),
 written atomically: built beside the destination and renamed over it whole (`files.staged_dir`).
@@ -39,7 +41,8 @@ from torch import Tensor
 from ..errors import SpecdecError, check
 from ..files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
 from ..heads.weights import WeightTable
-from .specdec import CONFIG_NAME, FORMAT, read_json_object
+from ..hf.adapter import is_hf_model
+from .specdec import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
 
 WEIGHTS_NAME = "model.safetensors"
 FORCE = "force=True, --force"
@@ -151,9 +154,10 @@ class Layout:
     """One server's layout of one head kind (module docstring). `write_config(head, layout, **options)`
     gives config.json (`options`: the keywords it takes); `read_config(config, target, layout, where)`
     the head's config for `target`, refusing in one line what the head cannot compute (both number
-    the taps by `layout.numbering`); `recognize(config)` whether a config.json is this layout's.
-    `ignored`: layout names a loader reads and drops (a server's copies of the target's weights).
-    `vocab_maps_when_full`: write the table's vocabulary maps with a full draft vocabulary too."""
+    the taps by `layout.numbering`); `recognize(config)` whether a config.json is this layout's, and
+    `what` what it then holds ("a speculators eagle3 model", for errors). `ignored`: layout names a
+    loader reads and drops (a server's copies of the target's weights). `vocab_maps_when_full`:
+    write the table's vocabulary maps with a full draft vocabulary too."""
 
     name: str
     table: WeightTable
@@ -161,6 +165,7 @@ class Layout:
     write_config: Callable[..., dict[str, Any]]
     read_config: Callable[[dict[str, Any], Any, Layout, str], Any]
     recognize: Callable[[dict[str, Any]], bool]
+    what: str
     numbering: TapNumbering = field(default_factory=TapNumbering)
     options: tuple[str, ...] = ()
     ignored: frozenset[str] = frozenset()
@@ -288,5 +293,89 @@ def read_weights(directory: Path) -> dict[str, Tensor]:
     return tensors
 
 
-__all__ = ["Layout", "NameMap", "Rename", "TapNumbering", "check_replaceable", "describe", "layout_tensors",
-           "read_config", "read_layout", "read_weights", "rename", "save_layout"]
+# ------------------------------------------------------------------------------ a head kind in every layout
+
+SPECDEC = "specdec"     # specdec's own layout: the canonical names in specdec's export format (export.specdec)
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """A head kind as the export sees it: its class (`head_type`), its kind in specdec's own format
+    (`export_kind`, e.g. "hf_eagle3"), the foreign layouts it is served in, and `build(config,
+    target, tensors, copies, directory)`, which makes the head, in eval mode, from its config (a
+    layout's `read_config`) and its canonical tensors (`read_layout`), checking them in one line."""
+
+    name: str
+    head_type: type
+    export_kind: str
+    layouts: tuple[Layout, ...]
+    build: Callable[[Any, Any, dict[str, Tensor], dict[str, Tensor], Path], Any]
+
+    @property
+    def layout_names(self) -> tuple[str, ...]:
+        """"specdec" and the foreign layouts' names."""
+        return (SPECDEC, *(layout.name for layout in self.layouts))
+
+    def layout(self, name: str) -> Layout:
+        """The foreign layout `name`."""
+        return next(layout for layout in self.layouts if layout.name == name)
+
+
+def save_head(directory: str | os.PathLike, head: Any, kind: HeadKind, layout: str = SPECDEC, *,
+              target_path: str | os.PathLike | None = None, metadata: dict[str, Any] | None = None,
+              force: bool = False, **options: Any) -> Path:
+    """Write `head` of `kind` into `directory` in `layout` and return its path: specdec's own
+    (`save_export`, recording `target_path` and `metadata`) or a foreign one (`save_layout`, the
+    layout's `options`). Refuses (one line) a directory holding another model unless `force`."""
+    check(isinstance(head, kind.head_type), f"can only write an {kind.head_type.__name__} in an {kind.name} layout, "
+                                            f"got {type(head).__name__}")
+    check(layout in kind.layout_names, f"layout must be one of {', '.join(kind.layout_names)}, got {layout!r}")
+    if layout == SPECDEC:
+        check(not options, f"{', '.join(f'{k}=' for k in options)} is not an option of specdec's layout, which "
+                           f"records target_path=")
+        return save_export(directory, head, target_path=target_path, metadata=metadata, force=force)
+    check(metadata is None, f"the {layout} layout has no place for metadata")
+    check(target_path is None, f"the {layout} layout records no target path")
+    return save_layout(directory, head, kind.layout(layout), force=force, **options)
+
+
+def detect(directory: str | os.PathLike, kind: HeadKind) -> str:
+    """Which of `kind`'s layouts the head in `directory` has (one-line `SpecdecError` for anything else)."""
+    directory = Path(directory)
+    check(directory.is_dir(), f"{kind.name} head directory {directory} does not exist")
+    path = directory / CONFIG_NAME
+    check(path.is_file(), f"{path} is missing: {directory} holds no {kind.name} head "
+                          f"({', '.join(kind.layout_names)} layout)")
+    config = read_json_object(path, f"give an {kind.name} head directory")
+    if config.get("format") == FORMAT:
+        check(config.get("kind") == kind.export_kind, f"{directory} holds a specdec {config.get('kind')} export, "
+                                                      f"not an {kind.name} head (kind {kind.export_kind})")
+        return SPECDEC
+    found = [layout.name for layout in kind.layouts if layout.recognize(config)]
+    if found:
+        return found[0]
+    check("speculators_model_type" not in config, f"{directory} holds {describe(config)}, not an {kind.name} head")
+    raise SpecdecError(f"{directory} is neither a specdec {kind.export_kind} export, nor "
+                       f"{', nor '.join(layout.what for layout in kind.layouts)} (architectures "
+                       f"{config.get('architectures') or []})")
+
+
+def load_head(directory: str | os.PathLike, target: Any, kind: HeadKind) -> Any:
+    """The head of `kind` in `directory` (any of its layouts, `detect`) attached to the Hugging Face
+    causal LM `target`, in eval mode; a head for another target, or one the head kind cannot
+    compute, is refused in one line."""
+    directory = Path(directory)
+    name = detect(directory, kind)
+    check(is_hf_model(target), f"the target of the {kind.name} head in {directory} must be a Hugging Face causal LM, "
+                               f"got {type(target).__name__}")
+    if name == SPECDEC:
+        return load_export(directory, target=target)
+    layout = kind.layout(name)
+    config = read_config(directory, layout, target, f"an {kind.name} head directory")
+    tensors, copies = read_layout(directory, layout)
+    return kind.build(config, target, tensors, copies, directory)
+
+
+__all__ = ["SPECDEC", "HeadKind", "Layout", "NameMap", "Rename", "TapNumbering", "check_replaceable", "describe",
+           "detect", "layout_tensors", "load_head", "read_config", "read_layout", "read_weights", "rename", "save_head",
+           "save_layout"]

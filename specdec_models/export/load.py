@@ -52,7 +52,8 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
               f"target (kind hf_prophet); a native prophet export decodes with --export DIR")
         if target is None:
             recorded = head_config["target"].get("path")
-            check(recorded is not None, f"the head in {prophet} records no target path: give --hf-model DIR or --gguf FILE")
+            check(recorded is not None,
+                  f"the head in {prophet} records no target path: give --hf-model DIR or --gguf FILE")
             target = recorded
     check(target is not None, "give the target: --hf-model DIR or --gguf FILE")
     target_path = check_source(target, "target")
@@ -60,7 +61,8 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
 
     tokenizer = load_tokenizer(target_path, "target")
     if draft_path is not None:
-        check_same_tokenizer(tokenizer, load_tokenizer(draft_path, "draft"), f"target {target_path}", f"draft {draft_path}")
+        check_same_tokenizer(tokenizer, load_tokenizer(draft_path, "draft"), f"target {target_path}",
+                             f"draft {draft_path}")
     target_model = load_causal_lm(target_path, dtype=dtype, what="target")
     draft_model = load_causal_lm(draft_path, dtype=dtype, what="draft") if draft_path is not None else None
     head = load_export(prophet, target=target_model) if prophet is not None else None

@@ -33,9 +33,11 @@ refused on load in one line naming the file. (Exports written before this key ha
 and load as before.)
 
 An `hf_eagle3` export holds an EAGLE-3 head (`heads.Eagle3Head`) the same way: "prophet" is its
-Eagle3Config dict, the weights its state_dict in the speculators names (`fc`, `layers.0.*`, `norm`,
-`lm_head`, `d2t`, `t2d`; the target's embedding is not saved), "target" its target's identity. The
-layouts vLLM (speculators) and SGLang load are written and read by `specdec_models.export.eagle3`.
+Eagle3Config dict, the weights its state_dict under their canonical names (`heads.eagle3.EAGLE3_WEIGHTS`,
+the speculators names: `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`; the target's embedding
+is not saved), "target" its target's identity. The layouts vLLM (speculators) and SGLang load are
+written and read by `specdec_models.export.eagle3`. The head kinds are the rows of `HEAD_EXPORTS`:
+another head kind is one more row.
 
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
 (written in a temp directory of ours, fsync, rename), then config.json is replaced in one
@@ -53,7 +55,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -81,9 +83,28 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
 HF_TARGET_TOKENIZER = {"kind": "hf_target"}   # an hf_prophet head uses its target's own tokenizer
-KINDS = ("decoder", "model_with_prophet", "hf_prophet", "hf_eagle3")
-HEAD_KINDS = ("hf_prophet", "hf_eagle3")      # heads for a Hugging Face target: no model of their own
 Head = HFProphet | Eagle3Head
+
+
+class HeadExport(NamedTuple):
+    """A head kind specdec's format holds: its class, what it is called in errors, and how it is
+    rebuilt from its config dict ("prophet") and its target, weights still to load."""
+
+    head: type
+    what: str
+    rebuild: Callable[[dict[str, Any], Any], Head]
+
+
+# the heads for a Hugging Face target, by kind (no model of their own): a new head kind is one row
+HEAD_EXPORTS = {
+    "hf_prophet": HeadExport(HFProphet, "a prophet head",
+                             lambda c, target: HFProphet(HFProphetConfig.from_dict(c), target)),
+    "hf_eagle3": HeadExport(Eagle3Head, "an eagle3 head",
+                            lambda c, target: Eagle3Head(Eagle3Config.from_dict(c), target, init_from_target=False)),
+}
+HEAD_KINDS = tuple(HEAD_EXPORTS)
+HEAD_TYPES = tuple(entry.head for entry in HEAD_EXPORTS.values())
+KINDS = ("decoder", "model_with_prophet", *HEAD_KINDS)
 FORCE = "force=True, scripts/export.py --force"
 CONFIG_HASH_KEY = "specdec_config_sha256"       # in the weights file's safetensors metadata
 HEADER_KEYS = ("format", "format_version", "kind", "main", "prophet", "tokenizer", "target")
@@ -155,8 +176,8 @@ def _header(model: Decoder | ModelWithProphet | Head, tokenizer: str | dict[str,
             target_path: str | os.PathLike | None = None) -> dict[str, Any]:
     """What identifies an export's model: format, kind, configs, tokenizer and, for a head, its
     target (config.json without the weights and metadata)."""
-    if isinstance(model, (HFProphet, Eagle3Head)):
-        kind = "hf_prophet" if isinstance(model, HFProphet) else "hf_eagle3"
+    if isinstance(model, HEAD_TYPES):
+        kind = next(k for k, entry in HEAD_EXPORTS.items() if isinstance(model, entry.head))
         check(tokenizer is None, f"an {kind} export uses its target's tokenizer: pass no tokenizer")
         fields = {"kind": kind, "main": None, "prophet": model.config.to_dict(),
                   "tokenizer": dict(HF_TARGET_TOKENIZER), "target": target_identity(model.target, target_path)}
@@ -343,7 +364,7 @@ def load_export(directory: str | os.PathLike, *, map_location: str | torch.devic
           f"{weights} does not match the {config['kind']} config in {path}: "
           f"missing tensors {_few(missing)}, unexpected tensors {_few(unexpected)}; re-export the model")
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(dtypes) == 1 and not isinstance(model, (HFProphet, Eagle3Head)):
+    if len(dtypes) == 1 and not isinstance(model, HEAD_TYPES):
         model.to(dtypes.pop())    # keep the precision the model was exported in (a head takes its target's)
     try:
         # copies into the existing parameters, so Decoder's column-major layout survives
@@ -351,7 +372,7 @@ def load_export(directory: str | os.PathLike, *, map_location: str | torch.devic
     except RuntimeError as error:
         raise SpecdecError(f"{weights} does not match the config in {path} ({_one_line(error)}): "
                            f"re-export the model") from None
-    return (model if isinstance(model, (HFProphet, Eagle3Head)) else model.to(map_location)).eval()
+    return (model if isinstance(model, HEAD_TYPES) else model.to(map_location)).eval()
 
 
 def read_export_tensors(directory: str | os.PathLike, config: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
@@ -368,10 +389,10 @@ def read_export_tensors(directory: str | os.PathLike, config: dict[str, Any] | N
 
 
 def _head(directory: Path, config: dict[str, Any], target: Any) -> Head:
-    """An HFProphet or Eagle3Head for `target`, weights still to load; refuses a target other than the
-    recorded one."""
+    """The head of a head kind (`HEAD_EXPORTS`) for `target`, weights still to load; refuses a target
+    other than the recorded one."""
     kind = config["kind"]
-    what = "a prophet head" if kind == "hf_prophet" else "an eagle3 head"
+    what = HEAD_EXPORTS[kind].what
     recorded = config["target"]
     trained_for = f"{recorded.get('architecture', 'a model')} from {recorded.get('path') or 'an unrecorded path'}"
     check(target is not None, f"{directory} holds {what} for a Hugging Face target ({trained_for}): "
@@ -381,12 +402,10 @@ def _head(directory: Path, config: dict[str, Any], target: Any) -> Head:
     found = weights_sha256(target)
     check(found == recorded["weights_sha256"],
           f"{what} in {directory} was trained for another target ({trained_for}, weights sha256 "
-          f"{recorded['weights_sha256'][:16]}...); the given {type(target).__name__}'s weights hash to {found[:16]}...: "
-          f"load the target it was trained for")
+          f"{recorded['weights_sha256'][:16]}...); the given {type(target).__name__}'s weights hash to "
+          f"{found[:16]}...: load the target it was trained for")
     try:
-        if kind == "hf_prophet":
-            return HFProphet(HFProphetConfig.from_dict(config["prophet"]), target)
-        return Eagle3Head(Eagle3Config.from_dict(config["prophet"]), target, init_from_target=False)
+        return HEAD_EXPORTS[kind].rebuild(config["prophet"], target)
     except (SpecdecError, TypeError) as error:
         raise SpecdecError(f"{directory / CONFIG_NAME}: bad {kind} config ({_one_line(error)}): "
                            f"re-export the head") from None
