@@ -9,6 +9,7 @@ code). Loading each export gives the head's logits exactly. The name maps and th
 checked on their own, and a made-up head kind goes through the same writer and reader with a map of
 its own, as DFlash's and P-EAGLE's will."""
 
+import dataclasses
 import hashlib
 import json
 
@@ -150,6 +151,7 @@ def test_the_weight_table_names_every_tensor_the_head_saves(target, case):
     assert EAGLE3_WEIGHTS.names == list(state)
     assert EAGLE3_WEIGHTS.shapes(head.config) == {k: tuple(v.shape) for k, v in state.items()}
     assert EAGLE3_WEIGHTS.vocab_maps == {"d2t", "t2d"}
+    assert EAGLE3_WEIGHTS.full_vocab(head.config) == (case == "full")
     assert all(w.meaning for w in EAGLE3_WEIGHTS.weights)
 
 
@@ -311,6 +313,9 @@ def test_a_new_head_kind_needs_only_its_table_and_a_layout(tmp_path, draft):
     (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(SpecdecError, match="neither a specdec hf_two_layer export, nor a served two-layer head"):
         detect(out, TWO_LAYER)
+    keeping = dataclasses.replace(TWO_LAYER_SERVED, name="keeping", omit_with_full_vocab=frozenset())
+    kept = load_file(str(save_layout(tmp_path / "keeping", head, keeping) / "model.safetensors"))
+    assert set(kept) == {"blocks.1.weight", "blocks.2.weight", "hot_ids"}     # a layout may keep the identity map
     head.extra = nn.Linear(1, 1)                        # a weight the table does not name
     with pytest.raises(SpecdecError, match="not its weight table's"):
         layout_tensors(head, TWO_LAYER_SERVED)

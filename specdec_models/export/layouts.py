@@ -156,8 +156,9 @@ class Layout:
     the head's config for `target`, refusing in one line what the head cannot compute (both number
     the taps by `layout.numbering`); `recognize(config)` whether a config.json is this layout's, and
     `what` what it then holds ("a speculators eagle3 model", for errors). `ignored`: layout names a
-    loader reads and drops (a server's copies of the target's weights). `vocab_maps_when_full`:
-    write the table's vocabulary maps with a full draft vocabulary too."""
+    loader reads and drops (a server's copies of the target's weights). `omit_with_full_vocab`: the
+    canonical names the layout leaves out when the head drafts over the whole target vocabulary
+    (None: the table's vocabulary maps, then the identity); a reader then rebuilds them."""
 
     name: str
     table: WeightTable
@@ -169,20 +170,18 @@ class Layout:
     numbering: TapNumbering = field(default_factory=TapNumbering)
     options: tuple[str, ...] = ()
     ignored: frozenset[str] = frozenset()
-    vocab_maps_when_full: bool = False
+    omit_with_full_vocab: frozenset[str] | None = None
 
 
 def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
     """The weights of `head` (its `state_dict`, which must be its table's) under the layout's names,
-    on the CPU and contiguous; the vocabulary maps left out with a full draft vocabulary unless
-    the layout keeps them."""
+    on the CPU and contiguous; with a full draft vocabulary, less the layout's `omit_with_full_vocab`."""
     state = head.state_dict()
     table = layout.table
     check(set(state) == set(table.names), f"the {table.kind} head's weights ({', '.join(state)}) are not its "
                                           f"weight table's ({', '.join(table.names)})")
-    sizes = table.sizes(head.config)
-    full = sizes.get("D") == sizes.get("V")
-    drop = table.vocab_maps if full and not layout.vocab_maps_when_full else frozenset()
+    omitted = table.vocab_maps if layout.omit_with_full_vocab is None else layout.omit_with_full_vocab
+    drop = omitted if table.full_vocab(head.config) else frozenset()
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items() if name not in drop}
     return rename(tensors, layout.names, to_layout=True, where=f"the {layout.name} layout")
 

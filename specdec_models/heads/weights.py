@@ -19,8 +19,8 @@ from ..errors import check
 @dataclass(frozen=True)
 class Weight:
     """One tensor of a head: `name` canonical (the `state_dict` key), `shape` in named sizes,
-    `meaning` what it holds. `vocab_map`: a map between the draft and the target vocabularies,
-    the identity with a full draft vocabulary, so a layout may leave it out then."""
+    `meaning` what it holds. `vocab_map`: a map between the draft vocabulary ("D") and the target's
+    ("V"), the identity when they agree, so a layout may leave it out then."""
 
     name: str
     shape: tuple[str, ...]
@@ -50,6 +50,12 @@ class WeightTable:
     def vocab_maps(self) -> frozenset[str]:
         """The canonical names of the vocabulary maps (`Weight.vocab_map`)."""
         return frozenset(w.name for w in self.weights if w.vocab_map)
+
+    def full_vocab(self, config: Any) -> bool:
+        """Whether a head with `config` drafts over the whole target vocabulary (its sizes "D", the
+        draft vocabulary, and "V", the target's, agree): its vocabulary maps are then the identity."""
+        sizes = self.sizes(config)
+        return "D" in sizes and sizes["D"] == sizes.get("V")
 
     def shapes(self, config: Any) -> dict[str, tuple[int, ...]]:
         """{canonical name: shape} of a head with `config`."""
