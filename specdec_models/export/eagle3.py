@@ -113,11 +113,13 @@ def _layout_ids(c: Eagle3Config, layout: Layout) -> list[int]:
     return layout.numbering.to_layout(list(c.aux_layers), c.target_layers)
 
 
-def speculators_config(head: Eagle3Head, layout: Layout, *, verifier: str | os.PathLike | None = None,
+def speculators_config(head: Eagle3Head, layout: Layout | None = None, *, verifier: str | os.PathLike | None = None,
                        speculative_tokens: int = 3) -> dict[str, Any]:
-    """The config.json of the head in speculators' format (module docstring; `layout`: SPECULATORS).
-    `verifier`: the name or path recorded for the target (default: the target's `name_or_path`)."""
+    """The config.json of the head in speculators' format (module docstring; `layout`: SPECULATORS,
+    the default). `verifier`: the name or path recorded for the target (default: the target's
+    `name_or_path`)."""
     c = head.config
+    layout = SPECULATORS if layout is None else layout
     return {"speculators_model_type": "eagle3", "architectures": [SPECULATORS_ARCHITECTURE],
             "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": _layer_config(c),
             "draft_vocab_size": c.draft_vocab_size, "eagle_aux_hidden_state_layer_ids": _layout_ids(c, layout),
@@ -130,10 +132,11 @@ def speculators_config(head: Eagle3Head, layout: Layout, *, verifier: str | os.P
                 "verifier": _verifier(head, verifier)}}
 
 
-def sglang_config(head: Eagle3Head, layout: Layout) -> dict[str, Any]:
+def sglang_config(head: Eagle3Head, layout: Layout | None = None) -> dict[str, Any]:
     """The config.json of the head in the layout SGLang's LlamaForCausalLMEagle3 loads (module
-    docstring; `layout`: SGLANG); the aux layers in SGLang's numbering."""
+    docstring; `layout`: SGLANG, the default); the aux layers in SGLang's numbering."""
     c = head.config
+    layout = SGLANG if layout is None else layout
     return {"architectures": [SGLANG_ARCHITECTURE], **_layer_config(c), "draft_vocab_size": c.draft_vocab_size,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": _layout_ids(c, layout), "use_aux_hidden_state": True},
             "torch_dtype": _dtype_name(head)}
