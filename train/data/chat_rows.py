@@ -36,7 +36,16 @@ from torch.utils.data import DataLoader, Dataset
 from specdec_models.errors import SpecdecError, check, check_positive_int
 
 from .conversations import Conversation, cut_at_turns, render_turns
-from .embeddings_cache import MASK, CacheModel, RowSource, check_build, normalize_layers, write_cache
+from .embeddings_cache import (
+    MASK,
+    BuildRun,
+    CacheModel,
+    CacheSettings,
+    RowSource,
+    check_build,
+    normalize_layers,
+    write_cache,
+)
 from .streams import SpecdecDataModule, StepBatches, stream_position
 
 
@@ -157,9 +166,8 @@ def build_chat_cache(target: str | os.PathLike, train: Sequence[tuple[Conversati
     identity = {"kind": "hf", **target_identity(model, path.resolve())}
     cached = CacheModel(identity, int(text_config(model.config).hidden_size), vocab, decoder.cfg.max_seq_len, hidden,
                         depth=depth, layers=tuple(layers))
-    meta = write_cache(cached, source, out, seq_len=seq_len, windows=len(order), dtype=dtype, top_k_logits=0,
-                       shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
-                       progress=progress, report=report, rank=rank, world=world)
+    settings = CacheSettings(seq_len, len(order), dtype, 0, shard_size, seed, batch_size)
+    meta = write_cache(cached, source, out, settings, BuildRun(overwrite, progress, report, None, rank, world))
     return {**meta, "row_counts": counts, "held_out_rows": held}
 
 

@@ -53,7 +53,9 @@ from specdec_models.hf.weights import check_source, load_causal_lm, load_config,
 from specdec_models.sampling import SamplingConfig, sample, to_probs
 
 from .embeddings_cache import (
+    BuildRun,
     CacheModel,
+    CacheSettings,
     RowSource,
     check_build,
     normalize_layers,
@@ -224,7 +226,8 @@ class Regenerated(RowSource):
         check(eos_id is None or 0 <= eos_id < target.vocab_size,
               f"the stop token {eos_id} is not among the target's {target.vocab_size} tokens")
         skip = set(left_out)
-        check(len(skip) < len(prompts), "every prompt was left out (--exclude-prompts-of): no prompt is left to continue")
+        check(len(skip) < len(prompts),
+              "every prompt was left out (--exclude-prompts-of): no prompt is left to continue")
         self.keep = [i for i, p in enumerate(prompts) if p.numel() <= seq_len // 2 and i not in skip]
         check(self.keep, f"every prompt left is longer than seq_len // 2 = {seq_len // 2} tokens: raise seq_len")
         self.left_out = {"caches": list(left_out_because), "prompts": len(skip)} if left_out_because else None
@@ -274,7 +277,7 @@ def continued_prompts(cache: str | os.PathLike, rows: range | None = None) -> se
     table = (table if rows is None else table.select(rows))[:]
     tokens = table.column("tokens").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(len(table), -1)
     lengths = table.column("prompt_len").to_numpy()
-    return {tuple(row[:n].tolist()) for row, n in zip(tokens, lengths)}
+    return {tuple(row[:n].tolist()) for row, n in zip(tokens, lengths, strict=True)}
 
 
 class TextWindows(RowSource):
@@ -364,9 +367,8 @@ def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: S
     limit = decoder.cfg.max_seq_len
     identity = {"kind": "hf", **target_identity(model, path.resolve())}      # "kind": a cache also records exports
     cached = CacheModel(identity, dim, vocab, limit, hidden, depth=depth, layers=tuple(layers))
-    return write_cache(cached, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0,
-                       shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
-                       progress=progress, report=report, max_seconds=max_seconds)
+    settings = CacheSettings(seq_len, windows, dtype, 0, shard_size, seed, batch_size)
+    return write_cache(cached, source, out, settings, BuildRun(overwrite, progress, report, max_seconds))
 
 
 def write_cache_text(cache: str | os.PathLike, tokenizer: Any, out: str | os.PathLike, val_windows: int) -> int:
@@ -384,7 +386,7 @@ def write_cache_text(cache: str | os.PathLike, tokenizer: Any, out: str | os.Pat
     table = open_cache(cache, meta).select(range(meta["windows"] - val_windows))
     rows = table["tokens"].to_pylist()
     if "valid_len" in table.column_names:                       # the padding after each answer's stop goes
-        rows = [r[:n] for r, n in zip(rows, table["valid_len"].to_pylist())]
+        rows = [r[:n] for r, n in zip(rows, table["valid_len"].to_pylist(), strict=True)]
     lines = "".join(json.dumps({"text": tokenizer.decode(r)}) + "\n" for r in rows)
     write_file(Path(out), lambda f: f.write(lines.encode("utf-8")))
     return len(rows)
@@ -405,7 +407,7 @@ def cache_answers(cache: str | os.PathLike, val_windows: int = 0) -> list[list[i
     table = open_cache(cache, meta).select_columns(["tokens", "prompt_len", "valid_len"])
     table = table.select(range(meta["windows"] - val_windows))
     return [r[p:n] for r, p, n in zip(table["tokens"].to_pylist(), table["prompt_len"].to_pylist(),
-                                        table["valid_len"].to_pylist())]
+                                        table["valid_len"].to_pylist(), strict=True)]
 
 
 # ---------------------------------------------------------------- prompts from any text
