@@ -93,7 +93,7 @@ def test_greedy_regenerated_rows_equal_generates_greedy_continuation(hf, rows):
     tokens, extra = rows
     greedy = list(range(0, 12, 2))                # temperatures [0, 1]: the even rows
     prompts = [tokens[i, : int(extra["prompt_len"][i])] for i in greedy]
-    for i, prompt in zip(greedy, prompts):
+    for i, prompt in zip(greedy, prompts, strict=True):
         out, _ = generate(hf["model"], [prompt], SEQ + 1 - prompt.numel(), sampling=GREEDY, eos_id=hf["eos"],
                           vocab_size=len(hf["tok"]))
         expected = torch.cat([prompt, out[0]])
@@ -107,11 +107,11 @@ def counting_hidden(monkeypatch):
     calls = []
     write = regenerate.write_cache
 
-    def counted(model, source, out, **kw):
+    def counted(model, source, out, *args, **kw):
         def hidden(tokens):
             calls.append(tokens.shape[0])
             return model.hidden(tokens)
-        return write(replace(model, hidden=hidden), source, out, **kw)
+        return write(replace(model, hidden=hidden), source, out, *args, **kw)
 
     monkeypatch.setattr(regenerate, "write_cache", counted)
     return calls

@@ -412,6 +412,8 @@ def cache_answers(cache: str | os.PathLike, val_windows: int = 0) -> list[list[i
 
 # ---------------------------------------------------------------- prompts from any text
 
+TEXT_SOURCE = "text:"      # the recipe's --data text:FILE (`text_conversations`)
+
 TEMPLATES = (
     "Explain the following text in simple words:\n\n{}",
     "Summarize this in one or two sentences:\n\n{}",
@@ -441,3 +443,22 @@ def prompts_from_text(text: str, count: int, seed: int = 0, words: tuple[int, in
             continue
         out.append(TEMPLATES[int(rng.integers(len(TEMPLATES)))].format(" ".join(kept[: words[1]])))
     return out
+
+
+def text_conversations(path: str | os.PathLike, count: int, seed: int = 0):
+    """`count` single-turn conversations made from a text file (raw, .zip or .gz; its training
+    split, enwik8's 90/5/5 bytes): a user turn of `prompts_from_text` and an empty assistant turn
+    that the target answers (the recipe's --data text:FILE), deduplicated. Returns
+    (conversations, `conversations.Counts`)."""
+    from .conversations import Conversation, Counts, Turn, deduplicate
+    from .enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
+
+    path = Path(path).expanduser()
+    check(path.is_file(), f"--data text:{path}: no such file")
+    data = read_bytes(path)[:ENWIK8_BYTES]
+    text = data[:split_bounds(len(data))[0]].tobytes().decode("utf-8", errors="ignore")
+    prompts = prompts_from_text(text, count, seed)
+    convs = [Conversation(f"text-{seed}-{i}", (Turn("user", p), Turn("assistant", "")), f"text:{path.name}")
+             for i, p in enumerate(prompts)]
+    convs, duplicates = deduplicate(convs)
+    return convs, Counts(read=len(prompts), kept=len(convs), duplicates=duplicates)
