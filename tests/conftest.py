@@ -21,7 +21,7 @@ TEXTMIX = REPO.parent / "shared" / "data" / "textmix100m.gz"   # 10^8 bytes of t
 def load_script(name: str) -> ModuleType:
     """scripts/NAME.py as a module (scripts/ is not a package; NAME may name a subfolder, e.g.
     peers/specforge_loss): a test calls its main(argv) in-process. scripts/ goes on sys.path, as
-    when a script runs, so a script may import a sibling (compare_hf_drafts.py imports smollm2.py)."""
+    when a script runs, so a script may import a sibling."""
     if str(REPO / "scripts") not in sys.path:
         sys.path.append(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(f"scripts_{name.replace('/', '_')}", REPO / "scripts" / f"{name}.py")
@@ -105,9 +105,10 @@ def smollm2():
 
     from specdec_models import SpecdecError
     from specdec_models.hf import weights
+    from train.smollm2 import smollm2_gguf
 
     try:
-        path = weights.check_source(load_script("smollm2").smollm2_gguf(), "SmolLM2")
+        path = weights.check_source(smollm2_gguf(), "SmolLM2")
     except SpecdecError as error:
         pytest.skip(f"the real weights are not installed: {error}")
     threads = torch.get_num_threads()
