@@ -229,7 +229,7 @@ def prompt_sets(args) -> list[tuple[str, str]]:
 
 def compare(args, loaded) -> dict:
     """The comparison of the command line's drafters on its prompt sets (`train.bench.drafts.compare_hf`)."""
-    from train.bench.drafts import HFDrafters, compare_hf
+    from train.bench.drafts import CompareSettings, HFDrafters, compare_hf
     from train.data.regenerate import read_prompts, stop_token
 
     sets = []
@@ -258,11 +258,11 @@ def compare(args, loaded) -> dict:
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
     dtype = str(torch_dtype).removeprefix("torch.")
-    result = compare_hf(loaded, target_source(args), sets, drafters, dtype=dtype, gamma=args.gamma,
-                        max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
-                        check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
-                        temperatures=tuple(args.temperatures),
-                        eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
+    settings = CompareSettings(dtype=dtype, gamma=args.gamma, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                               batch1_count=args.batch1_count, check_count=args.check_count,
+                               batch8=not args.batch1_only, device=args.device, temperatures=tuple(args.temperatures),
+                               eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
+    result = compare_hf(loaded, target_source(args), sets, drafters, settings)
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     return {"settings": {**settings, "target": loaded.source, "dtype": dtype,
                          "layers": describe(args.device, torch_dtype)}, **result}

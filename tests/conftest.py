@@ -30,6 +30,19 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+def hf_cache(target, out, **kwargs):
+    """`train.data.regenerate.build_hf_cache` with its inputs as keywords, each a field of `HFRows`,
+    `CacheSettings` or `BuildRun`, or device / model_dtype: the tests' shorthand for one call."""
+    from dataclasses import fields
+
+    from train.data.embeddings_cache import BuildRun, CacheSettings
+    from train.data.regenerate import HFRows, build_hf_cache
+
+    parts = [{f.name: kwargs.pop(f.name) for f in fields(kind) if f.name in kwargs}
+             for kind in (HFRows, CacheSettings, BuildRun)]
+    return build_hf_cache(target, out, HFRows(**parts[0]), CacheSettings(**parts[1]), BuildRun(**parts[2]), **kwargs)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models are fastest on one thread, and the 2 cores here are shared."""

@@ -177,3 +177,17 @@ def test_text_prompts_are_single_turn_conversations_the_target_answers(tmp_path)
         assert [t.role for t in c.turns] == ["user", "assistant"] and c.turns[1].content == ""
         assert c.turns[0].content and c.source == "text:notes.txt"
     assert [c.turns[0].content for c in text_conversations(text, 20, seed=1)[0]] == [c.turns[0].content for c in convs]
+
+
+def test_a_recipe_folder_of_other_files_is_refused_and_left_as_it_was(hf, tmp_path, capsys, benchmarks_installed):
+    # (a missing --data text:FILE is one line and creates nothing: test_bad_input_is_one_line_...)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    text = tmp_path / "text.txt"
+    text.write_text("some text\n")
+    capsys.readouterr()
+    assert main(*base(hf, f"text:{text}", out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--out {out} holds files specdec did not write" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]

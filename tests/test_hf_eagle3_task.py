@@ -166,13 +166,13 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
 def caches(hf, tmp_path_factory):
     """Caches of the Llama target's own continuations: the aux layers and the last (what the head
     needs), and the last layer only (what a prophet head needs)."""
-    from train.data.regenerate import build_hf_cache
+    from conftest import hf_cache
 
     d = tmp_path_factory.mktemp("eagle3_caches")
     common = dict(seq_len=SEQ, windows=24, shard_size="64KB", batch_size=4, seed=2, prompts=hf["prompts"], chat=True,
                   temperatures=[0.0, 1.0])
-    return {"full": build_hf_cache(hf["llama"], d / "full", layers=[0, 1, 2], **common) and d / "full",
-            "last": build_hf_cache(hf["llama"], d / "last", **common) and d / "last"}
+    return {"full": hf_cache(hf["llama"], d / "full", layers=[0, 1, 2], **common) and d / "full",
+            "last": hf_cache(hf["llama"], d / "last", **common) and d / "last"}
 
 
 def test_a_cached_run_trains_exports_and_the_exported_head_decodes_exactly(hf, caches, tmp_path):

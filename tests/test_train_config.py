@@ -120,10 +120,10 @@ def test_every_group_option_composes_and_validates(compose, group, option, tiny_
         return
     extra = [n.replace("EXPORT", str(tiny_decoder_export)) for n in needs]
     if any("CACHE" in n for n in extra):
-        from train.data.embeddings_cache import build_cache
+        from train.data.embeddings_cache import CacheSettings, build_cache
 
         cache = tmp_path / "cache"
-        build_cache(tiny_decoder_export, REPO / "README.md", cache, seq_len=64, windows=2)
+        build_cache(tiny_decoder_export, REPO / "README.md", cache, CacheSettings(seq_len=64, windows=2))
         extra = [n.replace("CACHE", str(cache)) for n in extra]
     cfg = compose(["experiment=tiny", *extra, f"{prefix}{group}={option}"])
     kwargs = validate(cfg)

@@ -275,7 +275,8 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
     """The embeddings cache of the answered conversations (cache/), held-out ones last; as process
     `rank` of `world`, its shards of it."""
     from .data.chat_answers import read_answers
-    from .data.chat_rows import build_chat_cache
+    from .data.chat_rows import ChatSource, build_chat_cache
+    from .data.embeddings_cache import BuildRun, CacheSettings
 
     pairs, _ = read_answers(out / "answers")
     held_ids = {c.id for c in _read(out / "data" / "held_out.jsonl")}
@@ -297,11 +298,11 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
         print(f"[cache] {line}", flush=True)
 
     total[0] = len(pairs) * s.seq_len
-    meta = build_chat_cache(s.target, train, held, out / "cache", seq_len=s.seq_len, layers=layers,
-                            describe={"answers": str((out / "answers").resolve())},
-                            chat_template_kwargs=s.chat_template_kwargs, batch_size=s.cache_batch, device=s.device,
-                            model_dtype=model_dtype, seed=s.seed, overwrite=world == 1, progress=progress,
-                            report=report, rank=rank, world=world)
+    source = ChatSource(train, held, layers, {"answers": str((out / "answers").resolve())},
+                        chat_template_kwargs=s.chat_template_kwargs)
+    meta = build_chat_cache(s.target, source, out / "cache", CacheSettings(seq_len=s.seq_len, seed=s.seed,
+                                                                          batch_size=s.cache_batch),
+                            BuildRun(world == 1, progress, report, None, rank, world), s.device, model_dtype)
     if not meta.get("finalized", True):
         return meta
     rc = meta["row_counts"]

@@ -512,31 +512,30 @@ def _write_meta(partial: Path, plan: _Plan, s: CacheSettings, written: int) -> d
     return meta
 
 
-def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, seq_len: int = 512,
-                windows: int = 1024, dtype: str = "bfloat16", top_k_logits: int = 0, shard_size: str | int = "500MB",
-                seed: int = 0, batch_size: int = 8, device: str | torch.device = "cpu", overwrite: bool = False,
-                progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None
-                ) -> dict[str, Any]:
-    """Cache the embeddings of a specdec export's main model on `windows` random byte windows of
-    the training split of `data` (see the module docstring and `write_cache`)."""
+def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike,
+                settings: CacheSettings = CacheSettings(), run: BuildRun = BuildRun(),
+                device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Cache the embeddings of a specdec export's main model on `settings.windows` random byte
+    windows of the training split of `data` (see the module docstring and `write_cache`; a time
+    budget and several processes are for Hugging Face targets)."""
     from specdec_models import ModelWithProphet
     from specdec_models.export import load_export, read_main_config
 
-    out = check_build(out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=top_k_logits,
-                      batch_size=batch_size, overwrite=overwrite)
-    shard_size_bytes(shard_size)
+    s = settings
+    out = s.check(out, run.overwrite)
     check(Path(data).expanduser().is_file(), f"data {data} does not exist or is not a file")
     cfg, config = read_main_config(export)                # cheap checks first: the weights load last
-    check(seq_len <= cfg.max_seq_len, f"seq_len ({seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
-    check(top_k_logits <= cfg.vocab_size, f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({cfg.vocab_size})")
-    source = ByteWindows(Path(data), seq_len, windows, seed)
+    check(s.seq_len <= cfg.max_seq_len,
+          f"seq_len ({s.seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
+    check(s.top_k_logits <= cfg.vocab_size,
+          f"top-k-logits ({s.top_k_logits}) exceeds the vocabulary ({cfg.vocab_size})")
+    source = ByteWindows(Path(data), s.seq_len, s.windows, s.seed)
     loaded = load_export(export, map_location=device)    # re-hashes the weights against config.json
     main = loaded.model if isinstance(loaded, ModelWithProphet) else loaded
     identity = {"kind": "export", "path": str(Path(export).resolve()), "weights_sha256": config["weights_sha256"]}
     model = CacheModel(identity, cfg.dim, cfg.vocab_size, cfg.max_seq_len, lambda t: main.hidden(t.to(device)),
                        main.logits, depth=cfg.depth, layers=(cfg.depth,))
-    settings = CacheSettings(seq_len, windows, dtype, top_k_logits, shard_size, seed, batch_size)
-    return write_cache(model, source, out, settings, BuildRun(overwrite, progress, report))
+    return write_cache(model, source, out, s, run)
 
 
 # ---------------------------------------------------------------- reading
