@@ -94,6 +94,7 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     ({"--train-args": "head.aux_layers=oops"}, "head"),
     ({"--tree": "6,x"}, "a tree is DEPTH,TOPK,WIDTH"),
     ({"--data": "text:MISSING.txt"}, "--data text:MISSING.txt: MISSING.txt does not exist"),
+    ({"--seq-len": 500}, "--seq-len 500: a row of seq_len + 1 tokens exceeds the target's 128 positions"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, change, message,
                                                           benchmarks_installed):
@@ -191,3 +192,18 @@ def test_a_recipe_folder_of_other_files_is_refused_and_left_as_it_was(hf, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--out {out} holds files specdec did not write" in err[0], err
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_text_prompts_are_answered_and_cached_like_conversations(hf, tmp_path, capsys, benchmarks_installed):
+    text = tmp_path / "notes.txt"
+    text.write_text(" ".join(f"word{i} the quick brown fox jumps over the lazy dog again" for i in range(4000)))
+    out = tmp_path / "recipe"
+    args = base(hf, f"text:{text}", out)
+    args[args.index("--seq-len") + 1] = 120              # a prompt is an instruction around up to 40 words
+    assert main(*args, "--until", "cache") == 0
+    info = json.loads((out / "data" / "data.json").read_text())
+    assert info["source"] == f"text:{text}" and info["train"] + info["held_out"] == 20
+    answers = json.loads((out / "answers" / "answers.json").read_text())
+    assert answers["written"] + answers["too_long"] == 20 and answers["answers"] > 0 and answers["tokens"] > 0
+    cache = json.loads((out / "cache" / "cache.json").read_text())
+    assert cache["source"]["kind"] == "conversations" and cache["windows"] > 0

@@ -123,6 +123,9 @@ def check_inputs(s: Settings, out: Path | None = None) -> Target:
         import torch
         check(torch.cuda.is_available(), "--device cuda: no CUDA device is available here")
     config = text_config(load_config(path, "--target"))
+    positions = getattr(config, "max_position_embeddings", None)
+    check(positions is None or s.seq_len + 1 <= positions,
+          f"--seq-len {s.seq_len}: a row of seq_len + 1 tokens exceeds the target's {positions} positions")
     depth = int(config.num_hidden_layers)
     target = Target(str(path.resolve()), depth, int(config.vocab_size), sorted({*aux_layers(depth), depth}))
     if out is not None:

@@ -221,12 +221,12 @@ class HFChatDataModule(SpecdecDataModule):
     `answers`: an answers folder (`chat_answers`, the target's own answers); or `conversations`: any
     source of `conversations.read_conversations` with the data's own answers (EAGLE-1's way).
     Conversations held out by id hash (`held_out` of them, `conversations.split_held_out`) are
-    the fixed validation rows (`val_windows` of them at most)."""
+    the fixed validation rows (`val_windows` of them at most). (A smaller share of a source is a
+    smaller source: `scripts/eagle3.py --conversations N` samples one.)"""
 
     def __init__(self, answers: str | None = None, conversations: str | None = None, tokenizer: str | None = None,
                  seq_len: int = 512, batch_size: int = 4, val_windows: int = 16, val_batch_size: int = 4,
-                 held_out: float = 0.02, chat_template_kwargs: dict | None = None, max_conversations: int | None = None,
-                 seed: int = 0) -> None:
+                 held_out: float = 0.02, chat_template_kwargs: dict | None = None, seed: int = 0) -> None:
         super().__init__()
         for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
                             ("val_batch_size", val_batch_size)]:
@@ -237,8 +237,7 @@ class HFChatDataModule(SpecdecDataModule):
         self.answers, self.conversations, self.tokenizer_path = answers, conversations, tokenizer
         self.seq_len, self.batch_size, self.val_windows, self.val_batch_size = seq_len, batch_size, val_windows, \
             val_batch_size
-        self.held_out, self.kwargs, self.limit, self.seed = held_out, dict(chat_template_kwargs or {}), \
-            max_conversations, seed
+        self.held_out, self.kwargs, self.seed = held_out, dict(chat_template_kwargs or {}), seed
         self._rows: dict[str, np.ndarray] | None = None
         self._train = self._val = None
         self._tokenizer = None
@@ -257,9 +256,8 @@ class HFChatDataModule(SpecdecDataModule):
         if self.answers is not None:
             pairs, _ = read_answers(self.answers)
         else:
-            convs, _ = read_conversations(self.conversations, limit=self.limit)
+            convs, _ = read_conversations(self.conversations)
             pairs = [(c, False) for c in convs]
-        pairs = pairs[:self.limit] if self.limit else pairs
         rows, _ = chat_rows(self.tokenizer, pairs, self.seq_len, self.kwargs)
         held = np.array([is_held_out(pairs[i][0].id, self.held_out, str(self.seed)) for i in rows["offset"]], bool)
         val = np.nonzero(held)[0][:self.val_windows]
