@@ -315,7 +315,7 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
     return {"windows": meta["windows"], "held_out_rows": meta["held_out_rows"], **rc}
 
 
-# ---------------------------------------------------------------- the steps run as commands
+# ---------------------------------------------------------------- the steps after the cache: their inputs
 
 def max_time_minutes(text: str) -> float:
     """trainer.max_time (DD:HH:MM:SS) in minutes."""
