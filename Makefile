@@ -85,13 +85,15 @@ eagle3: $(REAL_STAMP) $(if $(filter sharegpt,$(EAGLE3_DATA)),$(SHAREGPT_STAMP))
 # about 90 minutes on 2 CPU cores (docs/results.md)
 SMOLLM2_ARGS ?=
 smollm2: $(REAL_STAMP) $(SHAREGPT_STAMP)
-	$(PY) scripts/eagle3.py --target "$$($(PY) scripts/smollm2.py --gguf-path)" --data sharegpt \
+	$(PY) scripts/eagle3.py --target "$$($(PY) -m train.smollm2)" --data sharegpt \
 		--experiment smollm2_eagle3 --out outputs/smollm2 $(SMOLLM2_ARGS)
 
-# SmolLM2's earlier recipe: heads trained on prompts made from text (scripts/smollm2.py), the
-# baseline the ShareGPT head is compared with
+# The same recipe on single-turn prompts made from a text (DATA, raw, .zip or .gz) instead of
+# conversations, which the target answers: the baseline the ShareGPT head is compared with
 smollm2-text: $(REAL_STAMP)
-	$(PY) scripts/smollm2.py --out outputs/smollm2_text $(if $(DATA),--text $(DATA)) $(SMOLLM2_ARGS)
+	@test -n "$(DATA)" || { echo "error: make smollm2-text needs DATA=FILE (a text file: raw, .zip or .gz)" >&2; exit 2; }
+	$(PY) scripts/eagle3.py --target "$$($(PY) -m train.smollm2)" --data text:$(DATA) \
+		--experiment smollm2_eagle3 --out outputs/smollm2_text $(SMOLLM2_ARGS)
 
 # Heads scored as EAGLE-3 reports them (MT-Bench and HumanEval, T=0 and T=1, tau, per-position acceptance,
 # speed-up; prompt lookup as a baseline): scripts/evaluate.py, docs/benchmarks.md. For example

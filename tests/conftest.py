@@ -21,13 +21,26 @@ TEXTMIX = REPO.parent / "shared" / "data" / "textmix100m.gz"   # 10^8 bytes of t
 def load_script(name: str) -> ModuleType:
     """scripts/NAME.py as a module (scripts/ is not a package; NAME may name a subfolder, e.g.
     peers/specforge_loss): a test calls its main(argv) in-process. scripts/ goes on sys.path, as
-    when a script runs, so a script may import a sibling (compare_hf_drafts.py imports smollm2.py)."""
+    when a script runs, so a script may import a sibling."""
     if str(REPO / "scripts") not in sys.path:
         sys.path.append(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(f"scripts_{name.replace('/', '_')}", REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def hf_cache(target, out, **kwargs):
+    """`train.data.regenerate.build_hf_cache` with its inputs as keywords, each a field of `HFRows`,
+    `CacheSettings` or `BuildRun`, or device / model_dtype: the tests' shorthand for one call."""
+    from dataclasses import fields
+
+    from train.data.embeddings_cache import BuildRun, CacheSettings
+    from train.data.regenerate import HFRows, build_hf_cache
+
+    parts = [{f.name: kwargs.pop(f.name) for f in fields(kind) if f.name in kwargs}
+             for kind in (HFRows, CacheSettings, BuildRun)]
+    return build_hf_cache(target, out, HFRows(**parts[0]), CacheSettings(**parts[1]), BuildRun(**parts[2]), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +118,10 @@ def smollm2():
 
     from specdec_models import SpecdecError
     from specdec_models.hf import weights
+    from train.smollm2 import smollm2_gguf
 
     try:
-        path = weights.check_source(load_script("smollm2").smollm2_gguf(), "SmolLM2")
+        path = weights.check_source(smollm2_gguf(), "SmolLM2")
     except SpecdecError as error:
         pytest.skip(f"the real weights are not installed: {error}")
     threads = torch.get_num_threads()

@@ -19,7 +19,15 @@ from specdec_models.export import export_hash
 from train.data.embeddings import CachedWindows, EmbeddingsDataModule
 from train.data.enwik8 import split_bounds
 from train.data.streams import window_batch
-from train.data.embeddings_cache import build_cache, cache_rows, check_cache, open_cache, read_cache_meta
+from train.data.embeddings_cache import (
+    BuildRun,
+    CacheSettings,
+    build_cache,
+    cache_rows,
+    check_cache,
+    open_cache,
+    read_cache_meta,
+)
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -43,8 +51,8 @@ def exports(tmp_path_factory):
 def cache(exports, tiny_corpus, tmp_path_factory):
     """40 windows, bfloat16, top-4 logits, several shards."""
     path = tmp_path_factory.mktemp("cache") / "bfloat16"
-    meta = build_cache(exports / "main", tiny_corpus, path, seq_len=SEQ, windows=40, top_k_logits=4,
-                       shard_size="64KB", seed=3, batch_size=8)
+    meta = build_cache(exports / "main", tiny_corpus, path, CacheSettings(seq_len=SEQ, windows=40, top_k_logits=4,
+                                                                          shard_size="64KB", seed=3, batch_size=8))
     return path, meta
 
 
@@ -66,8 +74,8 @@ def online(model: Decoder, tokens: torch.Tensor, batch_size: int = 8) -> tuple[t
 def test_cache_holds_the_online_embeddings_rounded_to_its_dtype(exports, tiny_corpus, tmp_path, dtype):
     from specdec_models import load_export
 
-    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "cache", seq_len=SEQ, windows=20, dtype=dtype,
-                       shard_size="32KB", seed=1, batch_size=8)
+    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "cache",
+                       CacheSettings(seq_len=SEQ, windows=20, dtype=dtype, shard_size="32KB", seed=1, batch_size=8))
     assert check_cache(tmp_path / "cache", weights_sha256=export_hash(exports / "main"), seq_len=SEQ) == read_cache_meta(
         tmp_path / "cache")
     assert len([f for f in meta["files"] if f.endswith(".arrow")]) > 1                 # sharded
@@ -100,7 +108,7 @@ def test_top_k_logits_are_the_main_models_largest(exports, tiny_corpus, cache):
 def test_a_model_with_prophet_export_is_cached_by_its_main_model(exports, tiny_corpus, tmp_path):
     from specdec_models import load_export
 
-    meta = build_cache(exports / "pair", tiny_corpus, tmp_path / "cache", seq_len=SEQ, windows=8)
+    meta = build_cache(exports / "pair", tiny_corpus, tmp_path / "cache", CacheSettings(seq_len=SEQ, windows=8))
     assert meta["dim"] == MAIN.dim and meta["model"]["weights_sha256"] == export_hash(exports / "pair")
     batch = cache_rows(open_cache(tmp_path / "cache"), np.arange(8), meta)
     embeds, _ = online(load_export(exports / "pair").model, batch["tokens"])
@@ -111,12 +119,13 @@ def test_shards_hold_whole_batches_however_small_shard_size_is(exports, tiny_cor
     """A batch is never cut at a shard's end: a GPU build's 4,096-row batch (4.8 GB at seq_len
     256) is larger than the default 500MB shard, and was cut to the shard's 423 rows."""
     tokens = []
-    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "cache", seq_len=SEQ, windows=20, shard_size="1KB",
-                       seed=1, batch_size=8, progress=tokens.append)
+    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "cache",
+                       CacheSettings(seq_len=SEQ, windows=20, shard_size="1KB", seed=1, batch_size=8),
+                       BuildRun(progress=tokens.append))
     assert meta["rows_per_shard"] == 8 and tokens == [8 * SEQ, 8 * SEQ, 4 * SEQ]
     assert len([f for f in meta["files"] if f.endswith(".arrow")]) == 3
-    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "big", seq_len=SEQ, windows=20, shard_size="100KB",
-                       seed=1, batch_size=8)
+    meta = build_cache(exports / "main", tiny_corpus, tmp_path / "big",
+                       CacheSettings(seq_len=SEQ, windows=20, shard_size="100KB", seed=1, batch_size=8))
     per_row = meta["bytes"] / meta["windows"]
     assert meta["rows_per_shard"] % 8 == 0 and meta["rows_per_shard"] * per_row <= 100_000 * 1.1
 
@@ -165,10 +174,10 @@ def test_bad_settings_and_an_existing_target_are_refused_before_any_work(exports
                             (dict(shard_size="lots"), "shard size must be"),
                             (dict(top_k_logits=300), "exceeds the vocabulary")]:
         with pytest.raises(SpecdecError, match=message):
-            build_cache(exports / "main", tiny_corpus, tmp_path / "new", **{"seq_len": SEQ, **kwargs})
+            build_cache(exports / "main", tiny_corpus, tmp_path / "new", CacheSettings(**{"seq_len": SEQ, **kwargs}))
         assert not (tmp_path / "new").exists()
     with pytest.raises(SpecdecError, match="already exists"):
-        build_cache(exports / "main", tiny_corpus, path, seq_len=SEQ)
+        build_cache(exports / "main", tiny_corpus, path, CacheSettings(seq_len=SEQ))
     assert not [p for p in tmp_path.iterdir()]                # no temporary directories left behind
 
 

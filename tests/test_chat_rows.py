@@ -173,11 +173,12 @@ def test_row_order_puts_held_out_rows_last_and_repeats_training_rows_by_pass():
 
 @pytest.fixture(scope="module")
 def chat_cache(hf, answered, tmp_path_factory):
-    from train.data.chat_rows import build_chat_cache
+    from train.data.chat_rows import ChatSource, build_chat_cache
+    from train.data.embeddings_cache import CacheSettings
     pairs, _ = ca.read_answers(answered[0])
     out = tmp_path_factory.mktemp("cc") / "cache"
-    meta = build_chat_cache(hf["stop"], pairs[:-2], pairs[-2:], out, seq_len=SEQ, layers=[0, 1, 2],
-                            describe={"answers": str(answered[0])}, dtype="bfloat16", batch_size=2)
+    source = ChatSource(pairs[:-2], pairs[-2:], layers=[0, 1, 2], describe={"answers": str(answered[0])})
+    meta = build_chat_cache(hf["stop"], source, out, CacheSettings(seq_len=SEQ, dtype="bfloat16", batch_size=2))
     return out, meta
 
 

@@ -303,11 +303,10 @@ def test_answer_prompts_feed_the_targets_own_earlier_answers_into_later_contexts
 
 def test_the_mask_on_smollm2s_own_tokenizer_and_template():
     """The same mask on a real BPE tokenizer and template (skipped where the SmolLM2 GGUF is not installed)."""
-    from conftest import load_script
-
     from specdec_models.hf import weights
+    from train.smollm2 import smollm2_gguf
     try:
-        path = weights.check_source(load_script("smollm2").smollm2_gguf(), "SmolLM2", tokenizer_only=True)
+        path = weights.check_source(smollm2_gguf(), "SmolLM2", tokenizer_only=True)
     except SpecdecError as error:
         pytest.skip(f"the real weights are not installed: {error}")
     tok = weights.load_tokenizer(path)

@@ -134,12 +134,14 @@ def _umask() -> int:
 
 def test_cache_build_killed_midway_keeps_its_finished_shards_and_resumes_to_the_same_cache(tmp_path,
                                                                                          tiny_decoder_export):
-    from train.data.embeddings_cache import build_cache, check_cache, open_cache
+    from dataclasses import replace
+
+    from train.data.embeddings_cache import BuildRun, CacheSettings, build_cache, check_cache, open_cache
 
     out, whole = tmp_path / "cache", tmp_path / "whole"
     # 12 windows, 4 per shard (a row: 65 tokens + 32 x 32 x 2 embedding bytes + offset = 2,121 bytes)
-    args = dict(export=tiny_decoder_export, data=REPO / "README.md", seq_len=32, windows=12, batch_size=2,
-                shard_size=4 * 2121)
+    args = dict(export=tiny_decoder_export, data=REPO / "README.md")
+    settings = CacheSettings(seq_len=32, windows=12, batch_size=2, shard_size=4 * 2121)
     done = []
 
     def kill_in_the_third_shard(tokens: int) -> None:
@@ -147,26 +149,29 @@ def test_cache_build_killed_midway_keeps_its_finished_shards_and_resumes_to_the_
         if sum(done) > 9 * 32:                      # shards 0 and 1 are written, shard 2 half
             die()
 
-    child = forked(lambda: build_cache(out=out, **args, progress=kill_in_the_third_shard))
+    child = forked(lambda: build_cache(out=out, **args, settings=settings,
+                                       run=BuildRun(progress=kill_in_the_third_shard)))
     assert child.status == -signal.SIGKILL, child.output
     partial = tmp_path / "cache.partial"
     assert not out.exists() and sorted(p.name for p in (partial / "dataset").iterdir()
                                        if not p.name.startswith(".tmp")) == ["data-00000.arrow", "data-00001.arrow"]
     kept = {p.name: p.stat().st_mtime_ns for p in (partial / "dataset").glob("data-*.arrow")}
     computed, lines = [], []
-    meta = build_cache(out=out, **args, progress=computed.append, report=lines.append)
+    meta = build_cache(out=out, **args, settings=settings, run=BuildRun(progress=computed.append, report=lines.append))
     assert sum(computed) == 4 * 32 and any("2 of 3 shard(s) already written" in line for line in lines)
     assert {n: (out / "dataset" / n).stat().st_mtime_ns for n in kept} == kept       # not rewritten
     assert not partial.exists() and leftovers(tmp_path) == [] and leftovers(out / "dataset") == []
     check_cache(out)
-    build_cache(out=whole, **args)                 # an uninterrupted build writes the same rows
+    build_cache(out=whole, **args, settings=settings)    # an uninterrupted build writes the same rows
     resumed, uninterrupted = open_cache(out)[:], open_cache(whole)[:]
     assert resumed.equals(uninterrupted) and meta["windows"] == 12
     # a partial build of other settings is refused in one line, and overwritten on request
-    child = forked(lambda: build_cache(out=tmp_path / "c2", **args, progress=lambda tokens: die()))
+    child = forked(lambda: build_cache(out=tmp_path / "c2", **args, settings=settings,
+                                       run=BuildRun(progress=lambda tokens: die())))
     with pytest.raises(SpecdecError, match="partial build with other settings \\(rows_per_shard, seq_len, windows"):
-        build_cache(out=tmp_path / "c2", **{**args, "seq_len": 16, "windows": 4})
-    build_cache(out=tmp_path / "c2", **{**args, "seq_len": 16, "windows": 4}, overwrite=True)
+        build_cache(out=tmp_path / "c2", **args, settings=replace(settings, seq_len=16, windows=4))
+    build_cache(out=tmp_path / "c2", **args, settings=replace(settings, seq_len=16, windows=4),
+                run=BuildRun(overwrite=True))
     assert check_cache(tmp_path / "c2")["seq_len"] == 16 and not (tmp_path / "c2.partial").exists()
 
 

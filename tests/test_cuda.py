@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import load_script
+from conftest import hf_cache, load_script
 from test_hf_eagle3_task import cfg
 from test_hf_prophet_task import SEQ, hf  # noqa: F401  (the tiny targets, tokenizer and prompts)
 
@@ -29,7 +29,6 @@ from specdec_models.decode import GREEDY, HeadDrafter, SamplingConfig, TreeDraft
 from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 from specdec_models.hf.weights import load_causal_lm
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
-from train.data.regenerate import build_hf_cache
 from train.run import run
 
 PROMPTS = [torch.tensor([4, 9, 12]), torch.tensor([7, 5, 20, 21, 6])]
@@ -70,7 +69,7 @@ def test_the_cache_builds_on_the_gpu_with_the_states_of_its_rows(hf, tmp_path):
     # stored rows gives on the CPU (bf16 storage), up to each row's last real token
     from specdec_models.heads.eagle3 import target_hidden_states
 
-    build_hf_cache(hf["llama"], tmp_path / "gpu", seq_len=SEQ, windows=8, shard_size="64KB", batch_size=4, seed=2,
+    hf_cache(hf["llama"], tmp_path / "gpu", seq_len=SEQ, windows=8, shard_size="64KB", batch_size=4, seed=2,
                    prompts=hf["prompts"], chat=True, temperatures=[0.0, 1.0], layers=[0, 1, 2], dtype="bfloat16",
                    device="cuda")
     meta = read_cache_meta(tmp_path / "gpu")

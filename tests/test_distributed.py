@@ -36,7 +36,8 @@ DRIVER = textwrap.dedent('''
     torch.set_num_threads(1)
     from test_chat_rows import CONVS, SEQ
     from train.data import chat_answers as ca
-    from train.data.chat_rows import build_chat_cache
+    from train.data.chat_rows import ChatSource, build_chat_cache
+    from train.data.embeddings_cache import BuildRun, CacheSettings
     step, target, out, rank, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     if step == "answers":
         die = os.environ.get("DIE_AFTER_ONE") == str(rank)
@@ -53,8 +54,9 @@ DRIVER = textwrap.dedent('''
                                        temperatures=(0.0, 1.0), batch_size=2, seed=1, rank=rank, world=world)
     else:
         pairs, _ = ca.read_answers(sys.argv[6])
-        meta = build_chat_cache(target, pairs[:-2], pairs[-2:], out, seq_len=SEQ, layers=[0, 1, 2],
-                                describe={{"answers": sys.argv[6]}}, batch_size=1, shard_size=1, rank=rank, world=world)
+        source = ChatSource(pairs[:-2], pairs[-2:], layers=[0, 1, 2], describe={{"answers": sys.argv[6]}})
+        meta = build_chat_cache(target, source, out, CacheSettings(seq_len=SEQ, batch_size=1, shard_size=1),
+                                BuildRun(rank=rank, world=world))
     print("finalized" if meta.get("finalized", True) else "not finalized")
 ''')
 
@@ -103,11 +105,13 @@ def test_a_killed_process_leaves_its_written_batches_and_the_next_run_answers_th
 
 
 def test_two_processes_write_the_cache_one_process_writes(hf, one_process, tmp_path):
-    from train.data.chat_rows import build_chat_cache
+    from train.data.chat_rows import ChatSource, build_chat_cache
+    from train.data.embeddings_cache import CacheSettings
     pairs, _ = ca.read_answers(one_process)
     single = tmp_path / "single"
-    build_chat_cache(hf["stop"], pairs[:-2], pairs[-2:], single, seq_len=SEQ, layers=[0, 1, 2],
-                     describe={"answers": str(one_process)}, batch_size=1, shard_size=1)
+    build_chat_cache(hf["stop"], ChatSource(pairs[:-2], pairs[-2:], layers=[0, 1, 2],
+                                            describe={"answers": str(one_process)}),
+                     single, CacheSettings(seq_len=SEQ, batch_size=1, shard_size=1))
     out = tmp_path / "cache"
     results = launch(tmp_path, "cache", hf["stop"], out, 2, one_process)
     assert [code for code, _, _ in results] == [0, 0], results

@@ -87,6 +87,14 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     ({"--held-out": 1}, "--held-out must be in [2, --conversations)"),
     ({"--chat-template-kwargs": "{bad"}, "--chat-template-kwargs is not JSON"),
     ({"--train-minutes": 0}, "--train-minutes must be > 0"),
+    # the later steps' inputs are checked before step 1 too: the training config, the evaluation's
+    ({"--experiment": "tiny"}, "--experiment tiny trains task=prophet; the recipe trains an EAGLE-3 head"),
+    ({"--experiment": "nowhere"}, "the training config does not compose (--experiment, --train-args)"),
+    ({"--train-args": "trainer.no_such_key=1"}, "the training config does not compose"),
+    ({"--train-args": "head.aux_layers=oops"}, "head"),
+    ({"--tree": "6,x"}, "a tree is DEPTH,TOPK,WIDTH"),
+    ({"--data": "text:MISSING.txt"}, "--data text:MISSING.txt: MISSING.txt does not exist"),
+    ({"--seq-len": 500}, "--seq-len 500: a row of seq_len + 1 tokens exceeds the target's 128 positions"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, change, message,
                                                           benchmarks_installed):
@@ -122,3 +130,80 @@ def test_a_data_file_of_neither_format_and_a_tokenizer_without_a_chat_template(h
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no chat template" in err[0]
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def recipe_settings(tmp_path, **changes):
+    return recipe.Settings(target="/models/target.gguf", data="sharegpt", out=tmp_path / "r", **changes)
+
+
+@pytest.mark.parametrize("experiment", ["hf_eagle3", "smollm2_eagle3", "hf_eagle3_gpu"])
+def test_every_experiment_of_task_hf_eagle3_composes_onto_the_recipes_cache(tmp_path, experiment):
+    # hf_eagle3 trains online on text (data=hf_text) and sets no max_time: the recipe's config still composes
+    cfg = recipe.train_config(recipe_settings(tmp_path, experiment=experiment, train_minutes=5.5), tmp_path, 4)
+    assert cfg.task.name == "hf_eagle3" and cfg.data._target_.endswith("HFEmbeddingsDataModule")
+    assert cfg.data.cache == str(tmp_path / "cache") and cfg.data.val_windows == 4
+    assert cfg.trainer.max_time == "00:00:05:30" and cfg.target.path == "/models/target.gguf"
+    assert cfg.head.draft_vocab == str(tmp_path / "draft_vocab.json") and cfg.output_dir == str(tmp_path / "eagle3")
+    assert cfg.callbacks.speculative_eval.every == 0          # decoded at the end only: the evaluate step decodes
+
+
+def test_the_recipe_trains_at_the_precision_of_the_device_with_the_overrides_asked_last(tmp_path):
+    from specdec_models.cpu import fast_precision
+
+    cpu = recipe.train_config(recipe_settings(tmp_path), tmp_path, 16)
+    assert cpu.trainer.accelerator == "cpu" and cpu.trainer.precision == fast_precision("cpu")
+    assert cpu.head.init_layer is True and cpu.trainer.max_time == "00:00:30:00"
+    gpu = recipe.train_config(recipe_settings(tmp_path, device="cuda", train_minutes=5,
+                                              train_args=("task.ttt_steps=7",)), tmp_path, 16)
+    assert gpu.trainer.accelerator == "gpu" and gpu.trainer.precision == fast_precision("gpu")
+    assert gpu.data.batch_size == 64 and gpu.data.num_workers == 8 and gpu.trainer.val_check_interval == 500
+    assert gpu.task.ttt_steps == 7 and gpu.optim.warmup_steps == 100 and gpu.trainer.max_time == "00:00:05:00"
+
+
+def test_the_recipe_writes_any_minutes_as_lightnings_duration():
+    # --train-minutes 5.5 once became trainer.max_time=00:00:5:30 by hand, which Lightning refuses
+    assert [recipe.max_time(m) for m in (5.5, 30, 90, 0.25, 1500)] == [
+        "00:00:05:30", "00:00:30:00", "00:01:30:00", "00:00:00:15", "01:01:00:00"]
+    assert recipe.max_time_minutes("01:01:00:00") == 1500
+
+
+def test_text_prompts_are_single_turn_conversations_the_target_answers(tmp_path):
+    from train.data.regenerate import text_conversations
+
+    text = tmp_path / "notes.txt"
+    text.write_text(" ".join(f"word{i} alpha beta gamma delta epsilon zeta eta theta" for i in range(3000)))
+    convs, counts = text_conversations(text, 20, seed=1)
+    assert len(convs) == counts.kept == 20 - counts.duplicates and counts.read == 20
+    for c in convs:
+        assert [t.role for t in c.turns] == ["user", "assistant"] and c.turns[1].content == ""
+        assert c.turns[0].content and c.source == "text:notes.txt"
+    assert [c.turns[0].content for c in text_conversations(text, 20, seed=1)[0]] == [c.turns[0].content for c in convs]
+
+
+def test_a_recipe_folder_of_other_files_is_refused_and_left_as_it_was(hf, tmp_path, capsys, benchmarks_installed):
+    # (a missing --data text:FILE is one line and creates nothing: test_bad_input_is_one_line_...)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    text = tmp_path / "text.txt"
+    text.write_text("some text\n")
+    capsys.readouterr()
+    assert main(*base(hf, f"text:{text}", out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--out {out} holds files specdec did not write" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_text_prompts_are_answered_and_cached_like_conversations(hf, tmp_path, capsys, benchmarks_installed):
+    text = tmp_path / "notes.txt"
+    text.write_text(" ".join(f"word{i} the quick brown fox jumps over the lazy dog again" for i in range(4000)))
+    out = tmp_path / "recipe"
+    args = base(hf, f"text:{text}", out)
+    args[args.index("--seq-len") + 1] = 120              # a prompt is an instruction around up to 40 words
+    assert main(*args, "--until", "cache") == 0
+    info = json.loads((out / "data" / "data.json").read_text())
+    assert info["source"] == f"text:{text}" and info["train"] + info["held_out"] == 20
+    answers = json.loads((out / "answers" / "answers.json").read_text())
+    assert answers["written"] + answers["too_long"] == 20 and answers["answers"] > 0 and answers["tokens"] > 0
+    cache = json.loads((out / "cache" / "cache.json").read_text())
+    assert cache["source"]["kind"] == "conversations" and cache["windows"] > 0

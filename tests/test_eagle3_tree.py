@@ -439,13 +439,13 @@ def test_tree_spec_and_bad_input(models):
 
 
 def test_the_comparison_runs_trees_at_batch_1_and_reports_greedy_agreement(models):
-    from train.bench.drafts import compare_drafters
+    from train.bench.drafts import RaceSettings, compare_drafters
 
     model = models["llama"]
     head = head_for(model, draft=60, layers=[1, 2, 0])
     drafters = {"eagle3": {"drafter": HeadDrafter(head)}, "tree": {"drafter": TreeDrafter(head, TreeSpec(3, 2, 2))}}
-    rows = compare_drafters(model, ragged_prompts(lengths=(3, 9, 6)), drafters, gamma=3, batches={1: 2, 8: 3},
-                            max_new_tokens=6, rounds=1)
+    rows = compare_drafters(model, ragged_prompts(lengths=(3, 9, 6)), drafters,
+                            RaceSettings(gamma=3, max_new_tokens=6, rounds=1), batches={1: 2, 8: 3})
     assert [(r["temperature"], r["batch"], r["method"]) for r in rows] == [
         (t, b, m) for t in (0.0, 1.0) for b in (1, 8) for m in ("plain", "eagle3", "tree") if b == 1 or m != "tree"]
     for r in rows:
@@ -471,8 +471,9 @@ def test_the_comparison_interleaves_methods_prompt_by_prompt_within_a_round(monk
 
     monkeypatch.setattr(drafts, "_decode", fake_decode)
     prompts = [torch.tensor([10 + i]) for i in range(3)]
-    rows = drafts.compare_drafters(None, prompts, {"A": {"name": "A"}, "B": {"name": "B"}}, gamma=2,
-                                   temperatures=(0.0,), batches={1: 2, 8: 3}, max_new_tokens=8, rounds=2, seed=5)
+    rows = drafts.compare_drafters(None, prompts, {"A": {"name": "A"}, "B": {"name": "B"}},
+                                   drafts.RaceSettings(gamma=2, max_new_tokens=8, rounds=2, seed=5),
+                                   temperatures=(0.0,), batches={1: 2, 8: 3})
     warm_1, timed_1, warm_8, timed_8 = calls[:3], calls[3:15], calls[15:18], calls[18:]
     assert [c[:2] for c in warm_1] == [("plain", [10]), ("A", [10]), ("B", [10])]
     assert timed_1 == [(m, [10 + i], 5 + 1000 * r + i) for r in range(2) for i in range(2) for m in ("plain", "A", "B")]
@@ -507,15 +508,15 @@ def test_a_method_on_another_target_instance_is_compared_with_its_own_plain(monk
     prompts = [torch.tensor([10 + i]) for i in range(2)]
     methods = {"A": {"name": "A"}, "plain [x]": {"target": other},
                "A [x]": {"name": "A [x]", "target": other}}
-    rows = drafts.compare_drafters(None, prompts, methods, gamma=2, temperatures=(0.0,), batches={1: 2},
-                                   max_new_tokens=8, rounds=2)
+    rows = drafts.compare_drafters(None, prompts, methods, drafts.RaceSettings(gamma=2, max_new_tokens=8, rounds=2),
+                                   temperatures=(0.0,), batches={1: 2})
     got = {r["method"]: (r["speedup"], r["speedup_over_fastest_plain"], r["greedy_equal_plain"]) for r in rows}
     # round 0: fastest plain 2 tokens/s ([x]); round 1: 1 token/s (plain); medians of the two rounds
     assert got == {"plain": (1.0, (0.5 + 1.0) / 2, True), "A": (2.0, (1.0 + 2.0) / 2, True),
                    "plain [x]": (1.0, (1.0 + 0.5) / 2, True), "A [x]": (2.0, (2.0 + 1.0) / 2, True)}
     # at batch 2 the other instance's drafter is left out, its plain decoding is not (it may be the faster)
-    rows = drafts.compare_drafters(None, prompts, methods, gamma=2, temperatures=(0.0,), batches={1: 2, 2: 2},
-                                   max_new_tokens=8, rounds=2)
+    rows = drafts.compare_drafters(None, prompts, methods, drafts.RaceSettings(gamma=2, max_new_tokens=8, rounds=2),
+                                   temperatures=(0.0,), batches={1: 2, 2: 2})
     assert [(r["batch"], r["method"]) for r in rows] == [(1, m) for m in ("plain", "A", "plain [x]", "A [x]")] + [
         (2, m) for m in ("plain", "A", "plain [x]")]
     assert {r["method"]: r["speedup_over_fastest_plain"] for r in rows if r["batch"] == 2} == {
@@ -540,8 +541,9 @@ def test_with_eos_the_comparison_stops_every_method_there_and_compares_token_rat
 
     monkeypatch.setattr(drafts, "_decode", fake_decode)
     prompts = [torch.tensor([10 + i]) for i in range(2)]
-    rows = drafts.compare_drafters(None, prompts, {"A": {"name": "A"}}, temperatures=(1.0,), batches={1: 2},
-                                   max_new_tokens=8, rounds=2, eos_id=7)
+    rows = drafts.compare_drafters(None, prompts, {"A": {"name": "A"}},
+                                   drafts.RaceSettings(max_new_tokens=8, rounds=2, eos_id=7),
+                                   temperatures=(1.0,), batches={1: 2})
     assert seen and set(seen) == {7}
     got = {r["method"]: (r["tokens_per_second"], r["speedup"]) for r in rows}
     assert got == {"plain": (8.0, 1.0), "A": (16.0, 2.0)}          # by seconds alone A would be 4x
@@ -551,7 +553,7 @@ def test_the_comparison_stops_rows_at_eos_for_every_method(models):
     """A real tiny target: with eos_id every method's rows end at its first EOS (plain, chain,
     tree and transformers' prompt lookup), greedy rows still equal plain decoding's, and tokens per
     call count only the tokens before it."""
-    from train.bench.drafts import compare_drafters
+    from train.bench.drafts import RaceSettings, compare_drafters
 
     model = models["llama"]
     head = head_for(model, draft=60, layers=[1, 2, 0])
@@ -560,10 +562,10 @@ def test_the_comparison_stops_rows_at_eos_for_every_method(models):
     eos = int(free[1][4])                                    # a token the greedy answers emit
     drafters = {"eagle3": {"drafter": HeadDrafter(head)}, "tree": {"drafter": TreeDrafter(head, TreeSpec(3, 2, 2))},
                 "lookup": {"prompt_lookup": 3}}
-    fixed = compare_drafters(model, prompts, drafters, gamma=3, batches={1: 3}, max_new_tokens=12, rounds=1,
-                             temperatures=(0.0,))
-    stopped = compare_drafters(model, prompts, drafters, gamma=3, batches={1: 3}, max_new_tokens=12, rounds=1,
-                               temperatures=(0.0,), eos_id=eos)
+    fixed = compare_drafters(model, prompts, drafters, RaceSettings(gamma=3, max_new_tokens=12, rounds=1),
+                             batches={1: 3}, temperatures=(0.0,))
+    stopped = compare_drafters(model, prompts, drafters, RaceSettings(gamma=3, max_new_tokens=12, rounds=1, eos_id=eos),
+                               batches={1: 3}, temperatures=(0.0,))
     expect = sum(t.tolist().index(eos) + 1 if eos in t.tolist() else 12 for t in free)
     assert expect < 3 * 12
     for r in fixed:

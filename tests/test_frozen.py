@@ -18,7 +18,7 @@ from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig
 from specdec_models.errors import SpecdecError
 from specdec_models.export import export_hash, read_export_config
 from train.checkpoints import export_checkpoint
-from train.data.embeddings_cache import build_cache
+from train.data.embeddings_cache import CacheSettings, build_cache
 from train.run import run, validate
 from train.tasks.prophet_frozen import FrozenProphetModule
 
@@ -80,7 +80,8 @@ def online(compose, tiny_corpus, main_export, tmp_path_factory):
 def cache(tiny_corpus, main_export, tmp_path_factory):
     """An embeddings cache of the main model: 48 windows of 64 + 1 bytes, top-8 logits, several shards."""
     path = tmp_path_factory.mktemp("cache") / "cache"
-    build_cache(main_export, tiny_corpus, path, seq_len=64, windows=48, top_k_logits=8, shard_size="64KB")
+    build_cache(main_export, tiny_corpus, path,
+                CacheSettings(seq_len=64, windows=48, top_k_logits=8, shard_size="64KB"))
     return path
 
 
@@ -343,7 +344,7 @@ def test_bad_input_fails_in_one_line_before_any_work(compose, tiny_corpus, main_
     path = {None: main_export, "main": main_export}.get(export, other_exports / str(export))
     extra = [e.replace("CACHE", str(cache)) if e.endswith("=CACHE") else e for e in extra]
     if "data.cache=PLAIN" in extra:                                               # a cache without top-k logits
-        build_cache(main_export, tiny_corpus, tmp_path / "plain", seq_len=64, windows=2)
+        build_cache(main_export, tiny_corpus, tmp_path / "plain", CacheSettings(seq_len=64, windows=2))
         extra = [e.replace("PLAIN", str(tmp_path / "plain")) for e in extra]
     out = tmp_path / "run"
     cfg = frozen_cfg(compose, tiny_corpus, out, path, *extra)

@@ -17,14 +17,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import load_script
+from conftest import hf_cache, load_script
 from test_hf_data import build_tokenizer, stopping_target, text_setup
 from test_hf_distill import save_model
 
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import load_causal_lm
 from train.data.embeddings_cache import cache_rows, check_cache, open_cache, pack_embeds, read_cache_meta, unpack_embeds
-from train.data.regenerate import build_hf_cache, continued_prompts, stop_token
+from train.data.regenerate import continued_prompts, stop_token
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -46,10 +46,10 @@ def hf(tmp_path_factory):
 def caches(hf):
     """Text-window caches of the 4-layer target: layers [2, -1, 0] in bfloat16 and int8, and the default."""
     d = hf["root"] / "caches"
-    made = {dtype: build_hf_cache(hf["deep"], d / dtype, text=[str(hf["corpus"])], layers=[2, -1, 0], dtype=dtype,
+    made = {dtype: hf_cache(hf["deep"], d / dtype, text=[str(hf["corpus"])], layers=[2, -1, 0], dtype=dtype,
                                   **COMMON) for dtype in ("bfloat16", "int8")}
     lines = []
-    made["default"] = build_hf_cache(hf["deep"], d / "default", text=[str(hf["corpus"])], report=lines.append,
+    made["default"] = hf_cache(hf["deep"], d / "default", text=[str(hf["corpus"])], report=lines.append,
                                      **COMMON)
     made["report"] = lines
     return d, made
@@ -107,7 +107,7 @@ def test_the_default_cache_is_the_last_layer_alone_as_before(hf, caches):
 
 def test_the_printed_size_counts_every_layer(hf, tmp_path):
     lines = []
-    meta = build_hf_cache(hf["deep"], tmp_path / "c", text=[str(hf["corpus"])], layers=[1, 2, 3, 4],
+    meta = hf_cache(hf["deep"], tmp_path / "c", text=[str(hf["corpus"])], layers=[1, 2, 3, 4],
                           dtype="int8", report=lines.append, **COMMON)
     per_row = SEQ + 1 + SEQ * 4 * (32 + 4) + 8                      # tokens (uint8), int8 + scales, offset
     assert f"{per_row:,} bytes" in lines[0] and "4 layer(s) [1, 2, 3, 4]" in lines[0]
@@ -152,7 +152,7 @@ def test_extra_caches_add_all_their_rows_to_training_and_none_to_validation(hf, 
 
     d, _ = caches
     main, extra = d / "bfloat16", tmp_path / "extra"
-    build_hf_cache(hf["deep"], extra, text=[str(hf["corpus"])], layers=[2, -1, 0], **{**COMMON, "seed": 2,
+    hf_cache(hf["deep"], extra, text=[str(hf["corpus"])], layers=[2, -1, 0], **{**COMMON, "seed": 2,
                                                                                       "windows": 5})
     tokens = {c: cache_rows(open_cache(c), np.arange(n), read_cache_meta(c))["tokens"] for c, n in [(main, 12),
                                                                                                     (extra, 5)]}
@@ -188,7 +188,7 @@ def test_an_extra_cache_unlike_the_main_one_is_refused_in_one_line(hf, caches, t
         meta["model"]["weights_sha256"] = change.get("weights_sha256", meta["model"]["weights_sha256"])
         (extra / "cache.json").write_text(json.dumps(meta))
     else:
-        build_hf_cache(hf["deep"], extra, text=[str(hf["corpus"])], **{**COMMON, "windows": 4, "layers": [2, -1, 0],
+        hf_cache(hf["deep"], extra, text=[str(hf["corpus"])], **{**COMMON, "windows": 4, "layers": [2, -1, 0],
                                                                       **change})
     data = HFEmbeddingsDataModule(cache=str(d / "bfloat16"), seq_len=SEQ, val_windows=4,
                                   extra_caches=[str(tmp_path / "extra")])
@@ -220,7 +220,7 @@ def test_a_cache_lacking_a_layer_the_head_needs_is_refused_in_one_line(caches):
                                              (["1"], "must be integers")])
 def test_bad_layers_are_refused_in_one_line_before_any_work(hf, tmp_path, layers, message):
     with pytest.raises(SpecdecError, match=message) as error:
-        build_hf_cache(hf["deep"], tmp_path / "c", text=[str(hf["corpus"])], layers=layers, **COMMON)
+        hf_cache(hf["deep"], tmp_path / "c", text=[str(hf["corpus"])], layers=layers, **COMMON)
     assert "\n" not in str(error.value) and not list(tmp_path.iterdir())
 
 
@@ -286,7 +286,7 @@ REGENERATED = dict(COMMON, seq_len=LONG, prompts=None, chat=True, temperatures=[
 @pytest.fixture(scope="module")
 def regenerated(hf):
     path = hf["root"] / "regenerated"
-    return path, build_hf_cache(hf["eager"], path, **{**REGENERATED, "prompts": hf["prompts"]})
+    return path, hf_cache(hf["eager"], path, **{**REGENERATED, "prompts": hf["prompts"]})
 
 
 def test_regenerated_rows_end_at_the_stop_token_padded_after_it_with_their_valid_len(hf, regenerated):
@@ -331,10 +331,10 @@ def assert_an_interrupted_build_resumes(target, out, expected, stop_after_tokens
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        build_hf_cache(target, out, progress=interrupt, **kwargs)
+        hf_cache(target, out, progress=interrupt, **kwargs)
     assert not out.exists() and list((out.parent / f"{out.name}.partial" / "dataset").glob("data-*.arrow"))
     lines = []
-    build_hf_cache(target, out, report=lines.append, **kwargs)
+    hf_cache(target, out, report=lines.append, **kwargs)
     assert any("already written" in line for line in lines)
     assert open_cache(out)[:].equals(open_cache(expected)[:])
 
@@ -360,7 +360,7 @@ def test_a_time_budget_keeps_the_first_rows_of_the_full_build(hf, regenerated, t
     clock = [0.0]
     monkeypatch.setattr(writer, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     lines = []
-    meta = build_hf_cache(hf["eager"], tmp_path / "budget", **{**REGENERATED, "prompts": hf["prompts"]},
+    meta = hf_cache(hf["eager"], tmp_path / "budget", **{**REGENERATED, "prompts": hf["prompts"]},
                           progress=lambda tokens: clock.__setitem__(0, clock[0] + 10.0), report=lines.append,
                           max_seconds=budget)
     assert min(4, meta["rows_per_shard"]) == 4 and meta["batch_size"] == 4
@@ -388,10 +388,10 @@ def test_a_cache_can_leave_out_the_prompts_an_earlier_cache_continued(hf, tmp_pa
     # the first cache continues 4 of the 8 prompts; the second, told to leave those out, continues
     # only the other 4 (its 12 rows cycle over them), and records what it left out
     settings = {**REGENERATED, "prompts": hf["prompts"]}
-    build_hf_cache(hf["eager"], tmp_path / "first", **{**settings, "windows": 4})
+    hf_cache(hf["eager"], tmp_path / "first", **{**settings, "windows": 4})
     first = continued_prompts(tmp_path / "first")
     lines = []
-    meta = build_hf_cache(hf["eager"], tmp_path / "second", **settings, exclude_prompts_of=[tmp_path / "first"],
+    meta = hf_cache(hf["eager"], tmp_path / "second", **settings, exclude_prompts_of=[tmp_path / "first"],
                           report=lines.append)
     second = continued_prompts(tmp_path / "second")
     assert len(first) == 4 and len(second) == 4 and not first & second
@@ -404,9 +404,9 @@ def test_an_extra_cache_of_fresh_answers_trains_and_one_continuing_a_held_out_pr
     from train.data.hf_embeddings import HFEmbeddingsDataModule
 
     settings = {**REGENERATED, "prompts": hf["prompts"]}
-    build_hf_cache(hf["eager"], tmp_path / "first", **{**settings, "windows": 4})
-    build_hf_cache(hf["eager"], tmp_path / "fresh", **settings, exclude_prompts_of=[tmp_path / "first"])
-    build_hf_cache(hf["eager"], tmp_path / "again", **{**settings, "windows": 4})      # the same 4 prompts again
+    hf_cache(hf["eager"], tmp_path / "first", **{**settings, "windows": 4})
+    hf_cache(hf["eager"], tmp_path / "fresh", **settings, exclude_prompts_of=[tmp_path / "first"])
+    hf_cache(hf["eager"], tmp_path / "again", **{**settings, "windows": 4})      # the same 4 prompts again
     common = {"cache": str(tmp_path / "first"), "seq_len": LONG, "batch_size": 2, "val_windows": 2}
     data = HFEmbeddingsDataModule(**common, extra_caches=[str(tmp_path / "fresh")])
     assert data.train_rows == 2 + 12
@@ -420,10 +420,10 @@ def test_an_extra_cache_of_fresh_answers_trains_and_one_continuing_a_held_out_pr
 def test_leaving_out_prompts_needs_a_regenerated_cache_and_prompts(hf, caches, tmp_path, capsys):
     d, _ = caches
     with pytest.raises(SpecdecError, match="holds no continuations of prompts .*'text_windows'.*built with --prompts"):
-        build_hf_cache(hf["eager"], tmp_path / "a", **{**REGENERATED, "prompts": hf["prompts"]},
+        hf_cache(hf["eager"], tmp_path / "a", **{**REGENERATED, "prompts": hf["prompts"]},
                        exclude_prompts_of=[d / "default"])
     with pytest.raises(SpecdecError, match="does not exist"):
-        build_hf_cache(hf["eager"], tmp_path / "b", **{**REGENERATED, "prompts": hf["prompts"]},
+        hf_cache(hf["eager"], tmp_path / "b", **{**REGENERATED, "prompts": hf["prompts"]},
                        exclude_prompts_of=[tmp_path / "missing"])
     status = load_script("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
                                                    "--exclude-prompts-of", str(d / "default"),

@@ -166,13 +166,13 @@ def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
 def caches(hf, tmp_path_factory):
     """Caches of the Llama target's own continuations: the aux layers and the last (what the head
     needs), and the last layer only (what a prophet head needs)."""
-    from train.data.regenerate import build_hf_cache
+    from conftest import hf_cache
 
     d = tmp_path_factory.mktemp("eagle3_caches")
     common = dict(seq_len=SEQ, windows=24, shard_size="64KB", batch_size=4, seed=2, prompts=hf["prompts"], chat=True,
                   temperatures=[0.0, 1.0])
-    return {"full": build_hf_cache(hf["llama"], d / "full", layers=[0, 1, 2], **common) and d / "full",
-            "last": build_hf_cache(hf["llama"], d / "last", **common) and d / "last"}
+    return {"full": hf_cache(hf["llama"], d / "full", layers=[0, 1, 2], **common) and d / "full",
+            "last": hf_cache(hf["llama"], d / "last", **common) and d / "last"}
 
 
 def test_a_cached_run_trains_exports_and_the_exported_head_decodes_exactly(hf, caches, tmp_path):
@@ -338,14 +338,14 @@ def test_heads_train_under_bf16_mixed_precision_as_the_smollm2_experiments_do(hf
 
 def test_the_gpu_experiment_composes_and_validates_for_a_target_of_ones_own(hf, caches, tmp_path):
     """experiment=hf_eagle3_gpu holds the GPU sizes of the head that met the goals (what
-    scripts/smollm2.py --device cuda trains); it names no target: any local one validates."""
+    scripts/eagle3.py --device cuda trains with); it names no target: any local one validates."""
     from conftest import CONF
 
     cfg = train_run.compose(["experiment=hf_eagle3_gpu"])
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed" and cfg.target.path is None
     assert (cfg.data.batch_size, cfg.data.num_workers, cfg.task.ttt_steps, cfg.task.ttt_ramp) == (64, 8, 6, 0)
     assert (cfg.trainer.max_time, cfg.trainer.val_check_interval, cfg.optim.warmup_steps) == ("00:00:05:00", 500, 100)
-    assert (cfg.recipe.prompts, cfg.recipe.rows, cfg.recipe.cache_batch) == (40000, 12288, 4096)
+    assert (cfg.recipe.conversations, cfg.recipe.answer_batch, cfg.recipe.chat_cache_batch) == (12000, 2048, 256)
     with pytest.raises(SpecdecError, match="target.path"):
         train_run.validate(cfg)
     cfg = train_run.compose(["experiment=hf_eagle3_gpu", f"target.path={hf['llama']}", f"data.cache={caches['full']}",

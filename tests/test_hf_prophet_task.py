@@ -18,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import StopAt
+from conftest import StopAt, hf_cache
 from test_decode_cli import assert_usage_error, cli
 from test_hf_cache import assert_an_interrupted_build_resumes
 from test_hf_data import build_tokenizer, text_setup
@@ -26,13 +26,13 @@ from test_hf_distill import save_model
 
 import train.run as train_run
 from specdec_models import load_export
+from specdec_models.cpu import describe, pieces_off
 from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.errors import SpecdecError
 from specdec_models.export import read_export_config
-from specdec_models.cpu import describe, pieces_off
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
-from train.data.regenerate import build_hf_cache, prompts_from_text
+from train.data.regenerate import prompts_from_text
 from train.run import compose, run
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
@@ -139,9 +139,9 @@ def caches(hf, tmp_path_factory):
     d = tmp_path_factory.mktemp("caches")
     common = dict(seq_len=SEQ, windows=24, shard_size="16KB", batch_size=4, seed=2)
     lines = []
-    text = {dtype: build_hf_cache(hf["neox"], d / dtype, text=[str(hf["corpus"])], dtype=dtype, report=lines.append,
+    text = {dtype: hf_cache(hf["neox"], d / dtype, text=[str(hf["corpus"])], dtype=dtype, report=lines.append,
                                   **common) for dtype in ("bfloat16", "int8")}
-    regenerated = build_hf_cache(hf["neox"], d / "regenerated", prompts=hf["prompts"], chat=True,
+    regenerated = hf_cache(hf["neox"], d / "regenerated", prompts=hf["prompts"], chat=True,
                                  temperatures=[0.0, 1.0], **common)
     return {"dir": d, "text": text, "regenerated": regenerated, "report": lines}
 

@@ -346,22 +346,6 @@ def test_a_pickled_model_that_would_run_code_is_one_line(tmp_path, capsys):
     assert not ran.exists() and snapshot(tmp_path) == before
 
 
-def test_the_recipe_with_a_missing_text_exits_2_and_creates_nothing(tmp_path, capsys):
-    out = tmp_path / "recipe"
-    status = load_script("smollm2").main(["--out", str(out), "--text", str(tmp_path / "missing.gz")])
-    one_line(capsys, status, f"--text {tmp_path / 'missing.gz'} does not exist or is not a file")
-    assert not out.exists()
-
-
-def test_a_recipe_folder_of_other_files_is_refused(user_files, tmp_path, capsys):
-    text = tmp_path / "text.txt"
-    text.write_text("some text\n")
-    before = snapshot(user_files)
-    one_line(capsys, load_script("smollm2").main(["--out", str(user_files), "--text", str(text)]),
-             f"--out {user_files} holds files specdec did not write")
-    assert snapshot(user_files) == before
-
-
 def test_a_batch_past_the_memory_free_is_refused_before_any_work(tiny_decoder_export, capsys):
     started = time.perf_counter()
     status, _, err = decode(capsys, "--export", tiny_decoder_export, "--prompt", "hi", "--batch", 100_000_000)
@@ -400,14 +384,13 @@ def text_cache(tmp_path_factory) -> Path:
     """A 12-row text-window cache of a tiny Llama target (test_hf_distill.save_model) over a
     word-level tokenizer."""
     pytest.importorskip("transformers")
+    from conftest import hf_cache
     from test_hf_data import text_setup
     from test_hf_distill import save_model
 
-    from train.data.regenerate import build_hf_cache
-
     setup = text_setup(tmp_path_factory.mktemp("text_cache"), docs=80, prompt_docs=4)
     target = save_model(setup["root"] / "target", setup["tok"], "llama", 1)
-    build_hf_cache(target, setup["root"] / "cache", text=[str(setup["corpus"])], seq_len=16, windows=12, batch_size=4)
+    hf_cache(target, setup["root"] / "cache", text=[str(setup["corpus"])], seq_len=16, windows=12, batch_size=4)
     return setup["root"] / "cache"
 
 

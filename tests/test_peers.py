@@ -20,6 +20,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
+from conftest import hf_cache
 from test_hf_data import build_tokenizer, write_corpus
 from test_hf_distill import save_model
 
@@ -27,7 +28,6 @@ from specdec_models.heads.eagle3 import _final_norm_weight
 from specdec_models.hf.weights import load_causal_lm
 from train.data.embeddings_cache import cache_rows, open_cache, read_cache_meta
 from train.data.peer_formats import answer_mask, before_final_norm, cache_layout, to_specforge, to_speculators
-from train.data.regenerate import build_hf_cache
 
 pytestmark = [pytest.mark.interop, pytest.mark.usefixtures("offline", "one_thread")]
 
@@ -48,7 +48,7 @@ def tiny(tmp_path_factory):
         model.model.norm.weight.copy_(0.5 + torch.rand(32, generator=torch.Generator().manual_seed(0)))
         model.model.embed_tokens.weight.mul_(50)    # activations of a real LM's size (rms ~1, not 0.02: eps is 1e-6)
     model.save_pretrained(target)
-    build_hf_cache(target, d / "cache", layers=LAYERS, seq_len=SEQ, windows=16, shard_size="64KB", batch_size=4,
+    hf_cache(target, d / "cache", layers=LAYERS, seq_len=SEQ, windows=16, shard_size="64KB", batch_size=4,
                    seed=2, prompts=prompts, chat=True, temperatures=[0.0, 1.0], dtype="int8")
     return {"root": d, "target": target, "cache": d / "cache", "model": load_causal_lm(target)}
 

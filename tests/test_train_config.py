@@ -120,10 +120,10 @@ def test_every_group_option_composes_and_validates(compose, group, option, tiny_
         return
     extra = [n.replace("EXPORT", str(tiny_decoder_export)) for n in needs]
     if any("CACHE" in n for n in extra):
-        from train.data.embeddings_cache import build_cache
+        from train.data.embeddings_cache import CacheSettings, build_cache
 
         cache = tmp_path / "cache"
-        build_cache(tiny_decoder_export, REPO / "README.md", cache, seq_len=64, windows=2)
+        build_cache(tiny_decoder_export, REPO / "README.md", cache, CacheSettings(seq_len=64, windows=2))
         extra = [n.replace("CACHE", str(cache)) for n in extra]
     cfg = compose(["experiment=tiny", *extra, f"{prefix}{group}={option}"])
     kwargs = validate(cfg)
@@ -204,65 +204,14 @@ def test_no_experiment_inherits_from_another():
             assert group != "experiment" and group not in EXPERIMENTS, (name, entry)
 
 
-@pytest.mark.parametrize("precision", [None, "32-true"])
-def test_the_smollm2_recipe_trains_both_heads_alike_at_the_precision_asked(compose, tmp_path, precision):
-    # scripts/smollm2.py --precision: both heads get it (the same minutes, the same precision),
-    # and their commands compose as `python -m train` would read them
-    import argparse
-
-    from specdec_models.cpu import fast_precision
-
-    recipe = load_script("smollm2")
-    args = argparse.Namespace(seq_len=256, train_minutes=30, precision=precision, device="cpu",
-                              heads=["eagle3", "prophet"], train_args=[])
-    runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
-    commands = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
-    assert [c[3] for c in commands] == ["experiment=smollm2_eagle3", "experiment=smollm2_prophet"]
-    for command in commands:
-        cfg = compose(command[3:])
-        assert "threads_file" not in cfg.callbacks                            # no thread hand-over between runs
-        assert cfg.trainer.precision == (precision or fast_precision("cpu"))
-        assert cfg.trainer.max_time == "00:00:30:00" and cfg.data.seq_len == 256
-        assert cfg.trainer.accelerator == "cpu" and not any(c.startswith("data.batch_size") for c in command)
-        assert cfg.callbacks.speculative_eval.every == 0          # decoded at the end only: the comparison decodes
-    # the eagle3 head's layer starts as the target's (a lower held-out KL from the first validation on)
-    assert compose(commands[0][3:]).head.init_layer is True
-
-
-def test_the_smollm2_recipe_on_a_gpu_trains_larger_batches_there_with_the_overrides_asked(compose, tmp_path):
-    # --device cuda --heads eagle3 --train-args ...: the eagle3 head alone, on the GPU, with the
-    # recipe's GPU settings and the overrides given (composed as `python -m train` reads them)
-    import argparse
-
-    recipe = load_script("smollm2")
-    args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
-                              train_args=["task.ttt_steps=6"])
-    runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
-    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs,
-                                     target="/models/target.gguf")
-    assert command[3:5] == ["experiment=hf_eagle3_gpu", "target.path=/models/target.gguf"]   # the GPU sizes' config
-    cfg = compose(command[3:])
-    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-    assert cfg.data.batch_size == 64 and cfg.data.num_workers == 8 and cfg.trainer.val_check_interval == 500
-    assert cfg.task.ttt_steps == 6 and cfg.optim.warmup_steps == 100 and cfg.trainer.max_time == "00:00:05:00"
-    args = argparse.Namespace(seq_len=256, train_minutes=5, precision="bf16-mixed", device="cuda", heads=["eagle3"],
-                              train_args=["task.ttt_steps=4"])
-    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
-    assert compose(command[3:]).task.ttt_steps == 4                      # the overrides asked come last
-    # the prophet head has no GPU sizes: --device cuda trains the eagle3 head alone, the default there
-    with pytest.raises(SystemExit) as error:
-        recipe.main(["--out", str(tmp_path / "r"), "--device", "cuda", "--heads", "eagle3", "prophet"])
-    assert error.value.code == 2 and not (tmp_path / "r").exists()
-
-
 def test_the_gpu_experiment_is_the_recipes_eagle3_head_at_the_gpu_sizes_that_met_the_goals(compose, tmp_path):
-    """experiment=hf_eagle3_gpu composes to what scripts/smollm2.py --device cuda trained the H100
-    head with (experiment=smollm2_eagle3 plus the GPU overrides it once held as constants), every
-    key alike but the run's name and tags, the target (SmolLM2's GGUF there, one's own here), its
-    dtype (resolved from the machine there, bf16 here) and the recipe's data sizes."""
+    """experiment=hf_eagle3_gpu composes to what the H100 head that met the goals was trained with
+    (experiment=smollm2_eagle3 plus the GPU overrides it once held as constants), every key alike
+    but the run's name and tags, the target (SmolLM2's GGUF there, one's own here), its dtype
+    (resolved from the machine there, bf16 here) and the recipe's data sizes, which
+    scripts/eagle3.py --device cuda reads."""
     from omegaconf import OmegaConf
 
-    recipe = load_script("smollm2")
     gpu = ["trainer.accelerator=gpu", "data.batch_size=64", "data.num_workers=8", "trainer.val_check_interval=500",
            "task.ttt_steps=6", "optim.warmup_steps=100", "task.ttt_ramp=0"]
     same = ["trainer.precision=bf16-mixed", "trainer.max_time=00:00:05:00"]
@@ -273,80 +222,24 @@ def test_the_gpu_experiment_is_the_recipes_eagle3_head_at_the_gpu_sizes_that_met
             cfg.pop(key, None)
         cfg["target"].pop("path"), cfg["target"].pop("dtype")
     assert before == after
-    sizes = {k: v for k, v in recipe.gpu_sizes().items() if k in ("prompts", "rows", "cache_batch", "train_minutes")}
-    assert sizes == {"prompts": 40000, "rows": 12288, "cache_batch": 4096, "train_minutes": 5.0}
     recipe_block = compose(["experiment=hf_eagle3_gpu"]).recipe
-    assert {k: recipe_block[k] for k in ("prompts", "rows", "cache_batch")} == \
-        {k: v for k, v in sizes.items() if k != "train_minutes"}
+    assert dict(recipe_block) == {"conversations": 12000, "answer_batch": 2048, "answer_chunk": 512,
+                                  "chat_cache_batch": 256}
 
 
 @pytest.mark.parametrize("device, given, expected", [
-    ("cpu", {}, (4096, 4096, 30)),
-    ("cuda", {}, (40000, 12288, 5)),
-    ("cuda", {"rows": 4096, "train_minutes": 8.0}, (40000, 4096, 8.0)),
-    ("cpu", {"prompts": 100}, (100, 4096, 30)),
+    ("cpu", {}, (1200, 64, 16, 30.0)),
+    ("cuda", {}, (12000, 2048, 256, 5.0)),
+    ("cuda", {"cache_batch": 64, "train_minutes": 8.0}, (12000, 2048, 64, 8.0)),
+    ("cpu", {"conversations": 100}, (100, 64, 16, 30.0)),
 ])
-def test_the_smollm2_recipe_sizes_its_data_and_training_for_the_device_unless_told(device, given, expected):
-    # --device cuda: the prompts, rows and minutes of the H100 head that met the goals; a value
-    # given on the command line wins on either device
+def test_the_recipe_sizes_its_data_and_training_for_the_device_unless_told(device, given, expected):
+    # --device cuda: the sizes of conf/experiment/hf_eagle3_gpu.yaml; a value given on the command line wins on
+    # either device
     import argparse
 
-    recipe = load_script("smollm2")
-    args = argparse.Namespace(device=device, **{"prompts": None, "rows": None, "train_minutes": None, **given})
-    got = recipe.device_defaults(args)
-    assert (got.prompts, got.rows, got.train_minutes) == expected
-
-
-def test_the_smollm2_recipe_writes_any_minutes_as_lightnings_duration(compose, tmp_path):
-    # --train-minutes 5.5 once became trainer.max_time=00:00:5:30 by hand, which Lightning refuses
-    import argparse
-
-    recipe = load_script("smollm2")
-    assert [recipe.max_time(m) for m in (5.5, 30, 90, 0.25, 1500)] == [
-        "00:00:05:30", "00:00:30:00", "00:01:30:00", "00:00:00:15", "01:01:00:00"]
-    args = argparse.Namespace(seq_len=256, train_minutes=5.5, precision="32-true", device="cpu", heads=["eagle3"],
-                              train_args=[])
-    runs = {name: tmp_path / name for name in ("eagle3", "prophet")}
-    [command] = recipe.head_training("python", args, tmp_path / "cache", tmp_path / "vocab.json", runs)
-    assert compose(command[3:]).trainer.max_time == "00:00:05:30"
-    for bad in (["--train-minutes", "0"], ["--student-minutes", "-1"]):
-        with pytest.raises(SystemExit) as error:
-            recipe.main(["--out", str(tmp_path / "r"), *bad])
-        assert error.value.code == 2
-
-
-def test_the_smollm2_recipe_compares_in_one_round_on_a_cpu_and_two_on_a_gpu(tmp_path, monkeypatch):
-    # 2 rounds took the comparison 31.6 minutes on a 2-core AMD EPYC (fp32), the recipe 104.7: on a
-    # CPU one round, interleaved prompt by prompt; the command is read by compare_hf_drafts' parser
-    import argparse
-
-    recipe, compare = load_script("smollm2"), load_script("compare_hf_drafts")
-    parsed = []
-
-    class Parsed(Exception):
-        pass
-
-    def capture(args):
-        parsed.append(args)
-        raise Parsed
-
-    monkeypatch.setattr(compare, "check_inputs", capture)
-    runs = {name: tmp_path / name for name in ("eagle3", "prophet", "student")}
-    for device, rounds, expected in (("cpu", None, 1), ("cuda", None, 2), ("cpu", 3, 3)):
-        args = argparse.Namespace(compare_rounds=rounds, device=device, eval_prompts=8, max_new_tokens=64,
-                                  heads=["eagle3", "prophet"], student_minutes=6)
-        command = recipe.comparison("python", args, tmp_path / "t.jsonl", tmp_path / "o.jsonl", runs, tmp_path / "c",
-                                    tmp_path / "d.npz")
-        with pytest.raises(Parsed):
-            compare.main(command[2:])
-        got = parsed[-1]
-        assert got.datastore == str(tmp_path / "d.npz")
-        assert (got.rounds, got.device, got.count, got.batch1_count) == (expected, device, 8, 2)
-        assert got.prophet == str(runs["prophet"] / "export") and got.student == str(runs["student"] / "export")
-        assert got.eagle3 == [f"specdec={runs['eagle3'] / 'export'}"] and got.eagle3_auto
-        assert got.tree == ["6,1,1,0.1", "8,4,3,4..16,0.2", "8,4,3,4..16,0.1", "5,1,1,2..4,0.4", "8,2,1,2..8,0.2"]
-        assert got.dtype == "auto"           # the dtype decoding runs faster in on the device: the corner decides
-        assert not any(flag.startswith(("--also", "--few")) for flag in command)
-    with pytest.raises(SystemExit) as error:
-        recipe.main(["--out", str(tmp_path / "r"), "--compare-rounds", "0"])
-    assert error.value.code == 2 and not (tmp_path / "r").exists()
+    script = load_script("eagle3")
+    args = argparse.Namespace(device=device, **{"conversations": None, "answer_batch": None, "answer_chunk": None,
+                                                "cache_batch": None, "train_minutes": None, **given})
+    got = script.device_defaults(args)
+    assert (got.conversations, got.answer_batch, got.cache_batch, got.train_minutes) == expected

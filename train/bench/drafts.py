@@ -18,13 +18,13 @@ it every method stops a row at that token, as a user's decoding does (a chat ans
 length). A drafter's keyword arguments may hold its own "gamma" (each drafter at the gamma that
 suits its cost and acceptance).
 
-`compare_hf(loaded, target, prompt_sets, HFDrafters(...))` is scripts/compare_hf_drafts.py's
-comparison: the drafters of one Hugging Face target (eagle3 heads in any layout, a prophet head,
-a distilled student, prompt lookup, an untrained head) on each prompt set, then greedy exactness
-in fp32. `greedy_matches_transformers` checks greedy output against transformers' own `generate()`;
-`write_report` writes results.json, table.md (`markdown_table`) and compare.png (`plot`,
-matplotlib) together. `first_layers` (`train.bench.hf`) makes the student a distilled
-draft starts from (scripts/compare_hf_drafts.py).
+`compare_hf(loaded, target, prompt_sets, HFDrafters(...), CompareSettings(...))` is the
+comparison of scripts/compare_hf_drafts.py: the drafters of one Hugging Face target (eagle3 heads
+in any layout, a prophet head, a distilled student, prompt lookup, an untrained head) on each
+prompt set, then greedy exactness in fp32. `greedy_matches_transformers` checks greedy output
+against transformers' own `generate()`; `write_report` writes results.json, table.md
+(`markdown_table`) and compare.png (`plot`, matplotlib) together. `first_layers`
+(`train.bench.hf`) makes the student a distilled draft starts from (scripts/compare_hf_drafts.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _decode(target: Any, prompts: list[Tensor], batch: int, kwargs: dict[str, An
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     """How many tokens a and b share before their first difference."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def _add(a: list[int], b: list[int]) -> list[int]:
@@ -121,10 +121,23 @@ def _prompt_lookup(target: Any, prompts: list[Tensor], n: int, seed: int, *, max
     return seconds, counts, rows
 
 
-def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *, gamma: int = 5,
-                     temperatures: tuple[float, ...] = (0.0, 1.0), batches: dict[int, int] | None = None,
-                     max_new_tokens: int = 64, rounds: int = 2, seed: int = 0,
-                     vocab_size: int | None = None, eos_id: int | None = None,
+@dataclass(frozen=True)
+class RaceSettings:
+    """How `compare_drafters` decodes: chains of `gamma` (a drafter's own "gamma" wins),
+    `max_new_tokens` per row, each row stopped at `eos_id` (None: never), logits over the first
+    `vocab_size` tokens (None: all), `rounds` interleaved rounds, draws seeded from `seed`."""
+
+    gamma: int = 5
+    max_new_tokens: int = 64
+    rounds: int = 2
+    seed: int = 0
+    vocab_size: int | None = None
+    eos_id: int | None = None
+
+
+def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]],
+                     settings: RaceSettings | None = None, *, temperatures: tuple[float, ...] = (0.0, 1.0),
+                     batches: dict[int, int] | None = None,
                      report: Callable[[str], Any] | None = None) -> list[dict[str, Any]]:
     """One row per (temperature, batch size, method): tokens_per_call, acceptance_rate, alpha,
     seconds (median over rounds), tokens_per_second (median over rounds), speedup over plain
@@ -137,6 +150,7 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     acceptance goes, whatever the others'), and at
     temperature 0 greedy_agreement, the mean fraction of a row emitted before its first difference
     from plain decoding (in bf16 a multi-token verify may round differently from a 1-token step).
+    `settings` (`RaceSettings`): gamma, max_new_tokens, rounds, seed, vocab_size, eos_id.
     `batches`: batch size -> how many of `prompts` are decoded at that size (default {1: 4, 8:
     all}). `report` gets a line per (temperature, batch size) when it is done: each method's
     tokens per call and speed-up so far (a comparison runs for minutes).
@@ -151,78 +165,105 @@ def compare_drafters(target: Any, prompts: list[Tensor], drafters: dict[str, dic
     plain decoding still runs, so the fastest plain decoding is still found there (on a 2-core CPU
     drafts run below plain decoding at batch 8, and their batch-8 runs would cost the comparison
     minutes)."""
+    s = settings or RaceSettings()
     batches = batches or {1: min(4, len(prompts)), 8: len(prompts)}
-    check(rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
+    check(s.rounds >= 1 and all(1 <= n <= len(prompts) for n in batches.values()),
           "rounds must be >= 1 and each batch size decode between 1 and len(prompts) prompts")
     every = {"plain": {}, **drafters}
     plains = [name for name, kw in every.items() if not set(kw) - {"target"}]
-    plain_of = {name: next(p for p in plains if every[p].get("target") is kw.get("target")) for name, kw in every.items()}
-    settings = dict(max_new_tokens=max_new_tokens, gamma=gamma, vocab_size=vocab_size, eos_id=eos_id)
+    plain_of = {name: next(p for p in plains if every[p].get("target") is kw.get("target"))
+                for name, kw in every.items()}
     rows = []
     for temperature in temperatures:
         for batch, count in batches.items():
-            chosen = prompts[:count]
             # at batch 1 only: prompt lookup and tree drafting (they decode one row at a time), and the
             # drafters on another target instance (its plain decoding runs at every batch size)
             methods = {name: kw for name, kw in every.items()
                        if batch == 1 or not ("prompt_lookup" in kw or isinstance(kw.get("drafter"), TreeDrafter)
                                              or (name not in plains and "target" in kw))}
-            for kwargs in methods.values():        # warm-up: first calls at a shape pay one-time costs
-                _decode(target, chosen[:batch], batch, kwargs, seed, temperature=temperature,
-                        **{**settings, "max_new_tokens": min(max_new_tokens, 2 * gamma + 2)})
-            seconds: dict[str, list[float]] = {name: [] for name in methods}
-            emitted: dict[str, list[int]] = {name: [] for name in methods}       # new tokens per round
-            totals: dict[str, dict[str, float]] = {}
-            equal, plain = dict.fromkeys(methods, True), {}
-            agree: dict[str, list[float]] = {name: [] for name in methods}
-            for r in range(rounds):
-                for name in methods:
-                    seconds[name].append(0.0)
-                    emitted[name].append(0)
-                # interleaved batch by batch too (at batch 1: A, B, ... on the first prompt, then on the
-                # second), so that even one round times every method beside the others
-                for i in range(0, count, batch):
-                    for name, kwargs in methods.items():
-                        s, counts, tokens = _decode(target, chosen[i:i + batch], batch, kwargs, seed + 1000 * r + i,
-                                                    temperature=temperature, **settings)
-                        seconds[name][-1] += s
-                        emitted[name][-1] += sum(len(t) for t in tokens)
-                        old = totals.get(name, {})
-                        totals[name] = {k: _add(old.get(k, []), v) if isinstance(v, list) else old.get(k, 0.0) + v
-                                        for k, v in counts.items()}
-                        if name in plains:                   # each method beside its own target's plain
-                            plain[name] = tokens
-                        base = plain[plain_of[name]]
-                        equal[name] = equal[name] and tokens == base
-                        agree[name] += [_common_prefix(a, b) / max(len(b), 1) for a, b in zip(tokens, base)]
-            rate = {name: [n / s for n, s in zip(emitted[name], seconds[name])] for name in methods}
-            for name in methods:
-                c = totals[name]
-                rows.append({
-                    "temperature": temperature, "batch": batch, "prompts": count, "method": name,
-                    "tokens_per_call": c["new_tokens"] / max(c["row_calls"], 1),
-                    "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
-                    "alpha": c["alpha_sum"] / c["alpha_count"] if c["alpha_count"] else None,
-                    "per_position_acceptance": [a / d if d else None for a, d in zip(c["accepted_at"], c["drafted_at"])],
-                    "seconds": statistics.median(seconds[name]),
-                    "tokens_per_second": statistics.median(rate[name]),
-                    "speedup": statistics.median(r / b for b, r in zip(rate[plain_of[name]], rate[name])),
-                    **({"speedup_over_fastest_plain": statistics.median(
-                        r / max(rate[p][i] for p in plains) for i, r in enumerate(rate[name]))}
-                       if len(plains) > 1 else {}),
-                    "greedy_equal_plain": equal[name] if temperature == 0 else None,
-                    "greedy_agreement": statistics.mean(agree[name]) if temperature == 0 else None,
-                    # the exact counts the rates come from, over every round
-                    **{k: int(c[k]) for k in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted")},
-                    # tree drafting: the head's verified nodes by cumulative draft probability, and those accepted
-                    **({"nodes_by_q": c["nodes_by_q"], "accepted_by_q": c["accepted_by_q"]}
-                       if any(c.get("nodes_by_q", [])) else {}),
-                })
+            race = _Race(target, prompts[:count], batch, methods, s, temperature)
+            race.warm_up()
+            for r in range(s.rounds):
+                race.round(r, plains, plain_of)
+            rows += [race.row(name, plains, plain_of[name]) for name in methods]
             if report is not None:
                 report(f"T={temperature:g} batch {batch}: " + ", ".join(
                     f"{r['method']} {r['tokens_per_call']:.2f} tokens/call {r['speedup']:.2f}x"
                     for r in rows[-len(methods):]))
     return rows
+
+
+class _Race:
+    """The `methods` on the `chosen` prompts at one batch size and temperature: warmed up, then
+    timed round by round, interleaved batch by batch, each beside its own target's plain decoding."""
+
+    def __init__(self, target: Any, chosen: list[Tensor], batch: int, methods: dict[str, dict[str, Any]],
+                 s: RaceSettings, temperature: float) -> None:
+        self.target, self.chosen, self.batch, self.methods, self.s = target, chosen, batch, methods, s
+        self.temperature = temperature
+        self.decoding = dict(max_new_tokens=s.max_new_tokens, gamma=s.gamma, vocab_size=s.vocab_size, eos_id=s.eos_id)
+        self.seconds: dict[str, list[float]] = {name: [] for name in methods}
+        self.emitted: dict[str, list[int]] = {name: [] for name in methods}       # new tokens per round
+        self.totals: dict[str, dict[str, Any]] = {}
+        self.equal, self.plain = dict.fromkeys(methods, True), {}
+        self.agree: dict[str, list[float]] = {name: [] for name in methods}
+
+    def warm_up(self) -> None:
+        """First calls at a shape pay one-time costs: one short decode of each method first."""
+        for kwargs in self.methods.values():
+            _decode(self.target, self.chosen[:self.batch], self.batch, kwargs, self.s.seed,
+                    temperature=self.temperature,
+                    **{**self.decoding, "max_new_tokens": min(self.s.max_new_tokens, 2 * self.s.gamma + 2)})
+
+    def round(self, r: int, plains: list[str], plain_of: dict[str, str]) -> None:
+        """Round r, interleaved batch by batch too (at batch 1: A, B, ... on the first prompt, then
+        on the second), so that even one round times every method beside the others."""
+        for name in self.methods:
+            self.seconds[name].append(0.0)
+            self.emitted[name].append(0)
+        for i in range(0, len(self.chosen), self.batch):
+            for name, kwargs in self.methods.items():
+                s, counts, tokens = _decode(self.target, self.chosen[i:i + self.batch], self.batch, kwargs,
+                                            self.s.seed + 1000 * r + i, temperature=self.temperature, **self.decoding)
+                self.seconds[name][-1] += s
+                self.emitted[name][-1] += sum(len(t) for t in tokens)
+                old = self.totals.get(name, {})
+                self.totals[name] = {k: _add(old.get(k, []), v) if isinstance(v, list) else old.get(k, 0.0) + v
+                                     for k, v in counts.items()}
+                if name in plains:                   # each method beside its own target's plain
+                    self.plain[name] = tokens
+                base = self.plain[plain_of[name]]
+                self.equal[name] = self.equal[name] and tokens == base
+                self.agree[name] += [_common_prefix(a, b) / max(len(b), 1)
+                                     for a, b in zip(tokens, base, strict=False)]
+
+    def rate(self, name: str) -> list[float]:
+        return [n / s for n, s in zip(self.emitted[name], self.seconds[name], strict=False)]
+
+    def row(self, name: str, plains: list[str], plain: str) -> dict[str, Any]:
+        """The method's row (`compare_drafters`' docstring), `plain` the plain decoding it is beside."""
+        c, rate, greedy = self.totals[name], self.rate(name), self.temperature == 0
+        return {
+            "temperature": self.temperature, "batch": self.batch, "prompts": len(self.chosen), "method": name,
+            "tokens_per_call": c["new_tokens"] / max(c["row_calls"], 1),
+            "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
+            "alpha": c["alpha_sum"] / c["alpha_count"] if c["alpha_count"] else None,
+            "per_position_acceptance": [a / d if d else None
+                                        for a, d in zip(c["accepted_at"], c["drafted_at"], strict=False)],
+            "seconds": statistics.median(self.seconds[name]),
+            "tokens_per_second": statistics.median(rate),
+            "speedup": statistics.median(r / b for b, r in zip(self.rate(plain), rate, strict=False)),
+            **({"speedup_over_fastest_plain": statistics.median(
+                r / max(self.rate(p)[i] for p in plains) for i, r in enumerate(rate))}
+               if len(plains) > 1 else {}),
+            "greedy_equal_plain": self.equal[name] if greedy else None,
+            "greedy_agreement": statistics.mean(self.agree[name]) if greedy else None,
+            # the exact counts the rates come from, over every round
+            **{k: int(c[k]) for k in ("new_tokens", "target_calls", "row_calls", "drafted", "accepted")},
+            # tree drafting: the head's verified nodes by cumulative draft probability, and those accepted
+            **({"nodes_by_q": c["nodes_by_q"], "accepted_by_q": c["accepted_by_q"]}
+               if any(c.get("nodes_by_q", [])) else {}),
+        }
 
 
 def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: dict[str, dict[str, Any]], *,
@@ -233,7 +274,8 @@ def greedy_matches_transformers(target: Any, prompts: list[Tensor], drafters: di
     "gamma" (an eagle3 chain's, `HFDrafters.eagle3_gammas`) overrides `gamma`."""
     from .hf import compare_with_hf_generate
 
-    return {name: all(compare_with_hf_generate(target, [p], max_new_tokens, repeats=0, **{"gamma": gamma, **kwargs})["equal"]
+    return {name: all(compare_with_hf_generate(target, [p], max_new_tokens, repeats=0,
+                                               **{"gamma": gamma, **kwargs})["equal"]
                       for p in prompts)
             for name, kwargs in {"plain": {}, **drafters}.items()}
 
@@ -250,10 +292,11 @@ def node_table(rows: list[dict[str, Any]]) -> list[str]:
     sets = "prompt_set" in trees[0]
     lines = ["", ("Tree drafting: the head's verified nodes by their cumulative draft probability q (nodes, share "
                   "accepted by the target):"), "",
-             ("| prompts " if sets else "") + "| temperature | method | " + " | ".join(f"q {b}" for b in node_q_bins()) + " |",
+             ("| prompts " if sets else "") + "| temperature | method | "
+             + " | ".join(f"q {b}" for b in node_q_bins()) + " |",
              ("|---" if sets else "") + "|---:|---|" + "---|" * len(node_q_bins())]
     for r in trees:
-        cells = [f"{n:,}, {a / n:.3f}" if n else "–" for n, a in zip(r["nodes_by_q"], r["accepted_by_q"])]
+        cells = [f"{n:,}, {a / n:.3f}" if n else "–" for n, a in zip(r["nodes_by_q"], r["accepted_by_q"], strict=False)]
         lines.append((f"| {r['prompt_set']} " if sets else "") + f"| {r['temperature']:g} | {r['method']} | "
                      + " | ".join(cells) + " |")
     return lines
@@ -269,7 +312,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
              ("|---" if sets else "") + "|---:|---:|---|---:|---|---:|---:|---:|" + ("---:|" if fastest else "")]
     for r in rows:
         per = " ".join(fmt(a, ".2f") for a in r.get("per_position_acceptance") or []) or "–"
-        lines.append((f"| {r['prompt_set']} " if sets else "") + f"| {r['temperature']:g} | {r['batch']} | {r['method']} | "
+        lines.append((f"| {r['prompt_set']} " if sets else "")
+                     + f"| {r['temperature']:g} | {r['batch']} | {r['method']} | "
                      f"{r['tokens_per_call']:.2f} | {per} | {fmt(r['alpha'], '.3f')} | {r['tokens_per_second']:.1f} | "
                      f"{r['speedup']:.2f}x |" + (f" {r['speedup_over_fastest_plain']:.2f}x |" if fastest else ""))
     return lines
@@ -327,7 +371,8 @@ def plot(rows: list[dict[str, Any]], path: Path, where: str = "2 CPU cores", tar
         temps = sorted({t for t, _ in keys})
         ax_calls, ax_speed = axes[row]
         for i, m in enumerate(methods):
-            calls = [(j, pick[name, m, t, 1]["tokens_per_call"]) for j, t in enumerate(temps) if (name, m, t, 1) in pick]
+            calls = [(j, pick[name, m, t, 1]["tokens_per_call"]) for j, t in enumerate(temps)
+                     if (name, m, t, 1) in pick]
             speed = [(j, pick[(name, m, *k)][key]) for j, k in enumerate(keys) if (name, m, *k) in pick]
             color, hatch = styles[m]
             for ax, bars in ((ax_calls, calls), (ax_speed, speed)):
@@ -465,14 +510,30 @@ class HFDrafters:
         return drafters
 
 
-def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters, *,
-               dtype: str, gamma: int, max_new_tokens: int, rounds: int, batch1_count: int, check_count: int,
-               batch8: bool = True, device: str = "cpu", temperatures: tuple[float, ...] = (0.0, 1.0),
-               eos_id: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CompareSettings:
+    """How `compare_hf` decodes: the target's and drafters' `dtype` ("float32", "bfloat16"), chains
+    of `gamma`, `max_new_tokens` per row, `rounds` interleaved rounds, `batch1_count` prompts at
+    batch 1 (0: none) and all at batch 8 (not without `batch8`), the first `check_count` checked
+    against transformers, on `device`, at `temperatures`, every row stopped at `eos_id` (None: none)."""
+
+    dtype: str
+    gamma: int
+    max_new_tokens: int
+    rounds: int
+    batch1_count: int
+    check_count: int
+    batch8: bool = True
+    device: str = "cpu"
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    eos_id: int | None = None
+
+
+def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tensor]]], drafters: HFDrafters,
+               settings: CompareSettings) -> dict[str, Any]:
     """`compare_drafters` of `drafters` on the loaded target (`hf.weights.LoadedModel`, cast to
-    `dtype`) for each (name, prompts) set, at batch 1 (`batch1_count` prompts; none for 0) and batch 8
-    (all; not without `batch8`),
-    then greedy exactness against transformers' own `generate()` in fp32 on the first set's first
+    settings.dtype) for each (name, prompts) set, at batch 1 and batch 8 (`CompareSettings`), then
+    greedy exactness against transformers' own `generate()` in fp32 on the first set's first
     `check_count` prompts (the target reloaded from `target`: bf16's multi-token verify may round
     differently from a 1-token step, and the rows' greedy_equal_plain say how often it did).
     Everything runs on `device` ("cpu", "cuda"); each method's time ends with its tokens copied to
@@ -484,6 +545,9 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
     Returns {"rows", "greedy_equals_transformers_generate"} (`write_report`)."""
     from specdec_models.hf.weights import load_causal_lm
 
+    s = settings
+    dtype, gamma, max_new_tokens, device = s.dtype, s.gamma, s.max_new_tokens, s.device
+    batch1_count, batch8 = s.batch1_count, s.batch8
     check(batch1_count >= 0 and (batch1_count or batch8), "nothing to decode: batch1_count is 0 and batch8 is off")
     model = loaded.model.to(device=device, dtype=getattr(torch, dtype))
     built = drafters.build(model)
@@ -491,17 +555,17 @@ def compare_hf(loaded: Any, target: str, prompt_sets: list[tuple[str, list[Tenso
                        getattr(torch, dtype))
     rows = []
     for name, prompts in prompt_sets:
-        for row in compare_drafters(model, prompts, built, gamma=gamma, max_new_tokens=max_new_tokens, rounds=rounds,
-                                    temperatures=tuple(temperatures),
+        race = RaceSettings(gamma=gamma, max_new_tokens=max_new_tokens, rounds=s.rounds,
+                            vocab_size=len(loaded.tokenizer), eos_id=s.eos_id)
+        for row in compare_drafters(model, prompts, built, race, temperatures=tuple(s.temperatures),
                                     batches={**({1: batch1_count} if batch1_count else {}),
                                              **({8: len(prompts)} if batch8 else {})},
-                                    vocab_size=len(loaded.tokenizer), eos_id=eos_id,
                                     report=lambda line, name=name: print(f"[{name}] {line}", flush=True)):
             rows.append({"prompt_set": name, **row})
     del model, built
     fp32 = load_causal_lm(target, dtype=torch.float32, what="target").to(device)
     # prompt lookup is transformers' own; a token-verified twin accepts at T=0 what its drafter does
     checked = {k: v for k, v in drafters.build(fp32).items() if not {"prompt_lookup", "verify"} & set(v)}
-    greedy = greedy_matches_transformers(fp32, prompt_sets[0][1][:check_count], checked, gamma=gamma,
+    greedy = greedy_matches_transformers(fp32, prompt_sets[0][1][:s.check_count], checked, gamma=gamma,
                                          max_new_tokens=max_new_tokens)
     return {"rows": rows, "greedy_equals_transformers_generate": greedy, "device_name": device_name(device)}

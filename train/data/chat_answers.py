@@ -26,15 +26,15 @@ On disk, OUT/ (a folder marked as specdec "answers"):
     OUT/answers.json          the settings, the target's identity, counts, tokens and seconds
 
 A run writes into OUT.partial/: build.json first, then one `part-NNNNN.jsonl` per batch (atomic),
-and the folder is renamed to OUT when all are done; the same command resumes a killed run from its
-finished parts. `max_seconds` stops between batches (the parts done are the output).
+and the folder is renamed to OUT when all are done (`partial`: the protocol the cache shares); the
+same command resumes a killed run from its finished parts. `max_seconds` stops between batches
+(the parts done are the output).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,14 +43,14 @@ from typing import Any
 import torch
 
 from specdec_models.errors import SpecdecError, check
-from specdec_models.files import mark_dir, remove_stale_temps, replace_dir, write_file
+from specdec_models.files import mark_dir, write_file
 
 from .conversations import AnswerPrompt, Conversation, Turn, answer_prompts, check_chat_template, context_ids
+from .partial import BUILD_FILE, finalize, open_partial
 
 ANSWERS_KIND = "answers"
 ANSWERS_FILE = "conversations.jsonl"
 META_FILE = "answers.json"
-BUILD_FILE = "build.json"
 FORMAT = "specdec-answers"
 MIN_ROOM = 16  # an answer needs at least this many positions left in the row to be worth asking for
 
@@ -278,55 +278,46 @@ def _stats(partial: Path, k: int) -> dict[str, Any]:
 
 
 def _open_partial(partial: Path, settings: dict[str, Any], rank: int) -> None:
-    """OUT.partial/ for these settings: created with build.json, or resumed when its build.json is
-    the same; another partial run is refused (one line). Only rank 0 removes a stale temp file."""
-    if partial.exists():
-        found = partial / BUILD_FILE
-        old = json.loads(found.read_text()) if found.is_file() else None
-        if old != settings:
-            changed = sorted(k for k in settings if old is not None and old.get(k) != settings[k])
-            check(old is None, f"{partial} holds a partial run with other settings ({', '.join(changed)} differ): run "
-                               f"the command that started it to resume, or remove {partial} to start over")
-    partial.mkdir(parents=True, exist_ok=True)
-    write_file(partial / BUILD_FILE, lambda f: f.write(json.dumps(settings, indent=2, sort_keys=True).encode()))
-    if rank == 0:
-        remove_stale_temps(partial)
+    """OUT.partial/ for these settings (`partial.open_partial`: created with build.json, or resumed
+    when its build.json is the same; another partial run is refused in one line). Only rank 0
+    removes a stale temp file."""
+    open_partial(partial.with_name(partial.name.removesuffix(".partial")), settings, rank=rank,
+                 start_over="remove {partial} to start over")
 
 
 def _finalize(partial: Path, out: Path, settings: dict[str, Any], present: list[int], rank: int,
               t0: float) -> dict[str, Any]:
-    """Join the parts into OUT (one process: the one that takes partial/finalize.lock; a lock
-    left by a dead process is taken over)."""
-    from .embeddings_cache import take_lock
+    """Join the parts into OUT (`partial.finalize`: one process, the one that takes the lock)."""
 
-    lock = partial / "finalize.lock"
-    if not take_lock(lock):
+    def join(partial: Path) -> dict[str, Any]:
+        parts = [partial / _part(k) for k in present]
+        totals = {"tokens": 0, "answers": 0, "too_long": 0, "seconds": 0.0}
+        ranks = set()
+        for k in present:
+            stats = _stats(partial, k)
+            for name in totals:
+                totals[name] += stats.get(name, 0)
+            ranks.add(stats.get("rank", 0))
+
+        def concat(f) -> None:
+            for p in parts:
+                f.write(p.read_bytes())
+
+        write_file(partial / ANSWERS_FILE, concat)
+        written = sum(1 for p in parts for line in p.open(encoding="utf-8") if line.strip())
+        meta = {**settings, "written": written, "batches_done": len(parts), **totals, "ranks": len(ranks),
+                "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9)}
+        write_file(partial / META_FILE, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
+        for k in present:
+            (partial / _part(k)).unlink(missing_ok=True)
+            (partial / _stats_name(k)).unlink(missing_ok=True)
+        (partial / BUILD_FILE).unlink(missing_ok=True)
+        mark_dir(partial, ANSWERS_KIND)
+        return meta
+
+    done, meta = finalize(out, join)
+    if not done:
         return {"finalized": False, "rank": rank}
-    parts = [partial / _part(k) for k in present]
-    totals = {"tokens": 0, "answers": 0, "too_long": 0, "seconds": 0.0}
-    ranks = set()
-    for k in present:
-        stats = _stats(partial, k)
-        for name in totals:
-            totals[name] += stats.get(name, 0)
-        ranks.add(stats.get("rank", 0))
-
-    def concat(f) -> None:
-        for p in parts:
-            f.write(p.read_bytes())
-
-    write_file(partial / ANSWERS_FILE, concat)
-    written = sum(1 for p in parts for line in p.open(encoding="utf-8") if line.strip())
-    meta = {**settings, "written": written, "batches_done": len(parts), **totals, "ranks": len(ranks),
-            "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9)}
-    write_file(partial / META_FILE, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
-    for k in present:
-        (partial / _part(k)).unlink(missing_ok=True)
-        (partial / _stats_name(k)).unlink(missing_ok=True)
-    (partial / BUILD_FILE).unlink(missing_ok=True)
-    mark_dir(partial, ANSWERS_KIND)
-    replace_dir(partial, out)                               # the lock goes with it: no process finalizes twice
-    (out / lock.name).unlink(missing_ok=True)
     meta["wall_seconds"] = time.perf_counter() - t0
     meta["finalized"] = True
     return meta

@@ -25,7 +25,8 @@ answers) or, keeping the data's answers, from any conversation source (`conversa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,7 +37,15 @@ from torch.utils.data import DataLoader, Dataset
 from specdec_models.errors import SpecdecError, check, check_positive_int
 
 from .conversations import Conversation, cut_at_turns, render_turns
-from .embeddings_cache import MASK, CacheModel, RowSource, check_build, normalize_layers, write_cache
+from .embeddings_cache import (
+    MASK,
+    BuildRun,
+    CacheModel,
+    CacheSettings,
+    RowSource,
+    normalize_layers,
+    write_cache,
+)
 from .streams import SpecdecDataModule, StepBatches, stream_position
 
 
@@ -119,36 +128,48 @@ class ChatRows(RowSource):
         return torch.from_numpy(self.data["tokens"][pick]), extra
 
 
-def build_chat_cache(target: str | os.PathLike, train: Sequence[tuple[Conversation, bool]],
-                     held_out: Sequence[tuple[Conversation, bool]], out: str | os.PathLike, *, seq_len: int,
-                     layers: Sequence[int] | None, describe: dict, windows: int | None = None,
-                     chat_template_kwargs: dict | None = None, dtype: str = "bfloat16", shard_size: str = "500MB",
-                     seed: int = 0, batch_size: int = 16, device: str = "cpu",
-                     model_dtype: torch.dtype = torch.float32, overwrite: bool = False,
-                     progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None,
-                     rank: int = 0, world: int = 1) -> dict[str, Any]:
-    """The embeddings cache (hidden states at `layers`, `build_hf_cache`'s convention) of the rows
-    of `train` then `held_out` conversations (`row_order`), through `write_cache` (resumable; as
-    process `rank` of `world`, its shards of it). Returns cache.json's contents plus "row_counts"
-    (`chat_rows`' counts) and "held_out_rows" ({"finalized": False, ...} from a process that did
-    not write cache.json)."""
+@dataclass(frozen=True)
+class ChatSource:
+    """The rows of a conversation cache: the `train` then the `held_out` conversations ((conversation,
+    truncated) pairs), rendered with `chat_template_kwargs`, `windows` rows of them (`row_order`;
+    None: every row once), the hidden states at `layers` (`build_hf_cache`'s convention), and
+    `describe` (what cache.json records as their source)."""
+
+    train: Sequence[tuple[Conversation, bool]]
+    held_out: Sequence[tuple[Conversation, bool]]
+    layers: Sequence[int] | None
+    describe: dict
+    windows: int | None = None
+    chat_template_kwargs: dict | None = None
+
+
+def build_chat_cache(target: str | os.PathLike, source: ChatSource, out: str | os.PathLike,
+                     settings: CacheSettings | None = None, run: BuildRun | None = None, device: str = "cpu",
+                     model_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """The embeddings cache of the rows of `source` (`ChatSource`; settings.windows is the rows it
+    makes), through `write_cache` (resumable; as process run.rank of run.world, its shards of it).
+    Returns cache.json's contents plus "row_counts" (`chat_rows`' counts) and "held_out_rows"
+    ({"finalized": False, ...} from a process that did not write cache.json). `settings` None:
+    `CacheSettings(batch_size=16)`; `run` None: `BuildRun()`."""
     from specdec_models.hf import HFDecoder, logits_width, text_config
     from specdec_models.hf.weights import check_source, load_causal_lm, load_config, load_tokenizer, target_identity
 
+    settings, run = settings or CacheSettings(batch_size=16), run or BuildRun()
     path = check_source(target, "target")
     tokenizer = load_tokenizer(path, "target")
-    rows, counts = chat_rows(tokenizer, [*train, *held_out], seq_len, chat_template_kwargs)
-    held = int((rows["offset"] >= len(train)).sum())
-    order = row_order(len(rows["offset"]) - held, held, windows, seed)
+    rows, counts = chat_rows(tokenizer, [*source.train, *source.held_out], settings.seq_len,
+                             source.chat_template_kwargs)
+    held = int((rows["offset"] >= len(source.train)).sum())
+    order = row_order(len(rows["offset"]) - held, held, source.windows, settings.seed)
+    settings = replace(settings, windows=len(order))
     depth = int(text_config(load_config(path, "target")).num_hidden_layers)
-    layers = normalize_layers([depth] if layers is None else list(layers), depth)
-    out = check_build(out, seq_len=seq_len, windows=len(order), dtype=dtype, top_k_logits=0, batch_size=batch_size,
-                      overwrite=overwrite and world == 1)
+    layers = normalize_layers([depth] if source.layers is None else list(source.layers), depth)
+    out = settings.check(out, run.overwrite and run.world == 1)
     model = load_causal_lm(path, dtype=model_dtype, what="target").to(device)
     model.requires_grad_(False)
     vocab = min(len(tokenizer), logits_width(model))
     decoder = HFDecoder(model, vocab)
-    source = ChatRows(rows, order, vocab, {**describe, "held_out_rows": held, "rows": counts["rows"]})
+    rows_source = ChatRows(rows, order, vocab, {**source.describe, "held_out_rows": held, "rows": counts["rows"]})
 
     def hidden(tokens: torch.Tensor) -> torch.Tensor:                 # (b, n) -> (b, n, len(layers) dim)
         at = torch.zeros(tokens.shape[0], dtype=torch.long)
@@ -157,9 +178,7 @@ def build_chat_cache(target: str | os.PathLike, train: Sequence[tuple[Conversati
     identity = {"kind": "hf", **target_identity(model, path.resolve())}
     cached = CacheModel(identity, int(text_config(model.config).hidden_size), vocab, decoder.cfg.max_seq_len, hidden,
                         depth=depth, layers=tuple(layers))
-    meta = write_cache(cached, source, out, seq_len=seq_len, windows=len(order), dtype=dtype, top_k_logits=0,
-                       shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
-                       progress=progress, report=report, rank=rank, world=world)
+    meta = write_cache(cached, rows_source, out, settings, run)
     return {**meta, "row_counts": counts, "held_out_rows": held}
 
 
@@ -202,12 +221,12 @@ class HFChatDataModule(SpecdecDataModule):
     `answers`: an answers folder (`chat_answers`, the target's own answers); or `conversations`: any
     source of `conversations.read_conversations` with the data's own answers (EAGLE-1's way).
     Conversations held out by id hash (`held_out` of them, `conversations.split_held_out`) are
-    the fixed validation rows (`val_windows` of them at most)."""
+    the fixed validation rows (`val_windows` of them at most). (A smaller share of a source is a
+    smaller source: `scripts/eagle3.py --conversations N` samples one.)"""
 
     def __init__(self, answers: str | None = None, conversations: str | None = None, tokenizer: str | None = None,
                  seq_len: int = 512, batch_size: int = 4, val_windows: int = 16, val_batch_size: int = 4,
-                 held_out: float = 0.02, chat_template_kwargs: dict | None = None, max_conversations: int | None = None,
-                 seed: int = 0) -> None:
+                 held_out: float = 0.02, chat_template_kwargs: dict | None = None, seed: int = 0) -> None:
         super().__init__()
         for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
                             ("val_batch_size", val_batch_size)]:
@@ -218,8 +237,7 @@ class HFChatDataModule(SpecdecDataModule):
         self.answers, self.conversations, self.tokenizer_path = answers, conversations, tokenizer
         self.seq_len, self.batch_size, self.val_windows, self.val_batch_size = seq_len, batch_size, val_windows, \
             val_batch_size
-        self.held_out, self.kwargs, self.limit, self.seed = held_out, dict(chat_template_kwargs or {}), \
-            max_conversations, seed
+        self.held_out, self.kwargs, self.seed = held_out, dict(chat_template_kwargs or {}), seed
         self._rows: dict[str, np.ndarray] | None = None
         self._train = self._val = None
         self._tokenizer = None
@@ -238,9 +256,8 @@ class HFChatDataModule(SpecdecDataModule):
         if self.answers is not None:
             pairs, _ = read_answers(self.answers)
         else:
-            convs, _ = read_conversations(self.conversations, limit=self.limit)
+            convs, _ = read_conversations(self.conversations)
             pairs = [(c, False) for c in convs]
-        pairs = pairs[:self.limit] if self.limit else pairs
         rows, _ = chat_rows(self.tokenizer, pairs, self.seq_len, self.kwargs)
         held = np.array([is_held_out(pairs[i][0].id, self.held_out, str(self.seed)) for i in rows["offset"]], bool)
         val = np.nonzero(held)[0][:self.val_windows]

@@ -43,12 +43,13 @@ On disk, Hugging Face `datasets` Arrow files read memory-mapped:
     CACHE_DIR/cache.json                  format, version, the model's identity, settings, file sizes
     CACHE_DIR/dataset/data-00000.arrow    shards of consecutive rows
 
-A build writes into CACHE_DIR.partial: build.json first (the settings and the model's identity),
-then each shard under a temporary name, renamed when complete, cache.json last, and the directory
-is renamed to CACHE_DIR (`files.replace_dir`). So CACHE_DIR is absent or complete, and a killed
-build keeps its finished shards: the same command resumes it and computes only the missing ones.
-Rows are a pure function of the settings, so a resumed build writes what an uninterrupted one
-does. A partial build made with other settings is refused in one line (overwrite starts over).
+A build writes into CACHE_DIR.partial (`partial`: the protocol the answers share): build.json
+first (the settings and the model's identity), then each shard under a temporary name, renamed
+when complete, cache.json last, and the directory is renamed to CACHE_DIR (`files.replace_dir`).
+So CACHE_DIR is absent or complete, and a killed build keeps its finished shards: the same command
+resumes it and computes only the missing ones. Rows are a pure function of the settings, so a
+resumed build writes what an uninterrupted one does. A partial build made with other settings is
+refused in one line (overwrite starts over).
 
 `train.data.embeddings.EmbeddingsDataModule` (`data=enwik8_embeddings`) and
 `train.data.hf_embeddings.HFEmbeddingsDataModule` (`data=hf_embeddings`) train from it.
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,16 +70,16 @@ import torch
 
 from specdec_models.errors import SpecdecError, check
 from specdec_models.export import read_json_object
-from specdec_models.files import remove_stale_temps, replace_dir, temp_path, write_file
+from specdec_models.files import temp_path, write_file
 
 from .enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
+from .partial import finalize, open_partial
 from .streams import window_batch
 
 CACHE_FORMAT = "specdec-embeddings-cache"
 CACHE_VERSION = 4          # 4: several layers per row (int8 scales per token and layer), valid_len of regenerated rows
 READ_VERSIONS = (3, 4)     # 3: any vocabulary, int8 with per-token scales, the model's identity, resumable builds
 META_NAME = "cache.json"
-BUILD_NAME = "build.json"
 DATASET_DIR = "dataset"
 MASK = "mask"              # a RowSource column kind: seq_len + 1 uint8 per row (a per-token loss mask)
 DTYPES = ("bfloat16", "float16", "int8")      # names as in specdec_models.config.DTYPES, plus int8
@@ -285,206 +285,257 @@ def last_batch_rows(seconds_left: float, batch_seconds: float, batch_rows: int, 
     return fit if fit >= max(1, batch_size // 8) else 0
 
 
-def write_cache(model: CacheModel, source: RowSource, out: Path, *, seq_len: int, windows: int, dtype: str,
-                top_k_logits: int, shard_size: str | int, seed: int, batch_size: int, overwrite: bool = False,
-                progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None,
-                max_seconds: float | None = None, rank: int = 0, world: int = 1) -> dict[str, Any]:
-    """Run `model` over `windows` rows of `source` and write the cache to `out` (see the module
-    docstring), resuming a killed build of the same settings. `report(line)` hears the size the
-    cache will take before any work, and what a resume keeps; `progress(tokens)` follows each batch.
-    `max_seconds`: a time budget for this call; a batch starts only if, taking as long as the
-    previous one, it would end within it (the first batch always runs). Where a whole batch would
-    not, a last, smaller batch takes the rows that should end within it at the previous batch's time
-    per row, less a tenth (`last_batch_rows`; none where under an eighth of a batch fits). The cache
-    holds the rows written by then, the first rows of the full build (cache.json records "windows"
-    written and "requested_windows"; a smaller last batch's sampled rows are drawn by other draws than
-    the full batch's): a slow machine gets fewer rows rather than a longer build. Returns cache.json's
-    contents, with the seconds this call took.
+@dataclass(frozen=True)
+class CacheSettings:
+    """What a build writes, the same for every process and every resume (build.json records it):
+    `windows` rows of seq_len + 1 tokens, hidden states stored as `dtype`, the `top_k_logits`
+    largest logits (specdec exports only), Arrow shards of at most `shard_size` (bytes or like
+    500MB) unless one batch is larger, rows drawn with `seed`, `batch_size` rows per forward pass."""
 
-    As one of `world` processes (`rank`), it writes shards rank, rank + world, ... into the same
-    CACHE_DIR.partial/ (a shared filesystem); whichever process finds every shard written when it
-    ends writes cache.json and renames the folder (a lock file keeps it to one); the others return
+    seq_len: int = 512
+    windows: int = 1024
+    dtype: str = "bfloat16"
+    top_k_logits: int = 0
+    shard_size: str | int = "500MB"
+    seed: int = 0
+    batch_size: int = 8
+
+    def check(self, out: str | os.PathLike, overwrite: bool) -> Path:
+        """`check_build` of these settings and the output folder; the shard size too."""
+        out = check_build(out, seq_len=self.seq_len, windows=self.windows, dtype=self.dtype,
+                          top_k_logits=self.top_k_logits, batch_size=self.batch_size, overwrite=overwrite)
+        shard_size_bytes(self.shard_size)
+        return out
+
+
+@dataclass(frozen=True)
+class BuildRun:
+    """How one call builds: `overwrite` a cache (or a partial build of other settings, one process
+    only), `progress(tokens)` after each batch, `report(line)` the size before any work and what a
+    resume keeps, `max_seconds` a time budget (one process only: `write_cache`), as process `rank`
+    of `world` (`partial`: the parts-lock-finalize protocol)."""
+
+    overwrite: bool = False
+    progress: Callable[[int], Any] | None = None
+    report: Callable[[str], Any] | None = None
+    max_seconds: float | None = None
+    rank: int = 0
+    world: int = 1
+
+    def say(self, line: str) -> None:
+        if self.report is not None:
+            self.report(line)
+
+    def check(self) -> None:
+        check(self.world >= 1 and 0 <= self.rank < self.world, f"rank {self.rank} of {self.world} processes is not "
+                                                               f"a rank")
+        check(self.max_seconds is None or self.world == 1,
+              "a time budget stops one process; with several, give none")
+        check(self.max_seconds is None or self.max_seconds > 0,
+              f"the cache's time budget must be > 0 seconds, got {self.max_seconds!r}")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A build laid out: bytes per row, rows per shard (whole batches), shards, the layers, what
+    build.json records and the Arrow features."""
+
+    per_row: int
+    per_shard: int
+    shards: int
+    layers: list[int]
+    build: dict[str, Any]
+    features: Any
+
+
+class _Budget:
+    """`max_seconds` of work from `t0`: a batch starts only if, taking as long as the previous one,
+    it would end within it (the first always runs); else a last, smaller batch (`last_batch_rows`)."""
+
+    def __init__(self, t0: float, max_seconds: float | None) -> None:
+        self.t0, self.max_seconds, self.seconds, self.rows = t0, max_seconds, 0.0, 0
+
+    def fit(self, start: int, count: int, batch_size: int) -> tuple[int, bool]:
+        """The rows of the batch at row `start` (0: out of time) and whether it is the last."""
+        elapsed = time.perf_counter() - self.t0
+        if self.max_seconds is None or start == 0 or elapsed + self.seconds <= self.max_seconds:
+            return count, False
+        return min(count, last_batch_rows(self.max_seconds - elapsed, self.seconds, self.rows, batch_size)), True
+
+    def record(self, seconds: float, rows: int) -> None:
+        self.seconds, self.rows = seconds, rows
+
+
+def write_cache(model: CacheModel, source: RowSource, out: Path, settings: CacheSettings,
+                run: BuildRun = BuildRun()) -> dict[str, Any]:
+    """Run `model` over `settings.windows` rows of `source` and write the cache to `out` (see the
+    module docstring), resuming a killed build of the same settings. `run.report(line)` hears the
+    size the cache will take before any work, and what a resume keeps; `run.progress(tokens)`
+    follows each batch. `run.max_seconds`: a time budget for this call (`_Budget`; none where
+    under an eighth of a batch fits). The cache holds the rows written by then, the first rows of
+    the full build (cache.json records "windows" written and "requested_windows"; a smaller last
+    batch's sampled rows are drawn by other draws than the full batch's): a slow machine gets fewer
+    rows rather than a longer build. Returns cache.json's contents, with the seconds this call took.
+
+    As one of `run.world` processes (`run.rank`), it writes shards rank, rank + world, ... into the
+    same CACHE_DIR.partial/ (a shared filesystem); whichever process finds every shard written when
+    it ends writes cache.json and renames the folder (`partial.finalize`); the others return
     {"finalized": False}. Shards are pure functions of the settings, so the cache is the one a single
     process writes. A partial build of other settings is refused then, even with `overwrite` (a
     process would remove what another is writing)."""
     t0 = time.perf_counter()
-    check(world >= 1 and 0 <= rank < world, f"rank {rank} of {world} processes is not a rank")
-    check(max_seconds is None or world == 1, "a time budget stops one process; with several, give none")
-    check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
-    say = report or (lambda line: None)
-    check(model.logits is not None or not top_k_logits,
-          "top-k logits are cached for specdec exports only: a Hugging Face target's logits are its head applied "
-          "to the cached hidden states (task=hf_prophet computes them)")
-    check(seq_len <= model.max_seq_len, f"seq_len ({seq_len}) exceeds the model's {model.max_seq_len} positions")
-    check(top_k_logits <= model.vocab_size,
-          f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({model.vocab_size})")
-    layers = list(model.layers)
-    check(layers and layers == normalize_layers(layers, model.depth),
-          f"the model's layers {layers} are not normalized hidden-state indices of its {model.depth} layers")
-    check(not top_k_logits or layers == [model.depth], "top-k logits are cached with the last layer only")
-    per_row = row_bytes(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
-    # a batch never spans two shards, so a shard holds whole batches: at least one, however small
-    # shard_size is (a 4,096-row GPU batch is 4.8 GB at seq_len 256), else batches would be cut to it
-    per_shard = max(1, shard_size_bytes(shard_size) // per_row // batch_size) * batch_size
-    shards = -(-windows // per_shard)
-    settings = {"seq_len": seq_len, "windows": windows, "dim": model.dim, "dtype": dtype, "top_k_logits": top_k_logits,
-                "seed": seed, "batch_size": batch_size, "rows_per_shard": per_shard, "vocab_size": model.vocab_size,
-                "layers": layers, "depth": model.depth}
-    build = {"format": CACHE_FORMAT, "format_version": CACHE_VERSION, "model": model.identity,
-             "source": source.describe(), **settings}
-    say(f"the cache will take about {per_row * windows / 1e6:,.1f} MB: {windows:,} rows x {per_row:,} bytes "
-        f"({per_row / seq_len:,.0f} bytes per token: {dtype} hidden states of {len(layers)} layer(s) {layers} "
-        f"of dim {model.dim}), {shards} shard(s)")
-
-    partial = out.with_name(f"{out.name}.partial")
-    if partial.exists():
-        path = partial / BUILD_NAME
-        found = json.loads(path.read_text()) if path.is_file() else None     # None: killed before any shard
-        if found != build:
-            changed = sorted(k for k in build if found is not None and found.get(k) != build[k])
-            check((overwrite and world == 1) or found is None, f"{partial} holds a partial build with other settings "
-                                              f"({', '.join(changed)} differ): run the command that started it to "
-                                              f"resume, or pass --overwrite to start over")
-            if world == 1:                          # (with several, another process may be starting this very build)
-                shutil.rmtree(partial)
-    (partial / DATASET_DIR).mkdir(parents=True, exist_ok=True)
-    write_file(partial / BUILD_NAME, lambda f: f.write(json.dumps(build, indent=2, sort_keys=True).encode()))
-    remove_stale_temps(partial / DATASET_DIR)       # (only a dead process's temps: the pid in a temp's name)
-    check(world <= shards, f"{world} processes for a cache of {shards} shard(s): some would have nothing to write; "
-                           f"use at most {shards} processes or a smaller --shard-size")
-    kept = [k for k in range(shards) if (partial / _shard_name(k)).is_file()]
+    run.check()
+    plan = _plan(model, source, settings)
+    run.say(f"the cache will take about {plan.per_row * settings.windows / 1e6:,.1f} MB: {settings.windows:,} rows x "
+            f"{plan.per_row:,} bytes ({plan.per_row / settings.seq_len:,.0f} bytes per token: {settings.dtype} hidden "
+            f"states of {len(plan.layers)} layer(s) {plan.layers} of dim {model.dim}), {plan.shards} shard(s)")
+    partial = open_partial(out, plan.build, rank=run.rank, world=run.world, overwrite=run.overwrite,
+                           start_over="pass --overwrite to start over", temps=DATASET_DIR)
+    check(run.world <= plan.shards, f"{run.world} processes for a cache of {plan.shards} shard(s): some would have "
+                                    f"nothing to write; use at most {plan.shards} processes or a smaller --shard-size")
+    kept = [k for k in range(plan.shards) if (partial / _shard_name(k)).is_file()]
     if kept:
-        say(f"resuming {partial}: {len(kept)} of {shards} shard(s) already written")
-
-    import pyarrow as pa
-    from datasets.arrow_writer import ArrowWriter
-
-    features = _features(seq_len, model.dim, dtype, top_k_logits, model.vocab_size, source.columns, len(layers))
-    written = windows                                    # rows in the cache: fewer when the time budget runs out
-    batch_seconds, batch_rows = 0.0, 0                   # how long this call's last batch took, and its rows
-    for k in range(shards):
-        if k in kept or k % world != rank:
-            continue
-        final = partial / _shard_name(k)
-        tmp = temp_path(final)
-        writer = ArrowWriter(features=features, path=str(tmp))
-        try:
-            first, last = k * per_shard, min((k + 1) * per_shard, windows)
-            with torch.inference_mode():
-                for start in range(first, last, batch_size):
-                    began = time.perf_counter()
-                    count = min(batch_size, last - start)
-                    # a batch starts only if it should end within the budget, as long as the last one took; a
-                    # smaller last batch takes what should fit
-                    if max_seconds is not None and start > 0 and began - t0 + batch_seconds > max_seconds:
-                        count = min(count, last_batch_rows(max_seconds - (began - t0), batch_seconds, batch_rows,
-                                                           batch_size))
-                        if not count:
-                            written = start             # out of time: rows 0..start-1 are the cache
-                            break
-                        written = start + count         # the last batch: rows 0..start+count-1 are the cache
-                    tokens, extra = source.rows(start, count)                               # (b, n + 1)
-                    hidden = extra.pop("embeds", None)                                      # (b, n, k d)
-                    if hidden is None:                  # the source computed none: one pass over its rows
-                        hidden = model.hidden(tokens[:, :-1])
-                    check(hidden.shape == (len(tokens), seq_len, len(layers) * model.dim),
-                          f"the hidden states of rows {start}.. have shape {tuple(hidden.shape)}, not "
-                          f"{(len(tokens), seq_len, len(layers) * model.dim)}")
-                    packed = pack_embeds(hidden, dtype, len(layers))
-                    columns = {name: _fixed_lists(v) for name, v in packed.items()}
-                    columns["tokens"] = _fixed_lists(tokens.numpy().astype(token_type(model.vocab_size)))
-                    if top_k_logits:
-                        values, indices = model.logits(hidden).float().topk(top_k_logits, dim=-1)   # (b, n, k)
-                        columns["topk_values"] = _fixed_lists(values.half().cpu().numpy().reshape(len(tokens), -1))
-                        columns["topk_indices"] = _fixed_lists(indices.cpu().numpy().astype(
-                            np.uint8 if model.vocab_size <= 256 else np.int32).reshape(len(tokens), -1))
-                    for name, kind in source.columns.items():
-                        columns[name] = (_fixed_lists(extra[name].astype(np.uint8)) if kind == MASK
-                                         else pa.array(extra[name].astype(kind)))
-                    writer.write_table(pa.table({name: columns[name] for name in features}))
-                    if progress is not None:
-                        progress(len(tokens) * seq_len)
-                    batch_seconds, batch_rows = time.perf_counter() - began, count
-                    if written < windows:
-                        break
-            if written > first:                         # the shard holds rows: a resume keeps it
-                writer.finalize()
-                os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        if written < windows:
-            break
-    if written < windows:                               # (shards are written in order: none lies past it)
-        say(f"the time budget ({max_seconds / 60:.1f} min) ran out after {written:,} of {windows:,} rows: "
-            f"the cache holds those")
-    if world > 1:
-        missing = [k for k in range(shards) if not (partial / _shard_name(k)).is_file()]
-        if missing or not take_lock(partial / "finalize.lock"):
-            if missing:
-                say(f"rank {rank} wrote its shards; {len(missing)} of other ranks are not written yet: the last rank "
-                    f"to finish writes {out}")
-            return {**build, "finalized": False, "rank": rank}
-    files = {_shard_name(k): (partial / _shard_name(k)).stat().st_size for k in range(-(-written // per_shard))}
-    meta = {**build, "windows": written, "tokens": written * seq_len, "files": files, "bytes": sum(files.values())}
-    if written < windows:
-        meta["requested_windows"] = windows
-    write_file(partial / META_NAME, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
-    replace_dir(partial, out)
-    (out / "finalize.lock").unlink(missing_ok=True)
+        run.say(f"resuming {partial}: {len(kept)} of {plan.shards} shard(s) already written")
+    written = settings.windows                           # rows in the cache: fewer when the time budget runs out
+    budget = _Budget(t0, run.max_seconds)
+    for k in range(plan.shards):
+        if k not in kept and k % run.world == run.rank:
+            written = _write_shard(model, source, partial / _shard_name(k), k, plan, settings, run, budget)
+            if written < settings.windows:              # (shards are written in order: none lies past it)
+                run.say(f"the time budget ({run.max_seconds / 60:.1f} min) ran out after {written:,} of "
+                        f"{settings.windows:,} rows: the cache holds those")
+                break
+    if run.world > 1:
+        missing = [k for k in range(plan.shards) if not (partial / _shard_name(k)).is_file()]
+        if missing:
+            run.say(f"rank {run.rank} wrote its shards; {len(missing)} of other ranks are not written yet: the last "
+                    f"rank to finish writes {out}")
+            return {**plan.build, "finalized": False, "rank": run.rank}
+    done, meta = finalize(out, lambda partial: _write_meta(partial, plan, settings, written))
+    if not done:
+        return {**plan.build, "finalized": False, "rank": run.rank}
     meta["seconds"] = time.perf_counter() - t0
     return meta
 
 
-def take_lock(lock: Path) -> bool:
-    """Create `lock` holding this pid, or take it over from a dead process; False when a live
-    process holds it or the folder is gone (another process finished)."""
-    from specdec_models.files import _pid_alive
+def _plan(model: CacheModel, source: RowSource, s: CacheSettings) -> _Plan:
+    """The model's fit to the settings checked (one line), and the build laid out."""
+    check(model.logits is not None or not s.top_k_logits,
+          "top-k logits are cached for specdec exports only: a Hugging Face target's logits are its head applied "
+          "to the cached hidden states (task=hf_prophet computes them)")
+    check(s.seq_len <= model.max_seq_len, f"seq_len ({s.seq_len}) exceeds the model's {model.max_seq_len} positions")
+    check(s.top_k_logits <= model.vocab_size,
+          f"top-k-logits ({s.top_k_logits}) exceeds the vocabulary ({model.vocab_size})")
+    layers = list(model.layers)
+    check(layers and layers == normalize_layers(layers, model.depth),
+          f"the model's layers {layers} are not normalized hidden-state indices of its {model.depth} layers")
+    check(not s.top_k_logits or layers == [model.depth], "top-k logits are cached with the last layer only")
+    per_row = row_bytes(s.seq_len, model.dim, s.dtype, s.top_k_logits, model.vocab_size, source.columns, len(layers))
+    # a batch never spans two shards, so a shard holds whole batches: at least one, however small
+    # shard_size is (a 4,096-row GPU batch is 4.8 GB at seq_len 256), else batches would be cut to it
+    per_shard = max(1, shard_size_bytes(s.shard_size) // per_row // s.batch_size) * s.batch_size
+    settings = {"seq_len": s.seq_len, "windows": s.windows, "dim": model.dim, "dtype": s.dtype,
+                "top_k_logits": s.top_k_logits, "seed": s.seed, "batch_size": s.batch_size,
+                "rows_per_shard": per_shard, "vocab_size": model.vocab_size, "layers": layers, "depth": model.depth}
+    build = {"format": CACHE_FORMAT, "format_version": CACHE_VERSION, "model": model.identity,
+             "source": source.describe(), **settings}
+    features = _features(s.seq_len, model.dim, s.dtype, s.top_k_logits, model.vocab_size, source.columns, len(layers))
+    return _Plan(per_row, per_shard, -(-s.windows // per_shard), layers, build, features)
 
-    while True:
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _pid_alive(pid):
-                return False
-            lock.unlink(missing_ok=True)
-            continue
-        except FileNotFoundError:
-            return False
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        return True
+
+def _write_shard(model: CacheModel, source: RowSource, final: Path, k: int, plan: _Plan, s: CacheSettings,
+                 run: BuildRun, budget: _Budget) -> int:
+    """Shard k, written to a temp renamed to `final` when it holds rows. Returns the rows the cache
+    holds: s.windows, or fewer where the time budget ran out inside this shard."""
+    from datasets.arrow_writer import ArrowWriter
+
+    tmp = temp_path(final)
+    writer = ArrowWriter(features=plan.features, path=str(tmp))
+    first, last = k * plan.per_shard, min((k + 1) * plan.per_shard, s.windows)
+    written = s.windows
+    try:
+        with torch.inference_mode():
+            for start in range(first, last, s.batch_size):
+                began = time.perf_counter()
+                count, ending = budget.fit(start, min(s.batch_size, last - start), s.batch_size)
+                if ending:
+                    written = start + count                 # the last batch (or none): rows 0..written-1 are the cache
+                if not count:
+                    break
+                writer.write_table(_batch_table(model, source, start, count, plan, s))
+                if run.progress is not None:
+                    run.progress(count * s.seq_len)
+                budget.record(time.perf_counter() - began, count)
+                if ending and written < s.windows:
+                    break
+        if written > first:                             # the shard holds rows: a resume keeps it
+            writer.finalize()
+            os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return written
 
 
-def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, seq_len: int = 512,
-                windows: int = 1024, dtype: str = "bfloat16", top_k_logits: int = 0, shard_size: str | int = "500MB",
-                seed: int = 0, batch_size: int = 8, device: str | torch.device = "cpu", overwrite: bool = False,
-                progress: Callable[[int], Any] | None = None, report: Callable[[str], Any] | None = None
-                ) -> dict[str, Any]:
-    """Cache the embeddings of a specdec export's main model on `windows` random byte windows of
-    the training split of `data` (see the module docstring and `write_cache`)."""
+def _batch_table(model: CacheModel, source: RowSource, start: int, count: int, plan: _Plan, s: CacheSettings):
+    """Rows start..start+count-1 as an Arrow table of the cache's columns."""
+    import pyarrow as pa
+
+    width = len(plan.layers) * model.dim
+    tokens, extra = source.rows(start, count)                                   # (b, n + 1)
+    hidden = extra.pop("embeds", None)                                          # (b, n, k d)
+    if hidden is None:                                  # the source computed none: one pass over its rows
+        hidden = model.hidden(tokens[:, :-1])
+    expected = (len(tokens), s.seq_len, width)
+    check(hidden.shape == expected, f"the hidden states of rows {start}.. have shape {tuple(hidden.shape)}, not "
+                                    f"{expected}")
+    columns = {name: _fixed_lists(v) for name, v in pack_embeds(hidden, s.dtype, len(plan.layers)).items()}
+    columns["tokens"] = _fixed_lists(tokens.numpy().astype(token_type(model.vocab_size)))
+    if s.top_k_logits:
+        values, indices = model.logits(hidden).float().topk(s.top_k_logits, dim=-1)       # (b, n, k)
+        columns["topk_values"] = _fixed_lists(values.half().cpu().numpy().reshape(len(tokens), -1))
+        columns["topk_indices"] = _fixed_lists(indices.cpu().numpy().astype(
+            np.uint8 if model.vocab_size <= 256 else np.int32).reshape(len(tokens), -1))
+    for name, kind in source.columns.items():
+        columns[name] = (_fixed_lists(extra[name].astype(np.uint8)) if kind == MASK
+                         else pa.array(extra[name].astype(kind)))
+    return pa.table({name: columns[name] for name in plan.features})
+
+
+def _write_meta(partial: Path, plan: _Plan, s: CacheSettings, written: int) -> dict[str, Any]:
+    """cache.json of the `written` rows, into the partial folder (`partial.finalize`'s join)."""
+    files = {_shard_name(k): (partial / _shard_name(k)).stat().st_size for k in range(-(-written // plan.per_shard))}
+    meta = {**plan.build, "windows": written, "tokens": written * s.seq_len, "files": files,
+            "bytes": sum(files.values())}
+    if written < s.windows:
+        meta["requested_windows"] = s.windows
+    write_file(partial / META_NAME, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
+    return meta
+
+
+def build_cache(export: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike,
+                settings: CacheSettings = CacheSettings(), run: BuildRun = BuildRun(),
+                device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Cache the embeddings of a specdec export's main model on `settings.windows` random byte
+    windows of the training split of `data` (see the module docstring and `write_cache`; a time
+    budget and several processes are for Hugging Face targets)."""
     from specdec_models import ModelWithProphet
     from specdec_models.export import load_export, read_main_config
 
-    out = check_build(out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=top_k_logits,
-                      batch_size=batch_size, overwrite=overwrite)
-    shard_size_bytes(shard_size)
+    s = settings
+    out = s.check(out, run.overwrite)
     check(Path(data).expanduser().is_file(), f"data {data} does not exist or is not a file")
     cfg, config = read_main_config(export)                # cheap checks first: the weights load last
-    check(seq_len <= cfg.max_seq_len, f"seq_len ({seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
-    check(top_k_logits <= cfg.vocab_size, f"top-k-logits ({top_k_logits}) exceeds the vocabulary ({cfg.vocab_size})")
-    source = ByteWindows(Path(data), seq_len, windows, seed)
+    check(s.seq_len <= cfg.max_seq_len,
+          f"seq_len ({s.seq_len}) exceeds the main model's max_seq_len ({cfg.max_seq_len})")
+    check(s.top_k_logits <= cfg.vocab_size,
+          f"top-k-logits ({s.top_k_logits}) exceeds the vocabulary ({cfg.vocab_size})")
+    source = ByteWindows(Path(data), s.seq_len, s.windows, s.seed)
     loaded = load_export(export, map_location=device)    # re-hashes the weights against config.json
     main = loaded.model if isinstance(loaded, ModelWithProphet) else loaded
     identity = {"kind": "export", "path": str(Path(export).resolve()), "weights_sha256": config["weights_sha256"]}
     model = CacheModel(identity, cfg.dim, cfg.vocab_size, cfg.max_seq_len, lambda t: main.hidden(t.to(device)),
                        main.logits, depth=cfg.depth, layers=(cfg.depth,))
-    return write_cache(model, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=top_k_logits,
-                       shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
-                       progress=progress, report=report)
+    return write_cache(model, source, out, s, run)
 
 
 # ---------------------------------------------------------------- reading
@@ -576,8 +627,8 @@ def open_cache(cache: str | os.PathLike, meta: dict[str, Any] | None = None):
 def cache_rows(dataset, rows: np.ndarray, meta: dict[str, Any], top_k: bool = False) -> dict[str, torch.Tensor]:
     """Rows `rows` of an opened cache as a training batch {"tokens" (b, n + 1) int64, "embeds"
     (b, n, len(layers) * d), the layers in meta["layers"]' order} (+ "prompt_len" and "valid_len"
-    (b,) int64 and "loss_mask" (b, n + 1) bool when the rows have them; with `top_k`, "topk_values" (b, n, K) float16 and
-    "topk_indices" (b, n, K) int64)."""
+    (b,) int64 and "loss_mask" (b, n + 1) bool when the rows have them; with `top_k`, "topk_values"
+    (b, n, K) float16 and "topk_indices" (b, n, K) int64)."""
     table = dataset[rows.tolist()]
     n = meta["seq_len"]
 

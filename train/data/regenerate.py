@@ -39,7 +39,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -53,13 +54,13 @@ from specdec_models.hf.weights import check_source, load_causal_lm, load_config,
 from specdec_models.sampling import SamplingConfig, sample, to_probs
 
 from .embeddings_cache import (
+    BuildRun,
     CacheModel,
+    CacheSettings,
     RowSource,
-    check_build,
     normalize_layers,
     open_cache,
     read_cache_meta,
-    shard_size_bytes,
     write_cache,
 )
 
@@ -224,7 +225,8 @@ class Regenerated(RowSource):
         check(eos_id is None or 0 <= eos_id < target.vocab_size,
               f"the stop token {eos_id} is not among the target's {target.vocab_size} tokens")
         skip = set(left_out)
-        check(len(skip) < len(prompts), "every prompt was left out (--exclude-prompts-of): no prompt is left to continue")
+        check(len(skip) < len(prompts),
+              "every prompt was left out (--exclude-prompts-of): no prompt is left to continue")
         self.keep = [i for i, p in enumerate(prompts) if p.numel() <= seq_len // 2 and i not in skip]
         check(self.keep, f"every prompt left is longer than seq_len // 2 = {seq_len // 2} tokens: raise seq_len")
         self.left_out = {"caches": list(left_out_because), "prompts": len(skip)} if left_out_because else None
@@ -274,7 +276,7 @@ def continued_prompts(cache: str | os.PathLike, rows: range | None = None) -> se
     table = (table if rows is None else table.select(rows))[:]
     tokens = table.column("tokens").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(len(table), -1)
     lengths = table.column("prompt_len").to_numpy()
-    return {tuple(row[:n].tolist()) for row, n in zip(tokens, lengths)}
+    return {tuple(row[:n].tolist()) for row, n in zip(tokens, lengths, strict=True)}
 
 
 class TextWindows(RowSource):
@@ -308,65 +310,84 @@ def check_temperatures(temperatures: Sequence[float]) -> None:
           f"temperatures must be finite numbers >= 0, got {list(temperatures)!r}")
 
 
-def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, *, text: Sequence[str] | None = None,
-                   prompts: str | os.PathLike | None = None, chat: bool = False,
-                   temperatures: Sequence[float] = (1.0,), seq_len: int = 256, windows: int = 1024,
-                   dtype: str = "bfloat16", shard_size: str | int = "500MB", seed: int = 0, batch_size: int = 8,
-                   layers: Sequence[int] | None = None, device: str | torch.device = "cpu",
-                   model_dtype: torch.dtype = torch.float32, overwrite: bool = False,
-                   progress: Callable[[int], Any] | None = None,
-                   report: Callable[[str], Any] | None = None, max_seconds: float | None = None,
-                   exclude_prompts_of: Sequence[str | os.PathLike] = ()) -> dict[str, Any]:
-    """Cache a Hugging Face target's hidden states at `layers` (`hidden_states` indices, negative
-    ones from the end; None: the last layer, after its final norm) of `windows` rows: token
-    windows of the `text` files, or the target's continuations of the `prompts` file (see the
-    module docstring); `write_cache` writes (and resumes) the cache, within `max_seconds` of
-    work once the target is loaded when given (fewer rows if it runs out). `exclude_prompts_of`:
-    regenerated caches whose prompts are left out (the same prompt's token ids), so that a cache
-    to train on with (`head.init_from`) holds answers to prompts the first one did not continue;
-    the cache records them (source.left_out)."""
-    out = check_build(out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0, batch_size=batch_size,
-                      overwrite=overwrite)
-    check(max_seconds is None or max_seconds > 0, f"the cache's time budget must be > 0 seconds, got {max_seconds!r}")
-    shard_size_bytes(shard_size)
-    check((text is None) != (prompts is None), "give either text files or a prompts file")
-    check_temperatures(temperatures)
-    check(not exclude_prompts_of or prompts is not None, "--exclude-prompts-of leaves out prompts: give --prompts")
-    continued: set[tuple[int, ...]] = set()
-    for cache in exclude_prompts_of:                              # read before the target loads: bad input fails fast
-        continued |= continued_prompts(cache)
+@dataclass(frozen=True)
+class HFRows:
+    """The rows of a Hugging Face target's cache: token windows of the `text` files, or the target's
+    continuations of the `prompts` file (one of the two), through the chat template with `chat`,
+    sampled at `temperatures` (row i at the (i mod len)-th), the hidden states at `layers`
+    (`hidden_states` indices, negative ones from the end; None: the last layer, after its final
+    norm); `exclude_prompts_of`: regenerated caches whose prompts are left out (the same prompt's
+    token ids), so that a cache to train on with (`head.init_from`) holds answers to prompts the
+    first one did not continue (the cache records them: source.left_out)."""
+
+    text: Sequence[str] | None = None
+    prompts: str | os.PathLike | None = None
+    chat: bool = False
+    temperatures: Sequence[float] = (1.0,)
+    layers: Sequence[int] | None = None
+    exclude_prompts_of: Sequence[str | os.PathLike] = ()
+
+    def check(self) -> set[tuple[int, ...]]:
+        """One line unless the rows are given one way; returns the prompts the excluded caches
+        continued (read before the target loads: bad input fails fast)."""
+        check((self.text is None) != (self.prompts is None), "give either text files or a prompts file")
+        check_temperatures(self.temperatures)
+        check(not self.exclude_prompts_of or self.prompts is not None,
+              "--exclude-prompts-of leaves out prompts: give --prompts")
+        continued: set[tuple[int, ...]] = set()
+        for cache in self.exclude_prompts_of:
+            continued |= continued_prompts(cache)
+        return continued
+
+
+def build_hf_cache(target: str | os.PathLike, out: str | os.PathLike, rows: HFRows,
+                   settings: CacheSettings | None = None, run: BuildRun | None = None,
+                   device: str | torch.device = "cpu", model_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Cache a Hugging Face target's hidden states at `rows.layers` of `settings.windows` rows (see
+    `HFRows` and the module docstring) with the target in `model_dtype` on `device`; `write_cache`
+    writes (and resumes) the cache, within `run.max_seconds` of work once the target is loaded when
+    given (fewer rows if it runs out). `settings` None: `CacheSettings()`; `run` None: `BuildRun()`."""
+    settings, run = settings or CacheSettings(), run or BuildRun()
+    out = settings.check(out, run.overwrite)
+    check(run.max_seconds is None or run.max_seconds > 0,
+          f"the cache's time budget must be > 0 seconds, got {run.max_seconds!r}")
+    continued = rows.check()
     path = check_source(target, "target")
     depth = int(text_config(load_config(path, "target")).num_hidden_layers)
-    layers = normalize_layers([depth] if layers is None else list(layers), depth)
+    layers = normalize_layers([depth] if rows.layers is None else list(rows.layers), depth)
     tokenizer = load_tokenizer(path, "target")
-    prompt_ids = read_prompts(prompts, tokenizer, chat) if prompts is not None else None
+    prompt_ids = read_prompts(rows.prompts, tokenizer, rows.chat) if rows.prompts is not None else None
     model = load_causal_lm(path, dtype=model_dtype, what="target").to(device)
     model.requires_grad_(False)
     vocab = min(len(tokenizer), logits_width(model))
-    dim = int(text_config(model.config).hidden_size)
     decoder = HFDecoder(model, vocab)
     if prompt_ids is not None:
-        check(max(int(p.max()) for p in prompt_ids) < vocab, f"the prompts hold token ids >= the target's {vocab}")
-        left_out = [i for i, p in enumerate(prompt_ids) if tuple(p.tolist()) in continued]
-        if exclude_prompts_of and report is not None:
-            report(f"left out {len(left_out):,} of the {len(prompt_ids):,} prompts: continued by "
-                   f"{', '.join(map(str, exclude_prompts_of))}")
-        source: RowSource = Regenerated(decoder, prompt_ids, seq_len, seed, layers, temperatures,
-                                        str(Path(prompts).expanduser().resolve()), stop_token(tokenizer, chat),
-                                        left_out, [str(Path(c).expanduser().resolve()) for c in exclude_prompts_of])
+        source: RowSource = _regenerated(decoder, prompt_ids, rows, settings, layers, tokenizer, continued, run)
     else:
-        source = TextWindows(text, path, seq_len, windows, seed, chat=chat)
+        source = TextWindows(rows.text, path, settings.seq_len, settings.windows, settings.seed, chat=rows.chat)
 
     def hidden(tokens: Tensor) -> Tensor:                            # (b, n) -> (b, n, len(layers) dim)
         at = torch.zeros(tokens.shape[0], dtype=torch.long)          # the head at one position only
         return decoder(tokens.to(device), embeds=True, logits_at=at, layers=layers).embeds
 
-    limit = decoder.cfg.max_seq_len
     identity = {"kind": "hf", **target_identity(model, path.resolve())}      # "kind": a cache also records exports
-    cached = CacheModel(identity, dim, vocab, limit, hidden, depth=depth, layers=tuple(layers))
-    return write_cache(cached, source, out, seq_len=seq_len, windows=windows, dtype=dtype, top_k_logits=0,
-                       shard_size=shard_size, seed=seed, batch_size=batch_size, overwrite=overwrite,
-                       progress=progress, report=report, max_seconds=max_seconds)
+    cached = CacheModel(identity, int(text_config(model.config).hidden_size), vocab, decoder.cfg.max_seq_len, hidden,
+                        depth=depth, layers=tuple(layers))
+    return write_cache(cached, source, out, settings, run)
+
+
+def _regenerated(decoder: HFDecoder, prompt_ids: list[Tensor], rows: HFRows, settings: CacheSettings,
+                 layers: list[int], tokenizer: Any, continued: set[tuple[int, ...]], run: BuildRun) -> Regenerated:
+    """The target's continuations of the prompts, those `continued` by the excluded caches left out."""
+    vocab = decoder.vocab_size
+    check(max(int(p.max()) for p in prompt_ids) < vocab, f"the prompts hold token ids >= the target's {vocab}")
+    left_out = [i for i, p in enumerate(prompt_ids) if tuple(p.tolist()) in continued]
+    if rows.exclude_prompts_of:
+        run.say(f"left out {len(left_out):,} of the {len(prompt_ids):,} prompts: continued by "
+                f"{', '.join(map(str, rows.exclude_prompts_of))}")
+    return Regenerated(decoder, prompt_ids, settings.seq_len, settings.seed, layers, rows.temperatures,
+                       str(Path(rows.prompts).expanduser().resolve()), stop_token(tokenizer, rows.chat), left_out,
+                       [str(Path(c).expanduser().resolve()) for c in rows.exclude_prompts_of])
 
 
 def write_cache_text(cache: str | os.PathLike, tokenizer: Any, out: str | os.PathLike, val_windows: int) -> int:
@@ -384,7 +405,7 @@ def write_cache_text(cache: str | os.PathLike, tokenizer: Any, out: str | os.Pat
     table = open_cache(cache, meta).select(range(meta["windows"] - val_windows))
     rows = table["tokens"].to_pylist()
     if "valid_len" in table.column_names:                       # the padding after each answer's stop goes
-        rows = [r[:n] for r, n in zip(rows, table["valid_len"].to_pylist())]
+        rows = [r[:n] for r, n in zip(rows, table["valid_len"].to_pylist(), strict=True)]
     lines = "".join(json.dumps({"text": tokenizer.decode(r)}) + "\n" for r in rows)
     write_file(Path(out), lambda f: f.write(lines.encode("utf-8")))
     return len(rows)
@@ -405,10 +426,12 @@ def cache_answers(cache: str | os.PathLike, val_windows: int = 0) -> list[list[i
     table = open_cache(cache, meta).select_columns(["tokens", "prompt_len", "valid_len"])
     table = table.select(range(meta["windows"] - val_windows))
     return [r[p:n] for r, p, n in zip(table["tokens"].to_pylist(), table["prompt_len"].to_pylist(),
-                                        table["valid_len"].to_pylist())]
+                                        table["valid_len"].to_pylist(), strict=True)]
 
 
 # ---------------------------------------------------------------- prompts from any text
+
+TEXT_SOURCE = "text:"      # the recipe's --data text:FILE (`text_conversations`)
 
 TEMPLATES = (
     "Explain the following text in simple words:\n\n{}",
@@ -439,3 +462,22 @@ def prompts_from_text(text: str, count: int, seed: int = 0, words: tuple[int, in
             continue
         out.append(TEMPLATES[int(rng.integers(len(TEMPLATES)))].format(" ".join(kept[: words[1]])))
     return out
+
+
+def text_conversations(path: str | os.PathLike, count: int, seed: int = 0):
+    """`count` single-turn conversations made from a text file (raw, .zip or .gz; its training
+    split, enwik8's 90/5/5 bytes): a user turn of `prompts_from_text` and an empty assistant turn
+    that the target answers (the recipe's --data text:FILE), deduplicated. Returns
+    (conversations, `conversations.Counts`)."""
+    from .conversations import Conversation, Counts, Turn, deduplicate
+    from .enwik8 import ENWIK8_BYTES, read_bytes, split_bounds
+
+    path = Path(path).expanduser()
+    check(path.is_file(), f"--data text:{path}: no such file")
+    data = read_bytes(path)[:ENWIK8_BYTES]
+    text = data[:split_bounds(len(data))[0]].tobytes().decode("utf-8", errors="ignore")
+    prompts = prompts_from_text(text, count, seed)
+    convs = [Conversation(f"text-{seed}-{i}", (Turn("user", p), Turn("assistant", "")), f"text:{path.name}")
+             for i, p in enumerate(prompts)]
+    convs, duplicates = deduplicate(convs)
+    return convs, Counts(read=len(prompts), kept=len(convs), duplicates=duplicates)
