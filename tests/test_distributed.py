@@ -49,8 +49,10 @@ DRIVER = textwrap.dedent('''
             return real(*a, **k)
         ca.answer_batch = batch
         answerer, identity = ca.load_answerer(target, seq_len=SEQ, max_new_tokens=8)
+        options = ca.AnswerOptions(temperatures=(0.0, 1.0), batch_size=2, seed=1, rank=rank, world=world,
+                                   engine="simple")
         meta = ca.answer_conversations(CONVS, out, answerer=answerer, identity=identity, data={{"source": "test"}},
-                                       temperatures=(0.0, 1.0), batch_size=2, seed=1, rank=rank, world=world)
+                                       options=options)
     else:
         pairs, _ = ca.read_answers(sys.argv[6])
         meta = build_chat_cache(target, pairs[:-2], pairs[-2:], out, seq_len=SEQ, layers=[0, 1, 2],
@@ -75,7 +77,7 @@ def one_process(hf, tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "answers"
     answerer, identity = ca.load_answerer(hf["stop"], seq_len=SEQ, max_new_tokens=8)
     ca.answer_conversations(CONVS, out, answerer=answerer, identity=identity, data={"source": "test"},
-                            temperatures=(0.0, 1.0), batch_size=2, seed=1)
+                            options=ca.AnswerOptions(temperatures=(0.0, 1.0), batch_size=2, seed=1, engine="simple"))
     return out
 
 
@@ -124,7 +126,7 @@ def test_more_processes_than_batches_is_refused_before_any_work(hf, tmp_path):
     answerer, identity = ca.load_answerer(hf["stop"], seq_len=SEQ, max_new_tokens=8)
     with pytest.raises(SpecdecError, match="5 processes for 7 conversations in 4 batch"):
         ca.answer_conversations(CONVS, tmp_path / "a", answerer=answerer, identity=identity, data={},
-                                batch_size=2, rank=0, world=5)
+                                options=ca.AnswerOptions(batch_size=2, rank=0, world=5))
     assert not (tmp_path / "a.partial").exists()
 
 
