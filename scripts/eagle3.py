@@ -38,10 +38,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", type=float, nargs="+", default=list(d.temperatures),
                    help="the answers' sampling temperatures, alternating by conversation (0: greedy)")
     p.add_argument("--answer-batch", type=int, default=None,
-                   help=f"conversations answered together (default {d.answer_batch}; GPU: the experiment's)")
-    p.add_argument("--answer-chunk", type=int, default=None,
-                   help=f"contexts continued per generating call, sorted by length (default {d.answer_chunk}; GPU: "
+                   help=f"conversations per written part, what a killed run keeps (default {d.answer_batch}; GPU: "
                         "the experiment's)")
+    p.add_argument("--answer-chunk", type=int, default=None,
+                   help=f"rows the answering engine decodes together (default {d.answer_chunk}; GPU: the "
+                        "experiment's)")
     p.add_argument("--answer-minutes", type=float, default=d.answer_minutes,
                    help="time budget of the answers step: a slower machine answers fewer conversations (0: none)")
     p.add_argument("--keep-answers", action="store_true",
@@ -53,10 +54,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train-minutes", type=float, default=None,
                    help=f"the head's training wall time (default {d.train_minutes}; GPU: the experiment's max_time)")
     p.add_argument("--experiment", default=None,
-                   help="the training experiment (default smollm2_eagle3, the CPU sizes, with --target as target.path; hf_eagle3_gpu with --device cuda)")
+                   help="the training experiment (default smollm2_eagle3, the CPU sizes, with --target as "
+                        "target.path; hf_eagle3_gpu with --device cuda)")
     p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE", help="more Hydra overrides of training")
     p.add_argument("--peers", action="store_true",
-                   help="also train speculators' and SpecForge's heads on the same cache and minutes (make setup-interop)")
+                   help="also train speculators' and SpecForge's heads on the same cache and minutes "
+                        "(make setup-interop)")
     p.add_argument("--peer-python", default=None, help="the interpreter with the peers' packages")
     p.add_argument("--benchmarks", default=",".join(d.benchmarks), help="evaluated benchmarks, comma-separated")
     p.add_argument("--subset", default=d.subset,
@@ -113,7 +116,8 @@ def settings(a: argparse.Namespace):
                     answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers, chat_template_kwargs=kwargs,
                     cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
-                    benchmarks=tuple(b for b in a.benchmarks.split(",") if b), subset=None if a.subset == "all" else a.subset,
+                    benchmarks=tuple(b for b in a.benchmarks.split(",") if b),
+                    subset=None if a.subset == "all" else a.subset,
                     eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, processes=a.processes,
                     seed=a.seed, until=a.until)
 

@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from test_chat_rows import hf  # noqa: F401  (the recipe tests' tiny stopping target)
 from test_hf_data import stopping_target, text_setup
 from test_hf_distill import save_model
 
@@ -226,3 +227,14 @@ def test_an_unknown_engine_is_refused_in_one_line_before_any_work(targets, tmp_p
         ca.answer_conversations(conversations(2), tmp_path / "a", answerer=a, identity={}, data={},
                                 options=ca.AnswerOptions(engine="fast"))
     assert not (tmp_path / "a.partial").exists()
+
+
+def test_the_recipes_answers_step_runs_the_engine_and_prints_the_budget_with_its_decimals(hf, tmp_path, capsys):  # noqa: F811
+    from test_eagle3_recipe import base, main, sharegpt_file
+
+    assert main(*base(hf, sharegpt_file(tmp_path / "c.json"), tmp_path / "r"), "--until", "answers",
+                "--answer-minutes", "0.5") == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[answers] ")]
+    assert lines and all(line.endswith("budget 0.5 min") for line in lines if "tokens/s," in line)
+    meta = ca.read_answers(tmp_path / "r" / "answers")[1]
+    assert meta["engine"] == "batched" and meta["written"] + meta["too_long"] == 20

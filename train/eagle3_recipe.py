@@ -134,7 +134,8 @@ def check_inputs(s: Settings) -> dict[str, Any]:
         check(torch.cuda.is_available(), "--device cuda: no CUDA device is available here")
     config = text_config(load_config(path, "--target"))
     depth = int(config.num_hidden_layers)
-    return {"depth": depth, "vocab_size": int(config.vocab_size), "layers": sorted({*aux_layers(depth), depth}), "path": str(path.resolve())}
+    return {"depth": depth, "vocab_size": int(config.vocab_size), "layers": sorted({*aux_layers(depth), depth}),
+            "path": str(path.resolve())}
 
 
 # ---------------------------------------------------------------- the steps run in this process
@@ -301,14 +302,15 @@ def commands(s: Settings, out: Path, py: str, held_out_rows: int, rows: int, voc
         evaluate += ["--tree", s.tree]
     if s.chat_template_kwargs:
         evaluate += ["--chat-template-kwargs", json.dumps(s.chat_template_kwargs)]
-    peers = [py, "scripts/train_peers.py", "--cache", str(out / "cache"), "--draft-vocab", str(out / "draft_vocab.json"),
-             "--target", s.target, "--out", str(out / "peers"), "--minutes", str(s.train_minutes), "--threads", "2",
+    peers = [py, "scripts/train_peers.py", "--cache", str(out / "cache"), "--draft-vocab",
+             str(out / "draft_vocab.json"), "--target", s.target, "--out", str(out / "peers"), "--minutes",
+             str(s.train_minutes), "--threads", "2",
              "--rows", str(max(1, rows - held_out_rows)), "--force",
              *(["--python", s.peer_python] if s.peer_python else [])]
     sizes = [str(n) for n in DRAFT_VOCAB_SIZES if n < vocab_size] or [str(max(1, vocab_size // 2))]
     return {"draft_vocab": [[py, "scripts/draft_vocab.py", "--cache", str(out / "cache"), "--out",
-                             str(out / "draft_vocab.json"), "--val-windows", str(max(1, held_out_rows)), "--sizes", *sizes,
-                             "--report", str(out / "draft_vocab_report.json"), "--force"]],
+                             str(out / "draft_vocab.json"), "--val-windows", str(max(1, held_out_rows)),
+                             "--sizes", *sizes, "--report", str(out / "draft_vocab_report.json"), "--force"]],
             "train": [train], "peers": [peers], "export": layouts, "evaluate": [evaluate]}
 
 

@@ -11,12 +11,18 @@ answer that did not reach its end of turn (the row would be cut there anyway), r
 `truncated` so that rendering leaves out the end-of-turn token the target never wrote.
 `keep_answers=True` writes the data's own answers and runs no model (EAGLE-1's way).
 
-Conversations are answered in batches of `batch_size`: turn k of every conversation of a batch
-together, their contexts sorted by length and continued `chunk` at a time
-(`regenerate.continue_with_states`, KV-cached, a finished row leaving the call at once), each at
-its conversation's temperature (temperatures[i mod len] for conversation i, greedy at 0, all in one
-call), seeded by (seed, batch, turn). So the output is a pure function of the settings, and a
-killed run resumes to the same bytes.
+Two paths answer (`AnswerOptions.engine`), each conversation at its temperature
+(temperatures[i mod len] for conversation i, greedy at 0), through one `Dialogue` per conversation:
+- "batched" (the default, `answer_engine.AnswerEngine`): continuous batching over the answerer's
+  `chunk` rows, a conversation's next turn taking its row as soon as an answer ends, and its KV
+  cache kept from turn to turn (only the part of the next context not cached yet is prefilled);
+  T > 0 draws from a generator of the conversation's own, seeded by (seed, its index);
+- "simple" (`answer_batch`): turn k of every conversation of a batch of `batch_size` together,
+  their contexts sorted by length and continued `chunk` at a time
+  (`regenerate.continue_with_states`, each context prefilled whole, a finished row leaving the call
+  at once), seeded by (seed, batch, turn).
+Both give the same greedy answers (in fp32, up to the rounding of a near-tie). The output is a
+function of the settings, so a killed run resumes to the same answers.
 
 On disk, OUT/ (a folder marked as specdec "answers"):
 
@@ -27,7 +33,9 @@ On disk, OUT/ (a folder marked as specdec "answers"):
 
 A run writes into OUT.partial/: build.json first, then one `part-NNNNN.jsonl` per batch (atomic),
 and the folder is renamed to OUT when all are done; the same command resumes a killed run from its
-finished parts. `max_seconds` stops between batches (the parts done are the output).
+finished parts. The batched engine writes a part as soon as all its conversations are over;
+`max_seconds` stops it before its next model call, and the conversations finished by then are the
+output (the simple path stops between batches).
 """
 
 from __future__ import annotations
