@@ -27,7 +27,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     parser.add_argument("--seq-len", type=int, default=d.seq_len, help="a row's tokens (context and answers) - 1")
     parser.add_argument("--slots", type=int, default=d.slots,
-                        help="rows decoded together: the engine's slots, the first path's batch and chunk")
+                        help="rows decoded together: the engine's slots, the first path's chunk")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="the first path's conversations per batch (default: --slots; the recipe's --answer-batch)")
     parser.add_argument("--rounds", type=int, default=d.rounds, help="timed runs of each path, interleaved")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=d.dtype,
                         help="the target's dtype (float32: the greedy answers must be the same)")
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
         target = str(smollm2_gguf())
     result = run(AnswersBench(target=target, conversations=args.conversations, max_new_tokens=args.max_new_tokens,
-                              seq_len=args.seq_len, slots=args.slots, rounds=args.rounds, dtype=args.dtype))
+                              seq_len=args.seq_len, slots=args.slots, rounds=args.rounds, dtype=args.dtype,
+                              batch=args.batch))
     return 0 if result["identical"] else 1
 
 

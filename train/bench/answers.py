@@ -28,8 +28,9 @@ PATHS = ("simple", "batched")
 class AnswersBench:
     """What to race: `conversations` ShareGPT conversations of at least one answer, the target
     (a model directory or GGUF file) in `dtype`, rows of `seq_len` + 1 tokens, answers of at most
-    `max_new_tokens`, `slots` rows decoded together (the first path's batch and chunk), `rounds`
-    timed runs of each path."""
+    `max_new_tokens`, `slots` rows decoded together (the engine's slots, the first path's chunk),
+    `batch` conversations per batch of the first path (None: `slots`), `rounds` timed runs of each
+    path."""
     target: str
     conversations: int = 64
     max_new_tokens: int = 256
@@ -37,12 +38,15 @@ class AnswersBench:
     slots: int = 64
     rounds: int = 1
     dtype: str = "float32"
+    batch: int | None = None
 
     def check(self) -> None:
         for name in ("conversations", "max_new_tokens", "seq_len", "slots", "rounds"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 1, f"--{name.replace('_', '-')} must be a positive integer, "
                                                          f"got {value!r}")
+        check(self.batch is None or (isinstance(self.batch, int) and self.batch >= 1),
+              f"--batch must be a positive integer, got {self.batch!r}")
         check(self.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got "
                                                              f"{self.dtype!r}")
 
@@ -57,22 +61,23 @@ def sharegpt_conversations(count: int) -> list[Any]:
     return convs[:count]
 
 
-def answer_with(path: str, answerer: Any, conversations: Sequence[Any], slots: int) -> tuple[list[dict], int]:
-    """(records, tokens generated) of `conversations` answered greedily by one path."""
+def answer_with(path: str, answerer: Any, conversations: Sequence[Any], batch: int) -> tuple[list[dict], int]:
+    """(records, tokens generated) of `conversations` answered greedily by one path: the first path
+    `batch` conversations at a time, the engine over the answerer's `chunk` rows."""
     from train.data.answer_engine import AnswerEngine
     from train.data.chat_answers import Dialogue, answer_batch, dialogue_counts
 
     with torch.inference_mode():
         if path == "simple":
             records, tokens = [], 0
-            for first in range(0, len(conversations), slots):
-                part, counts = answer_batch(conversations[first:first + slots], answerer, temperatures=(0.0,),
+            for first in range(0, len(conversations), batch):
+                part, counts = answer_batch(conversations[first:first + batch], answerer, temperatures=(0.0,),
                                             first=first, seed=0)
                 records += part
                 tokens += counts["tokens"]
             return records, tokens
         engine = AnswerEngine(answerer.decoder, answerer.tokenizer, answerer.eos_id, answerer.seq_len,
-                              answerer.max_new_tokens, slots=slots)
+                              answerer.max_new_tokens, slots=answerer.chunk)
         done = dict(engine.run(list(enumerate(conversations)),
                                lambda c: Dialogue(c, answerer.tokenizer, answerer.seq_len), (0.0,), seed=0))
         ordered = [done[i] for i in sorted(done)]
@@ -96,16 +101,18 @@ def run(bench: AnswersBench, say: Callable[[str], Any] = print) -> dict[str, Any
     dtype = resolve_dtype(bench.dtype)
     answerer, _ = load_answerer(bench.target, seq_len=bench.seq_len, max_new_tokens=bench.max_new_tokens,
                                 dtype=dtype, chunk=bench.slots)
+    batch = bench.batch or bench.slots
     say(f"{len(convs)} ShareGPT conversations ({sum(len(c.turns) for c in convs)} turns), seq_len {bench.seq_len}, "
-        f"max_new_tokens {bench.max_new_tokens}, {bench.slots} slots, {dtype}, {torch.get_num_threads()} threads")
+        f"max_new_tokens {bench.max_new_tokens}, {bench.slots} slots (the first path: batches of {batch}), {dtype}, "
+        f"{torch.get_num_threads()} threads")
     warm = Answerer(answerer.decoder, answerer.tokenizer, answerer.eos_id, bench.seq_len, 4, bench.slots)  # untimed
     for path in PATHS:
-        answer_with(path, warm, convs[:2], bench.slots)
+        answer_with(path, warm, convs[:2], batch)
     seconds, tokens, records = dict.fromkeys(PATHS, 0.0), dict.fromkeys(PATHS, 0), {}
     for r in range(bench.rounds):
         for path in PATHS if r % 2 == 0 else PATHS[::-1]:
             began = time.perf_counter()
-            records[path], generated = answer_with(path, answerer, convs, bench.slots)
+            records[path], generated = answer_with(path, answerer, convs, batch)
             seconds[path] += time.perf_counter() - began
             tokens[path] += generated
     rates = {path: tokens[path] / max(seconds[path], 1e-9) for path in PATHS}
