@@ -238,3 +238,26 @@ def test_the_recipes_answers_step_runs_the_engine_and_prints_the_budget_with_its
     assert lines and all(line.endswith("budget 0.5 min") for line in lines if "tokens/s," in line)
     meta = ca.read_answers(tmp_path / "r" / "answers")[1]
     assert meta["engine"] == "batched" and meta["written"] + meta["too_long"] == 20
+
+
+@pytest.mark.real
+def test_smollm2s_engine_answers_are_its_first_paths_greedy_in_fp32(smollm2):
+    from specdec_models.hf import HFDecoder, logits_width
+    from train.data.regenerate import stop_token
+
+    model, tok, _ = smollm2
+    a = ca.Answerer(HFDecoder(model, min(len(tok), logits_width(model))), tok, stop_token(tok, chat=True),
+                    seq_len=160, max_new_tokens=20, chunk=3)
+    chats = [("What is the capital of France?", "Name one river there.", "How long is it?"),
+             ("Write a haiku about the sea.", "Now one about the mountains."),
+             ("Hi!",), ("List three prime numbers.", "Add them up.", "Is the sum prime?"),
+             ("Explain photosynthesis to a child in one sentence.", "Why are leaves green?")]
+    convs = [Conversation(f"s{i}", tuple(t for q in qs for t in (Turn("user", q), Turn("assistant", "x"))), "test")
+             for i, qs in enumerate(chats)]
+    with torch.inference_mode():
+        expected, counts = ca.answer_batch(convs, a, temperatures=(0.0,), first=0, seed=0)
+        engine = AnswerEngine(a.decoder, tok, a.eos_id, a.seq_len, a.max_new_tokens, slots=a.chunk)
+        done = dict(engine.run(list(enumerate(convs)), lambda c: ca.Dialogue(c, tok, a.seq_len), (0.0,), seed=0))
+    records = [done[i].record for i in sorted(done) if done[i].record is not None]
+    assert records == expected and counts["answers"] > len(convs)          # later turns answered too
+    assert engine.counts.generated == counts["tokens"]
