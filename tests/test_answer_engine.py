@@ -20,6 +20,7 @@ from test_hf_data import stopping_target, text_setup
 from test_hf_distill import save_model
 
 from specdec_models.errors import SpecdecError
+from train.data import answer_engine
 from train.data import chat_answers as ca
 from train.data.answer_engine import AnswerEngine
 from train.data.conversations import Conversation, Turn
@@ -188,6 +189,26 @@ def test_the_time_budget_stops_generation_within_a_call_and_keeps_finished_conve
     ids = [c.id for c, _ in pairs]
     assert ids == [c.id for c in convs if c.id in set(ids)]     # in order, whichever batches they came from
     assert heard[-1][2] == meta["tokens"]
+
+
+def test_a_deadline_ends_the_conversations_in_work_at_their_last_finished_answer(targets, monkeypatch):
+    a = answerer(targets, "stop")
+    convs = conversations(13)
+    with torch.inference_mode():
+        whole = {r["id"]: r for r in run_engine(a, convs)[0]}
+        checks = []
+
+        def past(deadline):                         # the deadline passes at the 15th check
+            checks.append(1)
+            return deadline is not None and len(checks) > 15
+
+        monkeypatch.setattr(answer_engine, "_past", past)
+        records, counts, engine = run_engine(a, convs, deadline=0.0)
+    assert engine.stopped > 0 and 0 < len(records) < len(whole)
+    for r in records:                               # each kept conversation: the uninterrupted one's first turns
+        assert r["messages"] == whole[r["id"]]["messages"][:len(r["messages"])]
+        assert r["messages"][-1]["role"] == "assistant"
+    assert any(r["answered"] < whole[r["id"]]["answered"] for r in records)
 
 
 def test_budget_text_keeps_the_decimals_of_a_budget():

@@ -233,7 +233,8 @@ class AnswerEngine:
         """Answer `conversations` ((global index, conversation) pairs, taken in order), yielding
         (index, dialogue) as each conversation is over (`dialogue.record` set, or `too_long`).
         `make_dialogue(conversation)` starts one. Stops when time.perf_counter() passes `deadline`
-        (checked before every call), leaving the conversations in work unanswered (`stopped`)."""
+        (checked before every call): the conversations in work (`stopped` of them) are closed at
+        their last finished answer (`dialogue.close()`) and yielded; those not begun are not."""
         model, device = self.decoder.model, self.decoder.device
         queue = deque(conversations)
         rows: list[_Row | None] = [None] * min(self.slots, len(conversations))
@@ -252,8 +253,12 @@ class AnswerEngine:
                     self._begin_turn(cache, model, b, row)
                     rows[b] = row
             live = [r is not None for r in rows]
-            if _past(deadline):
+            if _past(deadline):                           # the turns in work are dropped
                 self.stopped = sum(live)
+                for row in rows:
+                    if row is not None:
+                        row.dialogue.close()
+                        yield row.index, row.dialogue
                 return
             if not any(live):
                 return

@@ -34,8 +34,8 @@ On disk, OUT/ (a folder marked as specdec "answers"):
 A run writes into OUT.partial/: build.json first, then one `part-NNNNN.jsonl` per batch (atomic),
 and the folder is renamed to OUT when all are done; the same command resumes a killed run from its
 finished parts. The batched engine writes a part as soon as all its conversations are over;
-`max_seconds` stops it before its next model call, and the conversations finished by then are the
-output (the simple path stops between batches).
+`max_seconds` stops it before its next model call: the conversations finished by then, and those in
+work up to their last finished answer, are the output (the simple path stops between batches).
 """
 
 from __future__ import annotations
@@ -165,13 +165,18 @@ class Dialogue:
         ids = context_ids(self.tokenizer, self.prompt.context, self.kwargs)
         if self.seq_len + 1 - len(ids) >= MIN_ROOM:
             return ids
-        c, context = self.conversation, self.prompt.context   # no room: the conversation ends before this turn
-        context = context[:max((j for j, t in enumerate(context) if t.role == "assistant"), default=-1) + 1]
-        if self.answers:
-            self.record = record(Conversation(c.id, context, c.source), False, self.answers)
-        else:
-            self.too_long = True
+        self.close()                                          # no room: the conversation ends before this turn
+        self.too_long = not self.answers
         return None
+
+    def close(self) -> None:
+        """End the conversation before the turn in work (no room for it, or a time budget ran
+        out): its record holds the turns up to its last answer, none without an answer."""
+        c, context = self.conversation, self.prompt.context
+        context = context[:max((j for j, t in enumerate(context) if t.role == "assistant"), default=-1) + 1]
+        if self.answers and self.record is None:
+            self.record = record(Conversation(c.id, context, c.source), False, self.answers)
+        self.ids = None
 
     def answered(self, answer: Sequence[int], ended: bool) -> list[int] | None:
         self.tokens += len(answer) + int(ended)
@@ -387,7 +392,8 @@ def _answer_simple(parts: _Parts, todo: list[int], answerer: Answerer, t0: float
 def _answer_batched(parts: _Parts, todo: list[int], answerer: Answerer, t0: float, say: Callable[[str], Any]) -> None:
     """The engine (`answer_engine`) on every conversation of the batches `todo`, in order; a part
     is written as soon as all its conversations are over. When the time budget runs out, the
-    conversations in work are dropped and the finished ones of unfinished batches written."""
+    conversations in work end at their last finished answer, and the unfinished batches are written
+    with the conversations that have one."""
     from .answer_engine import AnswerEngine
 
     o, size = parts.options, parts.options.batch_size
@@ -415,9 +421,9 @@ def _answer_batched(parts: _Parts, todo: list[int], answerer: Answerer, t0: floa
     for k, finished in waiting.items():           # only when the budget ran out: the finished conversations stay
         if finished:
             parts.write(k, *_records(finished), done=done)
-    if left:
-        say(f"the time budget ({budget_text(o.max_seconds / 60)} min) ran out: {left} conversation(s) not answered "
-            f"({engine.stopped} of them in work)")
+    if left or engine.stopped:
+        say(f"the time budget ({budget_text(o.max_seconds / 60)} min) ran out: {engine.stopped} conversation(s) in "
+            f"work end at their last finished answer, {left} were not begun")
 
 
 def _records(dialogues: dict[int, Dialogue]) -> tuple[list[dict[str, Any]], dict[str, int]]:
