@@ -121,9 +121,11 @@ def test_the_kept_cache_prefills_fewer_tokens_than_the_first_path(targets, monke
         simple = dict(fed)
         fed.update(calls=0, tokens=0, prefill=0)
         _, counts, engine = run_engine(a, convs)
-    assert fed["prefill"] < simple["prefill"] / 2 and fed["tokens"] < simple["tokens"]
-    # every token fed is counted once: the prefills' and the steps' (one row each, an idle row included)
-    assert fed["tokens"] == engine.counts.prefilled + engine.counts.stepped + engine.counts.idle
+    assert engine.counts.prefilled < simple["prefill"] / 2            # the context tokens, padding aside
+    assert fed["prefill"] < simple["prefill"] and fed["tokens"] < simple["tokens"]
+    # every token fed is counted once: the prefills' (and their padding) and the steps' (one a row, idle rows too)
+    c = engine.counts
+    assert fed["tokens"] == c.prefilled + c.padding + c.stepped + c.idle and c.padding < c.prefilled
     assert engine.counts.stepped == counts["tokens"]  # each answer's tokens but its last, after its context's last
     assert engine.counts.fresh == 0                 # this template extends each context as a prefix
 

@@ -24,8 +24,9 @@ without paging):
 buffers, row b valid on its first `lengths[b]` positions; it enters the Hugging Face model as its
 cache (a `DynamicCache` whose `update` writes at each row's own positions and hands back the
 buffers), with a 4-D additive mask and each row's own position ids, so rows of any lengths share
-one call without padding their prefills. A prefill runs on its row alone (batch 1, no padding);
-the row's last context token is fed with the other rows' tokens by the next decoding call.
+one decoding call. The rows that begin a turn in the same step are prefilled together before the
+next decoding call (right-padded, in calls of similar lengths and at most PREFILL_TOKENS tokens);
+a row's last context token is fed with the other rows' tokens by that decoding call.
 
 Sampling: greedy at temperature 0 (the argmax of the logits, as the first path; in fp32 the
 answers are the first path's up to the rounding of a near-tie); at T > 0 each conversation draws
@@ -53,6 +54,8 @@ from specdec_models.hf.adapter import cache_argument
 from specdec_models.sampling import sample
 
 from .conversations import Conversation
+
+PREFILL_TOKENS = 4096  # padded tokens per prefill call: rows that begin a turn together share calls
 
 
 @functools.cache
@@ -85,7 +88,8 @@ class SlotCache:
         self.keys: dict[int, Tensor] = {}                # layer -> (slots, kv_heads, capacity, head_dim)
         self.values: dict[int, Tensor] = {}
         self.capacity = 0
-        self._call: tuple[Any, Tensor, int] | None = None  # (rows, positions (r, n), positions to return)
+        # (rows: a slice (one row), an index (r,) or None (every row), positions (r, n), positions returned)
+        self._call: tuple[Any, Tensor, int] | None = None
         self.hf = _slot_cache_class()(self)
 
     @property
@@ -119,24 +123,36 @@ class SlotCache:
             self.keys[layer] = key.new_zeros(shape)
             self.values[layer] = value.new_zeros(shape)
         keys, values = self.keys[layer], self.values[layer]
-        if isinstance(rows, slice):                     # one row: a prefill
+        if isinstance(rows, slice):                     # one row's prefill: views of its buffers
             keys[rows, :, positions[0, 0]:positions[0, -1] + 1] = key
             values[rows, :, positions[0, 0]:positions[0, -1] + 1] = value
+            return keys[rows, :, :width], values[rows, :, :width]
+        if rows is not None:                            # several rows' prefill: (r, n, kv_heads, head_dim) written
+            keys[rows[:, None], :, positions] = key.transpose(1, 2)
+            values[rows[:, None], :, positions] = value.transpose(1, 2)
             return keys[rows, :, :width], values[rows, :, :width]
         index = torch.arange(keys.shape[0], device=keys.device)      # every row, one new position each
         keys[index, :, positions[:, 0]] = key[:, :, 0]
         values[index, :, positions[:, 0]] = value[:, :, 0]
         return keys[:, :, :width], values[:, :, :width]
 
-    def prefill(self, model: Any, row: int, tokens: Sequence[int]) -> None:
-        """Append `tokens` to `row` (no logits kept: the row's next token comes from a step)."""
-        start, n = self.lengths[row], len(tokens)
-        self._reserve(start + n)
-        positions = torch.arange(start, start + n, device=self.device)[None]         # (1, n)
-        allowed = torch.arange(start + n, device=self.device)[None] <= positions[0, :, None]  # (n, start + n)
-        self._forward(model, torch.tensor([list(tokens)], device=self.device), slice(row, row + 1), positions,
-                      allowed[None, None], keep=1)
-        self.lengths[row] = start + n
+    def prefill(self, model: Any, rows: Sequence[int], tokens: Sequence[Sequence[int]]) -> int:
+        """Append tokens[k] to row rows[k], all in one call, right-padded to the longest (no logits
+        kept: a row's next token comes from a step). A padding token's keys land past its row's
+        length (at most at the row's last position, which a context never reaches: MIN_ROOM) and
+        are written over later. Returns the padding tokens fed."""
+        n = max(len(t) for t in tokens)
+        starts = torch.tensor([self.lengths[r] for r in rows], device=self.device)
+        positions = (starts[:, None] + torch.arange(n, device=self.device)).clamp(max=self.limit - 1)   # (r, n)
+        width = int(positions.max()) + 1
+        self._reserve(width)
+        allowed = torch.arange(width, device=self.device)[None, None] <= positions[:, :, None]      # (r, n, width)
+        ids = torch.tensor([[*t, *[0] * (n - len(t))] for t in tokens], device=self.device)
+        where = slice(rows[0], rows[0] + 1) if len(rows) == 1 else torch.tensor(list(rows), device=self.device)
+        self._forward(model, ids, where, positions, allowed[:, None], keep=1, width=width)
+        for r, t in zip(rows, tokens, strict=True):
+            self.lengths[r] += len(t)
+        return len(rows) * n - sum(len(t) for t in tokens)
 
     def step(self, model: Any, tokens: Tensor, live: Sequence[bool]) -> Tensor:
         """Feed one token per row, tokens (slots,); a row that is not `live` is fed a token that its
@@ -150,7 +166,7 @@ class SlotCache:
         self.lengths = [n + 1 if alive else n for n, alive in zip(self.lengths, live, strict=True)]
         return out[:, -1]
 
-    def _forward(self, model: Any, tokens: Tensor, rows: slice | None, positions: Tensor, allowed: Tensor,
+    def _forward(self, model: Any, tokens: Tensor, rows: slice | Tensor | None, positions: Tensor, allowed: Tensor,
                  keep: int | None, width: int | None = None) -> Tensor:
         dtype = model.get_input_embeddings().weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
@@ -189,13 +205,15 @@ class EngineCounts:
     """What the engine fed the model: `prefilled` context tokens (prefill calls), `stepped` rows
     fed by decoding calls (each a real token), `steps` decoding calls, `idle` rows fed only to keep
     the batch's shape, `fresh` turns whose context did not extend the cached one (the cache kept
-    the longest common prefix), `generated` answer tokens (stop tokens included)."""
+    the longest common prefix), `generated` answer tokens (stop tokens included), `padding` fed to
+    right-pad prefills of several rows."""
     prefilled: int = 0
     stepped: int = 0
     steps: int = 0
     idle: int = 0
     fresh: int = 0
     generated: int = 0
+    padding: int = 0
 
 
 @dataclass
@@ -227,6 +245,7 @@ class AnswerEngine:
         self.seq_len, self.max_new_tokens, self.slots = seq_len, max_new_tokens, slots
         self.counts = EngineCounts()
         self.stopped = 0          # conversations in work when a deadline stopped the last run
+        self._pending: list[tuple[int, list[int]]] = []      # (slot, tokens) to prefill before the next step
 
     def run(self, conversations: Sequence[tuple[int, Conversation]], make_dialogue: Any,
             temperatures: Sequence[float], seed: int, deadline: float | None = None) -> Iterator[tuple[int, Any]]:
@@ -239,7 +258,7 @@ class AnswerEngine:
         queue = deque(conversations)
         rows: list[_Row | None] = [None] * min(self.slots, len(conversations))
         cache = SlotCache(len(rows), self.seq_len + 1, device)
-        self.stopped = 0
+        self.stopped, self._pending = 0, []
         while True:
             for b in range(len(rows)):                     # fill every free row from the queue
                 while rows[b] is None and queue and not _past(deadline):
@@ -250,7 +269,7 @@ class AnswerEngine:
                     if row.dialogue.ids is None:
                         yield index, row.dialogue
                         continue
-                    self._begin_turn(cache, model, b, row)
+                    self._begin_turn(cache, b, row)
                     rows[b] = row
             live = [r is not None for r in rows]
             if _past(deadline):                           # the turns in work are dropped
@@ -260,6 +279,7 @@ class AnswerEngine:
                         row.dialogue.close()
                         yield row.index, row.dialogue
                 return
+            self._prefill(cache, model)
             if not any(live):
                 return
             idle = len(live) - sum(live)
@@ -296,11 +316,11 @@ class AnswerEngine:
                 rows[b], cache.lengths[b] = None, 0
                 yield row.index, row.dialogue
             else:
-                self._begin_turn(cache, model, b, row)
+                self._begin_turn(cache, b, row)
 
-    def _begin_turn(self, cache: SlotCache, model: Any, b: int, row: _Row) -> None:
-        """Put the row's next context in slot b: keep the longest cached prefix it shares, prefill
-        the rest but its last token (the next step feeds that one)."""
+    def _begin_turn(self, cache: SlotCache, b: int, row: _Row) -> None:
+        """Put the row's next context in slot b: keep the longest cached prefix it shares; the rest
+        but its last token waits for the next prefill call (the next step feeds the last one)."""
         ids = row.dialogue.ids
         common = 0
         limit = min(len(row.cached), len(ids) - 1)
@@ -309,6 +329,20 @@ class AnswerEngine:
         self.counts.fresh += common < len(row.cached)
         cache.lengths[b] = common
         if len(ids) - 1 > common:
-            cache.prefill(model, b, ids[common:-1])
+            self._pending.append((b, ids[common:-1]))
             self.counts.prefilled += len(ids) - 1 - common
         row.cached, row.feed, row.start, row.answer = list(ids[:-1]), ids[-1], len(ids), []
+
+    def _prefill(self, cache: SlotCache, model: Any) -> None:
+        """The pending prefills, shortest first, in calls of at most PREFILL_TOKENS padded tokens, a
+        new call where a length passes 1.25 times its call's shortest plus 8 (`chat_answers.
+        length_groups`' rule: right-padding spends at most about a quarter of a call)."""
+        pending, self._pending = sorted(self._pending, key=lambda p: len(p[1])), []
+        group: list[tuple[int, list[int]]] = []
+        for item in [*pending, None]:
+            if group and (item is None or (len(group) + 1) * len(item[1]) > PREFILL_TOKENS
+                          or len(item[1]) > 1.25 * len(group[0][1]) + 8):
+                self.counts.padding += cache.prefill(model, [b for b, _ in group], [t for _, t in group])
+                group = []
+            if item is not None:
+                group.append(item)
