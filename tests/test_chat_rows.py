@@ -110,7 +110,7 @@ def test_answers_stop_at_end_of_turn_are_recorded_and_read_back(hf, answered):
     assert len(pairs) == meta["written"] == len(CONVS) and meta["too_long"] == 0
     assert read_meta["temperatures"] == [0.0, 1.0] and meta["tokens"] > 0 and meta["tokens_per_second"] > 0
     data = {c.id: c for c in CONVS}
-    for c, truncated in pairs:
+    for c, _truncated in pairs:
         users = [t.content for t in c.turns if t.role == "user"]
         assert users == [t.content for t in data[c.id].turns if t.role == "user"][:len(users)]
         assert all(t.content not in ("a draft", "four five", "ten") for t in c.turns if t.role == "assistant")
@@ -214,8 +214,8 @@ def test_eagle3_trains_from_the_conversation_cache_and_online_from_the_answers(h
     cached = train_run.run(_cfg(hf, tmp_path / "cached", "data=hf_embeddings", f"data.cache={chat_cache[0]}",
                                 "data.val_windows=2", "data.val_batch_size=2", "callbacks.speculative_eval=null"))
     online = train_run.run(_cfg(hf, tmp_path / "online", "data=hf_chat", f"data.answers={answered[0]}",
-                                "data.val_windows=2",
-                                "data.val_batch_size=2", "data.held_out=0.7", "callbacks.speculative_eval.num_prompts=2"))
+                                "data.val_windows=2", "data.val_batch_size=2", "data.held_out=0.7",
+                                "callbacks.speculative_eval.num_prompts=2"))
     for result in (cached, online):
         assert result["global_step"] == 6 and np.isfinite(result["metrics"]["val/loss"])
     assert json.loads((tmp_path / "online" / "export" / "config.json").read_text())

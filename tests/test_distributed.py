@@ -3,6 +3,7 @@ batches or shards, the last to finish joining them) equal one process's, a kille
 redone by the next run, and the bad inputs of a process count. Tiny random Llama targets
 (test_chat_rows'), real OS processes."""
 
+# ruff: noqa: F811 (the fixture `hf`, imported from test_chat_rows, is every test's argument)
 from __future__ import annotations
 
 import os
