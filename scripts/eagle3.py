@@ -41,10 +41,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", type=float, nargs="+", default=list(d.temperatures),
                    help="the answers' sampling temperatures, alternating by conversation (0: greedy)")
     p.add_argument("--answer-batch", type=int, default=None,
-                   help=f"conversations answered together (default {d.answer_batch}; GPU: the experiment's)")
-    p.add_argument("--answer-chunk", type=int, default=None,
-                   help=f"contexts continued per generating call, sorted by length (default {d.answer_chunk}; GPU: "
+                   help=f"conversations per written part, what a killed run keeps (default {d.answer_batch}; GPU: "
                         "the experiment's)")
+    p.add_argument("--answer-chunk", type=int, default=None,
+                   help=f"rows the answering engine decodes together (default {d.answer_chunk}; GPU: the "
+                        "experiment's)")
     p.add_argument("--answer-minutes", type=float, default=d.answer_minutes,
                    help="time budget of the answers step: a slower machine answers fewer conversations (0: none)")
     p.add_argument("--keep-answers", action="store_true",

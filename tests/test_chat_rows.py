@@ -6,6 +6,7 @@ trains from both. Tiny random Llama targets over the word-level tokenizer of tes
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -54,7 +55,9 @@ def answered(hf, tmp_path_factory):
     answerer, identity = ca.load_answerer(hf["stop"], seq_len=SEQ, max_new_tokens=8)
     heard = []
     meta = ca.answer_conversations(CONVS, out, answerer=answerer, identity=identity, data={"source": "test"},
-                                   temperatures=(0.0, 1.0), batch_size=3, seed=1, progress=lambda *a: heard.append(a))
+                                   options=ca.AnswerOptions(temperatures=(0.0, 1.0), batch_size=3, seed=1,
+                                                            engine="simple"),
+                                   progress=lambda *a: heard.append(a))
     assert heard[-1] == (len(CONVS), len(CONVS), meta["tokens"], "")         # after the last batch
     assert any(where.startswith("batch 1/3, turn 2") for *_, where in heard)   # and within each batch, per turn
     return out, meta
@@ -107,7 +110,7 @@ def test_answers_stop_at_end_of_turn_are_recorded_and_read_back(hf, answered):
     assert len(pairs) == meta["written"] == len(CONVS) and meta["too_long"] == 0
     assert read_meta["temperatures"] == [0.0, 1.0] and meta["tokens"] > 0 and meta["tokens_per_second"] > 0
     data = {c.id: c for c in CONVS}
-    for c, truncated in pairs:
+    for c, _truncated in pairs:
         users = [t.content for t in c.turns if t.role == "user"]
         assert users == [t.content for t in data[c.id].turns if t.role == "user"][:len(users)]
         assert all(t.content not in ("a draft", "four five", "ten") for t in c.turns if t.role == "assistant")
@@ -129,8 +132,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_answers(hf, answered, tmp_pat
         return real(*a, **k)
 
     monkeypatch.setattr(ca, "answer_batch", dies_on_the_second_batch)
-    kwargs = dict(answerer=answerer, identity=identity, data={"source": "test"}, temperatures=(0.0, 1.0),
-                  batch_size=3, seed=1)
+    options = ca.AnswerOptions(temperatures=(0.0, 1.0), batch_size=3, seed=1, engine="simple")
+    kwargs = dict(answerer=answerer, identity=identity, data={"source": "test"}, options=options)
     with pytest.raises(KeyboardInterrupt):
         ca.answer_conversations(CONVS, tmp_path / "a", **kwargs)
     assert (tmp_path / "a.partial" / "part-00000.jsonl").is_file() and not (tmp_path / "a").exists()
@@ -143,7 +146,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_answers(hf, answered, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         ca.answer_conversations(CONVS, tmp_path / "b", **kwargs)
     with pytest.raises(SpecdecError, match=r"other settings \(seed differ"):   # a partial run of other settings is kept
-        ca.answer_conversations(CONVS, tmp_path / "b", **{**kwargs, "seed": 2})
+        ca.answer_conversations(CONVS, tmp_path / "b", **{**kwargs, "options": replace(options, seed=2)})
     assert (tmp_path / "b.partial" / "part-00000.jsonl").is_file()
 
 
@@ -212,8 +215,8 @@ def test_eagle3_trains_from_the_conversation_cache_and_online_from_the_answers(h
     cached = train_run.run(_cfg(hf, tmp_path / "cached", "data=hf_embeddings", f"data.cache={chat_cache[0]}",
                                 "data.val_windows=2", "data.val_batch_size=2", "callbacks.speculative_eval=null"))
     online = train_run.run(_cfg(hf, tmp_path / "online", "data=hf_chat", f"data.answers={answered[0]}",
-                                "data.val_windows=2",
-                                "data.val_batch_size=2", "data.held_out=0.7", "callbacks.speculative_eval.num_prompts=2"))
+                                "data.val_windows=2", "data.val_batch_size=2", "data.held_out=0.7",
+                                "callbacks.speculative_eval.num_prompts=2"))
     for result in (cached, online):
         assert result["global_step"] == 6 and np.isfinite(result["metrics"]["val/loss"])
     assert json.loads((tmp_path / "online" / "export" / "config.json").read_text())

@@ -3,6 +3,7 @@ batches or shards, the last to finish joining them) equal one process's, a kille
 redone by the next run, and the bad inputs of a process count. Tiny random Llama targets
 (test_chat_rows'), real OS processes."""
 
+# ruff: noqa: F811 (the fixture `hf`, imported from test_chat_rows, is every test's argument)
 from __future__ import annotations
 
 import os
@@ -50,8 +51,10 @@ DRIVER = textwrap.dedent('''
             return real(*a, **k)
         ca.answer_batch = batch
         answerer, identity = ca.load_answerer(target, seq_len=SEQ, max_new_tokens=8)
+        options = ca.AnswerOptions(temperatures=(0.0, 1.0), batch_size=2, seed=1, rank=rank, world=world,
+                                   engine="simple")
         meta = ca.answer_conversations(CONVS, out, answerer=answerer, identity=identity, data={{"source": "test"}},
-                                       temperatures=(0.0, 1.0), batch_size=2, seed=1, rank=rank, world=world)
+                                       options=options)
     else:
         pairs, _ = ca.read_answers(sys.argv[6])
         source = ChatSource(pairs[:-2], pairs[-2:], layers=[0, 1, 2], describe={{"answers": sys.argv[6]}})
@@ -77,7 +80,7 @@ def one_process(hf, tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "answers"
     answerer, identity = ca.load_answerer(hf["stop"], seq_len=SEQ, max_new_tokens=8)
     ca.answer_conversations(CONVS, out, answerer=answerer, identity=identity, data={"source": "test"},
-                            temperatures=(0.0, 1.0), batch_size=2, seed=1)
+                            options=ca.AnswerOptions(temperatures=(0.0, 1.0), batch_size=2, seed=1, engine="simple"))
     return out
 
 
@@ -128,7 +131,7 @@ def test_more_processes_than_batches_is_refused_before_any_work(hf, tmp_path):
     answerer, identity = ca.load_answerer(hf["stop"], seq_len=SEQ, max_new_tokens=8)
     with pytest.raises(SpecdecError, match="5 processes for 7 conversations in 4 batch"):
         ca.answer_conversations(CONVS, tmp_path / "a", answerer=answerer, identity=identity, data={},
-                                batch_size=2, rank=0, world=5)
+                                options=ca.AnswerOptions(batch_size=2, rank=0, world=5))
     assert not (tmp_path / "a.partial").exists()
 
 

@@ -242,7 +242,7 @@ def _eta(done: int, total: int, seconds: float) -> str:
 def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int = 1) -> dict[str, Any]:
     """The target answers the held-out then the training conversations (answers/); as process
     `rank` of `world`, its batches of them (`chat_answers.answer_conversations`)."""
-    from .data.chat_answers import answer_conversations, load_answerer
+    from .data.chat_answers import AnswerOptions, answer_conversations, budget_text, load_answerer
 
     # the held-out conversations first: a time budget that runs out leaves fewer training rows, never no validation
     convs = _read(out / "data" / "held_out.jsonl") + _read(out / "data" / "train.jsonl")
@@ -251,21 +251,21 @@ def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int 
         answerer, identity = load_answerer(s.target, seq_len=s.seq_len, max_new_tokens=s.max_new_tokens,
                                            device=s.device, dtype=model_dtype, chunk=s.answer_chunk)
     t0 = time.perf_counter()
+    budget = f", budget {budget_text(s.answer_minutes)} min" if s.answer_minutes and world == 1 else ""
 
     def progress(done: int, total: int, tokens: int, where: str) -> None:
         seconds = time.perf_counter() - t0
-        budget = f", budget {s.answer_minutes:.0f} min" if s.answer_minutes else ""
         print(f"[answers{f' {rank}/{world}' if world > 1 else ''}] {done:,}/{total:,} conversations"
               f"{f' ({where})' if where else ''}, {tokens:,} tokens, "
               f"{tokens / max(seconds, 1e-9):,.0f} tokens/s, {seconds / 60:.1f} min{budget}", flush=True)
 
+    options = AnswerOptions(temperatures=tuple(s.temperatures), batch_size=s.answer_batch, seed=s.seed,
+                            chat_template_kwargs=s.chat_template_kwargs, keep_answers=s.keep_answers,
+                            max_seconds=None if s.answer_minutes is None or world > 1 else 60 * s.answer_minutes,
+                            rank=rank, world=world)
     meta = answer_conversations(convs, out / "answers", answerer=answerer, identity=identity or {"kind": "data"},
-                                data={"source": s.data, "seed": s.seed}, temperatures=s.temperatures,
-                                batch_size=s.answer_batch, seed=s.seed, chat_template_kwargs=s.chat_template_kwargs,
-                                keep_answers=s.keep_answers, progress=progress,
-                                report=lambda line: print(f"[answers] {line}", flush=True),
-                                max_seconds=None if s.answer_minutes is None or world > 1 else 60 * s.answer_minutes,
-                                rank=rank, world=world)
+                                data={"source": s.data, "seed": s.seed}, options=options, progress=progress,
+                                report=lambda line: print(f"[answers] {line}", flush=True))
     if not meta.get("finalized", True):
         return meta
     print(f"[answers] {meta['written']:,} conversations, {meta['answers']:,} answers, {meta['tokens']:,} tokens at "

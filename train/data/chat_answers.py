@@ -11,12 +11,18 @@ answer that did not reach its end of turn (the row would be cut there anyway), r
 `truncated` so that rendering leaves out the end-of-turn token the target never wrote.
 `keep_answers=True` writes the data's own answers and runs no model (EAGLE-1's way).
 
-Conversations are answered in batches of `batch_size`: turn k of every conversation of a batch
-together, their contexts sorted by length and continued `chunk` at a time
-(`regenerate.continue_with_states`, KV-cached, a finished row leaving the call at once), each at
-its conversation's temperature (temperatures[i mod len] for conversation i, greedy at 0, all in one
-call), seeded by (seed, batch, turn). So the output is a pure function of the settings, and a
-killed run resumes to the same bytes.
+Two paths answer (`AnswerOptions.engine`), each conversation at its temperature
+(temperatures[i mod len] for conversation i, greedy at 0), through one `Dialogue` per conversation:
+- "batched" (the default, `answer_engine.AnswerEngine`): continuous batching over the answerer's
+  `chunk` rows, a conversation's next turn taking its row as soon as an answer ends, and its KV
+  cache kept from turn to turn (only the part of the next context not cached yet is prefilled);
+  T > 0 draws from a generator of the conversation's own, seeded by (seed, its index);
+- "simple" (`answer_batch`): turn k of every conversation of a batch of `batch_size` together,
+  their contexts sorted by length and continued `chunk` at a time
+  (`regenerate.continue_with_states`, each context prefilled whole, a finished row leaving the call
+  at once), seeded by (seed, batch, turn).
+Both give the same greedy answers (in fp32, up to the rounding of a near-tie). The output is a
+function of the settings, so a killed run resumes to the same answers.
 
 On disk, OUT/ (a folder marked as specdec "answers"):
 
@@ -27,8 +33,10 @@ On disk, OUT/ (a folder marked as specdec "answers"):
 
 A run writes into OUT.partial/: build.json first, then one `part-NNNNN.jsonl` per batch (atomic),
 and the folder is renamed to OUT when all are done (`partial`: the protocol the cache shares); the
-same command resumes a killed run from its finished parts. `max_seconds` stops between batches
-(the parts done are the output).
+same command resumes a killed run from its finished parts. The batched engine writes a part as soon
+as all its conversations are over; `max_seconds` stops it before its next model call: the
+conversations finished by then, and those in work up to their last finished answer, are the output
+(the simple path stops between batches).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,13 +132,76 @@ class Answerer:
             tokens, valid, _ = continue_with_states(self.decoder, [prompts[i] for i in mine], self.seq_len + 1, [],
                                                     [float(temperatures[i]) for i in mine], generator, self.eos_id,
                                                     max_new=self.max_new_tokens)
-            for i, row, n in zip(mine, tokens.tolist(), valid.tolist()):
+            for i, row, n in zip(mine, tokens.tolist(), valid.tolist(), strict=True):
                 answer = row[prompts[i].numel():n]
                 ended = bool(answer) and self.eos_id is not None and answer[-1] == self.eos_id
                 out[i] = (answer[:-1] if ended else answer, ended)
             if each is not None:
                 each(int((valid - torch.tensor([prompts[i].numel() for i in mine], device=valid.device)).sum()))
         return out
+
+
+class Dialogue:
+    """One conversation answered turn by turn through its plan (`conversations.answer_prompts`),
+    what both answering paths share. `ids`: the token ids of the context of the turn to answer
+    (`context_ids`), None once the conversation is over: then `record` is its line of
+    conversations.jsonl, or `too_long` says its first context left no room for an answer (it is
+    dropped). A context with fewer than MIN_ROOM positions left in the row ends the conversation
+    before that turn. `answered(answer, ended)` takes the target's answer (token ids without the
+    stop token, whether it reached the stop token) and returns the next context's ids, or None; a
+    cut answer (not `ended`) ends the conversation, `truncated`."""
+
+    def __init__(self, conversation: Conversation, tokenizer: Any, seq_len: int,
+                 chat_template_kwargs: Mapping | None = None) -> None:
+        self.conversation, self.tokenizer, self.seq_len = conversation, tokenizer, seq_len
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.plan = answer_prompts(conversation)
+        self.prompt: AnswerPrompt = next(self.plan)
+        self.answers = self.tokens = 0
+        self.record: dict[str, Any] | None = None
+        self.too_long = False
+        self.ids = self._open()
+
+    def _open(self) -> list[int] | None:
+        ids = context_ids(self.tokenizer, self.prompt.context, self.kwargs)
+        if self.seq_len + 1 - len(ids) >= MIN_ROOM:
+            return ids
+        self.close()                                          # no room: the conversation ends before this turn
+        self.too_long = not self.answers
+        return None
+
+    def close(self) -> None:
+        """End the conversation before the turn in work (no room for it, or a time budget ran
+        out): its record holds the turns up to its last answer, none without an answer."""
+        c, context = self.conversation, self.prompt.context
+        context = context[:max((j for j, t in enumerate(context) if t.role == "assistant"), default=-1) + 1]
+        if self.answers and self.record is None:
+            self.record = record(Conversation(c.id, context, c.source), False, self.answers)
+        self.ids = None
+
+    def answered(self, answer: Sequence[int], ended: bool) -> list[int] | None:
+        self.tokens += len(answer) + int(ended)
+        self.answers += 1
+        text = self.tokenizer.decode(list(answer), skip_special_tokens=True)
+        c = self.conversation
+        self.ids = None
+        if not ended:                      # cut short: the conversation ends with this answer
+            self.record = record(Conversation(c.id, (*self.prompt.context, Turn("assistant", text)), c.source), True,
+                                 self.answers)
+            return None
+        try:
+            self.prompt = self.plan.send(text)
+        except StopIteration as stop:
+            self.record = record(stop.value, False, self.answers)
+            return None
+        self.ids = self._open()
+        return self.ids
+
+
+def dialogue_counts(dialogues: Sequence[Dialogue]) -> dict[str, int]:
+    """{"tokens": generated (stop tokens included), "answers", "too_long"} of finished dialogues."""
+    return {"tokens": sum(d.tokens for d in dialogues), "answers": sum(d.answers for d in dialogues),
+            "too_long": sum(d.too_long for d in dialogues)}
 
 
 def answer_batch(conversations: Sequence[Conversation], answerer: Answerer, *, temperatures: Sequence[float],
@@ -139,133 +211,226 @@ def answer_batch(conversations: Sequence[Conversation], answerer: Answerer, *, t
     of all of them together. Returns their records and counts {"tokens": generated, "answers",
     "too_long": conversations whose first context left no room for an answer (dropped)}.
     `answered(turn, tokens)` hears each generating call's new tokens (the answerer's `each`)."""
-    tokenizer, kwargs = answerer.tokenizer, dict(chat_template_kwargs or {})
-    plans = {i: answer_prompts(c) for i, c in enumerate(conversations)}
-    pending: dict[int, AnswerPrompt] = {i: next(plan) for i, plan in plans.items()}
-    done: dict[int, dict[str, Any]] = {}
-    answers_of = {i: 0 for i in plans}          # answers written so far, per conversation
-    counts = {"tokens": 0, "answers": 0, "too_long": 0}
+    dialogues = [Dialogue(c, answerer.tokenizer, answerer.seq_len, chat_template_kwargs) for c in conversations]
+    pending = {i: d for i, d in enumerate(dialogues) if d.ids is not None}
     turn = 0
-    while pending:
-        ids = {i: torch.tensor(context_ids(tokenizer, p.context, kwargs), dtype=torch.long)
-               for i, p in pending.items()}
-        for i in [i for i, x in ids.items() if answerer.seq_len + 1 - x.numel() < MIN_ROOM]:
-            p = pending.pop(i)                     # no room for an answer: the conversation ends before this turn
-            context = p.context[:max((j for j, t in enumerate(p.context) if t.role == "assistant"), default=-1) + 1]
-            if answers_of[i]:
-                c = conversations[i]
-                done[i] = record(Conversation(c.id, context, c.source), False, answers_of[i])
-            else:
-                counts["too_long"] += 1
+    while pending:                                 # every pending context in one call, each at its own temperature
         mine = list(pending)
-        if mine:                                   # every pending context in one call, each at its own temperature
-            g = torch.Generator(device=answerer.decoder.device).manual_seed(seed * 1_000_003 + first * 17 + turn * 7919)
-            results = answerer([ids[i] for i in mine], [temperatures[(first + i) % len(temperatures)] for i in mine], g,
-                               each=None if answered is None else (lambda tokens: answered(turn, tokens)))
-            for i, (answer, ended) in zip(mine, results):
-                counts["tokens"] += len(answer) + int(ended)
-                counts["answers"] += 1
-                answers_of[i] += 1
-                text = tokenizer.decode(answer, skip_special_tokens=True)
-                p, c = pending.pop(i), conversations[i]
-                if not ended:                      # cut short: the conversation ends with this answer
-                    done[i] = record(Conversation(c.id, (*p.context, Turn("assistant", text)), c.source), True,
-                                     answers_of[i])
-                    continue
-                try:
-                    pending[i] = plans[i].send(text)
-                except StopIteration as stop:
-                    done[i] = record(stop.value, False, answers_of[i])
+        g = torch.Generator(device=answerer.decoder.device).manual_seed(seed * 1_000_003 + first * 17 + turn * 7919)
+        results = answerer([torch.tensor(pending[i].ids, dtype=torch.long) for i in mine],
+                           [temperatures[(first + i) % len(temperatures)] for i in mine], g,
+                           each=None if answered is None else (lambda tokens, turn=turn: answered(turn, tokens)))
+        for i, (answer, ended) in zip(mine, results, strict=True):
+            if pending[i].answered(answer, ended) is None:
+                del pending[i]
         turn += 1
-    return [done[i] for i in sorted(done)], counts
+    return [d.record for d in dialogues if d.record is not None], dialogue_counts(dialogues)
+
+
+ENGINES = ("batched", "simple")  # answer_engine.AnswerEngine; Answerer and answer_batch (turn k of a batch together)
+PROGRESS_SECONDS = 15.0  # the batched engine reports progress at most this often between finished parts
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """How `answer_conversations` answers. `temperatures`: conversation i's is temperatures[i mod
+    len] (greedy at 0); `batch_size`: conversations per part of OUT.partial/ (what a killed run
+    keeps, and the first path's batch); `chat_template_kwargs` go to the chat template;
+    `keep_answers`: the data's answers, no model run; `max_seconds`: the time budget (None: none),
+    from the call's start, checked before every model call by the batched engine (between batches
+    by the simple one); as process `rank` of `world` (module docstring); `engine`: "batched"
+    (`answer_engine`: continuous batching, the KV cache kept from turn to turn, the answerer's
+    `chunk` rows decoded together) or "simple" (`Answerer`: turn k of a batch together)."""
+    temperatures: tuple[float, ...] = (0.0,)
+    batch_size: int = 64
+    seed: int = 0
+    chat_template_kwargs: Mapping | None = None
+    keep_answers: bool = False
+    max_seconds: float | None = None
+    rank: int = 0
+    world: int = 1
+    engine: str = "batched"
+
+    def check(self, conversations: int, answerer: Answerer | None) -> int:
+        """One line unless these options can answer `conversations` conversations; their batches."""
+        check(self.keep_answers or answerer is not None, "answering needs the target (or keep_answers=True)")
+        check(conversations > 0, "no conversations to answer")
+        check(self.batch_size >= 1, f"the batch size must be >= 1, got {self.batch_size}")
+        check(self.max_seconds is None or self.max_seconds > 0,
+              f"the time budget must be > 0 seconds, got {self.max_seconds!r}")
+        check(self.world >= 1 and 0 <= self.rank < self.world,
+              f"rank {self.rank} of {self.world} processes is not a rank")
+        check(self.engine in ENGINES, f"the answering engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        batches = -(-conversations // self.batch_size)
+        check(self.world <= batches, f"{self.world} processes for {conversations} conversations in {batches} batch(es) "
+                                     f"of {self.batch_size}: some would have nothing to answer; use at most {batches} "
+                                     "processes")
+        check(self.max_seconds is None or self.world == 1, "a time budget stops one process; with several, give none "
+                                                           "(the conversations they answer must be every batch)")
+        return batches
+
+
+def budget_text(minutes: float) -> str:
+    """A time budget in minutes as a progress line prints it: 30, 0.5, 22.25."""
+    return f"{minutes:.2f}".rstrip("0").rstrip(".")
 
 
 def answer_conversations(conversations: Sequence[Conversation], out: str | os.PathLike, *,
                          answerer: Answerer | None, identity: Mapping[str, Any], data: Mapping[str, Any],
-                         temperatures: Sequence[float] = (0.0,), batch_size: int = 64, seed: int = 0,
-                         chat_template_kwargs: Mapping | None = None, keep_answers: bool = False,
+                         options: AnswerOptions = AnswerOptions(),
                          progress: Callable[[int, int, int, str], Any] | None = None,
-                         report: Callable[[str], Any] | None = None, max_seconds: float | None = None,
-                         rank: int = 0, world: int = 1) -> dict[str, Any]:
+                         report: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Write OUT (module docstring): `conversations` answered by `answerer` (None with
-    `keep_answers`: the data's answers). `identity`: the target's (recorded, and compared on resume);
-    `data`: how the conversations were chosen (recorded). `progress(conversations done, of, tokens
-    generated so far, where: "" after a batch, else the batch and turn in work)` follows each
-    generating call; `report(line)` hears a resume. Returns answers.json's contents.
+    `options.keep_answers`: the data's answers). `identity`: the target's (recorded, and compared on
+    resume); `data`: how the conversations were chosen (recorded). `progress(conversations done, of,
+    tokens generated so far, where: "" after a part is written, else what is in work)` follows the
+    work; `report(line)` hears a resume and a time budget that ran out. Returns answers.json's contents.
 
-    As one of `world` processes (`rank`), it answers batches rank, rank + world, ... into the same
-    OUT.partial/ (on a filesystem they share); whichever process finds every batch's part written
-    when it ends joins them into OUT (a lock file keeps it to one), and the others return
-    {"finalized": False}. A batch is a pure function of the settings, so OUT is the same bytes as
-    one process writes, whatever the ranks, kills and resumes: a killed rank's batches are
-    answered by the next run of any process set."""
+    As one of `options.world` processes (`options.rank`), it answers batches rank, rank + world, ...
+    into the same OUT.partial/ (on a filesystem they share); whichever process finds every batch's
+    part written when it ends joins them into OUT (a lock file keeps it to one), and the others
+    return {"finalized": False}. Each conversation's answers are a function of the settings (up to
+    the rounding of a near-tie, which the rows sharing a call may change), so a killed rank's
+    batches are answered by the next run of any process set."""
     t0 = time.perf_counter()
-    out = Path(out).expanduser()
+    out, o = Path(out).expanduser(), options
     say = report or (lambda line: None)
-    check(keep_answers or answerer is not None, "answering needs the target (or keep_answers=True)")
-    check(len(conversations) > 0, "no conversations to answer")
-    check(batch_size >= 1, f"the batch size must be >= 1, got {batch_size}")
-    check(max_seconds is None or max_seconds > 0, f"the time budget must be > 0 seconds, got {max_seconds!r}")
-    check(world >= 1 and 0 <= rank < world, f"rank {rank} of {world} processes is not a rank")
-    batches = -(-len(conversations) // batch_size)
-    check(world <= batches, f"{world} processes for {len(conversations)} conversations in {batches} batch(es) of "
-                            f"{batch_size}: some would have nothing to answer; use at most {batches} processes")
-    check(max_seconds is None or world == 1, "a time budget stops one process; with several, give none (the "
-                                             "conversations they answer must be every batch)")
+    batches = o.check(len(conversations), answerer)
     if answerer is not None:
-        check_chat_template(answerer.tokenizer, dict(chat_template_kwargs or {}))
-    settings = {"format": FORMAT, "target": dict(identity), "data": dict(data), "conversations": len(conversations),
-                "ids_sha": _ids_digest(conversations), "temperatures": [float(t) for t in temperatures],
-                "batch_size": batch_size, "seed": seed, "chat_template_kwargs": dict(chat_template_kwargs or {}),
-                "keep_answers": keep_answers,
-                "seq_len": None if answerer is None else answerer.seq_len,
-                "max_new_tokens": None if answerer is None else answerer.max_new_tokens,
-                "chunk": None if answerer is None else answerer.chunk}
+        check_chat_template(answerer.tokenizer, dict(o.chat_template_kwargs or {}))
+    settings = _settings(conversations, answerer, identity, data, o)
     partial = out.with_name(f"{out.name}.partial")
-    _open_partial(partial, settings, rank)
-    mine = [k for k in range(batches) if k % world == rank]
+    _open_partial(partial, settings, o.rank)
+    mine = [k for k in range(batches) if k % o.world == o.rank]
     todo = [k for k in mine if not (partial / _part(k)).is_file()]
     if len(todo) < len(mine):
         say(f"resuming {partial}: {len(mine) - len(todo)} of {len(mine)} batch(es)"
-            f"{f' of rank {rank}' if world > 1 else ''} already answered")
-    done_tokens = sum(_stats(partial, k).get("tokens", 0) for k in range(batches))
+            f"{f' of rank {o.rank}' if o.world > 1 else ''} already answered")
+    tokens = sum(_stats(partial, k).get("tokens", 0) for k in range(batches))
+    parts = _Parts(partial, conversations, o, progress, tokens)
+    if o.keep_answers:
+        for k in todo:
+            parts.write(k, [record(c) for c in parts.batch(k)], {"tokens": 0, "answers": 0, "too_long": 0})
+    elif o.engine == "simple":
+        _answer_simple(parts, todo, answerer, t0, say)
+    else:
+        _answer_batched(parts, todo, answerer, t0, say)
+    present = [k for k in range(batches) if (partial / _part(k)).is_file()]
+    if o.world > 1 and len(present) < batches:
+        say(f"rank {o.rank} answered its batches; {batches - len(present)} of other ranks are not written yet: the "
+            f"last rank to finish writes {out}")
+        return {"finalized": False, "rank": o.rank, "batches": len(mine)}
+    check(present, "the time budget ran out before one conversation was answered")
+    return _finalize(partial, out, settings, present, o.rank, t0)
+
+
+def _settings(conversations: Sequence[Conversation], answerer: Answerer | None, identity: Mapping[str, Any],
+              data: Mapping[str, Any], o: AnswerOptions) -> dict[str, Any]:
+    """build.json and answers.json's settings: a partial run resumes only under the same ones."""
+    return {"format": FORMAT, "target": dict(identity), "data": dict(data), "conversations": len(conversations),
+            "ids_sha": _ids_digest(conversations), "temperatures": [float(t) for t in o.temperatures],
+            "batch_size": o.batch_size, "seed": o.seed, "chat_template_kwargs": dict(o.chat_template_kwargs or {}),
+            "keep_answers": o.keep_answers,
+            "seq_len": None if answerer is None else answerer.seq_len,
+            "max_new_tokens": None if answerer is None else answerer.max_new_tokens,
+            "chunk": None if answerer is None else answerer.chunk,
+            "engine": None if o.keep_answers else o.engine}
+
+
+class _Parts:
+    """The parts this process writes into OUT.partial/ (part k: batch k's lines, then its stats
+    beside it: `seconds` is the time since the previous part was written), and the progress
+    reports between them."""
+
+    def __init__(self, partial: Path, conversations: Sequence[Conversation], options: AnswerOptions,
+                 progress: Callable[[int, int, int, str], Any] | None, tokens: int) -> None:
+        self.partial, self.conversations, self.options, self.progress = partial, conversations, options, progress
+        self.tokens, self.last = tokens, time.perf_counter()
+        self.batches = -(-len(conversations) // options.batch_size)
+
+    def batch(self, k: int) -> Sequence[Conversation]:
+        return self.conversations[k * self.options.batch_size:(k + 1) * self.options.batch_size]
+
+    def heard(self, done: int, tokens: int, where: str) -> None:
+        if self.progress is not None:
+            self.progress(done, len(self.conversations), tokens, where)
+
+    def write(self, k: int, records: list[dict[str, Any]], counts: dict[str, int], done: int | None = None) -> None:
+        now = time.perf_counter()
+        stats = {**counts, "seconds": now - self.last, "rank": self.options.rank}
+        self.last = now
+        self.tokens += counts["tokens"]
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        write_file(self.partial / _stats_name(k), lambda f: f.write(json.dumps(stats).encode()))
+        write_file(self.partial / _part(k), lambda f: f.write(lines.encode("utf-8")))   # the part last: it marks done
+        self.heard(min((k + 1) * self.options.batch_size, len(self.conversations)) if done is None else done,
+                   self.tokens, "")
+
+
+def _answer_simple(parts: _Parts, todo: list[int], answerer: Answerer, t0: float, say: Callable[[str], Any]) -> None:
+    """The first path: batch by batch, turn k of a batch together (`answer_batch`); the time budget
+    is checked between batches (a batch that would pass it is not begun)."""
+    o, size = parts.options, parts.options.batch_size
     last_seconds = 0.0
     for k in todo:
         began = time.perf_counter()
-        if max_seconds is not None and began - t0 + last_seconds > max_seconds and k > 0:
-            say(f"the time budget ({max_seconds / 60:.1f} min) ran out after {k} of {batches} batches")
+        if o.max_seconds is not None and began - t0 + last_seconds > o.max_seconds and k > 0:
+            say(f"the time budget ({budget_text(o.max_seconds / 60)} min) ran out after {k} of {parts.batches} batches")
             break
-        part = conversations[k * batch_size:(k + 1) * batch_size]
-        running = [done_tokens]
+        running = [parts.tokens]
 
-        def answered(turn: int, tokens: int, k: int = k) -> None:
+        def answered(turn: int, tokens: int, k: int = k, running: list[int] = running) -> None:
             running[0] += tokens
-            if progress is not None:
-                progress(k * batch_size, len(conversations), running[0], f"batch {k + 1}/{batches}, turn {turn + 1}")
+            parts.heard(k * size, running[0], f"batch {k + 1}/{parts.batches}, turn {turn + 1}")
 
-        if keep_answers:
-            records = [record(c) for c in part]
-            counts = {"tokens": 0, "answers": 0, "too_long": 0}
-        else:
-            with torch.inference_mode():
-                records, counts = answer_batch(part, answerer, temperatures=temperatures, first=k * batch_size,
-                                               seed=seed, chat_template_kwargs=chat_template_kwargs,
-                                               answered=answered)
+        with torch.inference_mode():
+            records, counts = answer_batch(parts.batch(k), answerer, temperatures=o.temperatures, first=k * size,
+                                           seed=o.seed, chat_template_kwargs=o.chat_template_kwargs, answered=answered)
         last_seconds = time.perf_counter() - began
-        stats = {**counts, "seconds": last_seconds, "rank": rank}
-        done_tokens += counts["tokens"]
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        write_file(partial / _stats_name(k), lambda f: f.write(json.dumps(stats).encode()))
-        write_file(partial / _part(k), lambda f: f.write(lines.encode("utf-8")))        # the part last: it marks done
-        if progress is not None:
-            progress(min((k + 1) * batch_size, len(conversations)), len(conversations), done_tokens, "")
-    present = [k for k in range(batches) if (partial / _part(k)).is_file()]
-    if world > 1 and len(present) < batches:
-        say(f"rank {rank} answered its batches; {batches - len(present)} of other ranks are not written yet: the "
-            f"last rank to finish writes {out}")
-        return {"finalized": False, "rank": rank, "batches": len(mine)}
-    check(present, "the time budget ran out before one batch was answered")
-    return _finalize(partial, out, settings, present, rank, t0)
+        parts.write(k, records, counts)
+
+
+def _answer_batched(parts: _Parts, todo: list[int], answerer: Answerer, t0: float, say: Callable[[str], Any]) -> None:
+    """The engine (`answer_engine`) on every conversation of the batches `todo`, in order; a part
+    is written as soon as all its conversations are over. When the time budget runs out, the
+    conversations in work end at their last finished answer, and the unfinished batches are written
+    with the conversations that have one."""
+    from .answer_engine import AnswerEngine
+
+    o, size = parts.options, parts.options.batch_size
+    engine = AnswerEngine(answerer.decoder, answerer.tokenizer, answerer.eos_id, answerer.seq_len,
+                          answerer.max_new_tokens, slots=answerer.chunk)
+    waiting: dict[int, dict[int, Dialogue]] = {k: {} for k in todo}           # batch -> its finished dialogues
+    queue = [(i, c) for k in todo for i, c in enumerate(parts.batch(k), k * size)]
+    done, tokens, heard = len(parts.conversations) - len(queue), parts.tokens, time.perf_counter()
+
+    def dialogue(c: Conversation) -> Dialogue:
+        return Dialogue(c, answerer.tokenizer, answerer.seq_len, o.chat_template_kwargs)
+
+    with torch.inference_mode():
+        for i, d in engine.run(queue, dialogue, o.temperatures, o.seed, None if o.max_seconds is None
+                               else t0 + o.max_seconds):
+            k, done = i // size, done + 1
+            waiting[k][i] = d
+            if len(waiting[k]) == len(parts.batch(k)):
+                parts.write(k, *_records(waiting.pop(k)), done=done)
+            elif time.perf_counter() - heard >= PROGRESS_SECONDS:
+                heard = time.perf_counter()
+                parts.heard(done, tokens + engine.counts.generated, f"{done - len(parts.conversations) + len(queue)}"
+                            f"/{len(queue)} answered here, {engine.slots} rows")
+    left = sum(len(parts.batch(k)) - len(w) for k, w in waiting.items())
+    for k, finished in waiting.items():           # only when the budget ran out: the finished conversations stay
+        if finished:
+            parts.write(k, *_records(finished), done=done)
+    if left or engine.stopped:
+        say(f"the time budget ({budget_text(o.max_seconds / 60)} min) ran out: {engine.stopped} conversation(s) in "
+            f"work end at their last finished answer, {left} were not begun")
+
+
+def _records(dialogues: dict[int, Dialogue]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """A part's lines (by conversation index) and counts."""
+    ordered = [dialogues[i] for i in sorted(dialogues)]
+    return [d.record for d in ordered if d.record is not None], dialogue_counts(ordered)
 
 
 def _stats_name(k: int) -> str:
