@@ -59,16 +59,22 @@ from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.export import read_export_config, read_export_tensors
 from specdec_models.files import one_line
+from specdec_models.heads.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    choose_draft_vocab,
+    default_aux_layers,
+    init_layer_index,
+)
 from specdec_models.hf import HFDecoder, load_config, logits_width, text_config
-from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab, default_aux_layers, init_layer_index
 from specdec_models.hf.weights import tokenizer_fingerprint, vocabulary_fingerprint
 
-from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.chat_rows import HFChatDataModule
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule, label_mask
 from ..data.hf_text import HFTextDataModule
 from .base import FrozenModel, Task, TaskModule, required, to_plain
-from .hf_prophet import HOW_TO_GIVE, HFTargetHead, check_head_kind, check_target
+from .hf_target import HOW_TO_GIVE, HFTargetHead, check_head_kind, check_target
 
 COUNTS_FORMAT = "specdec-token-counts"
 
@@ -116,7 +122,8 @@ class Eagle3Sizes:
             check(isinstance(self.aux_layers, (list, tuple)) and len(self.aux_layers) >= 1
                   and all(isinstance(i, int) and not isinstance(i, bool) for i in self.aux_layers),
                   f"head.aux_layers must be a list of layer indices or null, got {self.aux_layers!r}")
-        check(isinstance(self.train_lm_head, bool), f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
+        check(isinstance(self.train_lm_head, bool),
+              f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
         check(isinstance(self.init_layer, bool), f"head.init_layer must be true or false, got {self.init_layer!r}")
         check(self.init_from is None or (isinstance(self.init_from, str) and self.init_from),
               f"head.init_from must be an export directory or null, got {self.init_from!r}")
@@ -132,7 +139,7 @@ def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torc
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise SpecdecError(f"head.draft_vocab: {path} is not a token-count file: {' '.join(str(error).split())}") from None
+        raise SpecdecError(f"head.draft_vocab: {path} is not a token-count file: {one_line(error)}") from None
     check(isinstance(data, dict) and data.get("format") == COUNTS_FORMAT,
           f"head.draft_vocab: {path} is not a token-count file of scripts/draft_vocab.py")
     # files written since carry the vocabulary's fingerprint, which no library version changes; older
@@ -165,7 +172,8 @@ def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tup
           f"{config['target']['weights_sha256'][:16]}..., target.path's {weights_sha256[:16]}...)")
     theirs = Eagle3Config.from_dict(config["prophet"]).to_dict()
     ours = head.to_dict()
-    differ = [f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})" for k in sorted(ours) if theirs.get(k) != ours.get(k)]
+    differ = [f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})"
+              for k in sorted(ours) if theirs.get(k) != ours.get(k)]
     check(not differ, f"head.init_from: {path} holds a head of other shapes: {'; '.join(differ)}: set head.aux_layers "
                       f"and head.draft_vocab_size to the export's")
     weights = Path(path) / config["weights"]
@@ -182,7 +190,7 @@ def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tup
 
 def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     """Check the target, the head, the draft vocabulary and the data before any work; loads the
-    target once (`hf_prophet.check_target`) to identify its weights."""
+    target once (`hf_target.check_target`) to identify its weights."""
     sizes = from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
     layers = []                     # the one target layer a head trained from a cache reads: its start
     if sizes.init_layer and sizes.init_from is None:
@@ -325,7 +333,7 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         return tokens, torch.cat([states[i] for i in layers], -1), states[last_layer], mask
 
     def _loss(self, batch, greedy: bool = False):
-        self.parts                                                    # on the module's device
+        _ = self.parts                                                # on the module's device
         tokens, aux, last, mask = self._inputs(batch)
         noise = self.hparams.get("feature_noise", 0.0)
         if noise and self.training:
