@@ -102,3 +102,25 @@ def test_the_eagle3_task_imports_nothing_from_the_prophet_task():
     assert "train.tasks.hf_target" in reached
     assert "train.tasks.hf_prophet" not in reached
     assert "train.tasks.hf_target" in _train_modules_reached("train.tasks.hf_prophet")
+
+
+def test_settings_read_into_their_dataclass_and_an_unknown_key_reads_as_a_signatures_error():
+    """A DataModule, callback or task module takes `**settings` read into a typed dataclass
+    (`train.data.settings.read_settings`): defaults fill what is not given, and an unknown key is
+    the TypeError a signature of those fields would raise, naming the class built."""
+    from dataclasses import dataclass
+
+    from train.data.settings import read_settings
+    from train.tasks.hf_eagle3 import HFEagle3Module, HFEagle3Settings
+
+    @dataclass(frozen=True)
+    class Sizes:
+        depth: int
+        width: int = 2
+
+    assert read_settings(Sizes, HFEagle3Module, {"depth": 1}) == Sizes(1, 2)
+    with pytest.raises(TypeError, match=r"^HFEagle3Module.__init__\(\) got an unexpected keyword argument 'bogus'$"):
+        read_settings(Sizes, HFEagle3Module, {"depth": 1, "bogus": 0})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ttt_step'"):
+        HFEagle3Module(target_path="x", weights_sha256="0" * 64, head={}, ttt_step=3)
+    assert {"target_path", "ttt_ramp", "cache_layers", "target_shard"} <= set(HFEagle3Settings.__dataclass_fields__)

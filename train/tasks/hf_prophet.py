@@ -43,6 +43,7 @@ from specdec_models.hf import HFDecoder, logits_width, text_config
 from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
+from ..data.settings import read_settings
 from .base import FrozenModel, Task, required, to_plain
 from .hf_target import HFTargetHead, check_head_kind, check_target
 from .prophet_common import ProphetTaskModule
@@ -110,21 +111,38 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
                 cache_layers=cache_layers, target_shard=target.shard)
 
 
+@dataclass(frozen=True)
+class HFProphetSettings:
+    """What `validate` gives HFProphetModule, the hyper-parameters its checkpoints record.
+    `target_path`, `weights_sha256`: the target's source and the hash its weights must have
+    (loaded by the module: the head is built on its embedding and head); `head`: an
+    HFProphetConfig dict; the head trains in float32 whatever the target's `target_dtype`;
+    `distill`, `distill_weight`: `FrozenProphetOptions`'; `cache_layers`: the layers a cache's
+    "embeds" concatenate (the head reads the last one, the target's depth; a cache made for an
+    eagle3 head serves a prophet head too); `target_shard`: split the target across the
+    processes at fit start (target.shard)."""
+
+    target_path: str
+    weights_sha256: str
+    head: dict[str, Any]
+    target_dtype: str = "float32"
+    distill: str | None = None
+    distill_weight: float = 1.0
+    cache_layers: list[int] | None = None
+    target_shard: bool = False
+
+
 class HFProphetModule(HFTargetHead, ProphetTaskModule):
     task = "hf_prophet"
 
-    def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
-                 distill: str | None = None, distill_weight: float = 1.0, optim: dict[str, Any] | None = None,
-                 seed: int = 0, metadata: dict[str, Any] | None = None, compile: bool = False,
-                 cache_layers: list[int] | None = None, target_shard: bool = False) -> None:
-        """`target_path`, `weights_sha256`: the target's source and the hash its weights must have
-        (loaded here: the head is built on its embedding and head); `head`: an HFProphetConfig
-        dict; the head trains in float32 whatever the target's `target_dtype`; `cache_layers`:
-        the layers a cache's "embeds" concatenate (the head reads the last one, the target's
-        depth; a cache made for an eagle3 head serves a prophet head too); `target_shard`: split
-        the target across the processes at fit start (target.shard)."""
+    def __init__(self, optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
+                 compile: bool = False, **settings: Any) -> None:
+        """`settings`: the fields of `HFProphetSettings` (plain values: a checkpoint rebuilds the
+        module without Hydra)."""
         super().__init__(optim, seed, metadata, compile)
-        self.save_hyperparameters()
+        s = read_settings(HFProphetSettings, type(self), settings)
+        self.save_settings(s, optim, seed, metadata, compile)
+        head, cache_layers, target_shard = s.head, s.cache_layers, s.target_shard
         self._target = self._frozen_target(target_shard)
         self._parts = FrozenModel(self._load_parts) if cache_layers else self._target     # online: the whole one
         self.head = HFProphet(HFProphetConfig.from_dict(head), self._parts.get(torch.device("cpu"))).float()
