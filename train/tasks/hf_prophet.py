@@ -17,9 +17,9 @@ the hidden state there (exact online; from a cache, at the cache's precision).
 
 The target is loaded from a local model directory or a GGUF file (`specdec_models.hf.weights`),
 frozen and held outside the module (`FrozenModel`): absent from the state_dict, checkpoints and
-the export. `validate` loads it once (`load_target`, shared with the module) to hash its weights:
-a cache or a checkpoint of another target is refused in one line before any work, and a
-checkpoint reloads the target and checks the hash. Every validation logs the window loss, the
+the export. `validate` loads it once (`train.tasks.hf_target.load_target`, shared with the module)
+to hash its weights: a cache or a checkpoint of another target is refused in one line before any
+work, and a checkpoint reloads the target and checks the hash. Every validation logs the window loss, the
 teacher-forced accuracy per drafted position and the simulated tokens per call
 (`ProphetTaskModule.track_drafted`); the evaluation callback decodes with the target and the head at
 temperatures 0 and 1. The export is the head alone with its target's identity (kind hf_prophet:
@@ -75,7 +75,7 @@ class HeadSizes:
 
 def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
     """Check the target, the head's sizes, the data's tokenizer or cache, and gamma; loads the
-    target (once, see `load_target`) to identify its weights."""
+    target (once, see `hf_target.load_target`) to identify its weights."""
     sizes = from_dict(HeadSizes, to_plain(cfg.get("head")), "head")
     check(sizes.prophet_train_length >= cfg.gamma + 1,
           f"head.prophet_train_length ({sizes.prophet_train_length}) must be >= gamma + 1 = {cfg.gamma + 1}: the head "
