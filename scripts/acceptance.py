@@ -19,12 +19,14 @@ import torch
 
 from specdec_models import ModelWithProphet, SpecdecError, load_export
 from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, generate
-from specdec_models.errors import check_positive_int
+from specdec_models.errors import check_positive_int, cli_main
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--export", nargs="+", required=True, help="model_with_prophet exports (or targets with --draft)")
+    parser.add_argument("--export", nargs="+", required=True,
+                        help="model_with_prophet exports (or targets with --draft)")
     parser.add_argument("--draft", help="a decoder export drafting for every target instead of its prophet")
     parser.add_argument("--data", required=True, help="enwik8 or a stand-in (.zip, .gz or raw)")
     parser.add_argument("--prompts", type=int, default=32)
@@ -36,30 +38,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from train.data.enwik8 import validation_prompts
 
-    try:
-        for flag, value in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len),
-                            ("--max-new-tokens", args.max_new_tokens), ("--gamma", args.gamma)):
-            check_positive_int(value, flag)
+    for flag, value in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len),
+                        ("--max-new-tokens", args.max_new_tokens), ("--gamma", args.gamma)):
+        check_positive_int(value, flag)
+    for temperature in args.temperatures:
+        SamplingConfig(temperature)                  # a finite number >= 0
+    prompts = validation_prompts(args.data, args.prompts, args.prompt_len)
+    draft = load_export(args.draft) if args.draft else None
+    print("| export | temperature | acceptance rate | tokens / call | alpha |\n|---|---|---|---|---|")
+    for directory in args.export:
+        model = load_export(directory)
+        if draft is None and not isinstance(model, ModelWithProphet):
+            raise SpecdecError(f"{directory} has no prophet: pass --draft DIR")
+        target = model.model if isinstance(model, ModelWithProphet) else model
+        drafter = DraftModel(draft) if draft is not None else HeadDrafter(model)
         for temperature in args.temperatures:
-            SamplingConfig(temperature)                  # a finite number >= 0
-        prompts = validation_prompts(args.data, args.prompts, args.prompt_len)
-        draft = load_export(args.draft) if args.draft else None
-        print("| export | temperature | acceptance rate | tokens / call | alpha |\n|---|---|---|---|---|")
-        for directory in args.export:
-            model = load_export(directory)
-            if draft is None and not isinstance(model, ModelWithProphet):
-                raise SpecdecError(f"{directory} has no prophet: pass --draft DIR")
-            target = model.model if isinstance(model, ModelWithProphet) else model
-            drafter = DraftModel(draft) if draft is not None else HeadDrafter(model)
-            for temperature in args.temperatures:
-                _, stats = generate(target, prompts, args.max_new_tokens, drafter, gamma=args.gamma,
-                                    sampling=SamplingConfig(temperature),
-                                    generator=torch.Generator().manual_seed(args.seed))
-                print(f"| {directory} | {temperature:g} | {stats.acceptance_rate:.3f} | {stats.tokens_per_call:.2f} | "
-                      f"{stats.alpha:.3f} |")
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+            _, stats = generate(target, prompts, args.max_new_tokens, drafter, gamma=args.gamma,
+                                sampling=SamplingConfig(temperature),
+                                generator=torch.Generator().manual_seed(args.seed))
+            print(f"| {directory} | {temperature:g} | {stats.acceptance_rate:.3f} | {stats.tokens_per_call:.2f} | "
+                  f"{stats.alpha:.3f} |")
     return 0
 
 

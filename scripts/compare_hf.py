@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_models import SpecdecError
+from specdec_models.errors import cli_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,17 +61,14 @@ def run(args: argparse.Namespace) -> dict:
                                  batch=args.batch, vocab_size=vocab_size, repeats=args.repeats, device=args.device)
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if args.out is not None:
-            from specdec_models.files import check_output
+    if args.out is not None:
+        from specdec_models.files import check_output
 
-            check_output(args.out, "--out", force=args.force, inputs=[args.target, args.draft])
-        results = run(args)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        check_output(args.out, "--out", force=args.force, inputs=[args.target, args.draft])
+    results = run(args)
     for name, r in results.items():
         print(f"{name:28s} " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
     if args.out is not None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_models.errors import SpecdecError
+from specdec_models.errors import cli_main
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", help="a Lightning checkpoint of any task (e.g. outputs/<run>/checkpoints/last.ckpt)")
@@ -37,14 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set takes KEY=VALUE, got {item!r}")
         paths[key] = value
     from specdec_models.files import check_not_input
-    from train.checkpoints import export_checkpoint   # imports lightning: after argument parsing
+    from train.checkpoints import export_checkpoint  # imports lightning: after argument parsing
 
-    try:
-        check_not_input(args.out_dir, [args.ckpt, *paths.values()], "OUT_DIR")
-        path = export_checkpoint(args.ckpt, args.out_dir, force=args.force, paths=paths)
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    check_not_input(args.out_dir, [args.ckpt, *paths.values()], "OUT_DIR")
+    path = export_checkpoint(args.ckpt, args.out_dir, force=args.force, paths=paths)
     print(f"export: {path}")
     return 0
 

@@ -20,11 +20,12 @@ import json
 import sys
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError
+from specdec_models.errors import SpecdecError, cli_main
 
 MAX_COUNT = 1_000_000        # about a minute of snippets and 300 MB of prompts; the GPU recipe draws 40,000
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--text", help="a text file (raw, .zip or .gz): needed by --kind text and mix")
@@ -45,30 +46,26 @@ def main(argv: list[str] | None = None) -> int:
     from train.data.regenerate import prompts_from_text
 
     out = Path(args.out).expanduser()
+    check_positive_int(args.count, "--count")
+    check(args.count <= MAX_COUNT, f"--count {args.count} is more than the {MAX_COUNT:,} prompts this script makes")
+    check(not out.is_dir(), f"--out {args.out} is a directory: give the .jsonl file to write")
+    check_output(args.out, "--out", force=args.force, inputs=[args.text])
+    n_open = {"text": 0, "open": args.count, "mix": args.count // 2}[args.kind]
+    prompts = open_prompts(n_open, args.split, args.seed) if n_open else []
+    if n_open < args.count:
+        check(args.text is not None, f"--kind {args.kind} needs --text FILE")
+        if not Path(args.text).expanduser().is_file():
+            raise SpecdecError(f"--text {args.text} does not exist")
+        data = read_bytes(Path(args.text).expanduser())[:ENWIK8_BYTES]
+        train_end, valid_end = split_bounds(len(data))[:2]
+        part = data[:train_end] if args.split == "train" else data[train_end:valid_end]
+        prompts += prompts_from_text(part.tobytes().decode("utf-8", errors="ignore"), args.count - n_open, args.seed)
+    lines = "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts)
     try:
-        check_positive_int(args.count, "--count")
-        check(args.count <= MAX_COUNT, f"--count {args.count} is more than the {MAX_COUNT:,} prompts this script makes")
-        check(not out.is_dir(), f"--out {args.out} is a directory: give the .jsonl file to write")
-        check_output(args.out, "--out", force=args.force, inputs=[args.text])
-        n_open = {"text": 0, "open": args.count, "mix": args.count // 2}[args.kind]
-        prompts = open_prompts(n_open, args.split, args.seed) if n_open else []
-        if n_open < args.count:
-            check(args.text is not None, f"--kind {args.kind} needs --text FILE")
-            if not Path(args.text).expanduser().is_file():
-                raise SpecdecError(f"--text {args.text} does not exist")
-            data = read_bytes(Path(args.text).expanduser())[:ENWIK8_BYTES]
-            train_end, valid_end = split_bounds(len(data))[:2]
-            part = data[:train_end] if args.split == "train" else data[train_end:valid_end]
-            prompts += prompts_from_text(part.tobytes().decode("utf-8", errors="ignore"), args.count - n_open, args.seed)
-        lines = "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts)
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            write_file(out, lambda f: f.write(lines.encode("utf-8")))
-        except OSError as error:
-            raise os_error(error, f"cannot write {args.out}") from None
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_file(out, lambda f: f.write(lines.encode("utf-8")))
+    except OSError as error:
+        raise os_error(error, f"cannot write {args.out}") from None
     source = "open-ended topics" if args.kind == "open" else args.text
     print(f"{len(prompts)} {args.kind} prompts from the {args.split} split of {source} -> {args.out}")
     return 0

@@ -20,7 +20,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError, check
+from specdec_models.errors import check, cli_main
 from specdec_models.files import check_output
 
 DEFAULT_METRICS = ["val/ttt_kl/step0", "val/simulated_tokens_per_call"]
@@ -69,6 +69,7 @@ def minutes_at(steps: list[int], known: dict[int, float]) -> list[float] | None:
     return out
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, metavar="LABEL=DIR",
@@ -81,22 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default=None)
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
-    try:
-        runs = []
-        for item in args.run:
-            label, sep, folder = item.partition("=")
-            check(bool(sep and label and folder), f"--run takes LABEL=DIR, got {item!r}")
-            runs.append((label, *read_run(Path(folder))))
-        metrics = args.metric or DEFAULT_METRICS
-        for metric in metrics + ([args.train_metric] if args.train_metric else []):
-            check(any(metric in series for _, series, _ in runs),
-                  f"no run logged {metric!r}: name a column of the runs' csv/metrics.csv")
-        out = Path(args.out)
-        check(out.suffix.lower() == ".png", f"--out must name a .png file, got {out}")
-        check_output(out, "--out", force=args.force, inputs=[item.partition("=")[2] for item in args.run])
-    except SpecdecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    runs = []
+    for item in args.run:
+        label, sep, folder = item.partition("=")
+        check(bool(sep and label and folder), f"--run takes LABEL=DIR, got {item!r}")
+        runs.append((label, *read_run(Path(folder))))
+    metrics = args.metric or DEFAULT_METRICS
+    for metric in metrics + ([args.train_metric] if args.train_metric else []):
+        check(any(metric in series for _, series, _ in runs),
+              f"no run logged {metric!r}: name a column of the runs' csv/metrics.csv")
+    out = Path(args.out)
+    check(out.suffix.lower() == ".png", f"--out must name a .png file, got {out}")
+    check_output(out, "--out", force=args.force, inputs=[item.partition("=")[2] for item in args.run])
 
     import matplotlib
 

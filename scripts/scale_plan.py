@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from specdec_models.errors import SpecdecError, check, check_positive_int
+from specdec_models.errors import SpecdecError, check, check_positive_int, cli_main
 
 # the models' published config.json (meta-llama/Llama-3.1-8B and meta-llama/Llama-3.1-70B; the -Instruct
 # variants have the same shapes), untied embeddings
@@ -89,7 +89,7 @@ class Target(NamedTuple):
         heads = config["num_attention_heads"]
         values = [config[k] for k in CONFIG_KEYS] + [config.get("num_key_value_heads") or heads,
                                                      config.get("head_dim") or config["hidden_size"] // heads]
-        for key, value in zip((*CONFIG_KEYS, "num_key_value_heads", "head_dim"), values):
+        for key, value in zip((*CONFIG_KEYS, "num_key_value_heads", "head_dim"), values, strict=True):
             check_positive_int(value, f"{name}: {key}")
         h, n, v, i, heads, kv, hd = values
         return cls(name, h, n, v, i, heads, kv, hd, bool(config.get("tie_word_embeddings", False)))
@@ -205,10 +205,12 @@ def tables(targets: list[Target], ranks: int) -> str:
     lines += ["", f"| memory per device | {names} |", rule,
               "| target parameters | " + " | ".join(f"{t.params() / 1e9:,.2f} B" for t in targets) + " |",
               "| head parameters: fc + layer, LM head | " + " | ".join(
-                  "{:,.0f} M + {:,.0f} M".format(*(p / 1e6 for p in t.head_params(DRAFT_VOCAB))) for t in targets) + " |"]
+                  "{:,.0f} M + {:,.0f} M".format(*(p / 1e6 for p in t.head_params(DRAFT_VOCAB)))
+                  for t in targets) + " |"]
     for key, label in (("offline", "offline, lean: embedding, final norm, LM head, one layer"),
                        ("online", "online: the whole target"),
-                       ("sharded", f"online, sharded over {ranks} ranks (target.shard): embedding and heads whole, 1/{ranks} of the layers, two in full")):
+                       ("sharded", f"online, sharded over {ranks} ranks (target.shard): embedding and heads whole, "
+                                   f"1/{ranks} of the layers, two in full")):
         lines.append(f"| {label} | " + " | ".join(
             f"{gb(memory[t.name][key])} ({gb(memory[t.name][key] + memory[t.name]['head'])} with the head)"
             for t in targets) + " |")
@@ -216,30 +218,27 @@ def tables(targets: list[Target], ranks: int) -> str:
     return "\n".join(lines)
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", metavar="FILE", help="Hugging Face config.json files (default: "
                                                                      "Llama-3.1-8B and 70B)")
     parser.add_argument("--ranks", type=int, default=8, help="ranks the online target is sharded over (default 8)")
     args = parser.parse_args(argv)
-    try:
-        check(args.ranks >= 1, f"--ranks must be >= 1, got {args.ranks}")
-        if args.config:
-            targets = []
-            for name in args.config:
-                path = Path(name).expanduser()
-                check(path.is_file(), f"--config {name}: no such file")
-                try:
-                    config = json.loads(path.read_text())
-                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-                    raise SpecdecError(f"--config {name}: not a JSON config ({error})") from None
-                check(isinstance(config, dict), f"--config {name}: not a JSON object")
-                targets.append(Target.from_config(path.parent.name or name, config))
-        else:
-            targets = [Target.from_config(name, c) for name, c in LLAMA_3_1.items()]
-    except SpecdecError as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    check(args.ranks >= 1, f"--ranks must be >= 1, got {args.ranks}")
+    if args.config:
+        targets = []
+        for name in args.config:
+            path = Path(name).expanduser()
+            check(path.is_file(), f"--config {name}: no such file")
+            try:
+                config = json.loads(path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise SpecdecError(f"--config {name}: not a JSON config ({error})") from None
+            check(isinstance(config, dict), f"--config {name}: not a JSON object")
+            targets.append(Target.from_config(path.parent.name or name, config))
+    else:
+        targets = [Target.from_config(name, c) for name, c in LLAMA_3_1.items()]
     print(tables(targets, args.ranks))
     return 0
 

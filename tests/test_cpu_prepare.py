@@ -110,7 +110,8 @@ def test_specdec_cpu_off_turns_pieces_off_for_a_run_and_a_bad_name_is_one_line(v
             "from specdec_models.cpu import prepare_for_device; from specdec_models.cpu.pieces import off\n"
             "try:\n"
             "    p = prepare_for_device(nn.Linear(4, 4), 'cpu', 'auto')\n"
-            "    print(sorted(off()), str(p.dtype).removeprefix('torch.') if 'bf16' in off() else None, len(p.layers))\n"
+            "    print(sorted(off()), str(p.dtype).removeprefix('torch.') if 'bf16' in off() else None,\n"
+            "          len(p.layers))\n"
             "except SpecdecError as e:\n"
             "    print('error' if '\\n' not in str(e) and 'no piece fewrows' in str(e) else repr(e))\n")
     env = {**os.environ, "SPECDEC_CPU_OFF": value}
@@ -132,3 +133,27 @@ def test_the_host_report_and_the_comparisons_name_this_hosts_pieces():
         if name in PIECES and name != "bf16":
             assert report["pieces_used"][name] and off == (torch.float32, frozenset({name}))
     assert found[-1][1:] == ((torch.bfloat16, frozenset()), (torch.float32, frozenset()))
+
+
+def test_no_module_of_the_cpu_corner_writes_another_modules_globals():
+    """A choice owned by one module changes through that module's setter (`few_rows.set_fp32_rule`),
+    never by an assignment `other_module.name = ...` from outside."""
+    import ast
+    from pathlib import Path
+
+    import specdec_models.cpu as corner
+
+    writes = []
+    for path in sorted(Path(corner.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+                   if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) \
+                            and leaf.value.id in modules:
+                        writes.append(f"{path.name}:{leaf.lineno} {leaf.value.id}.{leaf.attr}")
+    assert writes == []

@@ -4,6 +4,8 @@ training with hidden states online and from a multi-layer cache, the evaluation 
 export and decoding with the exported head, the draft vocabulary from token counts, the
 learning-rate schedule under a time budget, and every bad input in one line before any work."""
 
+# ruff: noqa: E402, F811  (the imports follow pytest.importorskip; pytest fixtures imported from sibling
+# test modules are named again as test arguments)
 from __future__ import annotations
 
 import json
@@ -77,7 +79,7 @@ def test_draft_vocabulary_comes_from_token_counts(hf, tmp_path):
     tok = load_tokenizer(hf["llama"])
     vocab = len(tok)
     counts = [0] * vocab
-    for i, c in zip([5, 9, 11, 2, 7], [50, 40, 30, 20, 10]):
+    for i, c in zip([5, 9, 11, 2, 7], [50, 40, 30, 20, 10], strict=True):
         counts[i] = c
     f = counts_file(tmp_path / "counts.json", tok, counts)
     kwargs = validate(cfg(hf, tmp_path / "r", "head.draft_vocab_size=3", f"head.draft_vocab={f}"))
@@ -262,11 +264,13 @@ def test_two_cpu_processes_train_the_head_each_on_its_share_of_the_cache(hf, cac
     from conftest import REPO
 
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "train", "experiment=hf_eagle3", f"target.path={hf['llama']}", "data=hf_embeddings",
+    command = [sys.executable, "-m", "train", "experiment=hf_eagle3", f"target.path={hf['llama']}",
+               "data=hf_embeddings",
                f"data.cache={caches['full']}", f"data.seq_len={SEQ}", "data.batch_size=2", "data.val_windows=4",
                "data.val_batch_size=4", "head.draft_vocab_size=null", "head.aux_layers=[0,1,2]", "task.ttt_steps=2",
                "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_steps=4",
-               "trainer.val_check_interval=2", "trainer.enable_progress_bar=false", "callbacks.speculative_eval.num_prompts=2",
+               "trainer.val_check_interval=2", "trainer.enable_progress_bar=false",
+               "callbacks.speculative_eval.num_prompts=2",
                "callbacks.speculative_eval.max_new_tokens=4", f"output_dir={out}"]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -295,7 +299,7 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
     assert list(rows) == ["32-true", "bf16-mixed"] and report["rounds"] == 3
     for row in rows.values():
         assert len(row["seconds"]) == 3 and all(s > 0 for s in row["seconds"])
-        pairs = [a / b for a, b in zip(row["seconds"], rows["32-true"]["seconds"])]
+        pairs = [a / b for a, b in zip(row["seconds"], rows["32-true"]["seconds"], strict=True)]
         assert row["median_ratio_over_32-true"] == pytest.approx(sorted(pairs)[1])
     assert rows["32-true"]["median_ratio_over_32-true"] == 1.0
     assert report["fastest"] == min(rows, key=lambda p: rows[p]["median_seconds"])
@@ -318,12 +322,14 @@ def test_heads_train_under_bf16_mixed_precision_as_the_smollm2_experiments_do(hf
     from specdec_models.export import read_export_config
 
     if experiment == "hf_eagle3":
-        c = cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}", "trainer.precision=bf16-mixed",
+        c = cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}",
+                "trainer.precision=bf16-mixed",
                 "trainer.max_steps=12", "optim.lr=1e-2", "trainer.val_check_interval=12")
     else:
         from test_hf_prophet_task import cfg as p_cfg
         c = p_cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['last']}",
-                  "trainer.precision=bf16-mixed", "trainer.max_steps=12", "optim.lr=1e-2", "trainer.val_check_interval=12")
+                  "trainer.precision=bf16-mixed", "trainer.max_steps=12", "optim.lr=1e-2",
+                  "trainer.val_check_interval=12")
     result = run(c)
     state = torch.load(result["last_ckpt"], weights_only=True)["state_dict"]
     assert all(v.dtype == torch.float32 for k, v in state.items() if v.is_floating_point()), "weights left fp32"
@@ -544,7 +550,8 @@ def test_a_datastore_of_the_caches_answers_drafts_in_the_comparison_and_the_cli(
         "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--tree", "2,2,1,2..8",
         "--tree", "2,2,1", "--datastore", str(store_file), "--prompts", str(hf["prompts"]), "--chat", "--count", "2",
         "--batch1-count", "2", "--batch1-only", "--max-new-tokens", "8", "--rounds", "1", "--gamma", "3",
-        "--temperatures", "0", "--check-count", "1", "--dtype", "float32", "--out", str(out)]) == 0, capsys.readouterr().err
+        "--temperatures", "0", "--check-count", "1", "--dtype", "float32",
+        "--out", str(out)]) == 0, capsys.readouterr().err
     report = json.loads((out / "results.json").read_text())
     methods = ["plain", "eagle3 tiny", "eagle3 tiny tree 2,2,1 + lookup 2..8",
                "eagle3 tiny tree 2,2,1 + lookup 2..8 + datastore", "eagle3 tiny tree 2,2,1"]
@@ -595,3 +602,37 @@ def test_a_checkpoint_from_another_machine_exports_with_its_target_path_replaced
         errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]   # not the loading bar
         assert len(errors) == 1 and message in errors[0], errors
     assert not (tmp_path / "c").exists()
+
+
+def test_train_and_val_loss_are_one_quantity_during_the_ramp_and_after(hf, caches, tmp_path, monkeypatch):
+    """train/loss and val/loss both log the loss per unrolled step over the steps the training
+    unrolls at that point (one in task.ttt_ramp, all ttt_steps after); val/loss_all_steps over all
+    steps. On one batch at one ramp state the training step and the validation log the same
+    number; in a run, validation in the ramp logs the one-step figure beside the all-step one."""
+    import csv
+
+    from train.data.hf_embeddings import HFEmbeddingsDataModule
+    from train.tasks.hf_eagle3 import HFEagle3Module
+
+    result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}", "task.ttt_ramp=0.5",
+                     "trainer.val_check_interval=2", "callbacks.speculative_eval=null"))
+    rows = [r for r in csv.DictReader(open(next(result["output_dir"].rglob("metrics.csv")))) if r.get("val/loss")]
+    val = {int(r["step"]): (float(r["val/loss"]), float(r["val/loss_all_steps"])) for r in rows}
+    ramp, after = val[min(val)], val[max(val)]          # validation after step 2 (of 6: in the ramp) and the last
+    assert ramp[0] != ramp[1] and after[0] == after[1], val
+
+    module = HFEagle3Module.load_from_checkpoint(result["last_ckpt"], weights_only=False)
+    batch = HFEmbeddingsDataModule(cache=str(caches["full"]), seq_len=SEQ, val_windows=4).validation_batch()
+    logged = {}
+    monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.__setitem__(name, float(value)))
+    monkeypatch.setattr(module, "log_train", lambda loss, parts: logged.__setitem__("train/loss", float(loss)))
+    figures = {}
+    for steps in (1, 3):
+        monkeypatch.setattr(module, "trained_steps", lambda steps=steps: steps)
+        with torch.no_grad():
+            module.train().training_step(batch, 0)          # no feature noise, no dropout: train mode computes as eval
+            module.eval().evaluate(batch, "val")
+        assert logged["train/loss"] == pytest.approx(logged["val/loss"], rel=1e-5), (steps, logged)
+        figures[steps] = dict(logged)
+    assert figures[1]["val/loss_all_steps"] == pytest.approx(figures[3]["val/loss"], rel=1e-5)
+    assert figures[1]["val/loss"] != pytest.approx(figures[1]["val/loss_all_steps"], rel=1e-3)

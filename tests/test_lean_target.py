@@ -4,6 +4,8 @@ GGUF), the lean model holds only the embedding, final norm, LM head and the laye
 head trained from a cache never builds the target's decoder layers (task=hf_eagle3 and hf_prophet
 end to end through run(cfg), with the whole-model loader made to fail)."""
 
+# ruff: noqa: E402, F811  (the imports follow pytest.importorskip; pytest fixtures imported from sibling
+# test modules are named again as test arguments)
 from __future__ import annotations
 
 import pytest
@@ -27,7 +29,7 @@ from specdec_models.hf.lean import (
     tensor_source,
 )
 from specdec_models.hf.weights import load_causal_lm, weights_sha256
-from train.tasks import hf_prophet
+from train.tasks import hf_target
 
 
 def llama(path, *, tied, depth=3, shard=None, seed=0):
@@ -107,19 +109,19 @@ def test_a_head_trained_from_a_cache_never_builds_the_targets_decoder_layers(hf,
 
     whole = load_causal_lm(hf["llama"])
     expected = weights_sha256(whole)
-    hf_prophet._LOADED.clear()
+    hf_target._LOADED.clear()
 
     def refuse(*args, **kwargs):
         raise AssertionError("the whole target was loaded")
 
-    monkeypatch.setattr(hf_prophet, "load_causal_lm", refuse)
+    monkeypatch.setattr(hf_target, "load_causal_lm", refuse)
     head = ("head.draft_vocab_size=null", "head.aux_layers=[0,1,2]", "task.ttt_steps=3") if experiment == "hf_eagle3" \
         else ()
     result = train_run.run(head_cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}",
                                     "callbacks.speculative_eval=null", *extra, experiment=experiment, head=head))
     assert result["global_step"] == 6
     assert read_export_config(result["export_dir"])["target"]["weights_sha256"] == expected
-    (model, sha), = hf_prophet._LOADED.values()
+    (model, sha), = hf_target._LOADED.values()
     assert sha == expected and lean_info(model) is not None
     kept = [1] if experiment == "hf_eagle3" else []             # init_layer: the layer reading aux layer 2
     assert lean_info(model).layers == tuple(kept) and loaded_layers(model) == len(kept) < len(whole.model.layers)

@@ -67,3 +67,60 @@ def test_the_data_package_imports_nothing_else_of_train():
                 assert node.level <= 1 and not (module.startswith("train.") and not module.startswith("train.data")), \
                     f"{path}:{node.lineno} imports {'.' * node.level}{module}"
 
+
+
+def _train_modules_reached(start: str) -> set[str]:
+    """The train.* modules `start` imports, directly or through each other (anywhere in a file, lazily too)."""
+    from test_layout import imported_names
+
+    def module_of(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        for end in range(len(parts), 0, -1):
+            path = REPO.joinpath(*parts[:end])
+            if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+                return ".".join(parts[:end])
+        return None
+
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = REPO.joinpath(*name.split("."))
+        path = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+        for _, dotted in imported_names(path, REPO):
+            module = module_of(dotted) if dotted.startswith("train.") else None
+            if module is not None:
+                todo.append(module)
+    return seen
+
+
+def test_the_eagle3_task_imports_nothing_from_the_prophet_task():
+    """The Hugging Face target machinery lives in train.tasks.hf_target, which both head tasks use."""
+    reached = _train_modules_reached("train.tasks.hf_eagle3")
+    assert "train.tasks.hf_target" in reached
+    assert "train.tasks.hf_prophet" not in reached
+    assert "train.tasks.hf_target" in _train_modules_reached("train.tasks.hf_prophet")
+
+
+def test_settings_read_into_their_dataclass_and_an_unknown_key_reads_as_a_signatures_error():
+    """A DataModule, callback or task module takes `**settings` read into a typed dataclass
+    (`train.data.settings.read_settings`): defaults fill what is not given, and an unknown key is
+    the TypeError a signature of those fields would raise, naming the class built."""
+    from dataclasses import dataclass
+
+    from train.data.settings import read_settings
+    from train.tasks.hf_eagle3 import HFEagle3Module, HFEagle3Settings
+
+    @dataclass(frozen=True)
+    class Sizes:
+        depth: int
+        width: int = 2
+
+    assert read_settings(Sizes, HFEagle3Module, {"depth": 1}) == Sizes(1, 2)
+    with pytest.raises(TypeError, match=r"^HFEagle3Module.__init__\(\) got an unexpected keyword argument 'bogus'$"):
+        read_settings(Sizes, HFEagle3Module, {"depth": 1, "bogus": 0})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ttt_step'"):
+        HFEagle3Module(target_path="x", weights_sha256="0" * 64, head={}, ttt_step=3)
+    assert {"target_path", "ttt_ramp", "cache_layers", "target_shard"} <= set(HFEagle3Settings.__dataclass_fields__)

@@ -7,8 +7,9 @@ overwrite=true, and never holding or lying inside a path the run reads: `files.c
 read the checkpoint to resume from, seed, load the data (a missing or bad file stops here), build
 the task's module (checked against that checkpoint and against what `<output>/export` holds),
 the callbacks (each `SpecdecCallback` checks the module, `train.callbacks`), the loggers
-(continuing the checkpoint's CSV file and W&B run, `train.loggers`) and the trainer (atomic checkpoint writes, `train.checkpoints`). Only then is the output
-directory created, with config.yaml and train.log, so a run that fails any check leaves nothing
+(continuing the checkpoint's CSV file and W&B run, `train.loggers`) and the trainer (atomic
+checkpoint writes, `train.checkpoints`). Only then is the output directory created, with
+config.yaml and train.log, so a run that fails any check leaves nothing
 behind. Then fit, save `checkpoints/last.ckpt`, and export it with
 `train.checkpoints.export_checkpoint`. Nothing here knows one task, or one callback, from another.
 """
@@ -297,6 +298,43 @@ def build_callbacks(cfg: DictConfig) -> list:
     return callbacks + [LoggerState()]
 
 
+def write_run_dir(out: Path, replaced: list[Path], config_text: str) -> None:
+    """Make the run's folder `out`: remove what overwrite=true replaces of an earlier run
+    (`replaced`, from `check_output_dir`), mark the folder as a run's and write its config.yaml."""
+    try:
+        if replaced:
+            print(f"overwrite=true: removing the earlier run's {', '.join(p.name for p in replaced)} in {out}")
+            remove_earlier_run(replaced)
+        out.mkdir(parents=True, exist_ok=True)
+        mark_dir(out, RUN_KIND)
+        write_file(out / "config.yaml", lambda f: f.write(config_text.encode("utf-8")))
+    except OSError as error:
+        raise os_error(error, f"cannot write the output directory {out}") from None
+
+
+def fit_and_export(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
+                   resolved: Any, out: Path) -> tuple[Path, Path | None]:
+    """Fit (resuming from cfg.ckpt_path), save the final step's checkpoint and, on rank 0, write the
+    export from it; all inside the run's log (`run_log`). Returns (last.ckpt, the export or None on
+    other ranks). `resolved`: the config the loggers record."""
+    with run_log(out):
+        for logger in trainer.loggers:
+            logger.log_hyperparams(resolved)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+
+        # ModelCheckpoint writes last.ckpt after each validation; this one holds the final step.
+        last = out / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(last, weights_only=False)
+        export_dir = None
+        if trainer.is_global_zero:
+            export_dir = export_checkpoint(last, out / "export", force=cfg.overwrite, report=log.info)
+            log.info(f"export: {export_dir}")
+            if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
+                import wandb
+                wandb.finish()
+    return last, export_dir
+
+
 def run(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any]:
     """Train, checkpoint and export. Returns output_dir, export_dir, last_ckpt, best_ckpt,
     global_step and metrics (the final logged values). `callbacks`: more callbacks, after the
@@ -340,35 +378,12 @@ def run(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any]
     trainer: L.Trainer = build(cfg.trainer, "trainer", logger=loggers or False, callbacks=callbacks,
                                plugins=[AtomicCheckpointIO()])
     print(f"output directory: {out}")
-    try:
-        if replaced:
-            print(f"overwrite=true: removing the earlier run's {', '.join(p.name for p in replaced)} in {out}")
-            remove_earlier_run(replaced)
-        out.mkdir(parents=True, exist_ok=True)
-        mark_dir(out, RUN_KIND)
-        write_file(out / "config.yaml", lambda f: f.write(config_text.encode("utf-8")))
-    except OSError as error:
-        raise os_error(error, f"cannot write the output directory {out}") from None
-
+    write_run_dir(out, replaced, config_text)
     if chosen and HydraConfig.initialized():
         # Lightning's DDP launcher starts the other ranks with this command line: same directory
         sys.argv.append(f'output_dir="{out}"')
 
-    with run_log(out):
-        for logger in loggers:
-            logger.log_hyperparams(resolved)
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-
-        # ModelCheckpoint writes last.ckpt after each validation; this one holds the final step.
-        last = out / "checkpoints" / "last.ckpt"
-        trainer.save_checkpoint(last, weights_only=False)
-        export_dir = None
-        if trainer.is_global_zero:
-            export_dir = export_checkpoint(last, out / "export", force=cfg.overwrite, report=log.info)
-            log.info(f"export: {export_dir}")
-            if any(isinstance(logger, WandbLogger) for logger in loggers):
-                import wandb
-                wandb.finish()
+    last, export_dir = fit_and_export(cfg, trainer, module, datamodule, resolved, out)
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     return {
         "output_dir": out,

@@ -116,7 +116,8 @@ def host_report() -> dict[str, Any]:
     return {"cpu": cpu_model() or "unknown", "vendor": cpu_vendor() or "unknown",
             "flags": [flag for flag in RULE_FLAGS if flag in cpu_flags()], "threads": torch.get_num_threads(),
             "jit": "numba " + ("installed" if few_rows.few_rows_kernel.available() else
-                               "not installed: pip install 'specdec[fast]'"), "pieces_used": host_pieces(), "pieces_off": sorted(off()),
+                               "not installed: pip install 'specdec[fast]'"),
+            "pieces_used": host_pieces(), "pieces_off": sorted(off()),
             "dtype": str(fast_dtype("cpu")).removeprefix("torch."), "precision": fast_precision("cpu"),
             "float32_layers": describe("cpu", torch.float32), "bfloat16_layers": describe("cpu", torch.bfloat16)}
 
@@ -136,5 +137,5 @@ def comparisons() -> list[tuple[str, tuple[torch.dtype, frozenset[str]], tuple[t
     return found
 
 
-__all__ = ["PIECES", "Prepared", "comparisons", "describe", "fast_dtype", "fast_precision", "host_pieces", "host_report",
-           "pieces_off", "prepare_for_device", "resolve_device", "resolve_dtype"]
+__all__ = ["PIECES", "Prepared", "comparisons", "describe", "fast_dtype", "fast_precision", "host_pieces",
+           "host_report", "pieces_off", "prepare_for_device", "resolve_device", "resolve_dtype"]

@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import check
+from ..errors import SpecdecError, check
 from . import few_rows_kernel, few_rows_panels
 from .dtypes import cpu_flags, cpu_vendor
 from .pieces import env_off
@@ -169,6 +169,21 @@ def set_kernel(name: str) -> str:
     check(name == "torch" or few_rows_kernel.available(),
           f"the {name} few-row kernel needs numba: pip install 'specdec[fast]' (or numba)")
     before, _kernel = _kernel, name
+    return before
+
+
+def set_fp32_rule(library: str, kernel_name: str) -> tuple[str, str]:
+    """Compute fp32 CPU few-row calls with `library` and `kernel_name` together (`set_fp32_library`
+    and `set_kernel`, with their checks); returns the (library, kernel) used before, so a caller can
+    restore it. The one way another module changes this one's choice: `pieces.pieces_off` sets the
+    `rule` less the pieces off, then restores the pair it found."""
+    before = fp32_library(), kernel()
+    set_fp32_library(library)
+    try:
+        set_kernel(kernel_name)
+    except SpecdecError:
+        set_fp32_library(before[0])
+        raise
     return before
 
 

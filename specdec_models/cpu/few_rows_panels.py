@@ -74,7 +74,8 @@ def _tile(rows: int):
             return None
 
         def codegen(context, builder, signature, args):
-            wpa, xa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], args[:3]))
+            wpa, xa, oa = (context.make_array(t)(context, builder, a)
+                           for t, a in zip(signature.args[:3], args[:3], strict=True))
             p_ = context.cast(builder, args[3], signature.args[3], types.int64)
             r0_ = context.cast(builder, args[4], signature.args[4], types.int64)
             k_in = builder.extract_value(wpa.shape, 1)
@@ -110,7 +111,7 @@ def _tile(rows: int):
                 new += [builder.call(fma, [xv, w[h], sums[2 * r + h]]) for h in range(2)]
             k_next = builder.add(k, const(1))
             k.add_incoming(k_next, loop)
-            for s, v in zip(sums, new):
+            for s, v in zip(sums, new, strict=True):
                 s.add_incoming(v, loop)
             builder.cbranch(builder.icmp_signed("<", k_next, k_in), loop, after)
             builder.position_at_end(after)

@@ -60,19 +60,21 @@ def off() -> frozenset[str]:
 def pieces_off(names: Iterable[str]) -> Iterator[frozenset[str]]:
     """Within the block, the pieces `names` are off (besides those already off): the dtype rule and
     `prepare_for_device` honour it, and the few-row layers' fp32 library and kernel are this host's
-    rule less the pieces off; afterwards all is as before. Yields the pieces off."""
+    rule less the pieces off (set through `few_rows.set_fp32_rule`, the owner's setter: this module
+    writes no other module's globals); afterwards all is as before. Yields the pieces off."""
     global _forced
     from . import few_rows
 
     names = frozenset(names)
     check(names <= PIECES.keys(), f"pieces_off: no piece {', '.join(sorted(names - PIECES.keys()))}; the pieces "
                                   f"are {', '.join(PIECES)}")
-    before = _forced, few_rows._library, few_rows._kernel
+    before, rule_before = _forced, None
     _forced = _forced | names
     try:
         now = off()
-        few_rows._library, few_rows._kernel = few_rows.rule(now)
+        rule_before = few_rows.set_fp32_rule(*few_rows.rule(now))
         yield now
     finally:
-        _forced = before[0]
-        few_rows._library, few_rows._kernel = before[1:]
+        _forced = before
+        if rule_before is not None:
+            few_rows.set_fp32_rule(*rule_before)

@@ -40,15 +40,15 @@ def matmul_costs(model: Any, rows: list[int], repeats: int = 5, seed: int = 0) -
         paths["numba"] = lambda n: [few_rows_kernel.matmul_wt(inputs[n, w.shape[1]], w) for w in weights]
         panels = [few_rows_panels.pack(w) for w in weights]
         paths["panels"] = lambda n: [few_rows_panels.matmul_panels(inputs[n, w.shape[1]], p, int(w.shape[0]))
-                                     for w, p in zip(weights, panels)]
+                                     for w, p in zip(weights, panels, strict=True)]
     if packs(torch.float32):
         dnnl = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
         paths["onednn"] = lambda n: [torch.ops.mkldnn._linear_pointwise(inputs[n, w.shape[1]], p, None, "none", [], "")
-                                     for w, p in zip(weights, dnnl)]
+                                     for w, p in zip(weights, dnnl, strict=True)]
     if mkl_packs():
         mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACKED_ROWS) for w in weights]
         paths["mkl"] = lambda n: [torch.ops.mkl._mkl_linear(inputs[n, w.shape[1]], p, w, None, n)
-                                  for w, p in zip(weights, mkl)]
+                                  for w, p in zip(weights, mkl, strict=True)]
     times: dict[tuple[str, int], list[float]] = {(path, n): [] for n in rows for path in paths}
     for path, n in times:                                       # once each untimed: kernels chosen, pages touched
         paths[path](n)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -137,7 +138,7 @@ def observed_block_rounds(seen: list[tuple[float, float]]) -> Iterator[None]:
 
     def observed(p: Tensor, q: Tensor, drafts: Tensor, u: Tensor) -> Any:
         token, block = expected_kept(p, q, drafts)
-        seen.extend(zip(token.tolist(), block.tolist()))
+        seen.extend(zip(token.tolist(), block.tolist(), strict=True))
         return original(p, q, drafts, u)
 
     speculative.block_verify = observed
@@ -147,15 +148,32 @@ def observed_block_rounds(seen: list[tuple[float, float]]) -> Iterator[None]:
         speculative.block_verify = original
 
 
+@dataclass(frozen=True)
+class AcceptanceSettings:
+    """How `first_token_acceptance` decodes and measures: sampling at `temperature` (> 0) and
+    `top_p`, answers of up to `max_new_tokens` stopped after `eos_id`, chains of `gamma`, seeded
+    by `seed` (per prompt); `k` candidates drawn `draws` times for the k-draft measures, and the
+    draft temperatures `taus`."""
+
+    temperature: float = 1.0
+    top_p: float | None = None
+    max_new_tokens: int = 64
+    eos_id: int | None = None
+    k: int = 3
+    draws: int = 16
+    taus: Sequence[float] = (0.7, 0.5)
+    gamma: int = 4
+    seed: int = 0
+
+
 @torch.no_grad()
-def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], *, temperature: float = 1.0,
-                           top_p: float | None = None, max_new_tokens: int = 64, eos_id: int | None = None,
-                           k: int = 3, draws: int = 16, taus: Sequence[float] = (0.7, 0.5), gamma: int = 4,
-                           seed: int = 0) -> dict[str, float]:
+def first_token_acceptance(target: Any, head: Any, prompts: Sequence[Tensor], **settings: Any) -> dict[str, float]:
     """The module docstring's measures, averaged over every drafted answer position (round_*: over
     the round starts): the target (a Hugging Face causal LM) answers each prompt (1-D token ids) at
     `temperature`, drafted by the head in chains of `gamma` (seeded per prompt, stopped after
-    `eos_id`), then one pass over prompt + answer gives p and the head's first draft step q."""
+    `eos_id`), then one pass over prompt + answer gives p and the head's first draft step q.
+    `settings`: the fields of `AcceptanceSettings`."""
+    temperature, top_p, max_new_tokens, eos_id, k, draws, taus, gamma, seed = astuple(AcceptanceSettings(**settings))
     check(temperature > 0, f"first-token acceptance is for sampling (T > 0), got temperature {temperature}")
     check_positive_int(k, "candidates")
     check_positive_int(gamma, "gamma")

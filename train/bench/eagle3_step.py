@@ -24,6 +24,7 @@ import contextlib
 import copy
 import statistics
 import time
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +40,36 @@ from ..data.hf_embeddings import label_mask
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
+@dataclass(frozen=True)
+class Eagle3StepSettings:
+    """What `bench_eagle3_step` times: `rounds` interleaved steps per precision after `warmup`
+    untimed rounds, `batch_size` cache rows a step, `ttt_steps` unrolled draft steps, a draft
+    vocabulary of `draft_vocab_size` tokens (None: the whole vocabulary), the fused `aux_layers`
+    (None: the default [2, L//2, L-3]), AdamW at `lr`, rows drawn with `seed`."""
+
+    precisions: tuple[str, ...] = PRECISIONS
+    rounds: int = 12
+    warmup: int = 1
+    batch_size: int = 4
+    ttt_steps: int = 4
+    draft_vocab_size: int | None = 8192
+    aux_layers: list[int] | None = None
+    lr: float = 1e-3
+    seed: int = 0
+
+
 def _autocast(precision: str):
     return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
 
 
-def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precisions=PRECISIONS, rounds: int = 12,
-                      warmup: int = 1, batch_size: int = 4, ttt_steps: int = 4, draft_vocab_size: int | None = 8192,
-                      aux_layers: list[int] | None = None, lr: float = 1e-3, seed: int = 0, log=print) -> dict[str, Any]:
-    """Time `rounds` interleaved training steps per precision (module docstring) after `warmup`
-    untimed rounds, on `batch_size` cache rows a step; `counts`: a scripts/draft_vocab.py file
-    (needed when `draft_vocab_size` is below the target's vocabulary; None: the whole vocabulary);
-    `aux_layers`: the fused layers (None: the default [2, L//2, L-3])."""
-    from specdec_models.hf import logits_width
+def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, log=print, **settings: Any) -> dict[str, Any]:
+    """Time interleaved training steps per precision (module docstring) by `settings`, the fields
+    of `Eagle3StepSettings`; `counts`: a scripts/draft_vocab.py file (needed when the draft
+    vocabulary is below the target's; None: the whole vocabulary); `log` hears a line per round."""
+    precisions, rounds, warmup, batch_size, ttt_steps, draft_vocab_size, aux_layers, lr, seed = astuple(
+        Eagle3StepSettings(**settings))
     from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab
+    from specdec_models.hf import logits_width
     from specdec_models.hf.weights import load_model
 
     from ..tasks.hf_eagle3 import cached_layers, read_token_counts
@@ -61,7 +79,8 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precision
     check(rounds >= 1 and warmup >= 0 and batch_size >= 1 and ttt_steps >= 1,
           "--rounds, --batch-size and --ttt-steps must be >= 1, --warmup >= 0")
     check(draft_vocab_size is None or counts is not None,
-          f"a draft vocabulary of {draft_vocab_size} tokens is chosen from token counts: give --draft-vocab COUNTS.json "
+          f"a draft vocabulary of {draft_vocab_size} tokens is chosen from token counts: give --draft-vocab "
+          f"COUNTS.json "
           f"(scripts/draft_vocab.py), or --draft-vocab-size 0 for the target's whole vocabulary")
     check(counts is None or Path(counts).expanduser().is_file(), f"--draft-vocab {counts} does not exist")
     meta = check_cache(cache)
@@ -113,7 +132,8 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, precision
             log(f"round {r - warmup + 1}/{rounds}: " + ", ".join(f"{p} {times[p][-1]:.2f} s" for p in precisions))
     first = precisions[0]
     rows = [{"precision": p, "median_seconds": statistics.median(times[p]), "seconds": times[p],
-             f"median_ratio_over_{first}": statistics.median(a / b for a, b in zip(times[p], times[first]))}
+             f"median_ratio_over_{first}": statistics.median(
+                 a / b for a, b in zip(times[p], times[first], strict=True))}
             for p in precisions]
     fastest = min(rows, key=lambda row: row["median_seconds"])["precision"]
     return {"mode": "eagle3_step", "cache": str(cache), "target_dtype": str(dtype).removeprefix("torch."),

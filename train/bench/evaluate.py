@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -69,7 +70,7 @@ class Score:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        return [a / max(d, 1) for a, d in zip(self.accepted_at, self.drafted_at)]
+        return [a / max(d, 1) for a, d in zip(self.accepted_at, self.drafted_at, strict=False)]
 
     @property
     def tokens_per_second(self) -> float:
@@ -137,12 +138,22 @@ def _timed(target, ids: Tensor, max_new_tokens: int, drafter, sampling, eos_id, 
     return tokens[0], stats, time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class EvalOptions:
+    """`evaluate`'s keyword options: chains of `gamma`, a Hugging Face target's logits sliced to
+    `vocab_size`, greedy mismatches refused (`strict`) or counted, `progress(line)` told the pace."""
+
+    gamma: int = 5
+    vocab_size: int | None = None
+    strict: bool = True
+    progress: Callable[[str], None] | None = None
+
+
 def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts: Sequence[BenchPrompt],
              temperatures: Sequence[float] = (0.0, 1.0), max_new_tokens: int = 256, seed: int = 0,
-             chat_template_kwargs: Mapping | None = None, *, gamma: int = 5, vocab_size: int | None = None,
-             strict: bool = True, progress: Callable[[str], None] | None = None) -> dict:
+             chat_template_kwargs: Mapping | None = None, **options: Any) -> dict:
     """Score each drafter in `drafters` (name -> a Drafter; None decodes plainly, as a control)
-    against plain decoding of `target` on `prompts`, batch 1.
+    against plain decoding of `target` on `prompts`, batch 1; `options`: the fields of `EvalOptions`.
 
     Each prompt's turns come from `conversation_turns` with the target's greedy answer (stopped at
     `end_of_turn_id`), built once and shared by every method and temperature. For every
@@ -161,9 +172,11 @@ def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts:
 
     Returns {temperature: {category or "overall": {method: metrics}}}, the methods being "plain"
     and the drafters' names, metrics a dict of tau, per_position_acceptance, tokens,
-    target_calls, seconds, tokens_per_second, speedup (and greedy_mismatches at temperature 0): the method's tokens/s over plain's
-    tokens/s on the same prompts (sums of tokens over sums of seconds; at temperature 0 the
-    tokens are the same, so it is plain's seconds over the method's)."""
+    target_calls, seconds, tokens_per_second, speedup (and greedy_mismatches at temperature 0):
+    the method's tokens/s over plain's tokens/s on the same prompts (sums of tokens over sums of
+    seconds; at temperature 0 the tokens are the same, so it is plain's seconds over the method's)."""
+    o = EvalOptions(**options)
+    gamma, vocab_size, strict, progress = o.gamma, o.vocab_size, o.strict, o.progress
     check(PLAIN not in drafters, f"{PLAIN!r} names plain decoding; give the drafter another name")
     check(len(prompts) > 0, "no prompts to evaluate")
     eos_id = end_of_turn_id(tokenizer)
@@ -189,7 +202,7 @@ def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts:
     for temperature in temperatures:
         sampling = _sampling(temperature)
         scores: dict[str, dict[str, Score]] = {}
-        for i, (prompt, ids_per_turn) in enumerate(zip(prompts, turns)):
+        for i, (prompt, ids_per_turn) in enumerate(zip(prompts, turns, strict=True)):
             order = methods[i % len(methods):] + methods[:i % len(methods)]
             for k, ids in enumerate(ids_per_turn):
                 emitted = {}

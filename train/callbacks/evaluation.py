@@ -23,9 +23,9 @@ drafts), or a Hugging Face target with its draft or its prophet head
     val/best_predicted_speedup/b{B}/t{T}     at batch B = 1 and B = num_prompts (1 at gamma 0)
     val/spec_eval_seconds                    wall time of the whole evaluation (not training time)
 
-With `tree="depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]"` (an EAGLE-3 head), the same prompts are also
-decoded with that draft tree (`specdec_models.decode.tree`, rows one after another) and plainly one row at
-a time:
+With `tree="depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]"` (an EAGLE-3 head), the
+same prompts are also decoded with that draft tree (`specdec_models.decode.tree`, rows one after
+another) and plainly one row at a time:
 
     val/tree/tokens_per_call/t{T}                     emitted tokens / target calls
     val/tree/per_position_acceptance/pos{i}/t{T}      fraction of rounds that accepted >= i tokens
@@ -66,6 +66,7 @@ import json
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -83,6 +84,7 @@ from specdec_models.files import write_file
 from specdec_models.heads import DraftHead, Eagle3Head
 from specdec_models.hf import HFDecoder
 
+from ..data.settings import read_settings
 from ..data.streams import SpecdecDataModule
 from ..tasks.base import SpeculativeModels
 from .base import SpecdecCallback
@@ -116,45 +118,64 @@ def torch_modules(models: SpeculativeModels) -> list[nn.Module]:
     return [m.model if isinstance(m, HFDecoder) else m for m in found if m is not None]
 
 
-class SpeculativeEval(SpecdecCallback):
-    def __init__(self, num_prompts: int = 4, prompt_len: int = 64, max_new_tokens: int = 64, gamma: int = 5,
-                 temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, samples_dir: str | None = None,
-                 num_threads: int | None = None, choose_gamma: bool = True, tree: str | None = None,
-                 every: int = 1) -> None:
-        """`num_prompts` fixed prompts of `prompt_len` bytes from `trainer.datamodule.prompts`,
-        `max_new_tokens` new bytes each, `gamma` drafts per round, one decoding per temperature.
-        `num_threads`: CPU threads while decoding (None: the process's setting). Decoding a few
-        rows is a chain of small latency-bound ops: on a CPU shared with other work, one thread
-        can be many times faster than two that wait for each other. `choose_gamma`: time the
-        cost ratios and pick the best gamma in 1..gamma per temperature and batch size (module
-        docstring). `tree` ("depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]", an EAGLE-3 head only):
-        also decode with that draft tree (`decode.tree`), rows one after another as tree drafting
-        runs, and log it beside the chain (module docstring). `every`: decode at every `every`-th
-        validation, and at the one that ends training; a run stopped by `max_time` counts the
-        decoding in its budget, so a short run spends fewer of its minutes on it."""
-        super().__init__()
-        for name, value in [("num_prompts", num_prompts), ("prompt_len", prompt_len),
-                            ("max_new_tokens", max_new_tokens), ("gamma", gamma)]:
-            check_positive_int(value, f"speculative_eval.{name}")
-        temperatures = [float(t) for t in temperatures]
+TREE_FORMAT = "depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]"
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The `callbacks.speculative_eval` node. `num_prompts` fixed prompts of `prompt_len` bytes
+    from `trainer.datamodule.prompts`, `max_new_tokens` new bytes each, `gamma` drafts per round,
+    one decoding per temperature. `num_threads`: CPU threads while decoding (None: the process's
+    setting). Decoding a few rows is a chain of small latency-bound ops: on a CPU shared with
+    other work, one thread can be many times faster than two that wait for each other.
+    `choose_gamma`: time the cost ratios and pick the best gamma in 1..gamma per temperature and
+    batch size (module docstring). `tree` (`TREE_FORMAT`, an EAGLE-3 head only): also decode with
+    that draft tree (`decode.tree`), rows one after another as tree drafting runs, and log it
+    beside the chain (module docstring). `every`: decode at every `every`-th validation, and at
+    the one that ends training; a run stopped by `max_time` counts the decoding in its budget, so
+    a short run spends fewer of its minutes on it."""
+
+    num_prompts: int = 4
+    prompt_len: int = 64
+    max_new_tokens: int = 64
+    gamma: int = 5
+    temperatures: Sequence[float] = (0.0, 1.0)
+    seed: int = 0
+    samples_dir: str | None = None
+    num_threads: int | None = None
+    choose_gamma: bool = True
+    tree: str | None = None
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "prompt_len", "max_new_tokens", "gamma"):
+            check_positive_int(getattr(self, name), f"speculative_eval.{name}")
+        temperatures = [float(t) for t in self.temperatures]
         check(len(temperatures) > 0 and all(t >= 0 and math.isfinite(t) for t in temperatures),
               f"speculative_eval.temperatures must be a non-empty list of numbers >= 0, got {temperatures!r}")
         check(len({temperature_tag(t) for t in temperatures}) == len(temperatures),
               f"speculative_eval.temperatures has duplicates: {temperatures!r}")
-        self.num_prompts, self.prompt_len, self.max_new_tokens = num_prompts, prompt_len, max_new_tokens
-        self.gamma, self.temperatures, self.seed = gamma, temperatures, seed
-        self.samples_dir = samples_dir
-        check(num_threads is None or (isinstance(num_threads, int) and num_threads >= 1),
-              f"speculative_eval.num_threads must be a positive integer or null, got {num_threads!r}")
-        self.num_threads = num_threads
-        check(isinstance(choose_gamma, bool), f"speculative_eval.choose_gamma must be true or false, got {choose_gamma!r}")
-        self.choose_gamma = choose_gamma
-        check(tree is None or isinstance(tree, str),
-              f"speculative_eval.tree must be \"depth,topk,width[,lookup[..max]][,min_prob][,keep=p][,nodes=n]\" or null, got {tree!r}")
-        self.tree = None if tree is None else TreeSpec.parse(tree)
-        check(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
-              f"speculative_eval.every must be an integer >= 0 (0: only at the end of training), got {every!r}")
-        self.every = every
+        object.__setattr__(self, "temperatures", temperatures)
+        check(self.num_threads is None or (isinstance(self.num_threads, int) and self.num_threads >= 1),
+              f"speculative_eval.num_threads must be a positive integer or null, got {self.num_threads!r}")
+        check(isinstance(self.choose_gamma, bool),
+              f"speculative_eval.choose_gamma must be true or false, got {self.choose_gamma!r}")
+        check(self.tree is None or isinstance(self.tree, str),
+              f"speculative_eval.tree must be \"{TREE_FORMAT}\" or null, got {self.tree!r}")
+        check(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 0,
+              f"speculative_eval.every must be an integer >= 0 (0: only at the end of training), got {self.every!r}")
+
+
+class SpeculativeEval(SpecdecCallback):
+    def __init__(self, **settings: Any) -> None:
+        """`settings`: the fields of `EvalSettings` (the config node, checked there)."""
+        super().__init__()
+        s = read_settings(EvalSettings, type(self), settings)
+        self.num_prompts, self.prompt_len, self.max_new_tokens = s.num_prompts, s.prompt_len, s.max_new_tokens
+        self.gamma, self.temperatures, self.seed = s.gamma, s.temperatures, s.seed
+        self.samples_dir, self.num_threads, self.choose_gamma = s.samples_dir, s.num_threads, s.choose_gamma
+        self.tree = None if s.tree is None else TreeSpec.parse(s.tree)
+        self.every = s.every
         self._validations = 0                   # validations seen (checkpointed, so a resumed run keeps the rhythm)
         # the last evaluation's speed profiles, one per temperature and batch size (checkpointed)
         self.speed_profiles: list[dict[str, Any]] = []
@@ -272,7 +293,8 @@ class SpeculativeEval(SpecdecCallback):
         return metrics, profiles
 
     def _evaluate_at(self, models: SpeculativeModels, prompts: Tensor, temperature: float, device: torch.device,
-                     costs: dict[int, StepTimes]) -> tuple[dict[str, float], list[dict[str, Any]], list[dict[str, Any]]]:
+                     costs: dict[int, StepTimes],
+                     ) -> tuple[dict[str, float], list[dict[str, Any]], list[dict[str, Any]]]:
         tag = temperature_tag(temperature)
         target, drafter = models.target, models.drafter()
         decode = dict(max_new_tokens=self.max_new_tokens, gamma=self.gamma, sampling=SamplingConfig(temperature))
@@ -310,7 +332,7 @@ class SpeculativeEval(SpecdecCallback):
                 profiles = []
         metrics = {k: float("nan") if v is None else float(v) for k, v in metrics.items()}
         samples = []
-        for row, (prompt, new, plain) in enumerate(zip(prompts, spec_tokens, base_tokens)):
+        for row, (prompt, new, plain) in enumerate(zip(prompts, spec_tokens, base_tokens, strict=False)):
             samples.append({
                 "temperature": temperature,
                 "prompt_index": row,

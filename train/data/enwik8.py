@@ -19,7 +19,9 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +31,7 @@ from tqdm import tqdm
 from specdec_models import byte_tokenizer
 from specdec_models.errors import SpecdecError, check, check_positive_int
 
+from .settings import read_settings
 from .streams import SpecdecDataModule, StepBatches, evenly_spaced_windows, stream_position, window_batch
 
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
@@ -113,22 +116,44 @@ class FixedWindows(Dataset):
         return window_batch(self.data, self.offsets[i:i + 1], self.length)[0]
 
 
+@dataclass(frozen=True)
+class Enwik8Settings:
+    """The `data:` node of data=enwik8: the file (`path`, else enwik8 from `download_dir`,
+    downloaded there unless `download` is false), its `sha256` if checked, `allow_short` to split a
+    shorter file 90/5/5; training windows of `seq_len` bytes in batches of `batch_size`,
+    `val_windows` validation windows in batches of `val_batch_size`, loader workers and seed."""
+
+    path: str | None = None
+    download_dir: str = "~/.cache/specdec"
+    download: bool = True
+    sha256: str | None = None
+    allow_short: bool = False
+    seq_len: int = 512
+    batch_size: int = 4
+    val_windows: int = 64
+    val_batch_size: int = 8
+    num_workers: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch_size", "val_windows", "val_batch_size"):
+            check_positive_int(getattr(self, name), f"data.{name}")
+        check(isinstance(self.num_workers, int) and self.num_workers >= 0,
+              f"data.num_workers must be >= 0, got {self.num_workers!r}")
+        check(self.sha256 is None or (isinstance(self.sha256, str) and len(self.sha256) == 64),
+              f"data.sha256 must be 64 hex digits or null, got {self.sha256!r}")
+
+
 class Enwik8DataModule(SpecdecDataModule):
-    def __init__(self, path: str | None = None, download_dir: str = "~/.cache/specdec", download: bool = True,
-                 sha256: str | None = None, allow_short: bool = False, seq_len: int = 512, batch_size: int = 4,
-                 val_windows: int = 64, val_batch_size: int = 8, num_workers: int = 0, seed: int = 0) -> None:
+    def __init__(self, **settings: Any) -> None:
+        """`settings`: the fields of `Enwik8Settings` (the `data:` node, checked there)."""
         super().__init__()
-        for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
-                            ("val_batch_size", val_batch_size)]:
-            check_positive_int(value, f"data.{name}")
-        check(isinstance(num_workers, int) and num_workers >= 0, f"data.num_workers must be >= 0, got {num_workers!r}")
-        check(sha256 is None or (isinstance(sha256, str) and len(sha256) == 64),
-              f"data.sha256 must be 64 hex digits or null, got {sha256!r}")
-        self.path = Path(path).expanduser() if path else None
-        self.download_dir = Path(download_dir).expanduser()
-        self.download, self.sha256, self.allow_short = download, sha256, allow_short
-        self.seq_len, self.batch_size, self.val_windows = seq_len, batch_size, val_windows
-        self.val_batch_size, self.num_workers, self.seed = val_batch_size, num_workers, seed
+        s = read_settings(Enwik8Settings, type(self), settings)
+        self.path = Path(s.path).expanduser() if s.path else None
+        self.download_dir = Path(s.download_dir).expanduser()
+        self.download, self.sha256, self.allow_short = s.download, s.sha256, s.allow_short
+        self.seq_len, self.batch_size, self.val_windows = s.seq_len, s.batch_size, s.val_windows
+        self.val_batch_size, self.num_workers, self.seed = s.val_batch_size, s.num_workers, s.seed
         self._splits: dict[str, np.ndarray] | None = None
 
     # -- the file -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.hf import load_tokenizer, tokenizer_fingerprint
 
+from .settings import read_settings
 from .streams import SpecdecDataModule, StepBatches, evenly_spaced_windows, stream_position
 
 CACHE_VERSION = 1
@@ -43,8 +45,10 @@ TEXT_SUFFIXES = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "js
 
 
 def _files_of(files: str | Sequence[str] | None) -> list[Path]:
-    check(files is not None and len(files) > 0, "data.files must name local text/JSON(L) files or a save_to_disk directory")
-    paths = [Path(files).expanduser()] if isinstance(files, (str, os.PathLike)) else [Path(f).expanduser() for f in files]
+    check(files is not None and len(files) > 0,
+          "data.files must name local text/JSON(L) files or a save_to_disk directory")
+    paths = ([Path(files).expanduser()] if isinstance(files, (str, os.PathLike))
+             else [Path(f).expanduser() for f in files])
     for path in paths:
         check(path.exists(), f"data file {path} does not exist")
     if any(p.is_dir() for p in paths):
@@ -99,7 +103,8 @@ def tokenize_documents(documents, tokenizer: Any, *, text_field: str, chat: bool
               f"data: chat documents need a {messages_field!r} or {text_field!r} field, found {sorted(columns)}")
         check(getattr(tokenizer, "chat_template", None), "data.chat=true needs a tokenizer with a chat template")
     else:
-        check(text_field in columns, f"data.text_field {text_field!r} is not a field of the data; found {sorted(columns)}")
+        check(text_field in columns,
+              f"data.text_field {text_field!r} is not a field of the data; found {sorted(columns)}")
     eos = tokenizer.eos_token_id
     check(not add_eos or eos is not None, "data.add_eos=true needs a tokenizer with an eos_token")
 
@@ -171,29 +176,56 @@ class Rows(Dataset):
         return torch.from_numpy(self.array[i].astype(np.int64))
 
 
+@dataclass(frozen=True)
+class HFTextSettings:
+    """The `data:` node of data=hf_text. `files`: local .txt / .json / .jsonl files or one
+    save_to_disk directory; `tokenizer`: the model directory whose tokenizer to use (the
+    teacher's); `sample_by`: line, paragraph or document (how the text builder splits .txt files
+    into documents); `text_field`, or with `chat` the conversations of `messages_field`; `add_eos`
+    after each document; the tokenized windows are kept in `windows_dir` (built with `num_proc`
+    processes); training windows of `seq_len` + 1 tokens in batches of `batch_size`, `val_windows`
+    validation windows in batches of `val_batch_size`, loader workers and seed."""
+
+    files: str | Sequence[str] | None = None
+    tokenizer: str | None = None
+    seq_len: int = 512
+    batch_size: int = 4
+    val_windows: int = 64
+    val_batch_size: int = 8
+    text_field: str = "text"
+    chat: bool = False
+    messages_field: str = "messages"
+    add_eos: bool = True
+    sample_by: str = "line"
+    windows_dir: str = "~/.cache/specdec/hf_text"
+    num_proc: int | None = None
+    num_workers: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch_size", "val_windows", "val_batch_size"):
+            check_positive_int(getattr(self, name), f"data.{name}")
+        check(isinstance(self.chat, bool) and isinstance(self.add_eos, bool),
+              "data.chat and data.add_eos must be true or false")
+        check(self.sample_by in ("line", "paragraph", "document"),
+              f"data.sample_by must be line, paragraph or document, got {self.sample_by!r}")
+        check(self.tokenizer is not None, "data.tokenizer must be a model directory (the teacher's)")
+        check(isinstance(self.num_workers, int) and self.num_workers >= 0,
+              f"data.num_workers must be >= 0, got {self.num_workers!r}")
+
+
 class HFTextDataModule(SpecdecDataModule):
-    def __init__(self, files: str | Sequence[str] | None = None, tokenizer: str | None = None, seq_len: int = 512,
-                 batch_size: int = 4, val_windows: int = 64, val_batch_size: int = 8, text_field: str = "text",
-                 chat: bool = False, messages_field: str = "messages", add_eos: bool = True,
-                 sample_by: str = "line", windows_dir: str = "~/.cache/specdec/hf_text", num_proc: int | None = None,
-                 num_workers: int = 0, seed: int = 0) -> None:
-        """`files`: local .txt / .json / .jsonl files or one save_to_disk directory; `tokenizer`:
-        the model directory whose tokenizer to use (the teacher's); `sample_by`: line, paragraph or
-        document (how the text builder splits .txt files into documents)."""
+    def __init__(self, **settings: Any) -> None:
+        """`settings`: the fields of `HFTextSettings` (the `data:` node, checked there)."""
         super().__init__()
-        for name, value in [("seq_len", seq_len), ("batch_size", batch_size), ("val_windows", val_windows),
-                            ("val_batch_size", val_batch_size)]:
-            check_positive_int(value, f"data.{name}")
-        check(isinstance(chat, bool) and isinstance(add_eos, bool), "data.chat and data.add_eos must be true or false")
-        check(sample_by in ("line", "paragraph", "document"),
-              f"data.sample_by must be line, paragraph or document, got {sample_by!r}")
-        check(tokenizer is not None, "data.tokenizer must be a model directory (the teacher's)")
-        check(isinstance(num_workers, int) and num_workers >= 0, f"data.num_workers must be >= 0, got {num_workers!r}")
-        self.files, self.tokenizer_path = files, Path(tokenizer).expanduser()
-        self.seq_len, self.batch_size, self.val_windows, self.val_batch_size = seq_len, batch_size, val_windows, val_batch_size
-        self.text_field, self.chat, self.messages_field, self.add_eos = text_field, chat, messages_field, add_eos
-        self.sample_by, self.windows_dir, self.num_proc = sample_by, Path(windows_dir).expanduser(), num_proc
-        self.num_workers, self.seed = num_workers, seed
+        s = read_settings(HFTextSettings, type(self), settings)
+        self.files, self.tokenizer_path = s.files, Path(s.tokenizer).expanduser()
+        self.seq_len, self.batch_size, self.val_windows = s.seq_len, s.batch_size, s.val_windows
+        self.val_batch_size = s.val_batch_size
+        self.text_field, self.chat, self.messages_field = s.text_field, s.chat, s.messages_field
+        self.add_eos = s.add_eos
+        self.sample_by, self.windows_dir, self.num_proc = s.sample_by, Path(s.windows_dir).expanduser(), s.num_proc
+        self.num_workers, self.seed = s.num_workers, s.seed
         self._tokenizer = None
         self._windows = None
         self.windows_path: Path | None = None

@@ -140,6 +140,15 @@ class TaskModule(L.LightningModule):
         self.run_metadata = dict(metadata or {})
         self.compile_requested = compile          # the subclass compiles what is worth compiling
 
+    def save_settings(self, settings: Any, optim: dict[str, Any] | None, seed: int,
+                      metadata: dict[str, Any] | None, compile: bool) -> None:
+        """Record a task's settings dataclass (`train.data.settings.read_settings`: every field, the
+        defaults too) and the run's keys as the module's hyper-parameters, flat, as a signature of
+        plain values records them: a checkpoint rebuilds the module from them (`load_from_checkpoint`,
+        `train.checkpoints.load_module`), and `--set` replaces one by its name."""
+        self.save_hyperparameters({**asdict(settings), "optim": optim, "seed": seed, "metadata": metadata,
+                                   "compile": compile})
+
     # -- what a task provides --------------------------------------------------------------------
 
     def trainable(self) -> nn.Module:

@@ -30,7 +30,6 @@ from specdec_models.losses import DIVERGENCES, divergence
 
 from .base import LN2, SpeculativeModels, TaskModule
 
-
 DATA_SOURCES = ("corpus", "teacher", "student")
 
 
@@ -65,7 +64,8 @@ class DistillConfig:
               f"objective.data_fraction must be in [0, 1], got {self.data_fraction!r}")
         for name in ("prompt_len", "gen_len"):
             check_positive_int(getattr(self, name), f"objective.{name}")
-        check(self.sample_temperature >= 0, f"objective.sample_temperature must be >= 0, got {self.sample_temperature!r}")
+        check(self.sample_temperature >= 0,
+              f"objective.sample_temperature must be >= 0, got {self.sample_temperature!r}")
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -120,7 +120,7 @@ class DistillModule(TaskModule):
         raise NotImplementedError
 
     def setup(self, stage: str) -> None:
-        self.teacher                           # load (and check) before the first step
+        _ = self.teacher                       # load (and check) before the first step
 
     def trainable(self) -> nn.Module:
         return self.student
@@ -170,8 +170,8 @@ class DistillModule(TaskModule):
         loss = div = ce = 0.0
         for part in parts:
             weight = part[:, 1:].numel() / tokens
-            l, d, c, _, _ = self._loss(part)
-            loss, div, ce = loss + weight * l, div + weight * d, ce + weight * c
+            part_loss, d, c, _, _ = self._loss(part)
+            loss, div, ce = loss + weight * part_loss, div + weight * d, ce + weight * c
         self.log_train(loss, {"divergence": div, "ce": ce, "generated_rows": float(k)})
         return loss
 

@@ -34,15 +34,27 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from specdec_models.config import DTYPES, from_dict, torch_dtype
-from specdec_models.errors import check
 from specdec_models.decode.cost import stored_profile
+from specdec_models.errors import check
 from specdec_models.export import check_hf_draft_dir, sampling_temperature, save_hf_draft
-from specdec_models.hf import (HFDecoder, check_same_tokenizer, head_rows, load_causal_lm, load_config, load_tokenizer,
-                               max_positions, model_dir, model_dir_fingerprint, parameter_count)
+from specdec_models.hf import (
+    HFDecoder,
+    check_same_tokenizer,
+    head_rows,
+    load_causal_lm,
+    load_config,
+    load_tokenizer,
+    max_positions,
+    model_dir,
+    model_dir_fingerprint,
+    parameter_count,
+)
 
 from ..data.hf_text import HFTextDataModule
+from ..data.settings import read_settings
 from .base import FrozenModel, NoOptions, SpeculativeModels, Task, to_plain, warn_if_not_smaller
 from .distillation import DistillConfig, DistillModule
+
 
 @dataclass(frozen=True)
 class HFTeacher:
@@ -90,7 +102,8 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
     configs = {"teacher": load_config(teacher_dir, "teacher"), "student": load_config(student_dir, "student")}
     seq_len = cfg.data.seq_len
     for role, config in configs.items():
-        check(not getattr(config, "is_encoder_decoder", False), f"the {role} is an encoder-decoder model; give a causal LM")
+        check(not getattr(config, "is_encoder_decoder", False),
+              f"the {role} is an encoder-decoder model; give a causal LM")
         rows = head_rows(config)
         check(rows >= vocab, f"the {role}'s head has {rows} rows, fewer than its tokenizer's {vocab} tokens")
         limit = max_positions(config)
@@ -103,19 +116,36 @@ def validate(cfg: DictConfig, options: NoOptions) -> dict[str, Any]:
                 gradient_checkpointing=student.gradient_checkpointing, objective=asdict(objective))
 
 
+@dataclass(frozen=True)
+class HFDraftDistillSettings:
+    """What `validate` gives HFDraftDistillModule, the hyper-parameters its checkpoints record:
+    model directories and plain values (a checkpoint rebuilds the module without Hydra). The
+    student starts from `student_path`'s weights; `teacher_fingerprint`: the identity the teacher
+    directory must keep; `vocab_size`: the shared tokenizer's size, the logits every head is
+    sliced to; `objective`: a DistillConfig dict."""
+
+    teacher_path: str
+    teacher_fingerprint: str
+    student_path: str
+    vocab_size: int
+    teacher_dtype: str = "bfloat16"
+    student_dtype: str = "float32"
+    export_dtype: str | None = None
+    gradient_checkpointing: bool = False
+    objective: dict[str, Any] | None = None
+
+
 class HFDraftDistillModule(DistillModule):
     task = "hf_draft_distill"
 
-    def __init__(self, teacher_path: str, teacher_fingerprint: str, student_path: str, vocab_size: int,
-                 teacher_dtype: str = "bfloat16", student_dtype: str = "float32", export_dtype: str | None = None,
-                 gradient_checkpointing: bool = False, objective: dict[str, Any] | None = None,
-                 optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
-                 compile: bool = False) -> None:
-        """Model directories and plain values only (a checkpoint rebuilds it without Hydra). The
-        student starts from `student_path`'s weights; `vocab_size`: the shared tokenizer's size,
-        the logits every head is sliced to."""
+    def __init__(self, optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
+                 compile: bool = False, **settings: Any) -> None:
+        """`settings`: the fields of `HFDraftDistillSettings`."""
         super().__init__(optim, seed, metadata, compile)
-        self.save_hyperparameters()
+        s = read_settings(HFDraftDistillSettings, type(self), settings)
+        self.save_settings(s, optim, seed, metadata, compile)
+        objective, vocab_size, student_path, student_dtype = s.objective, s.vocab_size, s.student_path, s.student_dtype
+        gradient_checkpointing = s.gradient_checkpointing
         self.objective = DistillConfig.from_dict(dict(objective or {}))
         self.vocab_size = vocab_size
         self.student = load_causal_lm(student_path, dtype=DTYPES[student_dtype]).train()   # from_pretrained gives eval
@@ -170,7 +200,8 @@ class HFDraftDistillModule(DistillModule):
         `num_assistant_tokens` is the best gamma the last evaluation measured (`speed_profiles` of
         `metadata`) at batch 1 and the student's own generation temperature."""
         name = self.hparams.export_dtype
-        dtype = DTYPES[name] if name else getattr(load_config(Path(self.hparams.student_path), "student"), "dtype", None)
+        dtype = (DTYPES[name] if name
+                 else getattr(load_config(Path(self.hparams.student_path), "student"), "dtype", None))
         dtype = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype), torch.float32)
         profile = stored_profile(metadata, sampling_temperature(self.student.generation_config), 1)
         return save_hf_draft(out_dir, self.student, load_tokenizer(self.hparams.student_path, "tokenizer"), metadata,

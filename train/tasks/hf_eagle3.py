@@ -36,7 +36,11 @@ too; they replace any start `head.init_layer` chose) and trains on, with a fresh
 schedule: more data and steps for a head trained before. The export must be for this target and of
 this head's shapes; the run's export records where it started.
 
-Validation logs per step k the KL, the teacher-forced accuracy given every earlier step right
+`train/loss` and `val/loss` are one quantity: the loss per unrolled step (the weighted sum over
+the steps the training unrolls at that point, divided by the sum of their weights), so during
+the ramp both read one step and after it all `ttt_steps`; `val/loss_all_steps` is the same over all
+`ttt_steps` at every validation (the checkpoint's monitor: it means the same before and after the
+ramp). Validation logs per step k the KL, the teacher-forced accuracy given every earlier step right
 (`val/ttt_accuracy/pos{k+1}`: exact for greedy decoding, a greedy token outside the draft
 vocabulary counting as a miss) and the simulated tokens per call they imply, beside the
 evaluation callback's real ones; `val/draft_vocab_mass` is the target's probability inside the
@@ -59,16 +63,23 @@ from specdec_models.config import from_dict
 from specdec_models.errors import SpecdecError, check, check_positive_int
 from specdec_models.export import read_export_config, read_export_tensors
 from specdec_models.files import one_line
+from specdec_models.heads.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    choose_draft_vocab,
+    default_aux_layers,
+    init_layer_index,
+)
 from specdec_models.hf import HFDecoder, load_config, logits_width, text_config
-from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head, choose_draft_vocab, default_aux_layers, init_layer_index
 from specdec_models.hf.weights import tokenizer_fingerprint, vocabulary_fingerprint
 
-from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.chat_rows import HFChatDataModule
+from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule, label_mask
 from ..data.hf_text import HFTextDataModule
+from ..data.settings import read_settings
 from .base import FrozenModel, Task, TaskModule, required, to_plain
-from .hf_prophet import HOW_TO_GIVE, HFTargetHead, check_head_kind, check_target
+from .hf_target import HOW_TO_GIVE, HFTargetHead, check_head_kind, check_target
 
 COUNTS_FORMAT = "specdec-token-counts"
 
@@ -116,7 +127,8 @@ class Eagle3Sizes:
             check(isinstance(self.aux_layers, (list, tuple)) and len(self.aux_layers) >= 1
                   and all(isinstance(i, int) and not isinstance(i, bool) for i in self.aux_layers),
                   f"head.aux_layers must be a list of layer indices or null, got {self.aux_layers!r}")
-        check(isinstance(self.train_lm_head, bool), f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
+        check(isinstance(self.train_lm_head, bool),
+              f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
         check(isinstance(self.init_layer, bool), f"head.init_layer must be true or false, got {self.init_layer!r}")
         check(self.init_from is None or (isinstance(self.init_from, str) and self.init_from),
               f"head.init_from must be an export directory or null, got {self.init_from!r}")
@@ -132,7 +144,7 @@ def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torc
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise SpecdecError(f"head.draft_vocab: {path} is not a token-count file: {' '.join(str(error).split())}") from None
+        raise SpecdecError(f"head.draft_vocab: {path} is not a token-count file: {one_line(error)}") from None
     check(isinstance(data, dict) and data.get("format") == COUNTS_FORMAT,
           f"head.draft_vocab: {path} is not a token-count file of scripts/draft_vocab.py")
     # files written since carry the vocabulary's fingerprint, which no library version changes; older
@@ -165,7 +177,8 @@ def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tup
           f"{config['target']['weights_sha256'][:16]}..., target.path's {weights_sha256[:16]}...)")
     theirs = Eagle3Config.from_dict(config["prophet"]).to_dict()
     ours = head.to_dict()
-    differ = [f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})" for k in sorted(ours) if theirs.get(k) != ours.get(k)]
+    differ = [f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})"
+              for k in sorted(ours) if theirs.get(k) != ours.get(k)]
     check(not differ, f"head.init_from: {path} holds a head of other shapes: {'; '.join(differ)}: set head.aux_layers "
                       f"and head.draft_vocab_size to the export's")
     weights = Path(path) / config["weights"]
@@ -182,7 +195,7 @@ def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tup
 
 def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     """Check the target, the head, the draft vocabulary and the data before any work; loads the
-    target once (`hf_prophet.check_target`) to identify its weights."""
+    target once (`hf_target.check_target`) to identify its weights."""
     sizes = from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
     layers = []                     # the one target layer a head trained from a cache reads: its start
     if sizes.init_layer and sizes.init_from is None:
@@ -260,24 +273,48 @@ def with_noise(aux: torch.Tensor, layers: int, scale: float) -> torch.Tensor:
     return (parts + scale * rms * torch.randn_like(parts)).flatten(-2)
 
 
+@dataclass(frozen=True)
+class HFEagle3Settings:
+    """What `validate` gives HFEagle3Module, the hyper-parameters its checkpoints record.
+    `target_path`, `weights_sha256`: the target's source and the hash its weights must have;
+    `head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the first
+    draft_vocab_size, the whole vocabulary); `cache_layers`: the layers a cache's "embeds"
+    concatenate, in order (None: hidden states online). The head trains in float32 whatever the
+    target's `target_dtype`. `init_from`: an hf_eagle3 export (checked by `validate`) whose weights
+    the head starts from; a resumed run then takes its checkpoint's. `target_shard`: split the
+    target across the processes at fit start (target.shard). The ttt_* and *_weight fields:
+    `Eagle3Options`'."""
+
+    target_path: str
+    weights_sha256: str
+    head: dict[str, Any]
+    target_dtype: str = "float32"
+    draft_ids: list[int] | None = None
+    train_lm_head: bool = True
+    init_layer: bool = False
+    init_from: str | None = None
+    ttt_steps: int = 4
+    ttt_decay: float = 0.8
+    tv_weight: float = 0.0
+    feature_weight: float = 0.0
+    ttt_ramp: float = 0.0
+    feature_noise: float = 0.0
+    cache_layers: list[int] | None = None
+    target_shard: bool = False
+
+
 class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
 
-    def __init__(self, target_path: str, weights_sha256: str, head: dict[str, Any], target_dtype: str = "float32",
-                 draft_ids: list[int] | None = None, train_lm_head: bool = True, init_layer: bool = False,
-                 init_from: str | None = None, ttt_steps: int = 4, ttt_decay: float = 0.8, tv_weight: float = 0.0,
-                 feature_weight: float = 0.0, ttt_ramp: float = 0.0, feature_noise: float = 0.0,
-                 cache_layers: list[int] | None = None, target_shard: bool = False,
-                 optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
-                 compile: bool = False) -> None:
-        """`head`: an Eagle3Config dict; `draft_ids`: the draft vocabulary's target ids (None: the
-        first draft_vocab_size, the whole vocabulary); `cache_layers`: the layers a cache's
-        "embeds" concatenate, in order (None: hidden states online). The head trains in float32
-        whatever the target's `target_dtype`. `init_from`: an hf_eagle3 export (checked by
-        `validate`) whose weights the head starts from; a resumed run then takes its checkpoint's.
-        `target_shard`: split the target across the processes at fit start (target.shard)."""
+    def __init__(self, optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
+                 compile: bool = False, **settings: Any) -> None:
+        """`settings`: the fields of `HFEagle3Settings` (plain values: a checkpoint rebuilds the
+        module without Hydra); the target is loaded here, the head built on it."""
         super().__init__(optim, seed, metadata, compile)
-        self.save_hyperparameters()
+        s = read_settings(HFEagle3Settings, type(self), settings)
+        self.save_settings(s, optim, seed, metadata, compile)
+        head, draft_ids, init_layer, init_from = s.head, s.draft_ids, s.init_layer, s.init_from
+        cache_layers, target_shard, train_lm_head = s.cache_layers, s.target_shard, s.train_lm_head
         self._target = self._frozen_target(target_shard)
         self._parts = FrozenModel(self._load_parts) if cache_layers else self._target     # online: the whole one
         ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
@@ -324,38 +361,57 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         mask = label_mask(batch, tokens.shape[1] - 1) if isinstance(batch, dict) else None
         return tokens, torch.cat([states[i] for i in layers], -1), states[last_layer], mask
 
-    def _loss(self, batch, greedy: bool = False):
-        self.parts                                                    # on the module's device
+    def _loss(self, batch, greedy: bool = False, steps: int | None = None):
+        """(`Eagle3Head.ttt_loss` on the batch over `steps` unrolled steps (None: `unrolled()`), rows)."""
+        _ = self.parts                                                # on the module's device
         tokens, aux, last, mask = self._inputs(batch)
         noise = self.hparams.get("feature_noise", 0.0)
         if noise and self.training:
             aux = with_noise(aux, len(self.head.aux_layers), noise)
         ok = self.head.greedy_in_vocab(last[:, 1:]) if greedy else None
-        return self.head.ttt_loss(tokens, aux, last, mask, steps=self.unrolled(),
+        return self.head.ttt_loss(tokens, aux, last, mask, steps=self.unrolled() if steps is None else steps,
                                   decay=self.hparams.ttt_decay, tv_weight=self.hparams.get("tv_weight", 0.0),
                                   feature_weight=self.hparams.get("feature_weight", 0.0),
                                   greedy_in_vocab=ok), tokens.shape[0]
 
-    def unrolled(self) -> int:
-        """Draft steps unrolled now: one while training is within the first `ttt_ramp` of its
-        budget (the larger of the steps' and the time's share, as the schedule reads it), else
-        `ttt_steps`; validation always unrolls `ttt_steps`."""
+    def trained_steps(self) -> int:
+        """Draft steps the training unrolls at this point of the run: one while it is within the
+        first `ttt_ramp` of its budget (the larger of the steps' and the time's share, as the
+        schedule reads it), else `ttt_steps`. Read in training and in validation alike."""
         ramp = self.hparams.get("ttt_ramp", 0.0)
-        if not ramp or not self.training or self._trainer is None:
+        if not ramp or self._trainer is None:
             return self.hparams.ttt_steps
         progress = max(self.global_step / max(1, self.trainer.max_steps), self.time_fraction() or 0.0)
         return 1 if progress < ramp else self.hparams.ttt_steps
+
+    def unrolled(self) -> int:
+        """Draft steps unrolled now: `trained_steps()` in training; validation always unrolls
+        `ttt_steps` (its per-step figures and the full-unroll loss need them all)."""
+        return self.trained_steps() if self.training else self.hparams.ttt_steps
+
+    def per_step(self, loss: torch.Tensor, steps: int) -> torch.Tensor:
+        """A `ttt_loss` over `steps` unrolled steps (the sum of step k's mean loss times
+        ttt_decay^k) as the weighted mean per step: divided by the sum of the weights. The figure
+        `train/loss` and `val/loss` both log, over the steps trained now, so the two read alike
+        during the ramp (one step) and after it (all), where the sums differ by the steps' count."""
+        return loss / sum(self.hparams.ttt_decay ** k for k in range(steps))
 
     def training_step(self, batch: torch.Tensor | dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out, _ = self._loss(batch)
         acc = out.step_correct.float() / out.step_count.clamp(min=1).float()
         parts = {"kl/step0": out.step_kl[0], "accuracy/pos1": acc[0], f"accuracy/pos{len(acc)}": acc[-1]}
-        self.log_train(out.loss, parts)
+        self.log_train(self.per_step(out.loss.detach(), len(acc)), parts)
         return out.loss
 
     def evaluate(self, batch: torch.Tensor | dict[str, torch.Tensor], prefix: str) -> None:
+        """`{prefix}/loss`: the loss per step over the steps the training unrolls now, as `train/loss`
+        (during the ramp a second, one-step `ttt_loss`); `{prefix}/loss_all_steps`: over all
+        `ttt_steps` (the checkpoint's monitor: it means the same before and after the ramp)."""
         out, b = self._loss(batch, greedy=True)
-        self.log(f"{prefix}/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=b)
+        steps = self.trained_steps()
+        trained = out.loss if steps == len(out.step_kl) else self._loss(batch, steps=steps)[0].loss
+        self.log(f"{prefix}/loss", self.per_step(trained, steps), prog_bar=True, sync_dist=True, batch_size=b)
+        self.log(f"{prefix}/loss_all_steps", self.per_step(out.loss, len(out.step_kl)), sync_dist=True, batch_size=b)
         self.log(f"{prefix}/draft_vocab_mass", out.vocab_mass, sync_dist=True, batch_size=b)
         sums = torch.stack([out.step_kl * out.step_count, out.step_hits.float(), out.step_count.float()]).double()
         self._tracked[prefix] = self._tracked.get(prefix, 0) + sums

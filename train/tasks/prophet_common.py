@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from specdec_models.losses import divergence, next_token_loss
 from specdec_models.heads.prophet import ProphetHead, drafted_hits, simulated_tokens_per_call
+from specdec_models.losses import divergence, next_token_loss
 
 from .base import TaskModule
 
