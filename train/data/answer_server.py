@@ -7,8 +7,10 @@ are URLs. specdec keeps the rendering: each context goes through the *target's* 
 here (`conversations.context_ids`) and is sent to `/v1/completions` as token ids (vLLM, SGLang and
 llama.cpp take a list of ints as the prompt; a server that refuses it gets the rendered text with
 `add_special_tokens: false`, the template writing its own BOS). A request asks for
-`max_tokens`, the conversation's temperature, a seed, and a stop at the template's end-of-turn
-token (`stop_token_ids` for vLLM and SGLang; llama.cpp stops at its end-of-generation tokens).
+`max_tokens`, the conversation's temperature with nothing else cutting the distribution (top_p 1,
+top_k -1, min_p 0: the in-process path samples the whole softmax, and llama.cpp's defaults would cut
+its tail), a seed, and a stop at the template's end-of-turn token (`stop_token_ids` for vLLM and
+SGLang; llama.cpp stops at its end-of-generation tokens).
 `finish_reason` "stop" is an answer that reached its end of turn, "length" one cut at max_tokens.
 
 `ServerPool` keeps at most `in_flight` requests on each server and fans requests out over every
@@ -156,7 +158,8 @@ class Server:
     def complete(self, request: Request) -> Completion:
         """One try of `request` (module docstring); `Transient` when the answer is not a whole one."""
         body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_tokens,
-                                "temperature": request.temperature, "seed": request.seed, "n": 1,
+                                "temperature": request.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                                "seed": request.seed, "n": 1,
                                 "stream": False, "return_token_ids": True}
         if self.end_of_turn is not None:
             body["stop_token_ids"] = [self.end_of_turn]
