@@ -149,7 +149,8 @@ def settings(**kw) -> ServedSettings:
 
 def test_served_answers_are_the_in_process_answers_record_for_record_at_t0(tiny, engine, tmp_path):
     ref = ca.answer_conversations(CONVS, tmp_path / "local", answerer=tiny["answerer"], identity=tiny["identity"],
-                                  data={"source": "test"}, temperatures=(0.0,), batch_size=3, seed=1)
+                                  data={"source": "test"},
+                                  options=ca.AnswerOptions(temperatures=(0.0,), batch_size=3, seed=1))
     heard = []
     meta = answer_from_servers(CONVS, tmp_path / "served", [engine.url], tiny["reference"], settings(),
                                data={"source": "test"}, progress=lambda *a: heard.append(a))

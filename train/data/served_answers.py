@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from specdec_models.errors import SpecdecError, check
-from specdec_models.files import mark_dir, remove_stale_temps, replace_dir, write_file
+from specdec_models.files import mark_dir, write_file
 
 from .answer_server import Reference, Request, Retry, ServerPool, Stopped, connect
-from .chat_answers import ANSWERS_FILE, ANSWERS_KIND, BUILD_FILE, FORMAT, META_FILE, MIN_ROOM, record
+from .chat_answers import ANSWERS_FILE, ANSWERS_KIND, FORMAT, META_FILE, MIN_ROOM, budget_text, record
 from .conversations import Conversation, Turn, answer_prompts, context_ids
+from .partial import BUILD_FILE, finalize, open_partial, partial_dir
 
 ENGINE = "server"
 
@@ -70,12 +71,12 @@ class ServedSettings:
 
     def recorded(self, identity: Mapping[str, Any], data: Mapping[str, Any], conversations: Sequence[Conversation]
                  ) -> dict[str, Any]:
-        """build.json's settings (compared on resume): the in-process path's, the engine instead of its chunk."""
+        """build.json's settings (compared on resume): the in-process path's keys, "engine": "server"."""
         return {"format": FORMAT, "engine": ENGINE, "target": dict(identity), "data": dict(data),
                 "conversations": len(conversations), "ids_sha": _ids_digest(conversations),
                 "temperatures": [float(t) for t in self.temperatures], "batch_size": self.batch_size,
                 "seed": self.seed, "chat_template_kwargs": dict(self.chat_template_kwargs), "keep_answers": False,
-                "seq_len": self.seq_len, "max_new_tokens": self.max_new_tokens}
+                "seq_len": self.seq_len, "max_new_tokens": self.max_new_tokens, "chunk": None}
 
 
 def _ids_digest(conversations: Sequence[Conversation]) -> str:
@@ -135,20 +136,6 @@ def _stats_name(k: int) -> str:
     return f"part-{k:05d}.stats.json"
 
 
-def _open_partial(partial: Path, settings: dict[str, Any]) -> None:
-    """OUT.partial/ for these settings: created with build.json, or resumed when its build.json is
-    the same; a partial run with other settings is refused (one line)."""
-    found = partial / BUILD_FILE
-    if partial.exists() and found.is_file():
-        old = json.loads(found.read_text())
-        changed = sorted(k for k in settings if old.get(k) != settings[k])
-        check(not changed, f"{partial} holds a partial run with other settings ({', '.join(changed)} differ): run the "
-                           f"command that started it to resume, or remove {partial} to start over")
-    partial.mkdir(parents=True, exist_ok=True)
-    write_file(found, lambda f: f.write(json.dumps(settings, indent=2, sort_keys=True).encode()))
-    remove_stale_temps(partial)
-
-
 class _Batches:
     """Collects answered conversations per batch and writes a batch's part when it is whole."""
 
@@ -201,8 +188,7 @@ def answer_from_servers(conversations: Sequence[Conversation], out: str | os.Pat
     check(max_seconds is None or max_seconds > 0, f"the time budget must be > 0 seconds, got {max_seconds!r}")
     pool, servers = connect(list(urls), reference, settings.seq_len, settings.in_flight, settings.retry)
     recorded = settings.recorded(reference.identity, data, conversations)
-    partial = out.with_name(f"{out.name}.partial")
-    _open_partial(partial, recorded)
+    partial = open_partial(out, recorded)
     b = settings.batch_size
     batches = -(-len(conversations) // b)
     todo = [k for k in range(batches) if not (partial / _part(k)).is_file()]
@@ -214,10 +200,11 @@ def answer_from_servers(conversations: Sequence[Conversation], out: str | os.Pat
     deadline = None if max_seconds is None else t0 + max_seconds
     ran_out = _run(conversations, todo, b, pool, reference, settings, writer, deadline, partial)
     if ran_out:
-        say(f"the time budget ({max_seconds / 60:.1f} min) ran out after {writer.written} of {len(todo)} batches")
+        say(f"the time budget ({budget_text(max_seconds / 60)} min) ran out after {writer.written} of {len(todo)} "
+            "batches")
     present = [k for k in range(batches) if (partial / _part(k)).is_file()]
     check(present, "the time budget ran out before one batch was answered")
-    return _finalize(partial, out, recorded, present, servers)
+    return _finalize(out, recorded, present, servers)
 
 
 def _run(conversations: Sequence[Conversation], todo: list[int], b: int, pool: ServerPool, reference: Reference,
@@ -252,33 +239,39 @@ def _stats(partial: Path, k: int) -> dict[str, Any]:
     return json.loads(path.read_text()) if (partial / _part(k)).is_file() and path.is_file() else {}
 
 
-def _finalize(partial: Path, out: Path, settings: dict[str, Any], present: list[int],
-              servers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Join the parts into OUT: conversations.jsonl and answers.json (the in-process path's fields,
-    plus the servers of this run and of the runs it resumed)."""
-    parts = [partial / _part(k) for k in present]
-    totals = {"tokens": 0, "answers": 0, "too_long": 0, "seconds": 0.0}
-    earlier: list[dict[str, Any]] = []
-    for k in present:
-        stats = _stats(partial, k)
-        for name in totals:
-            totals[name] += stats.get(name, 0)
-        earlier += [s for s in stats.get("servers", []) if s not in earlier]
+def _finalize(out: Path, settings: dict[str, Any], present: list[int], servers: list[dict[str, Any]]
+              ) -> dict[str, Any]:
+    """Join the parts into OUT (`partial.finalize`): conversations.jsonl and answers.json (the
+    in-process path's fields, plus the servers of this run and of the runs it resumed)."""
 
-    def concat(f) -> None:
-        for p in parts:
-            f.write(p.read_bytes())
+    def join(partial: Path) -> dict[str, Any]:
+        parts = [partial / _part(k) for k in present]
+        totals = {"tokens": 0, "answers": 0, "too_long": 0, "seconds": 0.0}
+        earlier: list[dict[str, Any]] = []
+        for k in present:
+            stats = _stats(partial, k)
+            for name in totals:
+                totals[name] += stats.get(name, 0)
+            earlier += [s for s in stats.get("servers", []) if s not in earlier]
 
-    write_file(partial / ANSWERS_FILE, concat)
-    written = sum(1 for p in parts for line in p.open(encoding="utf-8") if line.strip())
-    meta = {**settings, "written": written, "batches_done": len(parts), **totals, "ranks": 1,
-            "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9), "servers": servers,
-            "servers_of_parts": earlier, "quantized": any(s["weights"] == "quantized" for s in servers)}
-    write_file(partial / META_FILE, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
-    for k in present:
-        (partial / _part(k)).unlink(missing_ok=True)
-        (partial / _stats_name(k)).unlink(missing_ok=True)
-    (partial / BUILD_FILE).unlink(missing_ok=True)
-    mark_dir(partial, ANSWERS_KIND)
-    replace_dir(partial, out)
+        def concat(f) -> None:
+            for p in parts:
+                f.write(p.read_bytes())
+
+        write_file(partial / ANSWERS_FILE, concat)
+        written = sum(1 for p in parts for line in p.open(encoding="utf-8") if line.strip())
+        meta = {**settings, "written": written, "batches_done": len(parts), **totals, "ranks": 1,
+                "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9), "servers": servers,
+                "servers_of_parts": earlier, "quantized": any(s["weights"] == "quantized" for s in servers)}
+        write_file(partial / META_FILE,
+                   lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
+        for k in present:
+            (partial / _part(k)).unlink(missing_ok=True)
+            (partial / _stats_name(k)).unlink(missing_ok=True)
+        (partial / BUILD_FILE).unlink(missing_ok=True)
+        mark_dir(partial, ANSWERS_KIND)
+        return meta
+
+    done, meta = finalize(out, join)
+    check(done, f"another process is finishing {partial_dir(out)}: answer from servers with one process")
     return {**meta, "finalized": True}
