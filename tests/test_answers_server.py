@@ -352,9 +352,9 @@ class LlamaServer:
 @pytest.fixture(scope="module")
 def smol():
     """SmolLM2's GGUF and its in-process Reference (the target the server is checked against)."""
-    from conftest import load_script
+    from train.smollm2 import smollm2_gguf
 
-    gguf = load_script("smollm2").smollm2_gguf()
+    gguf = smollm2_gguf()
     if not Path(gguf).is_file():
         pytest.skip("SmolLM2's GGUF is not installed (make setup-real)")
     llama_server_binary()
