@@ -354,9 +354,10 @@ def smol():
     """SmolLM2's GGUF and its in-process Reference (the target the server is checked against)."""
     from train.smollm2 import smollm2_gguf
 
-    gguf = smollm2_gguf()
-    if not Path(gguf).is_file():
-        pytest.skip("SmolLM2's GGUF is not installed (make setup-real)")
+    try:
+        gguf = smollm2_gguf()
+    except SpecdecError as error:
+        pytest.skip(f"the real weights are not installed: {error}")
     llama_server_binary()
     return {"gguf": gguf, "reference": load_reference(gguf)}
 
