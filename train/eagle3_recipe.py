@@ -570,7 +570,9 @@ class _Steps:
         """Whether a run before this one finished step `name` (recorded, and its marker there)."""
         return name in self.done and self.marks[name].exists()
 
-    def step(self, name: str, work) -> None:
+    def step(self, name: str, work, seconds_before: float = 0.0) -> None:
+        """Run `work` for step `name` unless skipped; its time recorded, plus `seconds_before` (what
+        the step did before --out existed: the data step's choice)."""
         if not self.wanted(name):
             return
         if self.finished(name):
@@ -578,7 +580,7 @@ class _Steps:
             return
         t0 = time.perf_counter()
         result = work()
-        self.done[name] = time.perf_counter() - t0
+        self.done[name] = time.perf_counter() - t0 + seconds_before
         if result is not None:
             self.facts[name] = asdict(result) if is_dataclass(result) else result
         blob = json.dumps({"done": self.done, "facts": self.facts}, indent=1, default=str)
@@ -598,7 +600,9 @@ def run_recipe(s: Settings, force: bool = False) -> int:
     target = check_inputs(s, out)
     check_output(out, "--out", kind=RECIPE_KIND, force=force, inputs=[s.target, s.data.removeprefix("text:")])
     steps = _Steps(s, out)
+    t0 = time.perf_counter()
     data = choose_data(s) if steps.wanted("data") and not steps.finished("data") else None
+    chose = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     mark_dir(out, RECIPE_KIND)
     model_dtype = resolve_dtype("auto", s.device)
@@ -606,7 +610,7 @@ def run_recipe(s: Settings, force: bool = False) -> int:
     write_file(out / SETTINGS_FILE, lambda f: f.write(blob.encode()))
     print(f"[recipe] {out}: target {target.path} ({target.depth} layers; cached hidden states "
           f"{target.layers}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
-    steps.step("data", lambda: step_data(out, data))
+    steps.step("data", lambda: step_data(out, data), seconds_before=chose)
     steps.step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
                else step_answers(s, out, model_dtype))
     steps.step("cache", lambda: in_processes("cache", s, out) if s.processes > 1
