@@ -6,7 +6,8 @@ Steps (train/eagle3_recipe.py; a killed run resumes at the step it was in): data
 target answers every turn of the conversations itself), cache (its hidden states, loss on the
 answers), draft_vocab, train, peers (--peers), export (speculators and SGLang layouts), evaluate
 (MT-Bench and HumanEval at T=0 and T=1, batch 1), report (OUT/report/). Bad input: one line, exit 2,
-before any work. --out must be new, empty, or a folder this recipe ran in (or --force).
+before any work, nothing written (data that leaves no conversation to train on included). --out must
+be new, empty, or a folder this recipe ran in (or --force).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from specdec_models.errors import cli_main
 
 
 def parser() -> argparse.ArgumentParser:
-    from train.eagle3_recipe import STEPS, Settings
+    from train.eagle3_recipe import MAX_CHARS_PER_TOKEN, MIN_SEQ_LEN, STEPS, Settings
 
     d = Settings(target="", data="", out=Path())
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -36,7 +37,10 @@ def parser() -> argparse.ArgumentParser:
                         "--device cuda, recipe.conversations of hf_eagle3_gpu.yaml)")
     p.add_argument("--held-out", type=int, default=d.held_out,
                    help=f"held-out conversations: the training's validation rows (default {d.held_out})")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per row; conversations are cut at turns")
+    p.add_argument("--seq-len", type=int, default=d.seq_len,
+                   help=f"tokens per row; conversations are cut at turns (at least {MIN_SEQ_LEN}: a row holds a user "
+                        "turn under the chat template and the 16 positions an answer needs); a conversation with a "
+                        f"message over {MAX_CHARS_PER_TOKEN} x seq-len characters is dropped")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="the longest answer per turn")
     p.add_argument("--temperatures", type=float, nargs="+", default=list(d.temperatures),
                    help="the answers' sampling temperatures, alternating by conversation (0: greedy)")

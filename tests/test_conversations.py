@@ -28,8 +28,10 @@ QWEN3_LIKE = ("{% set ns = namespace(last=0) %}{% for m in messages %}{% if m['r
               "{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m['role'] == 'assistant' and loop.index0 > ns.last %}"
               "{{ '<think> </think> ' }}{% endif %}{{ m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-              "{% if enable_thinking is defined and not enable_thinking %}{{ '<think> </think> ' }}{% endif %}{% endif %}")
-WORDS = ["be", "brief", "hi", "there", "hello", "friend", "how", "are", "you", "fine", "thanks", "You", "a", "helpful", "AI", "<think>", "</think>"]
+              "{% if enable_thinking is defined and not enable_thinking %}{{ '<think> </think> ' }}{% endif %}"
+              "{% endif %}")
+WORDS = ["be", "brief", "hi", "there", "hello", "friend", "how", "are", "you", "fine", "thanks", "You", "a", "helpful",
+         "AI", "<think>", "</think>"]
 
 
 def tokenizer(chat_template=CHATML):
@@ -166,6 +168,75 @@ def test_a_file_of_neither_format_is_one_line_before_any_work(tmp_path, text):
         cv.read_conversations(tmp_path / "missing.json")
 
 
+
+def non_utf8(path, records, before_id, bad=b"\xff", jsonl=False):
+    """`records` as UTF-8 JSON (or JSONL) with accents, and `bad` bytes put just before the record
+    whose id is `before_id`; returns the byte offset of the bad bytes."""
+    if jsonl:
+        raw = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+    else:
+        raw = json.dumps(records, ensure_ascii=False, indent=2).encode()
+    at = raw.index(f'"id": "{before_id}"'.encode())
+    path.write_bytes(raw[:at] + bad + raw[at:])
+    return at
+
+
+ACCENTED = [{"id": f"r{i}", "conversations": [{"from": "human", "value": "où est le café " * (1 + i % 3)},
+                                               {"from": "gpt", "value": "ici, à côté"}]} for i in range(200)]
+
+
+@pytest.mark.parametrize("chunk", [None, 16])   # found by the first read, and by the readers after it
+@pytest.mark.parametrize("jsonl, bad", [(False, b"\xff"), (True, b"\xc3("), (False, b"\xe9t\xe9")])
+def test_a_file_that_is_not_utf8_is_one_line_naming_the_file_and_the_byte_offset(tmp_path, monkeypatch, chunk,
+                                                                                  jsonl, bad):
+    # the offset counts bytes, not characters (the accents before it are two bytes each), past
+    # the 8 KiB that Python's text reader decodes at a time
+    path = tmp_path / ("latin.jsonl" if jsonl else "latin.json")
+    at = non_utf8(path, ACCENTED, "r150", bad, jsonl)
+    assert at > 8192
+    readers = [cv.read_conversations, cv.check_data_file]
+    if chunk:
+        monkeypatch.setattr(cv, "CHUNK", chunk)
+        assert cv.check_data_file(path) == "sharegpt"      # its first record is whole and UTF-8
+        readers = [cv.read_conversations]
+    for read in readers:
+        with pytest.raises(SpecdecError) as e:
+            read(path)
+        assert str(e.value).startswith(f"{path}: not UTF-8 text") and f"at byte offset {at})" in str(e.value)
+        assert "\n" not in str(e.value)
+
+
+def test_a_bad_byte_inside_the_first_record_after_the_first_chunk_is_not_called_another_format(tmp_path,
+                                                                                                 monkeypatch):
+    path = tmp_path / "first.json"
+    records = [{"id": "r0", "conversations": [{"from": "human", "value": "é" * 5000 + "MARK"},
+                                              {"from": "gpt", "value": "ok"}]}]
+    raw = json.dumps(records, ensure_ascii=False).encode()
+    at = raw.index(b"MARK")
+    path.write_bytes(raw[:at] + b"\xff" + raw[at:])
+    monkeypatch.setattr(cv, "CHUNK", 16)
+    with pytest.raises(SpecdecError, match=f"not UTF-8 text .*at byte offset {at}\\)"):
+        cv.check_data_file(path)
+
+
+def test_first_bad_byte_counts_a_character_cut_by_a_block_from_where_it_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(cv, "CHUNK", 5)
+    path = tmp_path / "t.txt"
+    path.write_bytes("abcd€ef".encode())            # € (3 bytes) straddles the first block's end
+    assert cv.first_bad_byte(path) is None
+    path.write_bytes("abcd€".encode()[:-1] + b"x")  # the same character broken
+    assert cv.first_bad_byte(path) == 4
+    path.write_bytes("abcd€".encode()[:-1])         # cut off by the end of the file
+    assert cv.first_bad_byte(path) == 4
+
+
+def test_a_jsonl_file_whose_first_line_is_longer_than_a_chunk_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(cv, "CHUNK", 32)
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n" + "".join(json.dumps(r) + "\n" for r in SHAREGPT[:3]))
+    assert cv.check_data_file(path) == "sharegpt"
+    assert [c.id for c in cv.read_conversations(path)[0]] == ["a", "b"]
+
 # ---------------------------------------------------------------- filters
 
 def test_dedup_length_filter_and_the_held_out_split_by_conversation():
@@ -179,6 +250,10 @@ def test_dedup_length_filter_and_the_held_out_split_by_conversation():
     assert cv.filter_length([a, long], max_chars=50) == ([a], 1)
     assert cv.filter_length([a, long], max_turns=4) == ([a], 1)
     assert cv.filter_length([a, long]) == ([a, long], 0)
+    # every message counts, whatever its role, not only the sum: 100 characters in one answer
+    assert cv.filter_length([a, long], max_message_chars=99) == ([a], 1)
+    assert cv.filter_length([a, long], max_message_chars=100) == ([a, long], 0)
+    assert cv.filter_length([a, long], max_chars=10_000, max_message_chars=99) == ([a], 1)
 
     many = [conv(("user", "q"), ("assistant", str(i)), cid=f"id{i}") for i in range(400)]
     train, held = cv.split_held_out(many, 0.25)
@@ -203,6 +278,25 @@ def test_prepare_conversations_counts_every_step(tmp_path):
     assert "1 duplicates" in counts.line()
 
 
+def test_a_10_mb_message_is_out_of_the_length_bounds_counted_by_characters(tmp_path, monkeypatch):
+    path = tmp_path / "huge.json"
+    huge = {"id": "huge", "conversations": [{"from": "human", "value": "word " * 2_000_000},     # 10 MB
+                                            {"from": "gpt", "value": "ok"}]}
+    path.write_text(json.dumps([SHAREGPT[0], huge, SHAREGPT[1]]))
+    assert path.stat().st_size > 10_000_000
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("the length bound tokenized something")
+
+    monkeypatch.setattr(cv, "render_turns", no_tokenizing)
+    monkeypatch.setattr(cv, "context_ids", no_tokenizing)
+    train, held, counts = cv.prepare_conversations(path, max_message_chars=8192)
+    assert [c.id for c in train + held] == ["a", "b"] and counts.out_of_length == 1 and counts.kept == 2
+    assert "1 out of the length bounds" in counts.line()
+    train, held, counts = cv.prepare_conversations(path)           # no bound: kept
+    assert counts.out_of_length == 0 and "huge" in {c.id for c in train + held}
+
+
 # ---------------------------------------------------------------- rendering
 
 def test_the_loss_mask_is_one_exactly_on_each_answer_and_its_end_of_turn_token():
@@ -222,7 +316,7 @@ def test_the_loss_mask_is_one_exactly_on_each_answer_and_its_end_of_turn_token()
     ids, mask = cv.render(tok, conv(("user", "hi"), ("assistant", "fine")))
     pieces = tok.convert_ids_to_tokens(ids)
     assert pieces[:4] == ["<|im_start|>", "system", "\n", "You"] and len(mask) == len(ids)
-    assert [p for p, m in zip(pieces, mask) if m] == ["fine", "<|im_end|>"]
+    assert [p for p, m in zip(pieces, mask, strict=True) if m] == ["fine", "<|im_end|>"]
     assert [i for i, m in enumerate(mask) if m] == [len(ids) - 3, len(ids) - 2]
 
 
@@ -231,14 +325,16 @@ def test_a_template_that_renders_the_last_answer_unlike_past_ones_masks_every_an
     c = conv(("user", "hi there"), ("assistant", "hello friend"), ("user", "how are you"), ("assistant", "fine thanks"))
     ids, mask = cv.render(tok, c)
     pieces = tok.convert_ids_to_tokens(ids)
-    assert pieces[22:] == ["<|im_start|>", "assistant", "\n", "<think>", "</think>", "fine", "thanks", "<|im_end|>", "\n"]
+    assert pieces[22:] == ["<|im_start|>", "assistant", "\n", "<think>", "</think>", "fine", "thanks", "<|im_end|>",
+                           "\n"]
     # the first answer renders as a past turn (no think block); the last keeps the template's think block
     assert [i for i, m in enumerate(mask) if m] == [10, 11, 12, 25, 26, 27, 28, 29]
-    assert [p for p, m in zip(pieces, mask) if m] == ["hello", "friend", "<|im_end|>",
+    assert [p for p, m in zip(pieces, mask, strict=True) if m] == ["hello", "friend", "<|im_end|>",
                                                       "<think>", "</think>", "fine", "thanks", "<|im_end|>"]
     # with enable_thinking False the generation prompt holds the think block: only the answer is marked
     ids, mask = cv.render(tok, c, chat_template_kwargs={"enable_thinking": False})
-    assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask) if m][3:] == ["fine", "thanks", "<|im_end|>"]
+    marked = [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask, strict=True) if m]
+    assert marked[3:] == ["fine", "thanks", "<|im_end|>"]
 
 
 def test_rows_are_cut_at_turn_boundaries():
@@ -267,12 +363,12 @@ def test_no_chat_template_is_refused_and_ignored_kwargs_warn(recwarn):
     recwarn.clear()
     ids, mask = cv.render(tok, c, chat_template_kwargs={"enable_thinking": False})
     assert not [w for w in recwarn if "chat_template_kwargs" in str(w.message)]
-    assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask) if m] == ["fine", "<|im_end|>"]
+    assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask, strict=True) if m] == ["fine", "<|im_end|>"]
     # a conversation the template refuses is one line naming it, for the caller to skip
     strict = tokenizer(CHATML.replace("{% for message in messages %}",
                                       "{% for message in messages %}{% if loop.index0 > 0 and message['role'] == "
-                                      "messages[loop.index0 - 1]['role'] %}{{ raise_exception('roles must alternate') }}"
-                                      "{% endif %}", 1))
+                                      "messages[loop.index0 - 1]['role'] %}"
+                                      "{{ raise_exception('roles must alternate') }}{% endif %}", 1))
     with pytest.raises(SpecdecError, match="conversation twice: the chat template refuses it .roles must alternate"):
         cv.render(strict, conv(("user", "hi"), ("assistant", "fine"), ("assistant", "thanks"), cid="twice"))
 
@@ -314,7 +410,7 @@ def test_the_mask_on_smollm2s_own_tokenizer_and_template():
              ("assistant", "Why did the chicken cross the road?"))
     r = cv.render_turns(tok, c)
     pieces = tok.convert_ids_to_tokens(r.input_ids)
-    assert [p for p, m in zip(pieces, r.loss_mask) if m] == [
+    assert [p for p, m in zip(pieces, r.loss_mask, strict=True) if m] == [
         "I", "'m", "Ġfine", ".", "Ċ", "Thanks", "!", "<|im_end|>",
         "Why", "Ġdid", "Ġthe", "Ġchicken", "Ġcross", "Ġthe", "Ġroad", "?", "<|im_end|>"]
     assert pieces[r.boundaries[1]] == "Ċ" and pieces[-1] == "Ċ" and r.loss_mask[-1] == 0

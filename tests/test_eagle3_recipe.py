@@ -1,6 +1,7 @@
 """scripts/eagle3.py (train/eagle3_recipe.py): the recipe from a ShareGPT file to the exported head on a
 tiny random Llama that stops its answers (test_chat_rows' target), resumed step by step; and every bad
 input in one line, exit 2, before any work and with nothing written."""
+# ruff: noqa: F811 (the fixture `hf`, imported from test_chat_rows, is the tests' argument)
 
 from __future__ import annotations
 
@@ -95,6 +96,8 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     ({"--tree": "6,x"}, "a tree is DEPTH,TOPK,WIDTH"),
     ({"--data": "text:MISSING.txt"}, "--data text:MISSING.txt: MISSING.txt does not exist"),
     ({"--seq-len": 500}, "--seq-len 500: a row of seq_len + 1 tokens exceeds the target's 128 positions"),
+    ({"--seq-len": 1}, "--seq-len must be at least 32 tokens"),
+    ({"--seq-len": 31}, "--seq-len must be at least 32 tokens"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, change, message,
                                                           benchmarks_installed):
@@ -110,6 +113,75 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def turns(*pairs):
+    return [{"from": role, "value": text} for role, text in pairs]
+
+
+@pytest.mark.parametrize("records, message", [
+    ([{"id": f"r{i}", "conversations": turns(("human", f"q {i}"), ("robot", "a"))} for i in range(30)],
+     "30 unknown role"),
+    ([{"id": f"r{i}", "conversations": turns(("system", f"be brief {i}"))} for i in range(30)],
+     "30 without an answer"),
+    # --seq-len 48: a message over 16 x 48 characters cannot fit in a row
+    ([{"id": f"r{i}", "conversations": turns(("human", f"q {i} " + "x" * 800), ("gpt", "a"))} for i in range(30)],
+     "30 out of the length bounds"),
+])
+def test_data_that_leaves_nothing_to_train_on_is_refused_before_out_is_created(hf, tmp_path, capsys, records,
+                                                                               message, benchmarks_installed):
+    data = tmp_path / "chats.json"
+    data.write_text(json.dumps(records))
+    out = tmp_path / "recipe"
+    assert main(*base(hf, data, out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "left no training conversation" in err[0] and message in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("chunk", [None, 16])    # the bad byte in the first read (the checks) or later (data step)
+def test_data_that_is_not_utf8_is_one_line_with_its_byte_offset_and_nothing_written(hf, tmp_path, capsys,
+                                                                                    monkeypatch, chunk,
+                                                                                    benchmarks_installed):
+    from train.data import conversations as cv
+
+    data = sharegpt_file(tmp_path / "chats.json", n=200)
+    raw = data.read_bytes()
+    at = raw.index(b'"s150"')
+    data.write_bytes(raw[:at] + b"caf\xe9" + raw[at:])
+    assert at > 8192                             # past what Python's text reader decodes at once
+    if chunk:
+        monkeypatch.setattr(cv, "CHUNK", chunk)
+        assert cv.check_data_file(data) == "sharegpt"
+    out = tmp_path / "recipe"
+    assert main(*base(hf, data, out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{data}: not UTF-8 text" in err[0] and f"at byte offset {at + 3})" in err[0], err
+    assert not out.exists()
+
+
+def test_a_10_mb_message_is_dropped_out_of_the_length_bounds_and_a_resumed_run_keeps_its_data(hf, tmp_path, capsys,
+                                                                                            monkeypatch,
+                                                                                            benchmarks_installed):
+    data = sharegpt_file(tmp_path / "chats.json")
+    records = json.loads(data.read_text())
+    records.insert(3, {"id": "huge", "conversations": turns(("human", "word " * 2_000_000), ("gpt", "ok"))})
+    data.write_text(json.dumps(records))
+    out = tmp_path / "recipe"
+    assert main(*base(hf, data, out), "--until", "data") == 0
+    info = json.loads((out / "data" / "data.json").read_text())
+    assert info["counts"]["out_of_length"] == 1 and "1 out of the length bounds" in info["line"]
+    chosen = (out / "data" / "train.jsonl").read_text() + (out / "data" / "held_out.jsonl").read_text()
+    assert '"huge"' not in chosen and info["train"] + info["held_out"] == 20
+
+    def no_second_choice(s):
+        raise AssertionError("the data step ran again on a resumed run")
+
+    monkeypatch.setattr(recipe, "choose_data", no_second_choice)
+    capsys.readouterr()
+    assert main(*base(hf, data, out), "--until", "data") == 0
+    assert "[data] done before" in capsys.readouterr().out
+    assert json.loads((out / "data" / "data.json").read_text()) == info
 
 
 def test_a_data_file_of_neither_format_and_a_tokenizer_without_a_chat_template(hf, tmp_path, capsys,

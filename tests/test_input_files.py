@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import load_script
+
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import check_source
 from train.data.regenerate import read_prompts
@@ -73,6 +73,17 @@ def test_a_malformed_prompts_line_is_reported_at_its_own_line(tmp_path):
     assert str(error.value) == f"prompts file {path}, line 4 is not valid JSON: Expecting value at column 12"
     path.write_text('{"prompt": "one"}\n\n{"prompt": "two"}\n')
     assert [len(p) for p in read_prompts(path, Tokenizer(), chat=False)] == [3, 3]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
+def test_a_prompts_file_that_is_not_utf8_is_one_line_with_the_byte_offset(tmp_path, suffix):
+    path = tmp_path / f"prompts{suffix}"
+    head = '{"prompt": "où"}\n{"prompt": "caf'.encode()            # 33 bytes, 32 characters
+    path.write_bytes(head + b"\xe9" + b'"}\n')
+    with pytest.raises(SpecdecError) as error:
+        read_prompts(path, Tokenizer(), chat=False)
+    assert str(error.value).startswith(f"{path}: not UTF-8 text (invalid continuation byte at byte offset 33)")
+    assert len(head) == 33 and "\n" not in str(error.value)
 
 
 def test_a_plain_file_as_a_model_source_says_what_it_is(tmp_path):

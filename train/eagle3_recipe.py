@@ -4,10 +4,11 @@ Steps, each resumed where a killed run stopped (a finished step is skipped; the 
 cache resume batch by batch inside their step):
 
 1. data: conversations from `--data` (sharegpt, a ShareGPT/messages JSON(L) file, a save_to_disk
-   folder, a dataset name), deduplicated, length-filtered, split by conversation id into training
-   and held-out (`train.data.conversations`); or with `--data text:FILE` single-turn prompts made
-   from a text file (`train.data.regenerate.text_conversations`), answered like any conversation;
-   a seeded sample of `--conversations` of them;
+   folder, a dataset name), deduplicated, length-filtered (no message longer than a row can hold,
+   counted in characters), split by conversation id into training and held-out
+   (`train.data.conversations`); or with `--data text:FILE` single-turn prompts made from a text
+   file (`train.data.regenerate.text_conversations`), answered like any conversation; a seeded
+   sample of `--conversations` of them, chosen before --out is created (`choose_data`);
 2. answers: the target answers every assistant turn, turn by turn, from its own earlier answers
    (`train.data.chat_answers`; `--keep-answers`: the data's own answers, no model run), within
    `--answer-minutes`;
@@ -31,7 +32,8 @@ steps.json); only two run as other processes: the answers and the cache with `--
 (`python -m train.eagle3_recipe STEP OUT`, as torchrun runs them on GPUs) and the peers (their own
 Python environment). Every input is checked before step 1 (`check_inputs`): the sizes, the target,
 the data, the training config composed with `--experiment` and every `--train-args` override, the
-export and the evaluation's settings. A bad one is one line, exit 2, nothing written.
+export and the evaluation's settings. A bad one is one line, exit 2, nothing written; so is data
+that leaves nothing to train on (the data step's choice comes before --out is created).
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = ("data", "answers", "cache", "draft_vocab", "train", "peers", "export", "evaluate", "report")
 RECIPE_KIND = "eagle3 recipe"     # the folder kind of --out (`specdec_models.files.mark_dir`)
 SETTINGS_FILE = "settings.json"   # the recipe's Settings, which `python -m train.eagle3_recipe STEP OUT` reads
+# The shortest --seq-len: a row holds at least one user turn under the chat template (ChatML's headers
+# and a short question: about 16 tokens) and the 16 positions an answer needs to be asked for at all
+# (`train.data.chat_answers.MIN_ROOM`); a shorter row could never hold an answer token.
+MIN_SEQ_LEN = 32
+# Characters per token that no tokenizer reaches on real text (BPE tokens average 3 to 5 characters):
+# a message of more than seq_len * this many characters cannot fit in a row, and the data step drops
+# its conversation by a character count, before anything tokenizes it.
+MAX_CHARS_PER_TOKEN = 16
 
 
 @dataclass
@@ -142,6 +152,8 @@ def check_sizes(s: Settings) -> None:
                         ("--answer-chunk", s.answer_chunk),
                         ("--cache-batch", s.cache_batch), ("--eval-max-new-tokens", s.eval_max_new_tokens)]:
         check(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
+    check(s.seq_len >= MIN_SEQ_LEN, f"--seq-len must be at least {MIN_SEQ_LEN} tokens (a user turn under the chat "
+                                    f"template and room for an answer), got {s.seq_len}")
     batches = -(-s.conversations // s.answer_batch)
     check(isinstance(s.processes, int) and 1 <= s.processes <= batches,
           f"--processes {s.processes} is more than the {batches} batch(es) of --answer-batch {s.answer_batch} that "
@@ -197,10 +209,22 @@ def check_later_steps(s: Settings, out: Path) -> None:
 
 # ---------------------------------------------------------------- the steps run in this process
 
-def step_data(s: Settings, out: Path) -> dict[str, Any]:
-    """Conversations chosen for the recipe (or made from a text: --data text:FILE): data/train.jsonl
-    and data/held_out.jsonl (messages JSONL), data/data.json the counts."""
-    from .data.chat_answers import record
+@dataclass(frozen=True)
+class DataChoice:
+    """The data step's choice, made before --out is written (`choose_data`): the training and
+    held-out conversations and data.json's record of them."""
+
+    train: list
+    held_out: list
+    info: dict[str, Any]
+
+
+def choose_data(s: Settings) -> DataChoice:
+    """Conversations chosen for the recipe (or made from a text: --data text:FILE), nothing written:
+    read, deduplicated, length-bounded (a message of more than seq_len * MAX_CHARS_PER_TOKEN
+    characters cannot fit in a row: its conversation is dropped and counted out of the length
+    bounds), held out by id and sampled. Data that leaves no training conversation (unknown roles,
+    only system turns, every conversation out of bounds) is one SpecdecError line."""
     from .data.conversations import prepare_conversations, split_held_out
     from .data.regenerate import TEXT_SOURCE, text_conversations
 
@@ -208,7 +232,8 @@ def step_data(s: Settings, out: Path) -> dict[str, Any]:
         convs, counts = text_conversations(s.data.removeprefix(TEXT_SOURCE), s.conversations + 4 * s.held_out,
                                            s.seed)
     else:
-        convs, _, counts = prepare_conversations(s.data, seed=str(s.seed), min_turns=2)
+        convs, _, counts = prepare_conversations(s.data, seed=str(s.seed), min_turns=2,
+                                                 max_message_chars=MAX_CHARS_PER_TOKEN * s.seq_len)
     # held out by id hash (a conversation wholly on one side), about three times --held-out of them to draw from
     train, held = split_held_out(convs, min(0.5, max(0.01, 3 * s.held_out / max(len(convs), 1))), str(s.seed))
     counts.held_out = len(held)
@@ -216,17 +241,25 @@ def step_data(s: Settings, out: Path) -> dict[str, Any]:
     rng = random.Random(s.seed)
     train = rng.sample(train, min(len(train), s.conversations - min(s.held_out, len(held))))
     held = rng.sample(held, min(len(held), s.held_out))
-    folder = out / "data"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, convs in (("train", train), ("held_out", held)):
-        lines = "".join(json.dumps(record(c), ensure_ascii=False) + "\n" for c in convs)
-        write_file(folder / f"{name}.jsonl", lambda f, lines=lines: f.write(lines.encode("utf-8")))
     info = {"source": s.data, "counts": vars(counts), "line": counts.line(), "train": len(train),
             "held_out": len(held)}
-    write_file(folder / "data.json", lambda f: f.write(json.dumps(info, indent=1).encode()))
-    print(f"[data] {counts.line()}; the recipe takes {len(train)} training and {len(held)} held-out conversations",
-          flush=True)
-    return info
+    return DataChoice(train, held, info)
+
+
+def step_data(out: Path, choice: DataChoice) -> dict[str, Any]:
+    """Step 1: the chosen conversations written as data/train.jsonl and data/held_out.jsonl
+    (messages JSONL), data/data.json the counts."""
+    from .data.chat_answers import record
+
+    folder = out / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, convs in (("train", choice.train), ("held_out", choice.held_out)):
+        lines = "".join(json.dumps(record(c), ensure_ascii=False) + "\n" for c in convs)
+        write_file(folder / f"{name}.jsonl", lambda f, lines=lines: f.write(lines.encode("utf-8")))
+    write_file(folder / "data.json", lambda f: f.write(json.dumps(choice.info, indent=1).encode()))
+    print(f"[data] {choice.info['line']}; the recipe takes {len(choice.train)} training and "
+          f"{len(choice.held_out)} held-out conversations", flush=True)
+    return choice.info
 
 
 def _read(path: Path):
@@ -533,15 +566,21 @@ class _Steps:
     def wanted(self, name: str) -> bool:
         return STEPS.index(name) <= STEPS.index(self.s.until)
 
-    def step(self, name: str, work) -> None:
+    def finished(self, name: str) -> bool:
+        """Whether a run before this one finished step `name` (recorded, and its marker there)."""
+        return name in self.done and self.marks[name].exists()
+
+    def step(self, name: str, work, seconds_before: float = 0.0) -> None:
+        """Run `work` for step `name` unless skipped; its time recorded, plus `seconds_before` (what
+        the step did before --out existed: the data step's choice)."""
         if not self.wanted(name):
             return
-        if name in self.done and self.marks[name].exists():
+        if self.finished(name):
             print(f"[{name}] done before ({self.done[name] / 60:.1f} min)", flush=True)
             return
         t0 = time.perf_counter()
         result = work()
-        self.done[name] = time.perf_counter() - t0
+        self.done[name] = time.perf_counter() - t0 + seconds_before
         if result is not None:
             self.facts[name] = asdict(result) if is_dataclass(result) else result
         blob = json.dumps({"done": self.done, "facts": self.facts}, indent=1, default=str)
@@ -551,13 +590,19 @@ class _Steps:
 
 def run_recipe(s: Settings, force: bool = False) -> int:
     """Run (or resume) the recipe into s.out. Every input is checked first (`check_inputs`, a
-    one-line SpecdecError, nothing written)."""
+    one-line SpecdecError, nothing written), and so is the data: the data step chooses its
+    conversations (`choose_data`) before --out is created, so data that leaves nothing to train on
+    is refused with nothing written either."""
     from specdec_models.cpu import resolve_dtype
     from specdec_models.files import check_output, mark_dir
 
     out = s.out.expanduser().resolve()
     target = check_inputs(s, out)
     check_output(out, "--out", kind=RECIPE_KIND, force=force, inputs=[s.target, s.data.removeprefix("text:")])
+    steps = _Steps(s, out)
+    t0 = time.perf_counter()
+    data = choose_data(s) if steps.wanted("data") and not steps.finished("data") else None
+    chose = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     mark_dir(out, RECIPE_KIND)
     model_dtype = resolve_dtype("auto", s.device)
@@ -565,8 +610,7 @@ def run_recipe(s: Settings, force: bool = False) -> int:
     write_file(out / SETTINGS_FILE, lambda f: f.write(blob.encode()))
     print(f"[recipe] {out}: target {target.path} ({target.depth} layers; cached hidden states "
           f"{target.layers}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
-    steps = _Steps(s, out)
-    steps.step("data", lambda: step_data(s, out))
+    steps.step("data", lambda: step_data(out, data), seconds_before=chose)
     steps.step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
                else step_answers(s, out, model_dtype))
     steps.step("cache", lambda: in_processes("cache", s, out) if s.processes > 1

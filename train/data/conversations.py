@@ -11,10 +11,11 @@ call:
   JSONL file (`conversations: [{from, value}]`), OpenAI-style `messages` JSONL (UltraChat's), a
   `datasets` `save_to_disk` folder of either shape, and `load_dataset(name)` where a hub is
   reachable. All become `Conversation(id, turns, source)` with roles system/user/assistant; empty
-  conversations and those without an assistant turn are skipped and counted (`Counts`).
+  conversations and those without an assistant turn are skipped and counted (`Counts`). Files are
+  read as UTF-8: a byte that is not is one SpecdecError line naming the file and its byte offset.
 - Filters: `deduplicate` (sha256 of the whitespace- and case-normalised turns), `filter_length`
-  (characters or turns) and `split_held_out` (a deterministic hash of the id, so a conversation is
-  wholly in train or in held-out).
+  (characters in all, characters of each message, turns) and `split_held_out` (a deterministic hash
+  of the id, so a conversation is wholly in train or in held-out).
 - `render(tokenizer, conversation)`: input ids through the tokenizer's own chat template and a
   loss mask that is 1 exactly on each assistant turn's tokens, its end-of-turn token included.
   The peers find the answers by string search for per-model header/footer strings (SpecForge's
@@ -30,10 +31,12 @@ call:
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import warnings
 from collections.abc import Generator, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +111,7 @@ def iter_json_array(path: Path, counts: Counts, chunk: int | None = None) -> Ite
     SpecdecError line as soon as it is met (not after reading the rest of the file into the buffer)."""
     decoder = json.JSONDecoder()
     chunk = chunk or CHUNK
-    with open(path, encoding="utf-8") as f:
+    with utf8_text(path), open(path, encoding="utf-8") as f:
         buf = f.read(chunk).lstrip()
         check(buf.startswith("["), f"{path}: not a JSON array")
         pos, eof = 1, False
@@ -144,18 +147,62 @@ def _runs_off_the_end(buf: str, error: json.JSONDecodeError) -> bool:
     return error.msg.startswith("Unterminated string") or error.pos >= len(buf) - 6 or not buf[error.pos:].strip()
 
 
-def _first_record(path: Path) -> tuple[str, Any]:
-    """('json' | 'jsonl', the first record) of a data file, or SpecdecError."""
-    with open(path, encoding="utf-8") as f:
-        head = f.read(CHUNK)
-    text = head.lstrip()
+def first_bad_byte(path: str | Path) -> int | None:
+    """The byte offset in `path` of the first byte that does not decode as UTF-8 (a byte sequence
+    that is invalid, or cut off by the end of the file), None when the whole file decodes. Reads
+    the file in CHUNK blocks through an incremental decoder, which keeps a multi-byte character cut
+    by a block boundary pending (its bytes count from where they start)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(CHUNK)
+            pending = len(decoder.getstate()[0])
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as error:      # error.start counts in the pending bytes + block
+                return offset - pending + error.start
+            if not block:
+                return None
+            offset += len(block)
+
+
+class NotUtf8Error(SpecdecError):
+    """A data file with a byte that is not UTF-8 (`utf8_text`)."""
+
+
+@contextmanager
+def utf8_text(path: str | Path) -> Iterator[None]:
+    """A UnicodeDecodeError met while reading `path` as UTF-8 text, as one SpecdecError line naming
+    the file and the byte offset of the first byte that is not UTF-8 (`first_bad_byte`, found by
+    reading the file once more, on this error only)."""
     try:
-        if text.startswith("["):  # records larger than a chunk are fine: the streaming reader reads on
+        yield
+    except UnicodeDecodeError as error:
+        where = first_bad_byte(path)
+        raise NotUtf8Error(f"{path}: not UTF-8 text ({error.reason} at byte offset "
+                           f"{error.start if where is None else where}); re-encode it as UTF-8 "
+                           "(iconv -f ITS_ENCODING -t UTF-8)") from None
+
+
+def _first_record(path: Path) -> tuple[str, Any]:
+    """('json' | 'jsonl', the first record) of a data file, or SpecdecError. A record larger than
+    CHUNK is read whole either way: a JSON array through the streaming reader, a JSONL file's first
+    non-blank line as one line."""
+    with utf8_text(path), open(path, encoding="utf-8") as f:
+        text = f.read(CHUNK).lstrip()
+        if text and not text.startswith("["):
+            f.seek(0)
+            text = next((line for line in f if line.strip()), "").strip()
+    try:
+        if text.startswith("["):
             records = iter_json_array(path, Counts())
             record = next(records, None)
             records.close()
             return "json", record
-        return "jsonl", json.loads(text.split("\n", 1)[0]) if text else None
+        return "jsonl", json.loads(text) if text else None
+    except NotUtf8Error:      # a bad byte after the first chunk, inside the first record
+        raise
     except (ValueError, IndexError):
         return "", None
 
@@ -217,7 +264,7 @@ def _iter_file(path: Path, counts: Counts) -> Iterator[dict]:
         yield from iter_json_array(path, counts)
         return
     bad = None  # (line number) of an undecodable line: fatal unless it is the last one (a cut-off file)
-    with open(path, encoding="utf-8") as f:
+    with utf8_text(path), open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -278,14 +325,17 @@ def read_conversations(source: str | Path, limit: int | None = None) -> tuple[li
 
 
 def prepare_conversations(source: str | Path, *, held_out: float = 0.0, seed: str = "", max_chars: int | None = None,
-                          max_turns: int | None = None, min_turns: int = 2, limit: int | None = None
+                          max_turns: int | None = None, min_turns: int = 2, limit: int | None = None,
+                          max_message_chars: int | None = None
                           ) -> tuple[list[Conversation], list[Conversation], Counts]:
-    """(train, held_out, counts): `read_conversations`, then `deduplicate`, `filter_length` and
-    `split_held_out`, each step's drops counted (`counts.kept` is what is left after all)."""
+    """(train, held_out, counts): `read_conversations`, then `deduplicate`, `filter_length` (the
+    bounds: see there; `max_message_chars` bounds every message) and `split_held_out`, each step's
+    drops counted (`counts.kept` is what is left after all)."""
     check(0.0 <= held_out < 1.0, f"the held-out fraction must be in [0, 1), got {held_out}")
     convs, counts = read_conversations(source, limit=limit)
     convs, counts.duplicates = deduplicate(convs)
-    convs, counts.out_of_length = filter_length(convs, max_chars=max_chars, max_turns=max_turns, min_turns=min_turns)
+    convs, counts.out_of_length = filter_length(convs, max_chars=max_chars, max_turns=max_turns, min_turns=min_turns,
+                                                max_message_chars=max_message_chars)
     train, held = split_held_out(convs, held_out, seed)
     counts.kept, counts.held_out = len(convs), len(held)
     return train, held, counts
@@ -315,14 +365,18 @@ def deduplicate(conversations: Iterable[Conversation]) -> tuple[list[Conversatio
 
 
 def filter_length(conversations: Iterable[Conversation], max_chars: int | None = None, max_turns: int | None = None,
-                  min_turns: int = 2) -> tuple[list[Conversation], int]:
-    """The conversations with min_turns <= turns <= max_turns and at most max_chars characters of
-    content (None: no bound), and how many were dropped."""
+                  min_turns: int = 2, max_message_chars: int | None = None) -> tuple[list[Conversation], int]:
+    """The conversations with min_turns <= turns <= max_turns, at most max_chars characters of
+    content in all and at most max_message_chars characters in every message, whatever its role
+    (None: no bound), and how many were dropped. Characters, not tokens: the bound is checked
+    before anything tokenizes, so a 10 MB message costs a `len`, never a tokenizer pass."""
     kept, dropped = [], 0
     for c in conversations:
         n = len(c.turns)
-        chars = sum(len(t.content) for t in c.turns)
-        ok = n >= min_turns and (max_turns is None or n <= max_turns) and (max_chars is None or chars <= max_chars)
+        sizes = [len(t.content) for t in c.turns]
+        ok = (n >= min_turns and (max_turns is None or n <= max_turns)
+              and (max_chars is None or sum(sizes) <= max_chars)
+              and (max_message_chars is None or max(sizes, default=0) <= max_message_chars))
         if ok:
             kept.append(c)
         else:

@@ -71,14 +71,18 @@ def read_prompts(path: str | os.PathLike, tokenizer: Any, chat: bool) -> list[Te
     """Token ids (n,) of each prompt in a file: `.txt` (one prompt per non-empty line) or `.jsonl` /
     `.json` (records with "messages" (a list of {"role", "content"}), or "prompt" or "text").
     With `chat`, each prompt is the tokenizer's chat template with the assistant's turn opened;
-    without, its plain tokens."""
+    without, its plain tokens. A file that is not UTF-8 is one line with the offset of its first bad
+    byte (`conversations.utf8_text`)."""
+    from .conversations import utf8_text
+
     path = Path(path).expanduser()
     check(path.is_file(), f"prompts file {path} does not exist")
     check(path.suffix in PROMPT_SUFFIXES, f"prompts file {path}: use .txt, .jsonl or .json, got {path.suffix!r}")
-    if path.suffix == ".txt":
-        records: list[Any] = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    else:
+    with utf8_text(path):
         text = path.read_text(encoding="utf-8")
+    if path.suffix == ".txt":
+        records: list[Any] = [line for line in text.splitlines() if line.strip()]
+    else:
         if path.suffix == ".json":
             try:
                 records = json.loads(text)
