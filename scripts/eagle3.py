@@ -52,6 +52,12 @@ def parser() -> argparse.ArgumentParser:
                         "experiment's)")
     p.add_argument("--answer-minutes", type=float, default=d.answer_minutes,
                    help="time budget of the answers step: a slower machine answers fewer conversations (0: none)")
+    p.add_argument("--answers-server", default=None, metavar="URL[,URL...]",
+                   help="take the target's answers from these OpenAI-compatible servers of the same target (vLLM, "
+                        "SGLang, llama.cpp's llama-server), each checked first against the target loaded here "
+                        "(docs/scale.md)")
+    p.add_argument("--answers-in-flight", type=int, default=d.answers_in_flight,
+                   help=f"requests in flight per server with --answers-server (default {d.answers_in_flight})")
     p.add_argument("--keep-answers", action="store_true",
                    help="train on the data's own answers (EAGLE-1's way) instead of the target's")
     p.add_argument("--chat-template-kwargs", default="{}",
@@ -119,7 +125,9 @@ def settings(a: argparse.Namespace):
     return Settings(target=a.target, data=a.data, out=Path(a.out), device=a.device, conversations=a.conversations,
                     held_out=a.held_out, seq_len=a.seq_len, max_new_tokens=a.max_new_tokens,
                     temperatures=tuple(a.temperatures), answer_batch=a.answer_batch, answer_chunk=a.answer_chunk,
-                    answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers, chat_template_kwargs=kwargs,
+                    answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers,
+                    answers_server=tuple(u for u in (a.answers_server or "").split(",") if u),
+                    answers_in_flight=a.answers_in_flight, chat_template_kwargs=kwargs,
                     cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
                     benchmarks=tuple(b for b in a.benchmarks.split(",") if b),

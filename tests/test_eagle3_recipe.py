@@ -279,3 +279,44 @@ def test_text_prompts_are_answered_and_cached_like_conversations(hf, tmp_path, c
     assert answers["written"] + answers["too_long"] == 20 and answers["answers"] > 0 and answers["tokens"] > 0
     cache = json.loads((out / "cache" / "cache.json").read_text())
     assert cache["source"]["kind"] == "conversations" and cache["windows"] > 0
+
+
+def test_answers_from_a_server_of_the_target_feed_the_cache_like_answers_made_here(hf, tmp_path, capsys,
+                                                                                    benchmarks_installed):
+    from test_answers_server import FakeEngine
+
+    from specdec_models.hf.weights import load_causal_lm, load_tokenizer
+    from train.data.regenerate import stop_token
+
+    tok = load_tokenizer(hf["stop"], "target")
+    engine = FakeEngine(load_causal_lm(hf["stop"]), tok, stop_token(tok, chat=True))
+    try:
+        data, out = sharegpt_file(tmp_path / "chats.json"), tmp_path / "recipe"
+        assert main(*base(hf, data, out), "--answers-server", engine.url, "--answers-in-flight", 2,
+                    "--until", "cache") == 0
+    finally:
+        engine.close()
+    log = capsys.readouterr().out
+    assert "from 1 server(s)" in log
+    answers = json.loads((out / "answers" / "answers.json").read_text())
+    assert answers["engine"] == "server" and answers["servers"][0]["weights"] == "same"
+    assert answers["written"] + answers["too_long"] == 20 and answers["tokens"] > 0
+    cache = json.loads((out / "cache" / "cache.json").read_text())
+    assert cache["source"]["kind"] == "conversations" and cache["windows"] > 0
+
+
+def test_a_bad_answers_server_is_one_line_and_exit_2_with_nothing_written(hf, tmp_path, capsys, benchmarks_installed):
+    import socket
+
+    with socket.socket() as s:                     # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data, out = sharegpt_file(tmp_path / "chats.json"), tmp_path / "recipe"
+    for extra, message in ((["--answers-server", f"http://127.0.0.1:{port}"], "does not answer"),
+                           (["--answers-server", "ftp://127.0.0.1:1"], "is not an http(s) URL"),
+                           (["--answers-server", f"http://127.0.0.1:{port}", "--keep-answers"],
+                            "give one of them")):
+        assert main(*base(hf, data, out), *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert not out.exists()

@@ -81,6 +81,8 @@ class Settings:
     answer_chunk: int = 64
     answer_minutes: float | None = 30.0
     keep_answers: bool = False
+    answers_server: tuple[str, ...] = ()    # OpenAI-compatible servers of the target: the answers come from them
+    answers_in_flight: int = 32              # requests in flight per server
     chat_template_kwargs: dict = field(default_factory=dict)
     cache_batch: int = 16
     train_minutes: float = 30.0
@@ -164,6 +166,15 @@ def check_sizes(s: Settings) -> None:
                                              f"conversations are the validation rows, got {s.held_out}")
     check(s.train_minutes > 0, f"--train-minutes must be > 0, got {s.train_minutes}")
     check(s.answer_minutes is None or s.answer_minutes > 0, f"--answer-minutes must be > 0, got {s.answer_minutes}")
+    if s.answers_server:
+        from .data.answer_server import normalize_url
+
+        check(not s.keep_answers, "--answers-server asks servers for the target's answers; --keep-answers keeps the "
+                                  "data's own: give one of them")
+        check(s.processes == 1, "--answers-server fans the answers out over the servers; leave out --processes")
+        check(isinstance(s.answers_in_flight, int) and s.answers_in_flight >= 1,
+              f"--answers-in-flight must be a positive integer, got {s.answers_in_flight!r}")
+        s.answers_server = tuple(normalize_url(u) for u in s.answers_server)
     check(all(0 <= t < float("inf") for t in s.temperatures) and s.temperatures,
           f"--temperatures must be finite numbers >= 0, got {list(s.temperatures)}")
 
@@ -272,13 +283,17 @@ def _eta(done: int, total: int, seconds: float) -> str:
     return f"{seconds / 60:.1f} min, about {left / 60:.1f} min left"
 
 
-def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int = 1) -> dict[str, Any]:
+def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int = 1, reference=None
+                 ) -> dict[str, Any]:
     """The target answers the held-out then the training conversations (answers/); as process
-    `rank` of `world`, its batches of them (`chat_answers.answer_conversations`)."""
+    `rank` of `world`, its batches of them (`chat_answers.answer_conversations`); with
+    --answers-server, the servers answer (`reference`: the target loaded to check them, if loaded)."""
     from .data.chat_answers import AnswerOptions, answer_conversations, budget_text, load_answerer
 
     # the held-out conversations first: a time budget that runs out leaves fewer training rows, never no validation
     convs = _read(out / "data" / "held_out.jsonl") + _read(out / "data" / "train.jsonl")
+    if s.answers_server:
+        return _answers_from_servers(s, out, convs, model_dtype, reference)
     answerer = identity = None
     if not s.keep_answers:
         answerer, identity = load_answerer(s.target, seq_len=s.seq_len, max_new_tokens=s.max_new_tokens,
@@ -303,6 +318,52 @@ def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int 
         return meta
     print(f"[answers] {meta['written']:,} conversations, {meta['answers']:,} answers, {meta['tokens']:,} tokens at "
           f"{meta['tokens_per_second']:,.0f} tokens/s ({meta['too_long']} too long to answer)", flush=True)
+    return meta
+
+
+def server_reference(s: Settings, model_dtype):
+    """The target loaded here as the reference the --answers-server servers are checked against,
+    and every server checked with it (reachable, OpenAI-compatible, a long enough context, the same
+    tokenizer, the same weights or a quantized copy: `data.answer_server.connect`), one line on the
+    first that fails. The recipe calls it before its first step, so a bad server writes nothing."""
+    from .data.answer_server import check_reachable, connect, load_reference
+
+    check_reachable(s.answers_server)
+    reference = load_reference(s.target, device=s.device, dtype=model_dtype,
+                               chat_template_kwargs=s.chat_template_kwargs)
+    connect(list(s.answers_server), reference, s.seq_len, s.answers_in_flight)
+    return reference
+
+
+def _answers_from_servers(s: Settings, out: Path, convs: list, model_dtype, reference=None) -> dict[str, Any]:
+    """The answers step on --answers-server: every turn answered by the servers
+    (`data.served_answers.answer_from_servers`, which checks them again against `reference`, the
+    target loaded here), in the same answers folder format."""
+    from .data.chat_answers import budget_text
+    from .data.served_answers import ServedSettings, answer_from_servers
+
+    if reference is None:
+        from .data.answer_server import load_reference
+
+        reference = load_reference(s.target, device=s.device, dtype=model_dtype,
+                                   chat_template_kwargs=s.chat_template_kwargs)
+    t0 = time.perf_counter()
+    budget = f", budget {budget_text(s.answer_minutes)} min" if s.answer_minutes else ""
+
+    def progress(done: int, total: int, tokens: int, where: str) -> None:
+        seconds = time.perf_counter() - t0
+        print(f"[answers] {done:,}/{total:,} conversations from {len(s.answers_server)} server(s), {tokens:,} tokens, "
+              f"{tokens / max(seconds, 1e-9):,.0f} tokens/s, {seconds / 60:.1f} min{budget}", flush=True)
+
+    settings = ServedSettings(seq_len=s.seq_len, max_new_tokens=s.max_new_tokens, temperatures=tuple(s.temperatures),
+                              batch_size=s.answer_batch, seed=s.seed, chat_template_kwargs=s.chat_template_kwargs,
+                              in_flight=s.answers_in_flight)
+    meta = answer_from_servers(convs, out / "answers", s.answers_server, reference, settings,
+                               data={"source": s.data, "seed": s.seed}, progress=progress,
+                               report=lambda line: print(f"[answers] {line}", flush=True),
+                               max_seconds=None if s.answer_minutes is None else 60 * s.answer_minutes)
+    print(f"[answers] {meta['written']:,} conversations, {meta['answers']:,} answers, {meta['tokens']:,} tokens at "
+          f"{meta['tokens_per_second']:,.0f} tokens/s from {len(s.answers_server)} server(s)", flush=True)
     return meta
 
 
@@ -600,19 +661,22 @@ def run_recipe(s: Settings, force: bool = False) -> int:
     target = check_inputs(s, out)
     check_output(out, "--out", kind=RECIPE_KIND, force=force, inputs=[s.target, s.data.removeprefix("text:")])
     steps = _Steps(s, out)
+    model_dtype = resolve_dtype("auto", s.device)
+    reference = None
+    if s.answers_server and steps.wanted("answers") and not steps.finished("answers"):
+        reference = server_reference(s, model_dtype)
     t0 = time.perf_counter()
     data = choose_data(s) if steps.wanted("data") and not steps.finished("data") else None
     chose = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     mark_dir(out, RECIPE_KIND)
-    model_dtype = resolve_dtype("auto", s.device)
     blob = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(s).items()}, indent=1)
     write_file(out / SETTINGS_FILE, lambda f: f.write(blob.encode()))
     print(f"[recipe] {out}: target {target.path} ({target.depth} layers; cached hidden states "
           f"{target.layers}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
     steps.step("data", lambda: step_data(out, data), seconds_before=chose)
     steps.step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
-               else step_answers(s, out, model_dtype))
+               else step_answers(s, out, model_dtype, reference=reference))
     steps.step("cache", lambda: in_processes("cache", s, out) if s.processes > 1
                else step_cache(s, out, target.layers, model_dtype))
     cache = steps.facts.get("cache", {})
@@ -638,8 +702,9 @@ def read_settings(out: Path) -> Settings:
     check(path.is_file(), f"{out} holds no recipe settings ({SETTINGS_FILE}): start the recipe with scripts/eagle3.py")
     raw = json.loads(path.read_text())
     raw["out"] = Path(raw["out"])
-    for name in ("temperatures", "train_args", "benchmarks"):
-        raw[name] = tuple(raw[name])
+    for name in ("temperatures", "train_args", "benchmarks", "answers_server"):
+        if name in raw:
+            raw[name] = tuple(raw[name])
     return Settings(**raw)
 
 

@@ -311,6 +311,13 @@ def _agreed(reference: Reference, mine: list[int], theirs: str) -> int:
     return n
 
 
+def check_reachable(urls: Sequence[str]) -> None:
+    """Each URL answers GET /v1/models with one model (`_identity`); one line on the first that
+    does not. Cheap, and needs no target: callers run it before loading one."""
+    for url in urls:
+        _identity(Server(url, timeout=30))
+
+
 def check_server(url: str, reference: Reference, seq_len: int, retry: Retry = Retry()) -> ServerInfo:
     """The server at `url`, checked (module docstring) and ready to answer; SpecdecError, one line,
     for a URL that does not answer, is not OpenAI-compatible, holds fewer than seq_len + 1 tokens
