@@ -63,18 +63,19 @@ class Lookup(Drafter):
 
     def start(self, run) -> None:
         self.lookup = self.tree.lookup
+        self.context = run.rows.seq[0, : int(run.rows.seq_len[0])].tolist()     # the prompt and the tokens emitted
+        self.prompt_length = int(run.rows.lens[0])
 
     def propose(self, run, gamma: int) -> Draft:
         """The looked-up path as a chain (a causal verify call), walked as a tree of point masses."""
-        rows = run.rows
-        context = rows.seq[0, : int(rows.seq_len[0])].tolist()
-        left = run.max_new - int(rows.produced[0])
-        path = looked_up_path(context, min(self.lookup, left), self.datastore)
+        left = run.max_new - (len(self.context) - self.prompt_length)
+        path = looked_up_path(self.context, min(self.lookup, left), self.datastore)
         tree = _Tree()
         tree.add_path(path)
         self.path = path
-        return Draft(torch.tensor([path], dtype=torch.long, device=rows.seq.device), len(path), tree=tree)
+        return Draft(torch.tensor([path], dtype=torch.long, device=run.rows.seq.device), len(path), tree=tree)
 
     def accept(self, run, verdict: Verdict) -> None:
         path = self.path
+        self.context += verdict.tokens
         self.lookup = self.tree.next_lookup(self.lookup, len(verdict.path) == len(path) if path else None)

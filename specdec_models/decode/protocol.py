@@ -40,9 +40,10 @@ A round's proposal, `Draft`, for the b rows still in the batch:
 
 What `accept` receives, `Verdict`: `before` (b,) each row's cache length before the verify call
 (the pending token's position), `kept` (b,) the drafts accepted per row (the row emitted kept + 1
-tokens, fewer where EOS or max_new_tokens cut it), `order` (b, 1 + n) the verify call's slots with
-the kept path's first (None for a chain: slots 0..kept), `span` the most slots any row kept when
-known on the host (a tree's 1 + len(path)), `path` a tree's accepted node ids. After `verify` the
+tokens, fewer where EOS or max_new_tokens cut it), `order` (b, span) the verify call's slots each
+row kept, in order (the pending token's slot 0 first; None for a chain: slots 0..kept), `span` the
+most slots any row kept (a tree's 1 + len(path)), `path` a tree's accepted node ids and `tokens`
+the tokens it emitted (the path's and the one after, before any cut; host ints). After `verify` the
 target's cache holds each row's committed tokens but the new pending one, and `rows` holds them all.
 
 A block-drafting head (one pass proposes k tokens) proposes a chain of k (`q` the per-position
@@ -91,9 +92,10 @@ class Verdict:
 
     before: Tensor                              # (b,)
     kept: Tensor                                # (b,)
-    order: Tensor | None = None                 # (b, 1 + n)
+    order: Tensor | None = None                 # (b, span)
     span: int | None = None
     path: list[int] | None = None
+    tokens: list[int] | None = None
 
 
 class Drafter:

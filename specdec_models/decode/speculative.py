@@ -107,7 +107,6 @@ class _Settings:
     max_new: int
     plan: Plan
     block: bool                 # sampled chains verified by block
-    timing: bool
 
 
 @torch.inference_mode()
@@ -159,7 +158,7 @@ def generate(
     check_context(rows_in, max_new_tokens, {"target": target, "draft": draft})
     drafter.check(gamma, sampling, opts.timing, opts.speed_profile)
     plan = drafter.plan(min(AUTO_GAMMA_MAX, drafter.max_gamma) if gamma == AUTO else gamma)
-    settings = _Settings(sampling, eos_id, generator, max_new_tokens, plan, opts.verify == "block", opts.timing)
+    settings = _Settings(sampling, eos_id, generator, max_new_tokens, plan, opts.verify == "block")
     stats = DecodeStats(method=drafter.method, batch=len(rows_in), gamma=plan.gamma,
                         step_times=StepTimes() if opts.timing else None)
     counters = _Counters(plan.positions, target.device)
@@ -382,10 +381,10 @@ class _Decoding:
             path, last = walk_greedy(tree, greedy_tokens(logits[0], sampling).tolist())
         else:
             path, last = walk(tree, to_probs(logits[0].float(), sampling), self.draws)
-        slots = [0] + [i + 1 for i in path]
-        block = torch.tensor([[tree.tokens[i] for i in path] + [last]], dtype=torch.long, device=device)
-        kept = torch.tensor([len(path)], device=device)
-        return Verdict(before, kept, torch.tensor([slots], device=device), len(slots), path), block
+        slots, tokens = [0] + [i + 1 for i in path], [tree.tokens[i] for i in path] + [last]
+        host = torch.tensor([len(path)] + slots + tokens, dtype=torch.long, device=device)   # one copy to the device
+        kept, order, block = host[:1], host[1:len(slots) + 1][None], host[len(slots) + 1:][None]
+        return Verdict(before, kept, order, len(slots), path, tokens), block
 
     def _count(self, draft: Draft, kept: Tensor, active: Tensor) -> None:
         """Per-position counts of the round (positions 1..draft.depth) and the drafts verified."""

@@ -535,15 +535,15 @@ class TreeDrafter(Eagle3Drafter):
         # sampled chains (topk 1) in rounds without a looked-up path are verified by block
         self.block = run.block and spec.topk == 1 and not sampling.greedy
         self.lookup = spec.lookup
+        self.context = run.rows.seq[0, : int(run.rows.seq_len[0])].tolist()     # the prompt and the tokens emitted
         if not run.stats.nodes_by_q:
             run.stats.nodes_by_q = [0] * (len(NODE_Q_EDGES) + 1)
             run.stats.accepted_by_q = [0] * (len(NODE_Q_EDGES) + 1)
 
     def propose(self, run, gamma: int) -> Draft:
-        rows, device = run.rows, run.target.device
+        device = run.target.device
         logits, feature = self.head_next                      # (1, draft), (1, 1, H)
-        context = rows.seq[0, : int(rows.seq_len[0])].tolist()        # the prompt and the tokens emitted
-        tree = self.grower.draft(self.cache, logits[0], feature[0, 0], context, self.lookup)
+        tree = self.grower.draft(self.cache, logits[0], feature[0, 0], self.context, self.lookup)
         tree.block = self.block
         self.last_tree = tree
         n = len(tree.tokens)
@@ -556,6 +556,7 @@ class TreeDrafter(Eagle3Drafter):
 
     def accept(self, run, verdict: Verdict) -> None:
         super().accept(run, verdict)
+        self.context += verdict.tokens
         tree, path, stats = self.last_tree, verdict.path, run.stats
         looked = tree.lookup_path
         self.lookup = self.tree.next_lookup(self.lookup, path[: len(looked)] == looked if looked else None)
