@@ -181,7 +181,8 @@ def generate(
 class _Counters:
     """The counts of one generate call, kept as tensors on the device (read once at the end: no
     host sync per round): row-calls, alpha's sum and count, and per position the rounds that
-    drafted it and those that accepted it (and every position before it)."""
+    drafted it and those that accepted it (and every position before it); a tree's rounds, whose
+    verdicts are on the host, count on the host (`host`: drafted_at, accepted_at, drafted)."""
 
     def __init__(self, positions: int, device: torch.device) -> None:
         self.row_calls = torch.zeros((), dtype=torch.long, device=device)
@@ -190,6 +191,15 @@ class _Counters:
         self.alpha_count = torch.zeros((), dtype=torch.long, device=device)
         self.accepted_at = torch.zeros(positions, dtype=torch.long, device=device)
         self.drafted_at = torch.zeros(positions, dtype=torch.long, device=device)
+        self.host = ([0] * positions, [0] * positions, [0])
+
+    def count_host(self, depth: int, kept: int, nodes: int) -> None:
+        """Count a round of one (active) row whose verdict is on the host."""
+        drafted_at, accepted_at, drafted = self.host
+        for k in range(depth):
+            drafted_at[k] += 1
+            accepted_at[k] += k < kept
+        drafted[0] += nodes
 
     def count_into(self, stats: DecodeStats, tokens: list[Tensor], samples: dict[str, list[float]]) -> None:
         stats.new_tokens = sum(t.numel() for t in tokens)
@@ -201,8 +211,10 @@ class _Counters:
         stats.row_calls = int(self.row_calls)
         if stats.method != "base":
             stats.alpha_sum, stats.alpha_count = float(self.alpha_sum), int(self.alpha_count)
-            stats.accepted_at, stats.drafted_at = self.accepted_at.tolist(), self.drafted_at.tolist()
-            stats.drafted, stats.accepted = int(self.drafted), sum(stats.accepted_at)
+            drafted_at, accepted_at, drafted = self.host
+            stats.accepted_at = [a + b for a, b in zip(self.accepted_at.tolist(), accepted_at, strict=True)]
+            stats.drafted_at = [a + b for a, b in zip(self.drafted_at.tolist(), drafted_at, strict=True)]
+            stats.drafted, stats.accepted = int(self.drafted) + drafted[0], sum(stats.accepted_at)
 
 
 class _Decoding:
@@ -325,7 +337,9 @@ class _Decoding:
             block[rows.arange_b, kept] = after
         else:
             verdict, block = self._accept_tree(logits, draft, before)
-        if draft.depth:
+        if draft.tree is not None:              # one row, active (finished() ends a batch of one)
+            self.counters.count_host(draft.depth, len(verdict.path), n)
+        elif draft.depth:
             self._count(draft, verdict.kept, active)
         rows.emit(block, verdict.kept + 1, self.eos_id)
         if draft.mask is None:
