@@ -8,15 +8,27 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from test_decode import chi_square_p_value, correction_from_p
-from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
-from test_hf_decode import V, build, hf_greedy, ragged_prompts
+# after the importorskip above: these modules need transformers
+from test_decode import chi_square_p_value, correction_from_p  # noqa: E402
+from test_hf_decode import (  # noqa: E402
+    V,
+    _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
+    build,
+    hf_greedy,
+    ragged_prompts,
+)
 
-from specdec_models import SpecdecError
-from specdec_models.decode import GREEDY, HeadDrafter, TreeDrafter, generate
-from specdec_models.heads.eagle3 import (Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, needed_chains,
-                                      vocab_maps)
-from specdec_models.sampling import SamplingConfig, to_probs
+from specdec_models import SpecdecError  # noqa: E402
+from specdec_models.decode import GREEDY, HeadDrafter, TreeDrafter, generate  # noqa: E402
+from specdec_models.heads.eagle3 import (  # noqa: E402
+    Eagle3Config,
+    Eagle3Head,
+    choose_draft_vocab,
+    coverage,
+    needed_chains,
+    vocab_maps,
+)
+from specdec_models.sampling import SamplingConfig, to_probs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +187,9 @@ def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama
     params = [p for name, p in head.named_parameters() if name.startswith(("fc.", "layers."))]
     gathered = [full[0]] + [f.gather(1, chains[..., None].expand(-1, -1, f.shape[-1])) for f in full[1:]]
     keep = [queries] + [real] * 3
-    dense = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, gathered, keep))
-    packed = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, some, keep))
-    for a, b in zip(torch.autograd.grad(dense, params), torch.autograd.grad(packed, params)):
+    dense = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, gathered, keep, strict=False))
+    packed = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, some, keep, strict=False))
+    for a, b in zip(torch.autograd.grad(dense, params), torch.autograd.grad(packed, params), strict=False):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
@@ -270,7 +282,8 @@ def toy(tmp_path_factory):
     return make_toy(tmp_path_factory.mktemp("toy"))
 
 
-@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}],
+                         ids=["t1", "t0.7-topp0.9"])
 def test_eagle3_sampling_with_a_sub_vocabulary_is_lossless_chi_square(toy, setting):
     # 3 tokens of an 8-token target (512 joint outcomes), 6,000 samples, gamma 2; the head drafts
     # from 5 of the 8 tokens (q = 0 on the other 3). Threshold p < 1e-4: a correct sampler fails
@@ -340,7 +353,7 @@ def test_every_rounds_first_draft_is_the_teacher_forced_heads_across_rejections(
     # back past rejected drafts and extended with the target's features of the accepted tokens. Its
     # first draft must then be exactly what the head computes teacher-forced on the final sequence
     # (a stale cache entry would still be lossless, so the chi-square tests cannot see it).
-    from specdec_models.decode import speculative
+    from specdec_models.decode import chain
     from specdec_models.decode import tree as trees
 
     target, head = toy
@@ -348,15 +361,15 @@ def test_every_rounds_first_draft_is_the_teacher_forced_heads_across_rejections(
     prompts = [torch.randint(0, 8, (n,), generator=g) for n in (3, 9, 6)]
     seen = []                                   # (row's prompt, tokens before the round, first-draft logits)
     if tree is None:
-        original = speculative._Decoding._eagle3_round
+        original = chain.Eagle3Drafter.propose
 
-        def record(self, gamma):
+        def record(self, run, gamma):
             logits = self.head_next[0]
-            for i in (~self.rows.done).nonzero()[:, 0].tolist():
-                n = int(self.rows.seq_len[i])
-                seen.append((int(self.rows.orig[i]), self.rows.seq[i, :n].clone(), logits[i].clone()))
-            return original(self, gamma)
-        monkeypatch_target, name = speculative._Decoding, "_eagle3_round"
+            for i in (~run.rows.done).nonzero()[:, 0].tolist():
+                n = int(run.rows.seq_len[i])
+                seen.append((int(run.rows.orig[i]), run.rows.seq[i, :n].clone(), logits[i].clone()))
+            return original(self, run, gamma)
+        monkeypatch_target, name = chain.Eagle3Drafter, "propose"
     else:
         original = trees._TreeDecoding.draft
 

@@ -23,15 +23,12 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..errors import check
 from ..heads import Eagle3Head
-
-if TYPE_CHECKING:
-    from .drafters import Drafter
 
 TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
 
@@ -146,13 +143,13 @@ def cost_ratios(times: StepTimes, target_times: StepTimes | None = None) -> tupl
     return draft / step, {g: times.mean(verify_key(g)) / step for g in times.verify_gammas()}
 
 
-def measure_costs(target, batch: int, context: int, gammas: Sequence[int], drafter: Drafter | None = None, *,
+def measure_costs(target, batch: int, context: int, gammas: Sequence[int], drafter: Any = None, *,
                   steps: int = 20, warmup: int = 3) -> StepTimes:
     """Time 1-token target steps, verify calls of gamma + 1 tokens for each gamma, and the chain
     drafter's steps (a `DraftModel`'s or a `HeadDrafter`'s) on KV caches filled with `context`
     random tokens, each call rolled back so all see the same length. For gammas a decoding run did
     not use; a run's own `StepTimes` (timed inside `generate`) is the better source for the gamma it ran."""
-    # drafters.py imports the tree, whose stats import this module: the drafter is told by its method
+    # the drafter is told by its method: this module is below the drafters (decode.protocol)
     check(drafter is None or getattr(drafter, "method", None) in ("draft", "prophet", "eagle3"),
           f"measure_costs times a chain's draft steps: pass a DraftModel or a HeadDrafter, "
           f"not {type(drafter).__name__}")

@@ -8,13 +8,13 @@ after the pending token in one causal target call: a chain is a tree of one path
 tree mask and runs on a specdec `Decoder` as on a Hugging Face target. A round that finds nothing
 feeds the pending token alone: one plain target step.
 
-Lossless at every temperature, by the tree's own walk (`tree._TreeDecoding.walk`): a looked-up
+Lossless at every temperature, by the tree's own walk (`tree.walk`): a looked-up
 token x is a point-mass draft (q = 1{x}), accepted with probability p(x); on rejection the token
 is drawn from p without x, renormalised; greedy decoding follows the target's argmax. The path
 depends only on the committed context, and an adaptive length (`lookup_max`, `TreeSpec.next_lookup`)
 only on earlier rounds, so neither can bias a round's test.
 
-Rows are decoded one after another, as the tree's are. `stats.drafted` counts looked-up tokens
+Rows are decoded one after another, as the tree's are (`Plan.rows` 1). `stats.drafted` counts looked-up tokens
 verified, `stats.accepted` those accepted; `stats.per_position_acceptance[k]` is the fraction of
 rounds with a looked-up path of k + 1 tokens or more that accepted k + 1 or more.
 """
@@ -22,75 +22,60 @@ rounds with a looked-up path of k + 1 tokens or more that accepted k + 1 or more
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
-from ..hf import HFDecoder
-from ..model import Decoder
-from ..sampling import SamplingConfig, greedy_tokens, to_probs
+from ..errors import check
 from .datastore import Datastore
-from .stats import DecodeStats
-from .tree import TreeSpec, _Tree, _TreeDecoding, looked_up_path
+from .protocol import Draft, Drafter, Plan, Verdict
+from .tree import TreeSpec, _Tree, check_own_depth, looked_up_path
 
 
-def _last_logits(target: Decoder | HFDecoder, tokens: Tensor, cache) -> Tensor:
-    """The logits (vocab,) after `tokens` (1, n) fed to `cache`; a Hugging Face target computes its
-    head at the last position only."""
-    if isinstance(target, HFDecoder):
-        at = torch.tensor([tokens.shape[1] - 1], device=target.device)
-        return target(tokens, cache=cache, logits_at=at).logits[0, 0]
-    return target(tokens, cache=cache).logits[0, -1]
+class Lookup(Drafter):
+    """Prompt-lookup decoding (module docstring): `lookup` tokens looked up in the row's context
+    per round (or in `datastore`, where it matches a longer n-gram); `lookup_max` > 0 makes the
+    length adaptive, from `lookup` up to `lookup_max` (doubled after a round that accepted all of
+    it, back to `lookup` after a miss), as `TreeSpec`'s fields of the same names. `tree` is the
+    lookup's `TreeSpec` (its head fields unused)."""
 
+    method = "lookup"
 
-def _row(run: _TreeDecoding, prompt: Tensor, max_new: int) -> list[int]:
-    """Decode one prompt (n,) to at most max_new tokens (cut after EOS)."""
-    target, spec, stats, sampling = run.target, run.spec, run.stats, run.sampling
-    device = target.device
-    n = prompt.numel()
-    context = prompt.tolist()
-    cache = target.new_cache(1, n + max_new + spec.longest_lookup + 2)
-    logits = _last_logits(target, prompt[None].to(device), cache)
-    stats.target_calls += 1
-    stats.row_calls += 1
-    out = [run.pick(to_probs(logits.float(), sampling))]
-    lookup = spec.lookup
-    while len(out) < max_new and (run.eos_id is None or out[-1] != run.eos_id):
-        path = looked_up_path(context + out, min(lookup, max_new - len(out)), run.datastore)
+    def __init__(self, lookup: int, lookup_max: int = 0, datastore: Datastore | None = None) -> None:
+        check(isinstance(lookup, int) and not isinstance(lookup, bool) and lookup >= 1,
+              f"lookup must be an integer >= 1 (the tokens looked up per round), got {lookup!r}")
+        check(isinstance(lookup_max, int) and not isinstance(lookup_max, bool)
+              and (lookup_max == 0 or lookup_max >= lookup),
+              f"lookup_max must be 0 (a fixed length) or an integer >= lookup ({lookup}), got {lookup_max!r}")
+        check(datastore is None or isinstance(datastore, Datastore),
+              f"datastore must be a decode.datastore.Datastore, got {type(datastore).__name__}")
+        self.tree = TreeSpec(1, 1, 1, lookup=lookup, lookup_max=lookup_max)
+        self.datastore = datastore
+
+    def __repr__(self) -> str:
+        spec = self.tree
+        length = f"{spec.lookup}..{spec.lookup_max}" if spec.adaptive else f"{spec.lookup}"
+        return f"Lookup({length}{', Datastore' if self.datastore is not None else ''})"
+
+    def check(self, gamma, sampling, timing, speed_profile) -> None:
+        check_own_depth("prompt lookup", gamma, sampling, timing, speed_profile)
+
+    def plan(self, gamma: int) -> Plan:
+        longest = self.tree.longest_lookup
+        return Plan(self.tree.lookup, longest, longest, rows=1)
+
+    def start(self, run) -> None:
+        self.lookup = self.tree.lookup
+        self.context = run.rows.seq[0, : int(run.rows.seq_len[0])].tolist()     # the prompt and the tokens emitted
+        self.prompt_length = int(run.rows.lens[0])
+
+    def propose(self, run, gamma: int) -> Draft:
+        """The looked-up path as a chain (a causal verify call), walked as a tree of point masses."""
+        left = run.max_new - (len(self.context) - self.prompt_length)
+        path = looked_up_path(self.context, min(self.lookup, left), self.datastore)
         tree = _Tree()
         tree.add_path(path)
-        before = int(cache.lengths[0])
-        logits = target(torch.tensor([[out[-1]] + path], device=device), cache=cache).logits[0]  # (1 + len(path), vocab)
-        stats.target_calls += 1
-        stats.row_calls += 1
-        if sampling.greedy:
-            kept, last = run.walk_greedy(tree, greedy_tokens(logits, sampling).tolist())
-        else:
-            kept, last = run.walk(tree, to_probs(logits.float(), sampling))
-        cache.rollback(torch.tensor([before + 1 + len(kept)], device=cache.lengths.device))
-        lookup = spec.next_lookup(lookup, len(kept) == len(path) if path else None)
-        for k in range(len(path)):
-            stats.drafted_at[k] += 1
-            stats.accepted_at[k] += int(k < len(kept))
-        stats.drafted += len(path)
-        stats.accepted += len(kept)
-        out += path[: len(kept)] + [last]
-        if run.eos_id is not None and run.eos_id in out:
-            out = out[: out.index(run.eos_id) + 1]
-    return out[:max_new]
+        self.path = path
+        return Draft(torch.tensor([path], dtype=torch.long, device=run.rows.seq.device), len(path), tree=tree)
 
-
-@torch.inference_mode()
-def lookup_generate(target: Decoder | HFDecoder, rows: list[Tensor], max_new_tokens: int, spec: TreeSpec,
-                    sampling: SamplingConfig, eos_id: int | None, generator: torch.Generator | None,
-                    stats: DecodeStats, datastore: Datastore | None = None) -> list[Tensor]:
-    """Decode each row by prompt lookup (module docstring) with the lookup lengths of `spec` (a
-    `TreeSpec` whose head fields are unused); fills `stats`' counters. Called by
-    `generate(..., Lookup(...))`, which has checked its arguments."""
-    stats.accepted_at = [0] * spec.longest_lookup
-    stats.drafted_at = [0] * spec.longest_lookup
-    stats.drafted = stats.accepted = 0
-    run = _TreeDecoding(target, None, spec, sampling, eos_id, generator, stats, block=False, datastore=datastore)
-    out = []
-    for row in rows:
-        tokens = _row(run, row, max_new_tokens) if max_new_tokens > 0 else []
-        out.append(torch.tensor(tokens, dtype=torch.long, device=row.device))
-    return out
+    def accept(self, run, verdict: Verdict) -> None:
+        path = self.path
+        self.context += verdict.tokens
+        self.lookup = self.tree.next_lookup(self.lookup, len(verdict.path) == len(path) if path else None)

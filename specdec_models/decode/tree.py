@@ -96,11 +96,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import check, check_positive_int
-from ..hf import HFDecoder
-from ..sampling import SamplingConfig, greedy_tokens, residual, sample, to_probs
+from ..heads import Eagle3Head
+from ..sampling import SamplingConfig, residual, sample, to_probs
 from .block import block_verify
+from .chain import Eagle3Drafter
 from .datastore import Datastore
-from .stats import NODE_Q_EDGES, DecodeStats
+from .protocol import Draft, Plan, Verdict
+from .stats import NODE_Q_EDGES
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,7 @@ class _Tree:
         self.q: dict[int, Tensor] = {}           # node -> the distribution its children were drawn from
         self.looked_up: set[int] = set()
         self.lookup_path: list[int] = []        # the looked-up tokens' nodes, root first (shared ones too)
+        self.block = False                      # a drawn chain, verified by block (`walk_chain`)
 
     def add(self, parent: int, tokens: list[int], scores: list[float], q: Tensor | None) -> list[int]:
         start = len(self.tokens)
@@ -326,23 +329,13 @@ class _Tree:
 
 
 class _TreeDecoding:
-    def __init__(self, target: HFDecoder, head, spec: TreeSpec, sampling: SamplingConfig, eos_id: int | None,
-                 generator: torch.Generator | None, stats: DecodeStats, block: bool = True,
-                 datastore: Datastore | None = None) -> None:
-        self.target, self.head, self.spec, self.datastore = target, head, spec, datastore
-        # sampled chains (topk 1) in rounds without a looked-up path are verified by block
-        self.block = block and spec.topk == 1 and not sampling.greedy
-        self.sampling, self.eos_id, self.generator, self.stats = sampling, eos_id, generator, stats
-        self.vocab = target.vocab_size
+    """Grows a round's tree from an EAGLE-3 head (module docstring): the head's children of each
+    expanded node, then the looked-up path."""
 
-    def pick(self, probs: Tensor) -> int:
-        return int(probs.argmax(-1)) if self.sampling.greedy else int(sample(probs, self.generator))
-
-    def uniform(self) -> float:
-        """One uniform draw in [0, 1) from the decoding's generator (on the generator's device: a
-        CUDA generator draws CUDA tensors)."""
-        device = self.generator.device if self.generator is not None else None
-        return float(torch.rand((), dtype=torch.float64, device=device, generator=self.generator))
+    def __init__(self, head, spec: TreeSpec, sampling: SamplingConfig, generator: torch.Generator | None,
+                 vocab: int, datastore: Datastore | None = None) -> None:
+        self.head, self.spec, self.datastore = head, spec, datastore
+        self.sampling, self.generator, self.vocab = sampling, generator, vocab
 
     def draft_probs(self, logits: Tensor) -> Tensor:
         """The head's distribution q over the target vocabulary (zero outside the draft vocabulary)."""
@@ -424,146 +417,160 @@ class _TreeDecoding:
         tree.add_path(looked_up_path(context, lookup, self.datastore))
         return tree
 
-    def walk(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
-        """The accepted path (node ids) and the token after it, from the target's distributions p
-        (1 + nodes, vocab): row 0 at the root (the pending token), row i + 1 at node i. Sampling
-        only: greedy decoding takes `walk_greedy`."""
-        if self.block and not tree.lookup_path:
-            return self.walk_chain(tree, p)
-        path: list[int] = []
-        node = -1
-        while True:
-            probs = p[node + 1]
-            kids = tree.children.get(node, [])
-            if not kids:
-                return path, self.pick(probs)                                  # a leaf: the bonus token
-            q = tree.q.get(node)
-            accepted = None
-            for c in (c for c in kids if c not in tree.looked_up):            # recursive rejection sampling
-                x = tree.tokens[c]
-                u = self.uniform()
-                if u * float(q[x]) < float(probs[x]):
-                    accepted = c
-                    break
-                probs = residual(probs, q)
-                q = _without(q, x)
-                if q is None:
-                    break
-            looked = [c for c in kids if c in tree.looked_up]                  # at most one per node
-            if accepted is None and looked:          # a point-mass candidate, last: accepted with p'(x)
-                x = tree.tokens[looked[0]]
-                u = self.uniform()
-                if u < float(probs[x]):
-                    accepted = looked[0]
-                else:
-                    probs = _rejected(probs, x)
-            if accepted is None:
-                return path, self.pick(probs)
-            node = accepted
-            path.append(node)
 
-    def walk_greedy(self, tree: _Tree, best: list[int]) -> tuple[list[int], int]:
-        """`walk` at temperature 0, from the target's argmax at the root and at each node (best[0],
-        best[i + 1]; no (1 + nodes, vocab) one-hot built): follow the child that holds the argmax
-        while there is one; the argmax where none does is the token after the path."""
-        path: list[int] = []
-        node = -1
-        while True:
-            token = best[node + 1]
-            match = [c for c in tree.children.get(node, []) if tree.tokens[c] == token]
-            if not match:
-                return path, token
-            node = match[0]
-            path.append(node)
+class Draws:
+    """The host-side draws of a tree walk, from the decoding's generator: a token from a
+    distribution (vocab,) and a uniform in [0, 1) (on the generator's device: a CUDA generator
+    draws CUDA tensors)."""
 
-    def walk_chain(self, tree: _Tree, p: Tensor) -> tuple[list[int], int]:
-        """`walk` for a tree that is one chain of drawn nodes, by block verification (`decode.block`)."""
-        chain: list[int] = []
-        node = -1
-        while tree.children.get(node):
-            node = tree.children[node][0]
-            chain.append(node)
-        if not chain:
-            return [], self.pick(p[0])
-        q = torch.stack([tree.q[tree.parent[c]] for c in chain])[None]                   # (1, g, vocab)
-        u = torch.tensor([[self.uniform() for _ in chain]], dtype=torch.float64)
-        drafts = torch.tensor([[tree.tokens[c] for c in chain]], device=q.device)
-        kept, final = block_verify(p[[0] + [c + 1 for c in chain]][None], q, drafts, u.to(q.device))
-        return chain[: int(kept)], self.pick(final[0])
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self.generator = generator
+        self.device = generator.device if generator is not None else None
 
-    def row(self, prompt: Tensor, max_new: int) -> list[int]:
-        """Decode one prompt (n,) to at most max_new tokens (cut after EOS)."""
-        target, head, stats = self.target, self.head, self.stats
-        device = target.device
-        n = prompt.numel()
-        context = prompt.tolist()
-        capacity = n + max_new + self.spec.max_nodes + 2
-        cache = target.new_cache(1, capacity, keep_layers=head.aux_layers)
-        logits = target(prompt[None].to(device), cache=cache, logits_at=torch.tensor([n - 1], device=device)).logits
-        stats.target_calls += 1
-        stats.row_calls += 1
-        out = [self.pick(to_probs(logits[0, 0], self.sampling))]
-        hcache = head.new_cache(1, capacity)
-        follow = torch.cat([prompt[1:].to(device), torch.tensor(out, device=device)])[None]
-        h = head.extend(follow, head.fuse(cache.layer_states), hcache)[0, -1]
-        lookup = self.spec.lookup
-        while len(out) < max_new and (self.eos_id is None or out[-1] != self.eos_id):
-            tree = self.draft(hcache, head.logits(h), h, context + out, lookup)
-            ids = torch.tensor([[out[-1]] + tree.tokens], device=device)
-            allowed = torch.zeros(ids.shape[1], ids.shape[1], dtype=torch.bool)
-            allowed[:, 0] = True
-            allowed[1:, 1:] = tree.ancestry()
-            offsets = torch.tensor([0] + tree.depth, device=device)
-            logits = target(ids, cache=cache, tree=(offsets, allowed.to(device))).logits[0]     # (1 + nodes, vocab)
-            stats.target_calls += 1
-            stats.row_calls += 1
-            if self.sampling.greedy:
-                path, last = self.walk_greedy(tree, greedy_tokens(logits, self.sampling).tolist())
+    def token(self, probs: Tensor) -> int:
+        return int(sample(probs, self.generator))
+
+    def uniform(self) -> float:
+        return float(torch.rand((), dtype=torch.float64, device=self.device, generator=self.generator))
+
+
+def walk(tree: _Tree, p: Tensor, draws: Draws) -> tuple[list[int], int]:
+    """The accepted path (node ids) and the token after it, from the target's distributions p
+    (1 + nodes, vocab): row 0 at the root (the pending token), row i + 1 at node i. Sampling
+    only: greedy decoding takes `walk_greedy`; a drawn chain marked `tree.block` takes `walk_chain`."""
+    if tree.block and not tree.lookup_path:
+        return walk_chain(tree, p, draws)
+    path: list[int] = []
+    node = -1
+    while True:
+        probs = p[node + 1]
+        kids = tree.children.get(node, [])
+        if not kids:
+            return path, draws.token(probs)                                    # a leaf: the bonus token
+        q = tree.q.get(node)
+        accepted = None
+        for c in (c for c in kids if c not in tree.looked_up):                # recursive rejection sampling
+            x = tree.tokens[c]
+            u = draws.uniform()
+            if u * float(q[x]) < float(probs[x]):
+                accepted = c
+                break
+            probs = residual(probs, q)
+            q = _without(q, x)
+            if q is None:
+                break
+        looked = [c for c in kids if c in tree.looked_up]                      # at most one per node
+        if accepted is None and looked:          # a point-mass candidate, last: accepted with p'(x)
+            x = tree.tokens[looked[0]]
+            u = draws.uniform()
+            if u < float(probs[x]):
+                accepted = looked[0]
             else:
-                path, last = self.walk(tree, to_probs(logits.float(), self.sampling))
-            looked = tree.lookup_path
-            lookup = self.spec.next_lookup(lookup, path[: len(looked)] == looked if looked else None)
-            keep = torch.zeros(1, ids.shape[1], dtype=torch.bool, device=device)
-            keep[0, 0] = True
-            keep[0, [i + 1 for i in path]] = True
-            cache.keep_new(keep)
-            new = [tree.tokens[i] for i in path] + [last]
-            states = cache.layer_states[:, [0] + [i + 1 for i in path]]
-            h = head.extend(torch.tensor([new], device=device), head.fuse(states), hcache)[0, -1]
-            for k in range(self.spec.max_depth):
-                stats.drafted_at[k] += 1
-                stats.accepted_at[k] += int(k < len(path))
-            stats.drafted += len(tree.tokens)
-            stats.accepted += len(path)
-            on_path = set(path)
-            for i, score in enumerate(tree.score):           # the head's nodes by their cumulative q
-                if i not in tree.looked_up:
-                    b = bisect.bisect_right(NODE_Q_EDGES, math.exp(score))
-                    stats.nodes_by_q[b] += 1
-                    stats.accepted_by_q[b] += i in on_path
-            out += new
-            if self.eos_id is not None and self.eos_id in out:
-                out = out[: out.index(self.eos_id) + 1]
-        return out[:max_new]
+                probs = _rejected(probs, x)
+        if accepted is None:
+            return path, draws.token(probs)
+        node = accepted
+        path.append(node)
 
 
-def tree_generate(target: HFDecoder, head, rows: list[Tensor], max_new_tokens: int, spec: TreeSpec,
-                  sampling: SamplingConfig, eos_id: int | None, generator: torch.Generator | None,
-                  stats: DecodeStats, block: bool = True, datastore: Datastore | None = None) -> list[Tensor]:
-    """Decode each row with tree drafting (module docstring); fills `stats`' counters. Called by
-    `generate(..., TreeDrafter(head, TreeSpec(...)))`, which has checked its arguments; `block`: verify sampled
-    chains by block (module docstring); `datastore`: where prompt lookup finds nothing, the
-    looked-up path is the datastore's continuation where its n-gram is longer than the context's
-    own match (`decode.datastore`)."""
-    check(isinstance(spec, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(spec).__name__}")
-    stats.accepted_at = [0] * spec.max_depth
-    stats.drafted_at = [0] * spec.max_depth
-    stats.drafted = stats.accepted = 0
-    stats.nodes_by_q = [0] * (len(NODE_Q_EDGES) + 1)
-    stats.accepted_by_q = [0] * (len(NODE_Q_EDGES) + 1)
-    run = _TreeDecoding(target, head, spec, sampling, eos_id, generator, stats, block, datastore)
-    out = []
-    for row in rows:
-        tokens = run.row(row, max_new_tokens) if max_new_tokens > 0 else []
-        out.append(torch.tensor(tokens, dtype=torch.long, device=row.device))
-    return out
+def walk_greedy(tree: _Tree, best: list[int]) -> tuple[list[int], int]:
+    """`walk` at temperature 0, from the target's argmax at the root and at each node (best[0],
+    best[i + 1]; no (1 + nodes, vocab) one-hot built): follow the child that holds the argmax
+    while there is one; the argmax where none does is the token after the path."""
+    path: list[int] = []
+    node = -1
+    while True:
+        token = best[node + 1]
+        match = [c for c in tree.children.get(node, []) if tree.tokens[c] == token]
+        if not match:
+            return path, token
+        node = match[0]
+        path.append(node)
+
+
+def walk_chain(tree: _Tree, p: Tensor, draws: Draws) -> tuple[list[int], int]:
+    """`walk` for a tree that is one chain of drawn nodes, by block verification (`decode.block`)."""
+    chain: list[int] = []
+    node = -1
+    while tree.children.get(node):
+        node = tree.children[node][0]
+        chain.append(node)
+    if not chain:
+        return [], draws.token(p[0])
+    q = torch.stack([tree.q[tree.parent[c]] for c in chain])[None]                   # (1, g, vocab)
+    u = torch.tensor([[draws.uniform() for _ in chain]], dtype=torch.float64)
+    drafts = torch.tensor([[tree.tokens[c] for c in chain]], device=q.device)
+    kept, final = block_verify(p[[0] + [c + 1 for c in chain]][None], q, drafts, u.to(q.device))
+    return chain[: int(kept)], draws.token(final[0])
+
+
+class TreeDrafter(Eagle3Drafter):
+    """An EAGLE-3 head drafting a tree shaped by `tree` (a `TreeSpec`), verified in one call per
+    row (method "eagle3_tree"); `datastore` (with a tree whose lookup is on) proposes the looked-up
+    path where it matches a longer n-gram than the context does (`decode.datastore`). Its head's
+    state between rounds is the chain's (`chain.Eagle3Drafter`), extended with the kept path only."""
+
+    method = "eagle3_tree"
+
+    def __init__(self, head, tree: TreeSpec, datastore: Datastore | None = None) -> None:
+        check(datastore is None or (isinstance(tree, TreeSpec) and tree.lookup > 0),
+              "a datastore proposes a tree's looked-up path: pass it with a tree whose lookup is on (e.g. 8,4,3,4..16)")
+        check(datastore is None or isinstance(datastore, Datastore),
+              f"datastore must be a decode.datastore.Datastore, got {type(datastore).__name__}")
+        check(isinstance(tree, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(tree).__name__}")
+        check(isinstance(head, Eagle3Head), f"tree drafting needs an EAGLE-3 head (an hf.Eagle3Head), "
+                                            f"got {type(head).__name__}")
+        self.head, self.tree, self.datastore = head, tree, datastore
+
+    def check(self, gamma, sampling, timing, speed_profile) -> None:
+        check_own_depth("tree drafting", gamma, sampling, timing, speed_profile)
+
+    def plan(self, gamma: int) -> Plan:
+        return Plan(self.tree.depth, self.tree.max_depth, self.tree.max_nodes, rows=1)
+
+    def start(self, run) -> None:
+        super().start(run)
+        spec, sampling = self.tree, run.sampling
+        self.grower = _TreeDecoding(self.head, spec, sampling, run.generator, run.target.vocab_size, self.datastore)
+        # sampled chains (topk 1) in rounds without a looked-up path are verified by block
+        self.block = run.block and spec.topk == 1 and not sampling.greedy
+        self.lookup = spec.lookup
+        self.context = run.rows.seq[0, : int(run.rows.seq_len[0])].tolist()     # the prompt and the tokens emitted
+        if not run.stats.nodes_by_q:
+            run.stats.nodes_by_q = [0] * (len(NODE_Q_EDGES) + 1)
+            run.stats.accepted_by_q = [0] * (len(NODE_Q_EDGES) + 1)
+
+    def propose(self, run, gamma: int) -> Draft:
+        device = run.target.device
+        logits, feature = self.head_next                      # (1, draft), (1, 1, H)
+        tree = self.grower.draft(self.cache, logits[0], feature[0, 0], self.context, self.lookup)
+        tree.block = self.block
+        self.last_tree = tree
+        n = len(tree.tokens)
+        allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        allowed[:, 0] = True
+        allowed[1:, 1:] = tree.ancestry()
+        offsets = torch.tensor([0] + tree.depth, device=device)
+        return Draft(torch.tensor([tree.tokens], dtype=torch.long, device=device), self.tree.max_depth, tree=tree,
+                     mask=(offsets, allowed.to(device)))
+
+    def accept(self, run, verdict: Verdict) -> None:
+        super().accept(run, verdict)
+        self.context += verdict.tokens
+        tree, path, stats = self.last_tree, verdict.path, run.stats
+        looked = tree.lookup_path
+        self.lookup = self.tree.next_lookup(self.lookup, path[: len(looked)] == looked if looked else None)
+        on_path = set(path)
+        for i, score in enumerate(tree.score):           # the head's nodes by their cumulative q
+            if i not in tree.looked_up:
+                b = bisect.bisect_right(NODE_Q_EDGES, math.exp(score))
+                stats.nodes_by_q[b] += 1
+                stats.accepted_by_q[b] += i in on_path
+
+
+def check_own_depth(kind: str, gamma, sampling: SamplingConfig, timing: bool, speed_profile) -> None:
+    """A drafter with its own depth (a tree's, a lookup's) takes no gamma="auto", speed profile,
+    repetition penalty or timing."""
+    check(gamma != "auto" and speed_profile is None, f"{kind} has its own depth (the tree's or the lookup's): "
+                                                     f"gamma='auto' and a speed_profile do not apply")
+    check(not sampling.penalised and not timing, f"{kind} does not take a repetition penalty or timing=True")

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdec_models.decode import HeadDrafter, generate, speculative
+from specdec_models.decode import HeadDrafter, chain, generate, speculative
 from specdec_models.decode.block import block_weights
 from specdec_models.errors import check, check_positive_int
 from specdec_models.sampling import SamplingConfig, residual, to_probs
@@ -104,17 +104,17 @@ def rrs_acceptance_rows(p: Tensor, q: Tensor, k: int, draws: int,
 def observed_round_starts(seen: list[tuple[int, Tensor]]) -> Iterator[None]:
     """While inside, every chain-drafting round of an eagle3 head at batch 1 appends (the row's
     length before the round, the head's first-draft logits (draft,)) to `seen`."""
-    original = speculative._Decoding._eagle3_round
+    original = chain.Eagle3Drafter.propose
 
-    def observed(self: Any, gamma: int) -> Any:
-        seen.append((int(self.rows.seq_len[0]), self.head_next[0][0].detach().clone()))
-        return original(self, gamma)
+    def observed(self: Any, run: Any, gamma: int) -> Any:
+        seen.append((int(run.rows.seq_len[0]), self.head_next[0][0].detach().clone()))
+        return original(self, run, gamma)
 
-    speculative._Decoding._eagle3_round = observed
+    chain.Eagle3Drafter.propose = observed
     try:
         yield
     finally:
-        speculative._Decoding._eagle3_round = original
+        chain.Eagle3Drafter.propose = original
 
 
 def expected_kept(p: Tensor, q: Tensor, drafts: Tensor) -> tuple[Tensor, Tensor]:
