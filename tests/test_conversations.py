@@ -28,8 +28,10 @@ QWEN3_LIKE = ("{% set ns = namespace(last=0) %}{% for m in messages %}{% if m['r
               "{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m['role'] == 'assistant' and loop.index0 > ns.last %}"
               "{{ '<think> </think> ' }}{% endif %}{{ m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-              "{% if enable_thinking is defined and not enable_thinking %}{{ '<think> </think> ' }}{% endif %}{% endif %}")
-WORDS = ["be", "brief", "hi", "there", "hello", "friend", "how", "are", "you", "fine", "thanks", "You", "a", "helpful", "AI", "<think>", "</think>"]
+              "{% if enable_thinking is defined and not enable_thinking %}{{ '<think> </think> ' }}{% endif %}"
+              "{% endif %}")
+WORDS = ["be", "brief", "hi", "there", "hello", "friend", "how", "are", "you", "fine", "thanks", "You", "a", "helpful",
+         "AI", "<think>", "</think>"]
 
 
 def tokenizer(chat_template=CHATML):
@@ -222,7 +224,7 @@ def test_the_loss_mask_is_one_exactly_on_each_answer_and_its_end_of_turn_token()
     ids, mask = cv.render(tok, conv(("user", "hi"), ("assistant", "fine")))
     pieces = tok.convert_ids_to_tokens(ids)
     assert pieces[:4] == ["<|im_start|>", "system", "\n", "You"] and len(mask) == len(ids)
-    assert [p for p, m in zip(pieces, mask) if m] == ["fine", "<|im_end|>"]
+    assert [p for p, m in zip(pieces, mask, strict=True) if m] == ["fine", "<|im_end|>"]
     assert [i for i, m in enumerate(mask) if m] == [len(ids) - 3, len(ids) - 2]
 
 
@@ -231,14 +233,16 @@ def test_a_template_that_renders_the_last_answer_unlike_past_ones_masks_every_an
     c = conv(("user", "hi there"), ("assistant", "hello friend"), ("user", "how are you"), ("assistant", "fine thanks"))
     ids, mask = cv.render(tok, c)
     pieces = tok.convert_ids_to_tokens(ids)
-    assert pieces[22:] == ["<|im_start|>", "assistant", "\n", "<think>", "</think>", "fine", "thanks", "<|im_end|>", "\n"]
+    assert pieces[22:] == ["<|im_start|>", "assistant", "\n", "<think>", "</think>", "fine", "thanks", "<|im_end|>",
+                           "\n"]
     # the first answer renders as a past turn (no think block); the last keeps the template's think block
     assert [i for i, m in enumerate(mask) if m] == [10, 11, 12, 25, 26, 27, 28, 29]
-    assert [p for p, m in zip(pieces, mask) if m] == ["hello", "friend", "<|im_end|>",
+    assert [p for p, m in zip(pieces, mask, strict=True) if m] == ["hello", "friend", "<|im_end|>",
                                                       "<think>", "</think>", "fine", "thanks", "<|im_end|>"]
     # with enable_thinking False the generation prompt holds the think block: only the answer is marked
     ids, mask = cv.render(tok, c, chat_template_kwargs={"enable_thinking": False})
-    assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask) if m][3:] == ["fine", "thanks", "<|im_end|>"]
+    answered = [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask, strict=True) if m]
+    assert answered[3:] == ["fine", "thanks", "<|im_end|>"]
 
 
 def test_rows_are_cut_at_turn_boundaries():
@@ -267,12 +271,12 @@ def test_no_chat_template_is_refused_and_ignored_kwargs_warn(recwarn):
     recwarn.clear()
     ids, mask = cv.render(tok, c, chat_template_kwargs={"enable_thinking": False})
     assert not [w for w in recwarn if "chat_template_kwargs" in str(w.message)]
-    assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask) if m] == ["fine", "<|im_end|>"]
+    assert [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask, strict=True) if m] == ["fine", "<|im_end|>"]
     # a conversation the template refuses is one line naming it, for the caller to skip
     strict = tokenizer(CHATML.replace("{% for message in messages %}",
                                       "{% for message in messages %}{% if loop.index0 > 0 and message['role'] == "
-                                      "messages[loop.index0 - 1]['role'] %}{{ raise_exception('roles must alternate') }}"
-                                      "{% endif %}", 1))
+                                      "messages[loop.index0 - 1]['role'] %}"
+                                      "{{ raise_exception('roles must alternate') }}{% endif %}", 1))
     with pytest.raises(SpecdecError, match="conversation twice: the chat template refuses it .roles must alternate"):
         cv.render(strict, conv(("user", "hi"), ("assistant", "fine"), ("assistant", "thanks"), cid="twice"))
 
@@ -314,7 +318,7 @@ def test_the_mask_on_smollm2s_own_tokenizer_and_template():
              ("assistant", "Why did the chicken cross the road?"))
     r = cv.render_turns(tok, c)
     pieces = tok.convert_ids_to_tokens(r.input_ids)
-    assert [p for p, m in zip(pieces, r.loss_mask) if m] == [
+    assert [p for p, m in zip(pieces, r.loss_mask, strict=True) if m] == [
         "I", "'m", "Ġfine", ".", "Ċ", "Thanks", "!", "<|im_end|>",
         "Why", "Ġdid", "Ġthe", "Ġchicken", "Ġcross", "Ġthe", "Ġroad", "?", "<|im_end|>"]
     assert pieces[r.boundaries[1]] == "Ċ" and pieces[-1] == "Ċ" and r.loss_mask[-1] == 0

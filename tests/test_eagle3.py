@@ -9,13 +9,24 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 from test_decode import chi_square_p_value, correction_from_p
-from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
-from test_hf_decode import V, build, hf_greedy, ragged_prompts
+from test_hf_decode import (
+    V,
+    _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
+    build,
+    hf_greedy,
+    ragged_prompts,
+)
 
 from specdec_models import SpecdecError
 from specdec_models.decode import GREEDY, HeadDrafter, TreeDrafter, generate
-from specdec_models.heads.eagle3 import (Eagle3Config, Eagle3Head, choose_draft_vocab, coverage, needed_chains,
-                                      vocab_maps)
+from specdec_models.heads.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    choose_draft_vocab,
+    coverage,
+    needed_chains,
+    vocab_maps,
+)
 from specdec_models.sampling import SamplingConfig, to_probs
 
 
@@ -175,9 +186,9 @@ def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama
     params = [p for name, p in head.named_parameters() if name.startswith(("fc.", "layers."))]
     gathered = [full[0]] + [f.gather(1, chains[..., None].expand(-1, -1, f.shape[-1])) for f in full[1:]]
     keep = [queries] + [real] * 3
-    dense = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, gathered, keep))
-    packed = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, some, keep))
-    for a, b in zip(torch.autograd.grad(dense, params), torch.autograd.grad(packed, params)):
+    dense = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, gathered, keep, strict=True))
+    packed = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, some, keep, strict=True))
+    for a, b in zip(torch.autograd.grad(dense, params), torch.autograd.grad(packed, params), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
@@ -270,7 +281,8 @@ def toy(tmp_path_factory):
     return make_toy(tmp_path_factory.mktemp("toy"))
 
 
-@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}],
+                         ids=["t1", "t0.7-topp0.9"])
 def test_eagle3_sampling_with_a_sub_vocabulary_is_lossless_chi_square(toy, setting):
     # 3 tokens of an 8-token target (512 joint outcomes), 6,000 samples, gamma 2; the head drafts
     # from 5 of the 8 tokens (q = 0 on the other 3). Threshold p < 1e-4: a correct sampler fails

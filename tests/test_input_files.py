@@ -10,6 +10,7 @@ import json
 import pytest
 
 from conftest import load_script
+
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import check_source
 from train.data.regenerate import read_prompts
