@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DATA ?= $(wildcard ../shared/data/textmix100m.gz)
 TRAIN_ARGS ?=
 
-.PHONY: setup setup-real setup-sharegpt setup-interop setup-server train test test-slow test-interop eagle3 smollm2 smollm2-text \
+.PHONY: setup setup-real setup-sharegpt setup-interop setup-server lint train test test-slow test-interop eagle3 smollm2 smollm2-text \
 	evaluate bench-decode bench-train clean
 
 $(STAMP): pyproject.toml
@@ -75,6 +75,9 @@ setup-interop: $(INTEROP_STAMP)
 
 train: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m train experiment=enwik8_prophet $(if $(DATA),data.path=$(DATA)) $(TRAIN_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 test: $(STAMP)
 	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q

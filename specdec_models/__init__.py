@@ -5,12 +5,12 @@ speculative decoding (`specdec_models.decode.generate`) and the export format
 (`save_export` / `load_export`). Never imports lightning, hydra or wandb.
 """
 
-from .kv_cache import KVCache
 from .config import ModelConfig, ProphetConfig
 from .errors import SpecdecError
 from .export import export_hash, load_export, save_export
-from .model import Decoder, DecoderOutput
 from .heads import ModelWithProphet, ProphetLoss
+from .kv_cache import KVCache
+from .model import Decoder, DecoderOutput
 from .sampling import SamplingConfig
 
 __all__ = [

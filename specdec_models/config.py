@@ -16,7 +16,6 @@ import torch
 
 from .errors import SpecdecError, check, check_positive_int
 
-
 # the one dtype vocabulary of configs, CLIs and file metadata: torch's own names
 # the `format` field of every specdec export's config.json (specdec_models.export.specdec); here, at
 # the bottom of the package order, so that loading code below `export` (hf.weights) can recognise one

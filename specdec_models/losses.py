@@ -57,8 +57,13 @@ def _kl(log_a: Tensor, log_b: Tensor) -> Tensor:
     return (a * (log_a - log_b)).sum(dim=-1)
 
 
+# the default sampling of `divergence`: plain softmax at temperature 1 (a frozen dataclass, so one
+# shared instance is safe as a default)
+DEFAULT_SAMPLING = SamplingConfig()
+
+
 def divergence(name: str, student_logits: Tensor, teacher_logits: Tensor | None = None,
-               labels: Tensor | None = None, sampling: SamplingConfig = SamplingConfig(),
+               labels: Tensor | None = None, sampling: SamplingConfig = DEFAULT_SAMPLING,
                beta: float = 0.5, mask: Tensor | None = None) -> Tensor:
     """Mean divergence `name` over positions. student_logits, teacher_logits: (..., vocab);
     labels (...) for `ce`; mask (...) bool: positions to average over (None: all)."""

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .kv_cache import KVCache
 from .config import ModelConfig
 from .errors import check
+from .kv_cache import KVCache
 
 
 class DecoderOutput(NamedTuple):

@@ -187,7 +187,7 @@ def forked(fn, *, kill_after: float | None = None, user: int | None = None, cwd:
                 code = result if isinstance(result, int) else 0
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-            except BaseException:
+            except BaseException:  # noqa: BLE001  the child must exit, never unwind into pytest: print it, exit 71
                 traceback.print_exc()
                 code = 71
             finally:

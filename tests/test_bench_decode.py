@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 from conftest import load_script
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError, save_export
@@ -40,7 +41,8 @@ def test_bench_runs_every_setting_interleaved_and_predicts_from_its_own_timings(
     lines = []
     report = run(bench, log=lines.append)
     rows = report["results"]
-    per_batch = 1 + 2 + 2 + (2 if lucidrains_installed else 0)         # base, draft x 2 gammas, prophet x 2, lucidrains' at 2
+    # base, draft x 2 gammas, prophet x 2, lucidrains' at 2
+    per_batch = 1 + 2 + 2 + (2 if lucidrains_installed else 0)
     assert len(rows) == 2 * per_batch and len(lines) == 2 * 2 * per_batch
     # round-robin: the first repeat of every setting comes before the second of any
     first = [line for line in lines if "batch 1 repeat 1/2" in line]
@@ -73,7 +75,8 @@ def test_gamma_stored_decodes_at_the_best_gamma_of_the_exports_profile(exports, 
     from specdec_models.decode import SpeedProfile
 
     # training's evaluation stores one profile per temperature and batch size; this one favours gamma 3 at batch 1
-    profiles = [{"temperature": 1.0, **SpeedProfile(0.1, {1: 1.1, 3: 1.2, 5: 3.0}, [0.9, 0.9, 0.9, 0.1, 0.1], b).to_dict()}
+    profiles = [{"temperature": 1.0,
+                 **SpeedProfile(0.1, {1: 1.1, 3: 1.2, 5: 3.0}, [0.9, 0.9, 0.9, 0.1, 0.1], b).to_dict()}
                 for b in (1, 2)]
     save_export(tmp_path / "stored", load_export(exports / "pair"), metadata={"speed_profiles": profiles})
     bench = DecodeBench(batches=[1], methods=["base", "prophet"], gammas=["stored"], max_new_tokens=12, repeats=1,
@@ -111,7 +114,8 @@ def test_bench_script_reports_and_refuses_bad_input(exports, tmp_path, capsys):
 
 # ---------------------------------------------------------------- lucidrains' package
 
-needs_lucidrains = pytest.mark.skipif(not lucidrains_installed, reason="lucidrains' speculative-decoding is not installed")
+needs_lucidrains = pytest.mark.skipif(not lucidrains_installed,
+                                      reason="lucidrains' speculative-decoding is not installed")
 
 
 @needs_lucidrains
@@ -164,5 +168,6 @@ def test_a_missing_lucidrains_package_is_one_clear_line(monkeypatch):
     from train.bench import lucidrains
 
     monkeypatch.setitem(sys.modules, "speculative_decoding", None)       # import fails
-    with pytest.raises(SpecdecError, match=r"^lucidrains' speculative-decoding is not installed: pip install speculative-decoding==0.2.0"):
+    with pytest.raises(SpecdecError, match=r"^lucidrains' speculative-decoding is not installed: "
+                                           r"pip install speculative-decoding==0.2.0"):
         lucidrains.build_lucidrains(MAIN, PROPHET, patched_ff=False)

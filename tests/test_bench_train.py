@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+
 from conftest import load_script
 
 from specdec_models import ModelWithProphet

@@ -11,14 +11,13 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from conftest import REPO, load_script
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, save_export
 from specdec_models.errors import SpecdecError
 from specdec_models.export import export_hash
 from train.data.embeddings import CachedWindows, EmbeddingsDataModule
-from train.data.enwik8 import split_bounds
-from train.data.streams import window_batch
 from train.data.embeddings_cache import (
     BuildRun,
     CacheSettings,
@@ -28,6 +27,8 @@ from train.data.embeddings_cache import (
     open_cache,
     read_cache_meta,
 )
+from train.data.enwik8 import split_bounds
+from train.data.streams import window_batch
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -76,8 +77,8 @@ def test_cache_holds_the_online_embeddings_rounded_to_its_dtype(exports, tiny_co
 
     meta = build_cache(exports / "main", tiny_corpus, tmp_path / "cache",
                        CacheSettings(seq_len=SEQ, windows=20, dtype=dtype, shard_size="32KB", seed=1, batch_size=8))
-    assert check_cache(tmp_path / "cache", weights_sha256=export_hash(exports / "main"), seq_len=SEQ) == read_cache_meta(
-        tmp_path / "cache")
+    checked = check_cache(tmp_path / "cache", weights_sha256=export_hash(exports / "main"), seq_len=SEQ)
+    assert checked == read_cache_meta(tmp_path / "cache")
     assert len([f for f in meta["files"] if f.endswith(".arrow")]) > 1                 # sharded
     dataset = open_cache(tmp_path / "cache")
     batch = cache_rows(dataset, np.arange(20), meta)
@@ -191,7 +192,8 @@ def test_script_writes_a_cache_atomically_and_reports_its_size(exports, tiny_cor
     assert script.main(argv) == 0
     assert "MB per million tokens" in capsys.readouterr().out
     meta = json.loads((out / "cache.json").read_text())
-    assert (meta["windows"], meta["seq_len"], meta["dtype"], meta["top_k_logits"], meta["seed"]) == (10, 32, "float16", 2, 4)
+    got = (meta["windows"], meta["seq_len"], meta["dtype"], meta["top_k_logits"], meta["seed"])
+    assert got == (10, 32, "float16", 2, 4)
     assert [p.name for p in out.parent.iterdir()] == ["c"]
     assert script.main(argv) == 2 and "already exists" in capsys.readouterr().err
     assert script.main(argv + ["--overwrite", "--windows", "12"]) == 0
@@ -206,7 +208,7 @@ def test_cached_batches_depend_only_on_seed_rank_and_index_and_cover_every_windo
     path, meta = cache
     a = CachedWindows(path, meta, batch_size=8, seed=1, rank=0, world=1, start=0)
     b = CachedWindows(path, meta, batch_size=8, seed=1, rank=0, world=1, start=3)
-    first = [batch for _, batch in zip(range(5), iter(a))]
+    first = [batch for _, batch in zip(range(5), iter(a), strict=False)]
     later = next(iter(b))
     assert all(torch.equal(first[3][k], later[k]) for k in later)
     assert sorted(np.concatenate([a.rows(k) for k in range(5)]).tolist()) == list(range(40))   # one pass

@@ -10,14 +10,15 @@ import math
 import lightning as L
 import pytest
 import torch
-from conftest import StopAt
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
+from conftest import StopAt
+
 from specdec_models import ModelConfig, ModelWithProphet, ProphetConfig
-from specdec_models.errors import SpecdecError
 from specdec_models.decode import SpeedProfile
 from specdec_models.decode.cost import stored_profile
+from specdec_models.errors import SpecdecError
 from train.callbacks import SAMPLES_FILE, SpeculativeEval, temperature_tag
 from train.data.streams import SpecdecDataModule
 from train.tasks import SpeculativeModels

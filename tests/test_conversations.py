@@ -333,8 +333,8 @@ def test_a_template_that_renders_the_last_answer_unlike_past_ones_masks_every_an
                                                       "<think>", "</think>", "fine", "thanks", "<|im_end|>"]
     # with enable_thinking False the generation prompt holds the think block: only the answer is marked
     ids, mask = cv.render(tok, c, chat_template_kwargs={"enable_thinking": False})
-    marked = [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask, strict=True) if m]
-    assert marked[3:] == ["fine", "thanks", "<|im_end|>"]
+    answered = [p for p, m in zip(tok.convert_ids_to_tokens(ids), mask, strict=True) if m]
+    assert answered[3:] == ["fine", "thanks", "<|im_end|>"]
 
 
 def test_rows_are_cut_at_turn_boundaries():

@@ -9,7 +9,8 @@ import torch
 
 from specdec_models.cpu import dtypes
 
-XEON_NO_AMX = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+XEON_NO_AMX = ("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_fp16\n\n"
+               "processor\t: 1\nflags\t\t: fpu\n")
 XEON_AMX = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
 EPYC_AVX2 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx avx2 fma f16c\n"
 EPYC_AVX512_BF16 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"

@@ -13,8 +13,9 @@ import signal
 import pytest
 import torch
 
-import specdec_models.export.specdec as export_mod
 from conftest import REPO, forked
+
+import specdec_models.export.specdec as export_mod
 from specdec_models import Decoder, ModelConfig, export_hash, load_export, save_export
 from specdec_models.errors import SpecdecError
 from specdec_models.files import staged_dir
@@ -27,7 +28,7 @@ def decoder(seed: int, dim: int = 32, depth: int = 2) -> Decoder:
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def die() -> None:

@@ -96,11 +96,11 @@ def test_compacted_cache_keeps_the_moved_rows_exactly():
     cache.compact_rows(torch.tensor([0, 2]), torch.tensor([3, 4]), 3)
     assert cache.batch == 3 and cache.lengths.tolist() == [8, 7, 6]
     kept = [3, 1, 4]
-    out = m(torch.stack([x[i, n:n + 2] for i, n in zip(kept, (8, 7, 6))]), cache=cache).logits
-    for row, (i, n) in enumerate(zip(kept, (8, 7, 6))):
+    out = m(torch.stack([x[i, n:n + 2] for i, n in zip(kept, (8, 7, 6), strict=True)]), cache=cache).logits
+    for row, (i, n) in enumerate(zip(kept, (8, 7, 6), strict=True)):
         torch.testing.assert_close(out[row], m(x[i:i + 1, :n + 2]).logits[0, n:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cache.last_embeds(1)[:, 0], torch.stack([m(x[i:i + 1, :n + 2]).embeds[0, -1]
-                               for i, n in zip(kept, (8, 7, 6))]), rtol=1e-5, atol=1e-5)
+                               for i, n in zip(kept, (8, 7, 6), strict=True)]), rtol=1e-5, atol=1e-5)
 
 
 def test_cached_embeddings_are_the_last_layer_embeddings():
@@ -141,7 +141,7 @@ def test_greedy_speculative_matches_greedy_base_in_ragged_batch(method):
         assert [t.tolist() for t in got] == expected
         assert stats.target_calls <= 30 and stats.new_tokens == 5 * 30
     # each row alone gives the same tokens as in the batch
-    for prompt, exp in zip(prompts, expected):
+    for prompt, exp in zip(prompts, expected, strict=True):
         alone, _ = generate(target, [prompt], 30, drafter, sampling=GREEDY, gamma=4)
         assert alone[0].tolist() == exp
 
@@ -178,7 +178,7 @@ def test_greedy_with_a_draft_that_sometimes_agrees_reports_partial_acceptance():
     assert [t.tolist() for t in got] == base_greedy(target, ragged_prompts(), 40)
     assert 0.0 < stats.acceptance_rate < 1.0
     ppa = stats.per_position_acceptance
-    assert all(a >= b for a, b in zip(ppa, ppa[1:]))    # accepting position i needs all before it
+    assert all(a >= b for a, b in zip(ppa, ppa[1:], strict=False))    # accepting position i needs all before it
     assert stats.tokens_per_call == pytest.approx(stats.new_tokens / stats.row_calls)
 
 

@@ -6,12 +6,23 @@ import copy
 import pytest
 import torch
 
+from test_decode import perturbed, ragged_prompts, tiny, tiny_prophet
+
 from specdec_models.decode import GREEDY, DecodeStats, DraftModel, HeadDrafter, generate
 from specdec_models.decode.cost import (
-    DRAFT, PREFILL, TARGET, SpeedProfile, StepTimes, choose_gamma, cost_ratios, expected_tokens,
-    expected_tokens_from_acceptance, measure_costs, predicted_speedup, verify_key,
+    DRAFT,
+    PREFILL,
+    TARGET,
+    SpeedProfile,
+    StepTimes,
+    choose_gamma,
+    cost_ratios,
+    expected_tokens,
+    expected_tokens_from_acceptance,
+    measure_costs,
+    predicted_speedup,
+    verify_key,
 )
-from test_decode import perturbed, ragged_prompts, tiny, tiny_prophet
 
 
 @pytest.fixture(autouse=True)

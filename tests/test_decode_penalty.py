@@ -5,10 +5,11 @@ losslessness with the penalty depending on drafted tokens (chi-square)."""
 import pytest
 import torch
 
+from test_decode import chi_square_p_value, ragged_prompts, tiny, tiny_prophet, toy_pair
+
 from specdec_models import SpecdecError
 from specdec_models.decode import GREEDY, DraftModel, HeadDrafter, generate
 from specdec_models.sampling import SamplingConfig, process_logits, to_probs
-from test_decode import chi_square_p_value, ragged_prompts, tiny, tiny_prophet, toy_pair
 
 
 @pytest.fixture(autouse=True)
@@ -134,7 +135,7 @@ def test_penalty_context_follows_each_row_through_a_ragged_batch_with_dropped_ro
     eos = plain[2][4]
     got, _ = generate(target, prompts, 30, DraftModel(draft),
                       sampling=SamplingConfig(temperature=0, repetition_penalty=1.4), gamma=4, eos_id=eos)
-    for prompt, row in zip(prompts, got):
+    for prompt, row in zip(prompts, got, strict=True):
         alone, _ = generate(target, [prompt], 30, sampling=SamplingConfig(temperature=0, repetition_penalty=1.4),
                             eos_id=eos)
         assert row.tolist() == alone[0].tolist()

@@ -5,6 +5,7 @@ EOS, lossless at T=1 (chi-square), and told what each round kept."""
 
 import pytest
 import torch
+
 from test_decode import V, chi_square_p_value, exact_joint, ragged_prompts, tiny
 
 from specdec_models.decode import GREEDY, SamplingConfig, generate

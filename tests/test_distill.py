@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdec_models import SamplingConfig
-from specdec_models.losses import LOG_FLOOR, divergence
 from specdec_models.errors import SpecdecError
+from specdec_models.losses import LOG_FLOOR, divergence
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 
@@ -23,7 +23,7 @@ def logits(probs):
 
 
 def kl(a, b):
-    return sum(x * math.log(x / y) for x, y in zip(a, b) if x > 0)
+    return sum(x * math.log(x / y) for x, y in zip(a, b, strict=True) if x > 0)
 
 
 
@@ -35,7 +35,7 @@ def test_divergences_equal_hand_computed_values():
     assert divergence("rkl", s, t).item() == pytest.approx(kl(Q, P), rel=1e-5)
     assert divergence("tvd", s, t).item() == pytest.approx(0.5 * (0.3 + 0.2 + 0.5), rel=1e-5)
     for beta in (0.5, 0.2):
-        m = [beta * p + (1 - beta) * q for p, q in zip(P, Q)]
+        m = [beta * p + (1 - beta) * q for p, q in zip(P, Q, strict=True)]
         assert divergence("jsd", s, t, beta=beta).item() == pytest.approx(beta * kl(P, m) + (1 - beta) * kl(Q, m),
                                                                           rel=1e-5)
     assert divergence("ce", s, labels=torch.tensor([[2]])).item() == pytest.approx(-math.log(0.7), rel=1e-5)
@@ -106,8 +106,8 @@ def distill_cfg(tiny_corpus, teacher_export):
 
 
 def build_module(cfg):
-    from train.tasks.draft_distill import DraftDistillModule
     from train.run import validate
+    from train.tasks.draft_distill import DraftDistillModule
 
     module = DraftDistillModule(**validate(cfg))
     module.setup("fit")
@@ -176,7 +176,7 @@ def test_tiny_distillation_end_to_end_on_policy(distill_cfg, tmp_path, teacher_e
     prompt = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
     spec, _ = generate(teacher, prompt, 12, DraftModel(draft), sampling=GREEDY)
     base, _ = generate(teacher, prompt, 12, sampling=GREEDY)
-    assert all(torch.equal(a, b) for a, b in zip(spec, base))
+    assert all(torch.equal(a, b) for a, b in zip(spec, base, strict=True))
 
 
 @pytest.mark.parametrize("override,message", [
@@ -204,8 +204,8 @@ def test_a_student_as_large_as_the_teacher_warns(distill_cfg, tmp_path):
 
 
 def test_a_changed_teacher_is_refused_on_resume(distill_cfg, tmp_path, teacher_export):
-    from train.tasks.draft_distill import DraftDistillModule
     from train.run import validate
+    from train.tasks.draft_distill import DraftDistillModule
 
     kwargs = validate(distill_cfg(tmp_path))
     module = DraftDistillModule(**{**kwargs, "weights_sha256": "0" * 64})

@@ -3,6 +3,7 @@ arguments when built, in one line, and names the decoding it runs."""
 
 import pytest
 import torch
+
 from test_decode import chi_square_p_value, ragged_prompts, tiny, tiny_prophet
 
 from specdec_models import SpecdecError
@@ -80,7 +81,7 @@ def test_greedy_prompt_lookup_with_a_datastore_proposes_its_continuation_and_sta
     target, prompts = tiny(sharpen=4.0), [torch.tensor([3, 1, 4]), torch.tensor([2, 7])]
     base, _ = generate(target, prompts, 16, sampling=GREEDY)
     # the target's own answers as the store: its 3-grams continue exactly as the target does
-    answers = [p.tolist() + t.tolist() for p, t in zip(prompts, base)]
+    answers = [p.tolist() + t.tolist() for p, t in zip(prompts, base, strict=True)]
     got, stats = generate(target, prompts, 16, Lookup(4, datastore=Datastore(answers)), sampling=GREEDY)
     assert [t.tolist() for t in got] == [t.tolist() for t in base]
     _, alone = generate(target, prompts, 16, Lookup(4), sampling=GREEDY)

@@ -8,9 +8,8 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-# after the importorskip above: these modules need transformers
-from test_decode import chi_square_p_value, correction_from_p  # noqa: E402
-from test_hf_decode import (  # noqa: E402
+from test_decode import chi_square_p_value, correction_from_p
+from test_hf_decode import (
     V,
     _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
     build,
@@ -18,9 +17,9 @@ from test_hf_decode import (  # noqa: E402
     ragged_prompts,
 )
 
-from specdec_models import SpecdecError  # noqa: E402
-from specdec_models.decode import GREEDY, HeadDrafter, TreeDrafter, generate  # noqa: E402
-from specdec_models.heads.eagle3 import (  # noqa: E402
+from specdec_models import SpecdecError
+from specdec_models.decode import GREEDY, HeadDrafter, TreeDrafter, generate
+from specdec_models.heads.eagle3 import (
     Eagle3Config,
     Eagle3Head,
     choose_draft_vocab,
@@ -28,7 +27,7 @@ from specdec_models.heads.eagle3 import (  # noqa: E402
     needed_chains,
     vocab_maps,
 )
-from specdec_models.sampling import SamplingConfig, to_probs  # noqa: E402
+from specdec_models.sampling import SamplingConfig, to_probs
 
 
 @pytest.fixture(scope="module")
@@ -187,9 +186,9 @@ def test_unrolled_steps_compute_only_the_chains_with_a_counted_label_ahead(llama
     params = [p for name, p in head.named_parameters() if name.startswith(("fc.", "layers."))]
     gathered = [full[0]] + [f.gather(1, chains[..., None].expand(-1, -1, f.shape[-1])) for f in full[1:]]
     keep = [queries] + [real] * 3
-    dense = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, gathered, keep, strict=False))
-    packed = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, some, keep, strict=False))
-    for a, b in zip(torch.autograd.grad(dense, params), torch.autograd.grad(packed, params), strict=False):
+    dense = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, gathered, keep, strict=True))
+    packed = sum((w * f * m[..., None]).sum() for w, f, m in zip(weights, some, keep, strict=True))
+    for a, b in zip(torch.autograd.grad(dense, params), torch.autograd.grad(packed, params), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 

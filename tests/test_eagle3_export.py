@@ -13,8 +13,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from conftest import load_script
 from safetensors.torch import load_file, save_file
+
+from conftest import load_script
 from test_decode_cli import cli
 from test_hf_decode import hf_greedy, ragged_prompts
 from test_hf_decode_cli import VOCAB, char_tokenizer
@@ -94,7 +95,7 @@ def test_each_layout_round_trips_to_the_same_head(setup, layout):
     assert back.draft_ids.tolist() == head.draft_ids.tolist()
     for name, t in head.state_dict().items():
         assert torch.equal(back.state_dict()[name], t), name
-    for a, b in zip(ttt(head, target), ttt(back, target)):
+    for a, b in zip(ttt(head, target), ttt(back, target), strict=True):
         assert torch.equal(a, b)
     # a second save of the same head replaces it (atomically, whole); no temps are left
     save_eagle3(out, back, layout)
@@ -121,7 +122,8 @@ def test_the_speculators_layout_writes_every_field_vllm_reads(setup):
     assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3Speculator"]
     assert config["draft_vocab_size"] == 40 and config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 5]
     for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad"):
-        assert config[flag] is False                     # written out: vLLM reads a missing norm_before_residual as true
+        # written out: vLLM reads a missing norm_before_residual as true
+        assert config[flag] is False
     tl = config["transformer_layer_config"]
     assert (tl["model_type"], tl["vocab_size"], tl["num_hidden_layers"], tl["hidden_size"]) == ("llama", VOCAB, 1, 32)
     assert (tl["num_attention_heads"], tl["num_key_value_heads"], tl["head_dim"]) == (4, 2, 8)
@@ -177,12 +179,12 @@ def test_the_sglang_layout_has_the_names_shapes_and_fields_sglangs_loader_reads(
     # hidden_states indices [2, 3, 5] (inputs of layers 2, 3, 5) are SGLang's outputs of layers 1, 2, 4
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
     assert layer_ids_from_sglang([1, 2, 4]) == [2, 3, 5]
-    H, I, q, kv = 32, 64, 4 * 8, 2 * 8
+    H, F, q, kv = 32, 64, 4 * 8, 2 * 8
     shapes = {"fc.weight": (H, 3 * H), "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
               "midlayer.post_attention_layernorm.weight": (H,), "midlayer.self_attn.q_proj.weight": (q, 2 * H),
               "midlayer.self_attn.k_proj.weight": (kv, 2 * H), "midlayer.self_attn.v_proj.weight": (kv, 2 * H),
-              "midlayer.self_attn.o_proj.weight": (H, q), "midlayer.mlp.gate_proj.weight": (I, H),
-              "midlayer.mlp.up_proj.weight": (I, H), "midlayer.mlp.down_proj.weight": (H, I),
+              "midlayer.self_attn.o_proj.weight": (H, q), "midlayer.mlp.gate_proj.weight": (F, H),
+              "midlayer.mlp.up_proj.weight": (F, H), "midlayer.mlp.down_proj.weight": (H, F),
               "norm.weight": (H,), "lm_head.weight": (40, H), "d2t": (40,), "t2d": (VOCAB,)}
     tensors = load_file(str(out / "model.safetensors"))
     assert {k: tuple(v.shape) for k, v in tensors.items()} == shapes

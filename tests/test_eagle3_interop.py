@@ -165,7 +165,7 @@ def test_a_head_built_by_speculators_drafts_the_same_tokens_in_specdec(smollm2, 
         assert torch.equal(ours[k][0].argmax(-1), drafts[k][0, :n]), f"step {k}: drafted tokens differ"
         report.append(float((ours[k][0] - seen[k][0, :n]).abs().max()))
     assert max(report) <= TOLERANCE
-    print(f"\nspeculators-built head in specdec, max |logit diff| per TTT step: "
+    print("\nspeculators-built head in specdec, max |logit diff| per TTT step: "
           + ", ".join(f"{d:.2e}" for d in report))
 
     prompt = rows[0, :-16]

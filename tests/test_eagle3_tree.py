@@ -12,8 +12,13 @@ transformers = pytest.importorskip("transformers")
 
 from test_decode import chi_square_p_value
 from test_eagle3 import _samples, head_for
-from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
-from test_hf_decode import V, build, hf_greedy, ragged_prompts
+from test_hf_decode import (
+    V,
+    _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
+    build,
+    hf_greedy,
+    ragged_prompts,
+)
 
 from specdec_models import SpecdecError
 from specdec_models.decode import GREEDY, HeadDrafter, SamplingConfig, TreeDrafter, TreeSpec, generate
@@ -32,7 +37,8 @@ def toy_prompts() -> list[torch.Tensor]:
 def _greedy(target, head, prompts, n, *specs):
     """(tokens as lists, stats) of greedy tree decoding with each spec."""
     runs = [generate(target, prompts, n, TreeDrafter(head, spec), sampling=GREEDY) for spec in specs]
-    return [([t.tolist() for t in out], stats) for out, stats in runs]          # a prompt ending in a loop: prompt lookup proposes 4, 5, 4, 5
+    # a prompt ending in a loop: prompt lookup proposes 4, 5, 4, 5
+    return [([t.tolist() for t in out], stats) for out, stats in runs]
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +250,8 @@ def test_a_node_budget_verifies_at_most_its_nodes_and_stays_exact(toy):
                                                     TreeSpec(4, 3, 3, nodes=30))
     assert cut_stats.drafted <= 5 * (cut_stats.row_calls - len(toy_prompts())) < full_stats.drafted
     assert full_stats.drafted == 30 * (full_stats.row_calls - len(toy_prompts()))
-    assert (same_stats.drafted, same_stats.per_position_acceptance) == (full_stats.drafted, full_stats.per_position_acceptance)
+    assert ((same_stats.drafted, same_stats.per_position_acceptance)
+            == (full_stats.drafted, full_stats.per_position_acceptance))
 
 
 def test_a_budget_skips_head_steps_whose_children_cannot_enter_it(toy, monkeypatch):
@@ -655,7 +662,7 @@ def test_tree_stats_count_the_heads_nodes_by_their_draft_probability(toy):
     ((_, stats),) = _greedy(target, head, toy_prompts(), 24, TreeSpec(3, 3, 2))
     assert len(stats.nodes_by_q) == len(stats.accepted_by_q) == len(NODE_Q_EDGES) + 1 == len(node_q_bins())
     assert sum(stats.nodes_by_q) == stats.drafted and sum(stats.accepted_by_q) == stats.accepted > 0
-    assert all(0 <= a <= n for a, n in zip(stats.accepted_by_q, stats.nodes_by_q))
+    assert all(0 <= a <= n for a, n in zip(stats.accepted_by_q, stats.nodes_by_q, strict=True))
     merged = DecodeStats.merge([stats, stats])
     assert merged.nodes_by_q == [2 * n for n in stats.nodes_by_q]
     assert merged.accepted_by_q == [2 * a for a in stats.accepted_by_q]

@@ -4,6 +4,7 @@ Decoder with the word-level ChatML tokenizer of test_conversations, and a plante
 
 import pytest
 import torch
+
 from test_conversations import THINKING, tokenizer
 
 from specdec_models import Decoder, ModelConfig, SpecdecError
@@ -78,7 +79,7 @@ def test_chat_template_kwargs_reach_every_turns_template():
     plain = ev.conversation_turns(tok, prompts()[0], lambda ids: torch.tensor([], dtype=torch.long))
     off = ev.conversation_turns(tok, prompts()[0], lambda ids: torch.tensor([], dtype=torch.long),
                                 {"enable_thinking": False})
-    for a, b in zip(plain, off):
+    for a, b in zip(plain, off, strict=True):
         assert "<think>" not in tok.decode(a.tolist()) and tok.decode(b.tolist()).endswith("<think> </think>")
 
 
@@ -112,7 +113,8 @@ def test_every_drafter_reproduces_plain_greedy_decoding_and_is_scored_per_catego
         for m in overall.values():
             assert m["tau"] >= 1.0 and m["tokens"] > 0 and m["seconds"] > 0
         # overall sums the categories
-        assert overall["draft"]["tokens"] == groups["writing"]["draft"]["tokens"] + groups["roleplay"]["draft"]["tokens"]
+        categories = groups["writing"]["draft"]["tokens"] + groups["roleplay"]["draft"]["tokens"]
+        assert overall["draft"]["tokens"] == categories
     greedy = out[0.0]["overall"]
     assert greedy["draft"]["tokens"] == greedy["plain"]["tokens"] == greedy["lookup"]["tokens"]
     assert len(greedy["draft"]["per_position_acceptance"]) > 0
@@ -166,6 +168,7 @@ def test_a_drafter_named_plain_is_refused():
 
 def test_greedy_equality_holds_with_a_tiny_hf_llama_target():
     import transformers
+
     from test_hf_decode import llama_config
 
     tok = tokenizer()
@@ -195,6 +198,7 @@ def cli_inputs(tmp_path_factory):
     import json
 
     import transformers
+
     from test_hf_decode import llama_config
 
     from specdec_models.export.eagle3 import save_eagle3

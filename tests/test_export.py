@@ -8,8 +8,16 @@ import pytest
 import torch
 
 import specdec_models.export.specdec as export_mod
-from specdec_models import (Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError, export_hash,
-                            load_export, save_export)
+from specdec_models import (
+    Decoder,
+    ModelConfig,
+    ModelWithProphet,
+    ProphetConfig,
+    SpecdecError,
+    export_hash,
+    load_export,
+    save_export,
+)
 
 V = 64
 

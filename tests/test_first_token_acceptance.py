@@ -36,7 +36,7 @@ def exact_rrs(p: list[float], q: list[float], k: int) -> float:
             accept = min(1.0, p_i[x] / q_i[x]) if q_i[x] > 0 else 0.0
             accepted += missed * accept
             missed *= 1 - accept
-            left = [max(0.0, a - b) for a, b in zip(p_i, q_i)]
+            left = [max(0.0, a - b) for a, b in zip(p_i, q_i, strict=True)]
             p_i = [v / sum(left) for v in left] if sum(left) > 0 else p_i
             q_i[x] = 0.0
         total += chance * accepted

@@ -10,8 +10,9 @@ import math
 import lightning as L
 import pytest
 import torch
-from conftest import StopAt, load_script
 from safetensors.torch import load_file
+
+from conftest import StopAt, load_script
 
 import train.run as train_run
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, load_export, save_export
@@ -153,7 +154,8 @@ def test_export_holds_the_frozen_main_and_the_prophet_and_decodes(online, main_e
 
     result, _ = online
     pair = load_export(result["export_dir"])
-    assert isinstance(pair, ModelWithProphet) and read_export_config(result["export_dir"])["kind"] == "model_with_prophet"
+    assert isinstance(pair, ModelWithProphet)
+    assert read_export_config(result["export_dir"])["kind"] == "model_with_prophet"
     for name, tensor in main_tensors(main_export).items():
         assert torch.equal(pair.model.state_dict()[name], tensor), name
     meta = read_export_config(result["export_dir"])["metadata"]
@@ -161,7 +163,7 @@ def test_export_holds_the_frozen_main_and_the_prophet_and_decodes(online, main_e
     prompts = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     spec, stats = generate(pair.model, prompts, 8, HeadDrafter(pair), sampling=GREEDY)
     base, _ = generate(pair.model, prompts, 8, sampling=GREEDY)
-    assert all(torch.equal(a, b) for a, b in zip(spec, base))        # greedy speculative decoding is exact
+    assert all(torch.equal(a, b) for a, b in zip(spec, base, strict=True))        # greedy speculative decoding is exact
     assert stats.method == "prophet"
     assert decode_main(["--export", str(result["export_dir"]), "--method", "prophet", "--prompt", "the ",
                         "--max-new-tokens", "8"]) == 0
@@ -275,8 +277,8 @@ def test_distilled_runs_train_and_log_the_divergence(compose, tiny_corpus, main_
     metrics = result["metrics"]
     for key in ("train/loss", "train/prophet_loss", "train/distill_loss", "val/prophet_loss", "val/distill_loss"):
         assert math.isfinite(metrics[key]), key
-    assert metrics["train/loss"] == pytest.approx(0.5 * metrics["train/prophet_loss"] + 0.5 * metrics["train/distill_loss"],
-                                                  rel=1e-5)
+    mixed = 0.5 * metrics["train/prophet_loss"] + 0.5 * metrics["train/distill_loss"]
+    assert metrics["train/loss"] == pytest.approx(mixed, rel=1e-5)
 
 
 # ---------------------------------------------------------------- a main model with a prophet, of another width

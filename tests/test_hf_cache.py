@@ -138,7 +138,8 @@ def test_train_windows_keeps_the_first_training_rows_and_the_same_validation_row
     assert (full.train_rows, part.train_rows) == (8, 3)
     assert torch.equal(part.validation_batch()["tokens"], full.validation_batch()["tokens"])
     assert torch.equal(part.validation_batch()["tokens"], every[8:])
-    seen = {tuple(r) for batch, _ in zip(part.train_dataloader(), range(6)) for r in batch["tokens"].tolist()}
+    seen = {tuple(r) for batch, _ in zip(part.train_dataloader(), range(6), strict=False)
+            for r in batch["tokens"].tolist()}
     assert seen == {tuple(r) for r in every[:3].tolist()}      # 24 draws of rows 0..2, each pass a permutation
     with pytest.raises(SpecdecError, match=r"data.train_windows \(9\) exceeds the 8 training rows") as error:
         HFEmbeddingsDataModule(cache=str(cache), seq_len=SEQ, val_windows=4, train_windows=9).cache_meta()
@@ -167,7 +168,8 @@ def test_extra_caches_add_all_their_rows_to_training_and_none_to_validation(hf, 
         assert sorted(seen[13 * p: 13 * (p + 1)]) == sorted(want)
     first = HFEmbeddingsDataModule(cache=str(main), seq_len=SEQ, batch_size=4, val_windows=4, train_windows=10,
                                    extra_caches=[str(extra)])
-    drawn = {tuple(r) for batch, _ in zip(first.train_dataloader(), range(5)) for r in batch["tokens"].tolist()}
+    drawn = {tuple(r) for batch, _ in zip(first.train_dataloader(), range(5), strict=False)
+             for r in batch["tokens"].tolist()}
     assert drawn == set(want[:10])                      # the main cache's 8 training rows, then the extra's first 2
 
 
@@ -229,7 +231,8 @@ def test_the_script_takes_layers_for_a_target_only(hf, tmp_path, capsys):
 
     script = load_script("cache_embeddings")
     out = tmp_path / "c"
-    assert script.main(["--export", str(tmp_path), "--data", str(hf["corpus"]), "--layers", "1", "--out", str(out)]) == 2
+    argv = ["--export", str(tmp_path), "--data", str(hf["corpus"]), "--layers", "1", "--out", str(out)]
+    assert script.main(argv) == 2
     assert "--layers" in capsys.readouterr().err and not out.exists()
     assert script.main(["--hf-model", str(hf["deep"]), "--text", str(hf["corpus"]), "--layers", "1", "-1",
                         "--out", str(out), "--seq-len", "8", "--windows", "4"]) == 0

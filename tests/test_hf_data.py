@@ -63,6 +63,7 @@ def stopping_target(path, tok, **model) -> None:
     """Save at `path` a tiny random Llama (test_hf_distill.save_model) whose EOS logit copies the
     row of the token its greedy chat answers emit most, so regenerated rows stop at EOS."""
     import torch
+
     from test_hf_distill import save_model
 
     from specdec_models.hf.weights import load_causal_lm

@@ -1,7 +1,7 @@
 """Hugging Face causal LMs as target and draft of `generate`: the adapter's per-row cache against
 uncached forwards, greedy exactness against `model.generate`, batch invariance, losslessness
-(chi-square, with an HF draft and with a prophet head), vocabularies and bad input. Tiny random GPT-NeoX and Llama models, saved and loaded
-back with `from_pretrained` as a user would."""
+(chi-square, with an HF draft and with a prophet head), vocabularies and bad input. Tiny random
+GPT-NeoX and Llama models, saved and loaded back with `from_pretrained` as a user would."""
 
 import copy
 import subprocess
@@ -16,8 +16,8 @@ from test_decode import chi_square_p_value, correction_from_p
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError
 from specdec_models.decode import GREEDY, DraftModel, HeadDrafter, generate
-from specdec_models.hf import HFDecoder
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
+from specdec_models.hf import HFDecoder
 from specdec_models.sampling import SamplingConfig, to_probs
 
 V = 96
@@ -98,7 +98,8 @@ def hf_greedy(model, prompts, n):
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - p.numel():], mask[i, width - p.numel():] = p, 1
-    batched = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    batched = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=0)
     return alone, batched[:, width:].tolist()
 
 
@@ -277,7 +278,8 @@ def toy_samples(toy, drafter, n, **kw):
 
 
 @pytest.mark.parametrize("drafter", ["draft", "prophet"])
-@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}], ids=["t1", "t0.7-topp0.9"])
+@pytest.mark.parametrize("setting", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}],
+                         ids=["t1", "t0.7-topp0.9"])
 def test_speculative_sampling_with_hf_models_is_lossless_chi_square(toy, drafter, setting):
     # 8 tokens, 3 emitted (512 joint outcomes), 6,000 samples, gamma 2 so rows go through
     # rejections, corrections and bonus tokens with ragged per-row HF cache rollbacks. The prophet

@@ -67,19 +67,21 @@ def hf_cfg(pair, tmp_path):
     def make(*extra, student="student", teacher="teacher"):
         return compose([
             f"experiment={TASK}", f"teacher.path={pair[teacher]}", f"student.path={pair[student]}",
-            f"data.files=[{pair['corpus']}]", f"data.windows_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}",
-            "trainer=cpu", "teacher.dtype=float32", "data.seq_len=32", "data.batch_size=4", "data.val_windows=4",
-            "data.val_batch_size=4", "trainer.max_steps=4", "trainer.val_check_interval=2",
+            f"data.files=[{pair['corpus']}]", f"data.windows_dir={tmp_path / 'cache'}",
+            f"output_dir={tmp_path / 'run'}", "trainer=cpu", "teacher.dtype=float32", "data.seq_len=32",
+            "data.batch_size=4", "data.val_windows=4", "data.val_batch_size=4", "trainer.max_steps=4",
+            "trainer.val_check_interval=2",
             "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
             "trainer.enable_model_summary=false", "optim.lr=3e-3", "optim.warmup_steps=1", "objective.prompt_len=8",
-            "objective.gen_len=8", "callbacks.speculative_eval.num_prompts=2", "callbacks.speculative_eval.prompt_len=8",
-            "callbacks.speculative_eval.max_new_tokens=8", "callbacks.progress_bar=null", *extra])
+            "objective.gen_len=8", "callbacks.speculative_eval.num_prompts=2",
+            "callbacks.speculative_eval.prompt_len=8", "callbacks.speculative_eval.max_new_tokens=8",
+            "callbacks.progress_bar=null", *extra])
     return make
 
 
 def build_module(cfg):
-    from train.tasks.hf_draft_distill import HFDraftDistillModule
     from train.run import validate
+    from train.tasks.hf_draft_distill import HFDraftDistillModule
 
     module = HFDraftDistillModule(**validate(cfg))
     module.setup("fit")
@@ -153,8 +155,8 @@ def test_gradients_never_reach_the_teacher_and_it_is_absent_from_the_state(hf_cf
 def test_a_changed_teacher_is_refused_when_a_run_resumes(hf_cfg, pair, tmp_path):
     import shutil
 
-    from train.tasks.hf_draft_distill import HFDraftDistillModule
     from train.run import validate
+    from train.tasks.hf_draft_distill import HFDraftDistillModule
 
     teacher = tmp_path / "teacher"
     shutil.copytree(pair["teacher"], teacher)

@@ -9,13 +9,18 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_hf_decode import _one_thread  # noqa: F401  (autouse here too: offline, one thread)
-from test_hf_decode import V, build, hf_greedy, ragged_prompts
+from test_hf_decode import (
+    V,
+    _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
+    build,
+    hf_greedy,
+    ragged_prompts,
+)
 
 from specdec_models import SpecdecError
 from specdec_models.decode import GREEDY, HeadDrafter, SamplingConfig, generate
-from specdec_models.hf import HFDecoder
 from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
+from specdec_models.hf import HFDecoder
 from specdec_models.losses import next_token_loss
 
 
@@ -76,8 +81,8 @@ def test_dropping_finished_rows_keeps_the_others_keys_values_and_hidden_states(t
     cache.rollback(torch.tensor([10, 4, 7, 6]))
     cache.compact_rows(torch.tensor([1]), torch.tensor([3]), 3)     # row 1 finished: row 3 takes its place
     rows = [0, 3, 2]
-    torch.testing.assert_close(cache.last_embeds(2), torch.stack([full.embeds[r, n - 2:n] for r, n in
-                                                                  zip(rows, (10, 6, 7))]), rtol=1e-5, atol=1e-5)
+    last = torch.stack([full.embeds[r, n - 2:n] for r, n in zip(rows, (10, 6, 7), strict=True)])
+    torch.testing.assert_close(cache.last_embeds(2), last, rtol=1e-5, atol=1e-5)
     start = cache.lengths.clone()
     out = dec(torch.stack([x[r, start[i]:start[i] + 3] for i, r in enumerate(rows)]), cache=cache).logits
     for i, r in enumerate(rows):
@@ -188,7 +193,7 @@ def trained_heads(targets):
         opt = torch.optim.Adam(head.parameters(), lr=3e-3)
         data = target_samples(target, 64, 29, seed=7)                     # (64, 32)
         g = torch.Generator().manual_seed(0)
-        for step in range(120):
+        for _ in range(120):
             seq = data[torch.randint(0, len(data), (16,), generator=g)]
             loss = head.loss(seq)
             opt.zero_grad()

@@ -195,14 +195,14 @@ def test_a_regenerated_cache_holds_prompts_and_the_targets_own_continuations(hf,
     valid = rows["valid_len"]
     answers = [rows["tokens"][i, int(rows["prompt_len"][i]):int(valid[i])].tolist() for i in range(24)]
     assert all(a.count(eos) <= 1 and (eos not in a or a[-1] == eos) for a in answers)   # cut right after the stop
-    assert all(int(v) == SEQ + 1 or a[-1] == eos for a, v in zip(answers, valid))
+    assert all(int(v) == SEQ + 1 or a[-1] == eos for a, v in zip(answers, valid, strict=True))
     assert (valid < SEQ + 1).any()                                # some sampled rows stop (seeded)
     data = HFEmbeddingsDataModule(cache=str(path), seq_len=SEQ, batch_size=4, val_windows=4)
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
     assert set(batch) == {"tokens", "embeds", "prompt_len", "valid_len"} and batch["valid_len"].shape == (4,)
     prompts = data.prompts(2, 8)
-    assert all(p.tolist() == rows["tokens"][i, : len(p)].tolist() for p, i in zip(prompts, (20, 23)))
+    assert all(p.tolist() == rows["tokens"][i, : len(p)].tolist() for p, i in zip(prompts, (20, 23), strict=True))
     assert "<bos> user" in data.decode_text(prompts[0])
 
 
@@ -290,7 +290,8 @@ def test_make_prompts_writes_chat_prompts_from_disjoint_splits(tmp_path, capsys)
     text.write_text(" ".join(f"word{i} alpha beta gamma delta" for i in range(3000)))
     make = _script("make_prompts")
     for split in ("train", "valid"):
-        assert make(["--text", str(text), "--split", split, "--count", "6", "--out", str(tmp_path / f"{split}.jsonl")]) == 0
+        out = tmp_path / f"{split}.jsonl"
+        assert make(["--text", str(text), "--split", split, "--count", "6", "--out", str(out)]) == 0
     rows = {s: [json.loads(line)["messages"][0] for line in (tmp_path / f"{s}.jsonl").read_text().splitlines()]
             for s in ("train", "valid")}
     assert all(len(r) == 6 and all(m["role"] == "user" for m in r) for r in rows.values())
@@ -313,7 +314,8 @@ def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(on
     assert student.config.num_hidden_layers == 1
     assert weights_sha256(load_causal_lm(models / "target")) == weights_sha256(target(hf))       # a plain copy
     corpus = [json.loads(line)["text"] for line in (models / "corpus.jsonl").read_text().splitlines()]
-    rows = cache_rows(open_cache(caches["dir"] / "regenerated"), np.arange(20), read_cache_meta(caches["dir"] / "regenerated"))
+    regenerated = caches["dir"] / "regenerated"
+    rows = cache_rows(open_cache(regenerated), np.arange(20), read_cache_meta(regenerated))
     assert len(corpus) == 20 and corpus[3] == hf["tok"].decode(rows["tokens"][3].tolist())     # training rows only
     capsys.readouterr()
 

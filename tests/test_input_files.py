@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from conftest import load_script
 
 from specdec_models.errors import SpecdecError

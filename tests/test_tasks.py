@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 import pytest
+
 from conftest import CONF, REPO
 
 from specdec_models.errors import SpecdecError

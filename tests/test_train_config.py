@@ -4,9 +4,10 @@ with a one-line error before anything is created."""
 from __future__ import annotations
 
 import pytest
-from conftest import CONF, REPO, load_script
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+
+from conftest import CONF, REPO, load_script
 
 from specdec_models import ModelConfig, ProphetConfig
 from specdec_models.errors import SpecdecError
@@ -18,7 +19,8 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 def test_every_experiment_the_readme_and_makefile_name_is_one_that_composes(compose):
     import re
 
-    named = set(re.findall(r"experiment=([a-z0-9_]+)", (REPO / "README.md").read_text() + (REPO / "Makefile").read_text()))
+    docs = (REPO / "README.md").read_text() + (REPO / "Makefile").read_text()
+    named = set(re.findall(r"experiment=([a-z0-9_]+)", docs))
     assert {"enwik8_prophet", "tiny"} <= named                 # the two the README's commands run
     assert named <= set(EXPERIMENTS), sorted(named - set(EXPERIMENTS))
     for name in sorted(named):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-import train.data.enwik8 as data_mod
 from conftest import TEXTMIX
+
+import train.data.enwik8 as data_mod
 from specdec_models.errors import SpecdecError
 from train.data.enwik8 import ENWIK8_BYTES, Enwik8DataModule, RandomWindows
 
@@ -48,9 +49,9 @@ def test_raw_zip_and_gz_files_give_the_same_split(raw, tmp_path, tiny_corpus):
 def test_training_batches_depend_only_on_seed_rank_and_index(raw):
     train = module(raw).load()["train"]
     a = RandomWindows(train, 32, 4, seed=1, rank=0, start=0)
-    first = [b for b, _ in zip(a, range(6))]
-    resumed = [b for b, _ in zip(RandomWindows(train, 32, 4, seed=1, rank=0, start=3), range(3))]
-    assert all(torch.equal(x, y) for x, y in zip(first[3:], resumed))
+    first = [b for b, _ in zip(a, range(6), strict=False)]
+    resumed = [b for b, _ in zip(RandomWindows(train, 32, 4, seed=1, rank=0, start=3), range(3), strict=False)]
+    assert all(torch.equal(x, y) for x, y in zip(first[3:], resumed, strict=True))
     assert first[0].shape == (4, 33) and first[0].dtype == torch.long
     assert not torch.equal(first[0], next(iter(RandomWindows(train, 32, 4, seed=1, rank=1, start=0))))
     assert not torch.equal(first[0], next(iter(RandomWindows(train, 32, 4, seed=2, rank=0, start=0))))

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from conftest import NOBODY, REPO, forked, load_script
+
 from specdec_models import Decoder, ModelConfig, save_export
 from specdec_models.errors import SpecdecError
 from train.run import run
@@ -159,7 +160,8 @@ def test_resuming_into_another_runs_folder_is_refused(trained, earlier_run, tiny
     ("+callbacks.speculative_eval.bogus=1",
      "callbacks.speculative_eval is not valid: SpeculativeEval.__init__() got an unexpected keyword argument 'bogus'"),
     # what the evaluation decodes must fit the models: caught before the first step, not at the first validation
-    ("callbacks.speculative_eval.gamma=7", "speculative_eval.gamma (7) needs a head that drafts gamma tokens per round: it drafts 6"),
+    ("callbacks.speculative_eval.gamma=7",
+     "speculative_eval.gamma (7) needs a head that drafts gamma tokens per round: it drafts 6"),
     ("callbacks.speculative_eval.max_new_tokens=250",
      "speculative_eval.prompt_len + max_new_tokens = 266 exceeds the target's max_seq_len 256"),
     ("callbacks.periodic_checkpoint.every_minutes=0", "periodic_checkpoint.every_minutes must be > 0 or null"),

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import forked
+
 from train.run import run
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")

@@ -21,8 +21,9 @@ import lightning as L
 import pytest
 import torch
 
-import train.run as train_run
 from conftest import forked
+
+import train.run as train_run
 from train.callbacks import PeriodicCheckpoint
 from train.loggers import STATE_KEY
 from train.run import run
@@ -73,7 +74,7 @@ def train_steps(rows) -> list[int]:
 
 def same_rows(a, b) -> None:
     assert [sorted(k for k, v in r.items() if v) for r in a] == [sorted(k for k, v in r.items() if v) for r in b]
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         for key, value in ra.items():
             if value and key != "epoch":
                 assert float(value) == pytest.approx(float(rb[key]), rel=1e-5, abs=1e-6), (ra["step"], key)
@@ -245,7 +246,7 @@ def test_soak_twenty_kills_at_random_moments_end_like_an_uninterrupted_run(tiny_
         # restart also spends ~1 s starting up), so kills spread along the run and it never
         # ends before the 20th, on a slow machine or a fast one
         longest = 0.3 + 1.5 * pace * (400 - step) / (20 - kill + 1)
-        child = forked(lambda: run(tiny_cfg(out, *steps, *resume)), kill_after=rng.uniform(0.3, longest))
+        child = forked(lambda resume=resume: run(tiny_cfg(out, *steps, *resume)), kill_after=rng.uniform(0.3, longest))
         assert child.status == -signal.SIGKILL, f"run ended before kill {kill + 1}: {child.output[-2000:]}"
     child = forked(lambda: run(tiny_cfg(out, *steps, f"ckpt_path={last}")))
     assert child.status == 0, child.output[-3000:]

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from conftest import TEXTMIX, StopAt, load_script
-from train.tasks.prophet import ProphetModule
+
 import train.run as train_run
 from train.run import run
+from train.tasks.prophet import ProphetModule
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 

@@ -2,9 +2,9 @@
 
 `python -m train experiment=...` runs `train.run.run(cfg)`: one of the tasks in `train.tasks`
 (one file each: the joint prophet, a prophet on a frozen main model, draft distillation, Hugging
-Face draft distillation, a prophet head for a Hugging Face target) on a DataModule of `train.data`, with the evaluation callback of
-`train.callbacks`, and exports through `train.checkpoints`. Configs live in `conf/`; the models
-themselves in `specdec_models`.
+Face draft distillation, a prophet head for a Hugging Face target) on a DataModule of
+`train.data`, with the evaluation callback of `train.callbacks`, and exports through
+`train.checkpoints`. Configs live in `conf/`; the models themselves in `specdec_models`.
 
 Configs may name a weights file that an installed Python package ships as
 `${package_file:PACKAGE,FILE[,INSTALL]}` (`specdec_models.hf.weights.package_file`; a one-line

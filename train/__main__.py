@@ -81,7 +81,7 @@ def fail(error: BaseException) -> NoReturn:
 def main(cfg: DictConfig) -> None:
     if not USER_WANTS_TRACEBACK:
         os.environ.pop("HYDRA_FULL_ERROR", None)    # processes the run starts (DDP) see the user's setting
-    from train.run import run   # imported here so `--help` and config errors skip importing lightning
+    from train.run import run  # imported here so `--help` and config errors skip importing lightning
 
     try:
         run(cfg)

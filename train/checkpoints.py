@@ -41,7 +41,7 @@ def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
     check(ckpt_path.is_file(), f"checkpoint {ckpt_path} does not exist")
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except Exception as error:  # pickle, zip or truncation errors: report the file, not the stack
+    except Exception as error:  # noqa: BLE001  pickle, zip or truncation errors: report the file, not the stack
         raise SpecdecError(f"cannot read checkpoint {ckpt_path} (truncated or not a checkpoint?): "
                            f"{one_line(error)}") from None
     check(isinstance(ckpt, dict) and isinstance(ckpt.get("hyper_parameters"), dict)

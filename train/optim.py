@@ -68,7 +68,8 @@ def configure_adam(model: torch.nn.Module, cfg: OptimConfig, total_steps: int | 
               {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
     optimizer_cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
     optimizer = optimizer_cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    check(total_steps is not None and total_steps > 0, "trainer.max_steps must be set (> 0): it sets the cosine schedule")
+    check(total_steps is not None and total_steps > 0,
+          "trainer.max_steps must be set (> 0): it sets the cosine schedule")
     clock = time_fraction or (lambda: None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step, total_steps, clock()))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -266,7 +266,7 @@ def _wandb_logged_in() -> bool:
     try:
         import wandb
         return bool(wandb.login(prompt=False, verify=False))
-    except Exception:  # no key, unreadable settings: treat as logged out
+    except Exception:  # noqa: BLE001  no key, unreadable settings: treat as logged out
         return False
 
 

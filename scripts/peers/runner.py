@@ -5,11 +5,11 @@ Each runner (scripts/peers/run_speculators.py, scripts/peers/run_specforge.py) r
 environment where its package is installed (`make setup-interop`: .venv-interop), one process per
 peer trainer, started by `scripts/train_peers.py` as `python scripts/peers/run_<trainer>.py`; it
 imports this module by its file name (its folder is first on sys.path). They live outside the
-installed `train` package: their packages pin other versions than specdec's environment. Each applies its peer's runtime patches (no file of the package is edited), trains from the data
-`train.data.peer_formats` wrote, stops cleanly at a wall-time budget or a step limit
-(`Budget`), keeps the saved head where specdec loads it
-(`specdec_models.export.eagle3.load_eagle3`) and writes a JSON report with the trainer's
-training throughput.
+installed `train` package: their packages pin other versions than specdec's environment. Each
+applies its peer's runtime patches (no file of the package is edited), trains from the data
+`train.data.peer_formats` wrote, stops cleanly at a wall-time budget or a step limit (`Budget`),
+keeps the saved head where specdec loads it (`specdec_models.export.eagle3.load_eagle3`) and
+writes a JSON report with the trainer's training throughput.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ class Budget:
         return False
 
     def report(self, peer: str, threads: int, **extra: Any) -> dict[str, Any]:
-        per_s = (lambda n: round(n / self.seconds, 2) if self.seconds > 0 else None)
+        def per_s(n: int) -> float | None:
+            return round(n / self.seconds, 2) if self.seconds > 0 else None
+
         return {"peer": peer, "threads": threads, "stopped_by": self.reason, "steps": self.steps,
                 "tokens": self.tokens, "answer_tokens": self.answer_tokens, "train_seconds": round(self.seconds, 2),
                 "tokens_per_s": per_s(self.tokens), "answer_tokens_per_s": per_s(self.answer_tokens), **extra}

@@ -86,20 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eagle3", metavar="DIR",
                         help="Hugging Face target: an EAGLE-3 head for it (specdec hf_eagle3 export, speculators or "
                              "SGLang layout)")
-    parser.add_argument("--tree", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]", default=None,
+    parser.add_argument("--tree", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]",
+                        default=None,
                         help="with --eagle3: draft a tree instead of a chain (e.g. 3,2,1: 3 steps, 2 children per "
                              "expanded node, 1 node expanded per step; gamma is then unused); a fourth number adds "
                              "that many prompt-lookup tokens as one more path (e.g. 3,2,1,6; 4..16: doubling after "
                              "each fully accepted lookup, up to 16); a last number with a point expands only nodes "
-                             "whose draft probability reaches it (e.g. 6,3,1,4..16,0.3); nodes=N verifies only the N most "
-                             "probable of the head's nodes (e.g. 6,3,2,4..16,0.3,nodes=12); keep=P (greedy) verifies only the "
-                             "head's nodes whose draft probability reaches P (e.g. 8,4,3,4..16,0.1,keep=0.05)")
+                             "whose draft probability reaches it (e.g. 6,3,1,4..16,0.3); nodes=N verifies only the N "
+                             "most probable of the head's nodes (e.g. 6,3,2,4..16,0.3,nodes=12); keep=P (greedy) "
+                             "verifies only the head's nodes whose draft probability reaches P (e.g. "
+                             "8,4,3,4..16,0.1,keep=0.05)")
     parser.add_argument("--lookup", metavar="N[..MAX]", default=None,
                         help="prompt-lookup decoding (method lookup, no draft model): N tokens that followed the "
                              "context's last n-gram earlier in it, verified in one call per round; N..MAX doubles "
                              "after each fully accepted lookup, up to MAX (e.g. 4..16)")
     parser.add_argument("--datastore", metavar="FILE",
-                        help="with --lookup, or --tree and its lookup: a datastore of the target's own answers (scripts/"
+                        help="with --lookup, or --tree and its lookup: a datastore of the target's own answers "
+                             "(scripts/"
                              "compare_hf_drafts.py datastore): where it matches a longer n-gram than prompt lookup "
                              "does in the context, its continuation is the tree's looked-up path")
     parser.add_argument("--method", choices=METHODS,
@@ -167,7 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(args.lookup is None or (args.method or "lookup") == "lookup",
           f"--lookup is only used by --method lookup, not --method {args.method}")
     for flag, value in (("--draft", args.draft), ("--prophet", args.prophet), ("--eagle3", args.eagle3)):
-        check(args.lookup is None or value is None, f"give --lookup or {flag}, not both: prompt lookup needs no drafter")
+        check(args.lookup is None or value is None,
+              f"give --lookup or {flag}, not both: prompt lookup needs no drafter")
     if args.datastore is not None:
         check(args.lookup is not None or (args.tree is not None and args.tree.lookup > 0),
               "--datastore proposes a looked-up path: give --lookup N, or --tree with a lookup (e.g. 8,4,3,4..16,0.2)")

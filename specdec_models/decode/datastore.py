@@ -37,7 +37,8 @@ class Datastore:
     """Token rows (e.g. answers) indexed by their n-grams, n in [min_ngram, max_ngram]; each
     n-gram keeps its `keep` latest occurrences (module docstring)."""
 
-    def __init__(self, rows: Iterable[Sequence[int]], *, min_ngram: int = 3, max_ngram: int = 3, keep: int = 64) -> None:
+    def __init__(self, rows: Iterable[Sequence[int]], *, min_ngram: int = 3, max_ngram: int = 3,
+                 keep: int = 64) -> None:
         check_positive_int(min_ngram, "datastore min_ngram")
         check_positive_int(keep, "datastore keep")
         check(isinstance(max_ngram, int) and max_ngram >= min_ngram,

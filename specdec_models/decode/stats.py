@@ -80,7 +80,8 @@ class DecodeStats:
         if self.method != "base":
             self.acceptance_rate = self.accepted / max(self.drafted, 1)
             self.alpha = self.alpha_sum / self.alpha_count if self.alpha_count else None
-            self.per_position_acceptance = [a / max(d, 1) for a, d in zip(self.accepted_at, self.drafted_at)]
+            self.per_position_acceptance = [a / max(d, 1)
+                                            for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
         return self
 
     @classmethod

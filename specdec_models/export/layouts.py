@@ -284,7 +284,7 @@ def read_weights(directory: Path) -> dict[str, Tensor]:
     for path in files:
         try:
             part = load_file(str(path), device="cpu")
-        except Exception as error:  # safetensors raises its own error types for a corrupt file
+        except Exception as error:  # noqa: BLE001  safetensors raises its own error types for a corrupt file
             raise SpecdecError(f"cannot read weights file {path} ({one_line(error)})") from None
         twice = sorted(set(part) & set(tensors))
         check(not twice, f"{directory}: tensors {', '.join(twice[:3])} appear in more than one weights file")

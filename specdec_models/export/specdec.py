@@ -384,7 +384,7 @@ def read_export_tensors(directory: str | os.PathLike, config: dict[str, Any] | N
     weights = _check_weights_file(directory, config)
     try:
         return load_file(str(weights), device="cpu")
-    except Exception as error:  # safetensors raises its own error types for a corrupt file
+    except Exception as error:  # noqa: BLE001  safetensors raises its own error types for a corrupt file
         raise SpecdecError(f"cannot read weights file {weights} ({_one_line(error)}): re-export the model") from None
 
 
@@ -422,7 +422,7 @@ def _check_weights_file(directory: Path, config: dict[str, Any]) -> Path:
     try:
         with safe_open(str(weights), framework="pt") as f:
             recorded = (f.metadata() or {}).get(CONFIG_HASH_KEY)
-    except Exception as error:  # safetensors raises its own error types for a corrupt file
+    except Exception as error:  # noqa: BLE001  safetensors raises its own error types for a corrupt file
         raise SpecdecError(f"cannot read weights file {weights} ({_one_line(error)}): re-export the model") from None
     check(recorded is None or recorded == config_sha256(config),
           f"{weights} does not match the {config['kind']} config in {directory / CONFIG_NAME}: that config "

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from ..config import JsonConfig, ModelConfig, ProphetConfig
 from ..errors import check, check_positive_int
-from ..model import Block, Decoder, RMSNorm, Rotary
 from ..hf.adapter import HFDecoder, is_hf_model, logits_width, text_config
+from ..model import Block, Decoder, RMSNorm, Rotary
 from .prophet import ProphetHead
 
 
@@ -157,7 +157,8 @@ class HFProphet(ProphetHead):
         check(is_hf_model(target), f"target must be a Hugging Face causal LM, got {type(target).__name__}")
         hidden = int(text_config(target.config).hidden_size)
         check(hidden == config.target_dim,
-              f"the head was made for a target of hidden size {config.target_dim}, {type(target).__name__} has {hidden}")
+              f"the head was made for a target of hidden size {config.target_dim}, "
+              f"{type(target).__name__} has {hidden}")
         self.config = config
         self.prophet_cfg = config.prophet
         self._target = (target,)

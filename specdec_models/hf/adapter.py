@@ -96,7 +96,8 @@ class HFSizes:
 
 
 class HFOutput(NamedTuple):
-    logits: Tensor               # (b, n, vocab_size), sliced to the shared vocabulary; (b, 1, vocab_size) with logits_at
+    # (b, n, vocab_size), sliced to the shared vocabulary; (b, 1, vocab_size) with logits_at
+    logits: Tensor
     embeds: Tensor | None = None  # (b, n, hidden * len(layers)): hidden states, when asked for
 
 
@@ -178,7 +179,8 @@ class HFKVCache:
         name = cache_argument(model)
         out = model(input_ids=tokens, attention_mask=mask, position_ids=pos, use_cache=True, **{name: self.kv}, **extra)
         check(getattr(out, name) is self.kv,
-              f"{type(model).__name__} did not use the DynamicCache it was given: its cache cannot be rolled back per row")
+              f"{type(model).__name__} did not use the DynamicCache it was given: "
+              "its cache cannot be rolled back per row")
         if self.keep_embeds:
             h = out.hidden_states[-1]                                                    # (b, n, hidden)
             self.embeds = h if self.embeds is None else torch.cat([self.embeds, h], 1)
@@ -275,7 +277,8 @@ class HFDecoder:
         width = logits_width(model)
         vocab_size = width if vocab_size is None else vocab_size
         check(isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and 1 <= vocab_size <= width,
-              f"vocab_size must be an integer in [1, {width}] (the rows of {type(model).__name__}'s head), got {vocab_size!r}")
+              f"vocab_size must be an integer in [1, {width}] (the rows of {type(model).__name__}'s head), "
+              f"got {vocab_size!r}")
         check(isinstance(slack, int) and slack >= 0, f"slack must be an integer >= 0, got {slack!r}")
         window = getattr(config, "sliding_window", None)
         uses_window = getattr(config, "use_sliding_window", True) is not False
@@ -330,7 +333,8 @@ class HFDecoder:
         logits = out.logits
         if logits_at is not None:
             rows = torch.arange(tokens.shape[0], device=logits.device)
-            logits = logits[rows, inverse.to(logits.device) if keep is not None else logits_at.to(logits.device)][:, None]
+            at = inverse if keep is not None else logits_at
+            logits = logits[rows, at.to(logits.device)][:, None]
         hidden = torch.cat([out.hidden_states[i] for i in layers], -1).to(tokens.device) if embeds else None
         return HFOutput(logits[..., : self.vocab_size].to(tokens.device), hidden)
 
@@ -346,7 +350,8 @@ def as_decoders(target: Any, draft: Any, vocab_size: int | str | None) -> tuple[
     if vocab_size is None and not hf:
         return target, draft
     if vocab_size is not None:
-        check(vocab_size == "min" or (isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size >= 1),
+        is_count = isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size >= 1
+        check(vocab_size == "min" or is_count,
               f"vocab_size must be an integer >= 1 or 'min', got {vocab_size!r}")
     sizes = [logits_width(m) if is_hf_model(m) else getattr(m, "vocab_size", None) for m in (target, draft)]
     if vocab_size is None:
@@ -364,7 +369,8 @@ def as_decoders(target: Any, draft: Any, vocab_size: int | str | None) -> tuple[
             if is_hf_model(m):
                 check(shared <= size, f"vocab_size {shared} exceeds the {role}'s {size} logits")
             else:
-                check(size == shared, f"the {role} ({type(m).__name__}) has vocabulary {size}, not vocab_size {shared}: "
+                check(size == shared,
+                      f"the {role} ({type(m).__name__}) has vocabulary {size}, not vocab_size {shared}: "
                       "only Hugging Face heads are sliced")
     target, draft = (HFDecoder(m, shared) if is_hf_model(m) else m for m in (target, draft))
     return target, draft

@@ -244,8 +244,9 @@ def lean_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float3
     extra = held - set(state)                   # tensors under names the model does not use
     if any(g != head_names for g in unread) or (unread and extra):
         raise LeanUnavailable(f"{path} holds no tensor named {unread[0][0]} (names converted on load, or buffers)")
-    check(not unread, f"{what}: {path} holds no LM-head tensor ({', '.join(head_names)}) and its config does not tie the head to "
-          "the token embedding (tie_word_embeddings): a target's LM head is needed to train a head for it")
+    check(not unread, f"{what}: {path} holds no LM-head tensor ({', '.join(head_names)}) and its config does not "
+          "tie the head to the token embedding (tie_word_embeddings): a target's LM head is needed to train a "
+          "head for it")
     sha = streamed_weights_sha256(model, source, what)
 
     decoder = _decoder_layers(model)

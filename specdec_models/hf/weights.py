@@ -138,7 +138,7 @@ def _gguf_damage(path: Path) -> str | None:
         end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     except ImportError:
         return None
-    except Exception as error:  # a damaged file can fail any way the reader parses it
+    except Exception as error:  # noqa: BLE001  a damaged file can fail any way the reader parses it
         return f"it does not parse: {_one_line(error)}"
     size = path.stat().st_size
     return f"its tensors end at byte {end:,}, the file has {size:,}" if end > size else None

@@ -182,6 +182,7 @@ def parse_subset(text: str | None, names: list[str]) -> dict[str, int | None]:
     out: dict[str, int | None] = {name: None for name in names}
     for part in text.split(","):
         name, _, value = part.partition("=")
-        check(name.strip() in names, f"--subset names {name.strip()!r}, which is not among --benchmarks {','.join(names)}")
+        check(name.strip() in names,
+              f"--subset names {name.strip()!r}, which is not among --benchmarks {','.join(names)}")
         out[name.strip()] = count(value)
     return out

@@ -30,12 +30,18 @@ import torch
 
 from specdec_models.config import ModelConfig, ProphetConfig
 from specdec_models.decode import DecodeStats, DraftModel, HeadDrafter, SamplingConfig, generate
-from specdec_models.decode.cost import (DRAFT, TARGET, expected_tokens_from_acceptance, predicted_speedup,
-                                        stored_profile, verify_key)
+from specdec_models.decode.cost import (
+    DRAFT,
+    TARGET,
+    expected_tokens_from_acceptance,
+    predicted_speedup,
+    stored_profile,
+    verify_key,
+)
 from specdec_models.errors import check
 from specdec_models.export import export_hash, load_export, read_export_config
-from specdec_models.model import Decoder
 from specdec_models.heads.prophet import ModelWithProphet
+from specdec_models.model import Decoder
 
 from .report import pyplot
 from .report import write_report as report_files
@@ -262,8 +268,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {100 * r['non_model_share']:.1f}% |")
     versus = [r for r in report["results"] if r["method"] in LUCIDRAINS_VARIANTS]
     if versus:
-        lines += ["", "| batch | lucidrains | gamma | lucidrains tokens/s | ours (prophet) tokens/s | ours / lucidrains "
-                      "| lucidrains accepted/round | ours accepted/round |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "| batch | lucidrains | gamma | lucidrains tokens/s | ours (prophet) tokens/s "
+                      "| ours / lucidrains | lucidrains accepted/round | ours accepted/round |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|"]
         for r in versus:
             lines.append(f"| {r['batch']} | {r['method']} | {r['gamma']} | {r['tokens_per_second']:.1f} "
                          f"| {fmt(r.get('ours_tokens_per_second'), '.1f')} | {fmt(r.get('ours_over_lucidrains'))}x "

@@ -6,9 +6,9 @@ The report dict holds `results` = {benchmark: {temperature as text ("0", "1"): {
 command, the date, the host (its CPU and the flags the CPU corner reads, torch, threads, GPU), the
 device, the dtype and how the greedy check ran (`greedy_check`: enforced in fp32, counted in
 bf16). `markdown(report)` renders one table per benchmark and temperature (rows: categories then
-overall; columns: plain decoding's tokens/s, then each drafter's tau and speed-up) and one of per-position acceptance (overall);
-`plot(report, file)` draws tau and speed-up per method, one panel per benchmark, a bar per
-temperature.
+overall; columns: plain decoding's tokens/s, then each drafter's tau and speed-up) and one of
+per-position acceptance (overall); `plot(report, file)` draws tau and speed-up per method, one
+panel per benchmark, a bar per temperature.
 """
 
 from __future__ import annotations

@@ -93,9 +93,10 @@ def compare_with_hf_generate(model: Any, prompts: list[Tensor], max_new_tokens: 
         name: {"seconds": [round(s, 4) for s in secs],
                "tokens_per_second": round(new / statistics.median(secs), 2) if secs else None}
         for name, secs in times.items()}
+    ratios = [h / o for h, o in zip(times["hf"], times["ours"], strict=True)]
     result.update(
-        ratio=round(statistics.median(h / o for h, o in zip(times["hf"], times["ours"])), 4) if repeats else None,
-        equal=got == ref, rows_equal=[g == r for g, r in zip(got, ref)], tokens=got,
+        ratio=round(statistics.median(ratios), 4) if repeats else None,
+        equal=got == ref, rows_equal=[g == r for g, r in zip(got, ref, strict=True)], tokens=got,
         method=stats.method, batch=len(prompts), max_new_tokens=max_new_tokens, gamma=kwargs["gamma"],
         tokens_per_call=round(stats.tokens_per_call, 3), target_calls=stats.target_calls,
         threads=torch.get_num_threads(), load_average=[round(x, 2) for x in os.getloadavg()])
@@ -122,7 +123,8 @@ def call_seconds(model: Any, context: Tensor, n: int, repeats: int = 5) -> float
 
 
 @torch.no_grad()
-def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10, seed: int = 0) -> dict[str, dict[int, float]]:
+def verify_costs(model: Any, context: int, sizes: list[int], repeats: int = 10,
+                 seed: int = 0) -> dict[str, dict[int, float]]:
     """What a target call on n new tokens costs over a 1-token step, through specdec's own cache
     (`HFDecoder`, batch 1, after `context` random tokens): {"chain": {n: ratio}, "tree": {n:
     ratio}}, "tree" passing a 4-D mask (a chain-shaped one, so the work is the same) as tree
@@ -236,7 +238,8 @@ def prompt_ids(path: Any, vocab: int) -> Tensor:
     try:
         from transformers import AutoTokenizer
 
-        ids = AutoTokenizer.from_pretrained(path, local_files_only=True)(ASSISTED_PROMPT, return_tensors="pt").input_ids[0]
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        ids = tokenizer(ASSISTED_PROMPT, return_tensors="pt").input_ids[0]
         if ids.numel() > 0:
             return ids
     except (OSError, ValueError, TypeError):

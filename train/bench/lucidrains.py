@@ -93,7 +93,7 @@ def _decoder_pairs(net: nn.Module, ours: nn.Module) -> tuple[list[tuple[Tensor, 
     feed-forward output projections whose lucidrains layer never applies its feed-forward (the
     published Decoder)."""
     pairs, unused_ff = [(net.token_emb.weight, ours.token_emb.weight)], []
-    for (attn, ff), block in zip(net.layers, ours.layers):
+    for (attn, ff), block in zip(net.layers, ours.layers, strict=True):
         applied = isinstance(attn, _AttentionThenFeedForward)
         if applied:
             attn, ff = attn.attn, attn.ff

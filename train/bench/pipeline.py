@@ -134,9 +134,9 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
     total = bench.warmup + bench.rounds * bench.steps
     rows, eval_result, cfg = [], None, None
     for precision in bench.precisions:
-        overrides = [f"model={bench.model}", "trainer=cpu", "logger=csv", f"data.path={path}", "data.allow_short=true",
-                     f"output_dir={workdir / precision}", f"trainer.max_steps={total}", f"trainer.precision={precision}",
-                     "trainer.num_sanity_val_steps=0", *bench.overrides]
+        overrides = [f"model={bench.model}", "trainer=cpu", "logger=csv", f"data.path={path}",
+                     "data.allow_short=true", f"output_dir={workdir / precision}", f"trainer.max_steps={total}",
+                     f"trainer.precision={precision}", "trainer.num_sanity_val_steps=0", *bench.overrides]
         cfg = compose(overrides)
         check(cfg.task.name == "prophet", f"the plain loop trains a prophet and its main model: keep task=prophet, "
                                           f"got task={cfg.task.name}")
@@ -171,7 +171,7 @@ def bench_pipeline(bench: PipelineBench, path: Path, data_desc: str, workdir: Pa
 def _pipeline_row(precision: str, run: Interleave, tokens_per_round: int) -> dict[str, Any]:
     """One precision's figures; `weights_max_abs_diff`: how far the two sides' weights ended apart
     (both trained the same steps on the same batches: ~0 in fp32, rounding in bf16-mixed)."""
-    per_round = [p / q for p, q in zip(run.plain_s, run.pipeline_s)]
+    per_round = [p / q for p, q in zip(run.plain_s, run.pipeline_s, strict=True)]
     pipeline_weights, plain_weights = run.module.net.state_dict(), run.plain.net.state_dict()
     diff = max(float((pipeline_weights[k].float() - v.float()).abs().max()) for k, v in plain_weights.items())
     pipe = tokens_per_round * len(run.pipeline_s) / sum(run.pipeline_s)

@@ -27,7 +27,8 @@ def load_note(report: dict[str, Any]) -> str:
     if not m:
         return ""
     before = "" if m.get("load_average_1m_before") is None else f"{m['load_average_1m_before']:.2f} before, "
-    return (f"\n\n{m['cpus']} CPUs, torch threads: {m['threads']}, {m['gpu'] or 'no GPU'}; load average (1 min) {before}"
+    return (f"\n\n{m['cpus']} CPUs, torch threads: {m['threads']}, {m['gpu'] or 'no GPU'}; "
+            f"load average (1 min) {before}"
             f"{m['load_average_1m_after']:.2f} after (above 0 means other jobs shared the CPUs).")
 
 

@@ -130,7 +130,7 @@ def time_to_quality(steps: Sequence[TrainStep], batch_of: Callable[[int], Tensor
         active = [i for i in active if rows[i]["reached"] is None]
         if not active:
             break
-    for row, s in zip(rows, steps):
+    for row, s in zip(rows, steps, strict=True):
         row["train_seconds"] = sum(s.seconds)
         row["steps"] = len(s.seconds)
     return rows
@@ -155,15 +155,17 @@ def bench_quality(bench: QualityBench, batch_of: Callable[[int], Tensor], valid:
             row.setdefault("by_threshold", {})[str(t)] = first_reached(row["curve"], t)
     return {"mode": "quality", "settings": asdict(bench), "valid": list(valid.shape), "prompts": list(prompts.shape),
             "evaluator": "teacher-forced greedy acceptance on validation windows (drafted_hits, "
-                         "simulated_tokens_per_call), and decode.generate T=0; lucidrains' mapped into ModelWithProphet",
+                         "simulated_tokens_per_call), and decode.generate T=0; "
+                         "lucidrains' mapped into ModelWithProphet",
             "contenders": rows}
 
 
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     thresholds = [str(t) for t in [s["threshold"], *s["also_report"]]]
-    lines = [f"{s['size']}, seq {s['seq_len']}, batch {s['batch_size']}, {s['optimizer']} lr {s['lr']} clip {s['clip']}, "
-             f"fp32; quality: tokens per call at T=0, gamma {s['gamma']}, teacher-forced on {report['valid'][0]} "
+    lines = [f"{s['size']}, seq {s['seq_len']}, batch {s['batch_size']}, {s['optimizer']} lr {s['lr']} "
+             f"clip {s['clip']}, fp32; quality: tokens per call at T=0, gamma {s['gamma']}, "
+             f"teacher-forced on {report['valid'][0]} "
              f"validation windows of {report['valid'][1]} bytes (stop at {s['threshold']}); evaluated every "
              f"{s['eval_every']} steps (at most {s['max_steps']})", "",
              "| contender | prophet windows / seq | steps | own train seconds | "
@@ -176,7 +178,8 @@ def markdown(report: dict[str, Any]) -> str:
             hit, base = r["by_threshold"][t], ours[t]
             ratio = f", {hit['train_seconds'] / base['train_seconds']:.2f}x" if hit and base else ""
             cells.append(f"{hit['train_seconds']:.0f} (step {hit['step']}{ratio})" if hit else "not reached")
-        last = r["curve"][-1] if r["curve"] else {"tokens_per_call": float("nan"), "decode_acceptance_rate": float("nan")}
+        nan = float("nan")
+        last = r["curve"][-1] if r["curve"] else {"tokens_per_call": nan, "decode_acceptance_rate": nan}
         lines.append(f"| {r['contender']} | {r['prophet_windows_per_seq']} | {r['steps']} | {r['train_seconds']:.0f} | "
                      + " | ".join(cells) + f" | {last['tokens_per_call']:.3f} | {last['decode_acceptance_rate']:.3f} |")
     return "\n".join(lines)

@@ -117,7 +117,8 @@ def contenders(size: str, seq_len: int, windows_per_seq: Sequence[int] = (),
     """Ours (every window, then each `windows_per_seq`), then lucidrains' `variants`, all from the same
     initial weights (torch seeded with `seed`)."""
     for name in variants:
-        check(name in LUCIDRAINS_VARIANTS, f"unknown lucidrains variant {name!r}: choose from {', '.join(LUCIDRAINS_VARIANTS)}")
+        check(name in LUCIDRAINS_VARIANTS,
+              f"unknown lucidrains variant {name!r}: choose from {', '.join(LUCIDRAINS_VARIANTS)}")
     main, prophet = size_configs(size, max_seq_len=max(1024, seq_len))
     check(prophet.anchor_count(seq_len) >= 1, f"seq_len {seq_len} holds no prophet window of {prophet.window_len}")
     torch.manual_seed(seed)

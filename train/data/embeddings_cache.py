@@ -616,7 +616,7 @@ def open_cache(cache: str | os.PathLike, meta: dict[str, Any] | None = None):
     try:
         shards = [Dataset.from_file(str(cache / name)) for name in sorted(meta["files"])]
         dataset = concatenate_datasets(shards) if len(shards) > 1 else shards[0]
-    except Exception as error:  # Arrow errors from a damaged file
+    except Exception as error:  # noqa: BLE001  Arrow errors from a damaged file
         raise SpecdecError(f"cannot read embeddings cache {cache} ({' '.join(str(error).split())}): "
                            f"rebuild it") from None
     check(len(dataset) == meta["windows"], f"embeddings cache {cache} holds {len(dataset)} windows, "

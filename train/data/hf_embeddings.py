@@ -94,7 +94,8 @@ def check_extra_cache(extra: Path, meta: dict[str, Any], cache: Path, seq_len: i
                                        f"{meta[key]}: an extra cache must be built with the same settings")
     check(found["model"].get("weights_sha256") == meta["model"].get("weights_sha256"),
           f"data.extra_caches: {extra} was made by another target than data.cache {cache} (weights sha256 "
-          f"{str(found['model'].get('weights_sha256'))[:16]}... against {str(meta['model'].get('weights_sha256'))[:16]}...)")
+          f"{str(found['model'].get('weights_sha256'))[:16]}... "
+          f"against {str(meta['model'].get('weights_sha256'))[:16]}...)")
     kinds = [m.get("source", {}).get("kind") for m in (found, meta)]
     check(kinds[0] == kinds[1], f"data.extra_caches: {extra} holds {kinds[0]} rows, data.cache {cache} {kinds[1]} "
                                 f"rows: train from caches of one kind")

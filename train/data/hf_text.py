@@ -90,7 +90,7 @@ def read_documents(paths: list[Path], work_dir: Path, sample_by: str):
     try:
         return datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train",
                                      cache_dir=str(work_dir / "datasets"), **kwargs)
-    except Exception as error:  # parse errors of the builders: name the files, one line
+    except Exception as error:  # noqa: BLE001  parse errors of the builders: name the files, one line
         raise SpecdecError(f"cannot read {', '.join(map(str, paths))}: {str(error).splitlines()[0]}") from None
 
 

@@ -19,8 +19,9 @@ models/eagle3/{data,core,metrics}.py and hs_connectors/transfer.py):
   `verifier_norm`, gain g) and LM head. Slot 3 is therefore the last layer BEFORE the final norm.
   The cache holds `post` = RMSNorm(x)·g, not x; `post / g` is stored instead
   (`before_final_norm`), which that norm maps back onto `post` (rms(post / g) = rms(x / rms(x)) =
-  1, up to eps: a relative eps / (2 mean(x^2))), so the teacher's logits are the cache's. With a bf16 or int8 cache the stored
-  `post` is rounded, its rms off 1 by the rounding, and the norm rescales it: the teacher's
+  1, up to eps: a relative eps / (2 mean(x^2))), so the teacher's logits are the cache's. With a
+  bf16 or int8 cache the stored `post` is rounded, its rms off 1 by the rounding, and the norm
+  rescales it: the teacher's
   logits are the cache's times 1 / rms(post / g), a factor within about 0.5% (bf16) or 1% (int8)
   of 1 per position. `shift_batch` then pairs, at position t, the feature of t, token t + 1,
   the verifier state of t + 1 and loss_mask[t + 1]: loss_mask[j] weighs the prediction the
@@ -210,4 +211,5 @@ def vocab_files(draft_ids: Tensor, target_vocab_size: int, out: str | os.PathLik
     return files
 
 
-__all__ = ["FORMATS", "answer_mask", "before_final_norm", "cache_layout", "iter_rows", "to_specforge", "to_speculators", "vocab_files"]
+__all__ = ["FORMATS", "answer_mask", "before_final_norm", "cache_layout", "iter_rows", "to_specforge", "to_speculators",
+           "vocab_files"]

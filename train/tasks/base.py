@@ -71,7 +71,7 @@ def data_class(cfg: DictConfig) -> type:
     check(isinstance(target, str), "data is not set: choose a data config (data=enwik8, data=hf_text, ...)")
     try:
         return get_class(target)
-    except Exception as error:  # ImportError or Hydra's wrapper of it
+    except Exception as error:  # noqa: BLE001  ImportError or Hydra's wrapper of it
         raise SpecdecError(f"data._target_ {target} cannot be imported: {' '.join(str(error).split())}") from None
 
 

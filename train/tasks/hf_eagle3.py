@@ -186,7 +186,7 @@ def read_start_export(path: str, weights_sha256: str, head: Eagle3Config) -> tup
     try:
         with safe_open(str(weights), framework="pt") as f:
             d2t = f.get_tensor("d2t")
-    except Exception as error:  # safetensors raises its own error types for a corrupt file
+    except Exception as error:  # noqa: BLE001  safetensors raises its own error types for a corrupt file
         raise SpecdecError(f"head.init_from: cannot read {weights} ({one_line(error)})") from None
     return config, (d2t.long() + torch.arange(d2t.numel())).tolist()
 
