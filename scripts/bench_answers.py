@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = args.target
     if target is None:
-        from smollm2 import smollm2_gguf  # a sibling script: scripts/ is first on sys.path
+        from train.smollm2 import smollm2_gguf
 
         target = str(smollm2_gguf())
     result = run(AnswersBench(target=target, conversations=args.conversations, max_new_tokens=args.max_new_tokens,
