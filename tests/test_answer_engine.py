@@ -235,7 +235,7 @@ def test_a_killed_run_resumes_from_its_written_parts_to_the_uninterrupted_answer
     with pytest.raises(KeyboardInterrupt):
         ca.answer_conversations(convs, tmp_path / "a", **kwargs)
     partial = tmp_path / "a.partial"
-    assert sorted(p.name for p in partial.glob("part-*.jsonl")) == [ca._part(k) for k in sorted(writes)]
+    assert sorted(p.name for p in partial.glob("part-*.jsonl")) == [ca.part_name(k) for k in sorted(writes)]
     monkeypatch.setattr(ca._Parts, "write", real)
     lines = []
     meta = ca.answer_conversations(convs, tmp_path / "a", report=lines.append, **kwargs)

@@ -64,7 +64,7 @@ FORMAT = "specdec-answers"
 MIN_ROOM = 16  # an answer needs at least this many positions left in the row to be worth asking for
 
 
-def _part(k: int) -> str:
+def part_name(k: int) -> str:
     return f"part-{k:05d}.jsonl"
 
 
@@ -302,11 +302,11 @@ def answer_conversations(conversations: Sequence[Conversation], out: str | os.Pa
     partial = out.with_name(f"{out.name}.partial")
     _open_partial(partial, settings, o.rank)
     mine = [k for k in range(batches) if k % o.world == o.rank]
-    todo = [k for k in mine if not (partial / _part(k)).is_file()]
+    todo = [k for k in mine if not (partial / part_name(k)).is_file()]
     if len(todo) < len(mine):
         say(f"resuming {partial}: {len(mine) - len(todo)} of {len(mine)} batch(es)"
             f"{f' of rank {o.rank}' if o.world > 1 else ''} already answered")
-    tokens = sum(_stats(partial, k).get("tokens", 0) for k in range(batches))
+    tokens = sum(part_stats(partial, k).get("tokens", 0) for k in range(batches))
     parts = _Parts(partial, conversations, o, progress, tokens)
     if o.keep_answers:
         for k in todo:
@@ -315,7 +315,7 @@ def answer_conversations(conversations: Sequence[Conversation], out: str | os.Pa
         _answer_simple(parts, todo, answerer, t0, say)
     else:
         _answer_batched(parts, todo, answerer, t0, say)
-    present = [k for k in range(batches) if (partial / _part(k)).is_file()]
+    present = [k for k in range(batches) if (partial / part_name(k)).is_file()]
     if o.world > 1 and len(present) < batches:
         say(f"rank {o.rank} answered its batches; {batches - len(present)} of other ranks are not written yet: the "
             f"last rank to finish writes {out}")
@@ -360,9 +360,7 @@ class _Parts:
         stats = {**counts, "seconds": now - self.last, "rank": self.options.rank}
         self.last = now
         self.tokens += counts["tokens"]
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        write_file(self.partial / _stats_name(k), lambda f: f.write(json.dumps(stats).encode()))
-        write_file(self.partial / _part(k), lambda f: f.write(lines.encode("utf-8")))   # the part last: it marks done
+        write_part(self.partial, k, records, stats)
         self.heard(min((k + 1) * self.options.batch_size, len(self.conversations)) if done is None else done,
                    self.tokens, "")
 
@@ -433,13 +431,52 @@ def _records(dialogues: dict[int, Dialogue]) -> tuple[list[dict[str, Any]], dict
     return [d.record for d in ordered if d.record is not None], dialogue_counts(ordered)
 
 
-def _stats_name(k: int) -> str:
+def stats_name(k: int) -> str:
     return f"part-{k:05d}.stats.json"
 
 
-def _stats(partial: Path, k: int) -> dict[str, Any]:
-    path = partial / _stats_name(k)
-    return json.loads(path.read_text()) if (partial / _part(k)).is_file() and path.is_file() else {}
+def part_stats(partial: Path, k: int) -> dict[str, Any]:
+    path = partial / stats_name(k)
+    return json.loads(path.read_text()) if (partial / part_name(k)).is_file() and path.is_file() else {}
+
+
+def write_part(partial: Path, k: int, records: Sequence[dict[str, Any]], stats: dict[str, Any]) -> None:
+    """Batch k's part in OUT.partial/: its stats, then its records as JSON lines, each atomic; the
+    part last, since its presence marks the batch done (a killed run redoes a batch without it)."""
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    write_file(partial / stats_name(k), lambda f: f.write(json.dumps(stats).encode()))
+    write_file(partial / part_name(k), lambda f: f.write(lines.encode("utf-8")))
+
+
+def join_parts(partial: Path, present: list[int], settings: dict[str, Any],
+               extra: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Inside OUT.partial/ (under `partial.finalize`'s lock): the parts `present` joined into
+    conversations.jsonl, answers.json written (`settings`, the counts summed over the parts'
+    stats, and `extra(the parts' stats)` where given), the parts and build.json removed, the folder
+    marked as answers. Shared by the in-process paths and the servers' (`served_answers`)."""
+    parts = [partial / part_name(k) for k in present]
+    stats = [part_stats(partial, k) for k in present]
+    totals = {"tokens": 0, "answers": 0, "too_long": 0, "seconds": 0.0}
+    for one in stats:
+        for name in totals:
+            totals[name] += one.get(name, 0)
+
+    def concat(f) -> None:
+        for p in parts:
+            f.write(p.read_bytes())
+
+    write_file(partial / ANSWERS_FILE, concat)
+    written = sum(1 for p in parts for line in p.open(encoding="utf-8") if line.strip())
+    meta = {**settings, "written": written, "batches_done": len(parts), **totals,
+            "ranks": len({one.get("rank", 0) for one in stats}),
+            "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9), **(extra(stats) if extra else {})}
+    write_file(partial / META_FILE, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
+    for k in present:
+        (partial / part_name(k)).unlink(missing_ok=True)
+        (partial / stats_name(k)).unlink(missing_ok=True)
+    (partial / BUILD_FILE).unlink(missing_ok=True)
+    mark_dir(partial, ANSWERS_KIND)
+    return meta
 
 
 def _open_partial(partial: Path, settings: dict[str, Any], rank: int) -> None:
@@ -454,33 +491,7 @@ def _finalize(partial: Path, out: Path, settings: dict[str, Any], present: list[
               t0: float) -> dict[str, Any]:
     """Join the parts into OUT (`partial.finalize`: one process, the one that takes the lock)."""
 
-    def join(partial: Path) -> dict[str, Any]:
-        parts = [partial / _part(k) for k in present]
-        totals = {"tokens": 0, "answers": 0, "too_long": 0, "seconds": 0.0}
-        ranks = set()
-        for k in present:
-            stats = _stats(partial, k)
-            for name in totals:
-                totals[name] += stats.get(name, 0)
-            ranks.add(stats.get("rank", 0))
-
-        def concat(f) -> None:
-            for p in parts:
-                f.write(p.read_bytes())
-
-        write_file(partial / ANSWERS_FILE, concat)
-        written = sum(1 for p in parts for line in p.open(encoding="utf-8") if line.strip())
-        meta = {**settings, "written": written, "batches_done": len(parts), **totals, "ranks": len(ranks),
-                "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9)}
-        write_file(partial / META_FILE, lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
-        for k in present:
-            (partial / _part(k)).unlink(missing_ok=True)
-            (partial / _stats_name(k)).unlink(missing_ok=True)
-        (partial / BUILD_FILE).unlink(missing_ok=True)
-        mark_dir(partial, ANSWERS_KIND)
-        return meta
-
-    done, meta = finalize(out, join)
+    done, meta = finalize(out, lambda partial: join_parts(partial, present, settings))
     if not done:
         return {"finalized": False, "rank": rank}
     meta["wall_seconds"] = time.perf_counter() - t0

@@ -26,7 +26,6 @@ before every request; the batches finished by then are the output.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 import time
@@ -37,12 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from specdec_models.errors import SpecdecError, check
-from specdec_models.files import mark_dir, write_file
 
 from .answer_server import Reference, Request, Retry, ServerPool, Stopped, connect
-from .chat_answers import ANSWERS_FILE, ANSWERS_KIND, FORMAT, META_FILE, MIN_ROOM, budget_text, record
+from .chat_answers import FORMAT, MIN_ROOM, budget_text, join_parts, part_name, part_stats, record, write_part
 from .conversations import Conversation, Turn, answer_prompts, context_ids
-from .partial import BUILD_FILE, finalize, open_partial, partial_dir
+from .partial import finalize, open_partial, partial_dir
 
 ENGINE = "server"
 
@@ -128,14 +126,6 @@ def answer_one(conversation: Conversation, index: int, pool: ServerPool, referen
     raise AssertionError("a conversation has more answers than turns")
 
 
-def _part(k: int) -> str:
-    return f"part-{k:05d}.jsonl"
-
-
-def _stats_name(k: int) -> str:
-    return f"part-{k:05d}.stats.json"
-
-
 class _Batches:
     """Collects answered conversations per batch and writes a batch's part when it is whole."""
 
@@ -160,9 +150,7 @@ class _Batches:
         now = time.monotonic()
         stats = {**counts, "seconds": now - self.last, "rank": 0, "servers": self.servers}
         self.last = now
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r, _ in results if r is not None)
-        write_file(self.partial / _stats_name(k), lambda f: f.write(json.dumps(stats).encode()))
-        write_file(self.partial / _part(k), lambda f: f.write(lines.encode("utf-8")))   # the part last: it marks done
+        write_part(self.partial, k, [r for r, _ in results if r is not None], stats)
         self.tokens += counts["tokens"]
         self.written += 1
         self.conversations += len(results)
@@ -191,10 +179,10 @@ def answer_from_servers(conversations: Sequence[Conversation], out: str | os.Pat
     partial = open_partial(out, recorded)
     b = settings.batch_size
     batches = -(-len(conversations) // b)
-    todo = [k for k in range(batches) if not (partial / _part(k)).is_file()]
+    todo = [k for k in range(batches) if not (partial / part_name(k)).is_file()]
     if len(todo) < batches:
         say(f"resuming {partial}: {batches - len(todo)} of {batches} batch(es) already answered")
-    done_tokens = sum(_stats(partial, k).get("tokens", 0) for k in range(batches))
+    done_tokens = sum(part_stats(partial, k).get("tokens", 0) for k in range(batches))
     sizes = {k: len(conversations[k * b:(k + 1) * b]) for k in todo}
     writer = _Batches(partial, sizes, servers, progress, len(conversations), done_tokens)
     deadline = None if max_seconds is None else t0 + max_seconds
@@ -202,7 +190,7 @@ def answer_from_servers(conversations: Sequence[Conversation], out: str | os.Pat
     if ran_out:
         say(f"the time budget ({budget_text(max_seconds / 60)} min) ran out after {writer.written} of {len(todo)} "
             "batches")
-    present = [k for k in range(batches) if (partial / _part(k)).is_file()]
+    present = [k for k in range(batches) if (partial / part_name(k)).is_file()]
     check(present, "the time budget ran out before one batch was answered")
     return _finalize(out, recorded, present, servers)
 
@@ -234,44 +222,18 @@ def _run(conversations: Sequence[Conversation], todo: list[int], b: int, pool: S
     raise failure
 
 
-def _stats(partial: Path, k: int) -> dict[str, Any]:
-    path = partial / _stats_name(k)
-    return json.loads(path.read_text()) if (partial / _part(k)).is_file() and path.is_file() else {}
-
-
 def _finalize(out: Path, settings: dict[str, Any], present: list[int], servers: list[dict[str, Any]]
               ) -> dict[str, Any]:
     """Join the parts into OUT (`partial.finalize`): conversations.jsonl and answers.json (the
     in-process path's fields, plus the servers of this run and of the runs it resumed)."""
 
-    def join(partial: Path) -> dict[str, Any]:
-        parts = [partial / _part(k) for k in present]
-        totals = {"tokens": 0, "answers": 0, "too_long": 0, "seconds": 0.0}
+    def servers_of(stats: list[dict[str, Any]]) -> dict[str, Any]:
         earlier: list[dict[str, Any]] = []
-        for k in present:
-            stats = _stats(partial, k)
-            for name in totals:
-                totals[name] += stats.get(name, 0)
-            earlier += [s for s in stats.get("servers", []) if s not in earlier]
+        for one in stats:
+            earlier += [s for s in one.get("servers", []) if s not in earlier]
+        return {"servers": servers, "servers_of_parts": earlier,
+                "quantized": any(s["weights"] == "quantized" for s in servers)}
 
-        def concat(f) -> None:
-            for p in parts:
-                f.write(p.read_bytes())
-
-        write_file(partial / ANSWERS_FILE, concat)
-        written = sum(1 for p in parts for line in p.open(encoding="utf-8") if line.strip())
-        meta = {**settings, "written": written, "batches_done": len(parts), **totals, "ranks": 1,
-                "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9), "servers": servers,
-                "servers_of_parts": earlier, "quantized": any(s["weights"] == "quantized" for s in servers)}
-        write_file(partial / META_FILE,
-                   lambda f: f.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()))
-        for k in present:
-            (partial / _part(k)).unlink(missing_ok=True)
-            (partial / _stats_name(k)).unlink(missing_ok=True)
-        (partial / BUILD_FILE).unlink(missing_ok=True)
-        mark_dir(partial, ANSWERS_KIND)
-        return meta
-
-    done, meta = finalize(out, join)
+    done, meta = finalize(out, lambda partial: join_parts(partial, present, settings, servers_of))
     check(done, f"another process is finishing {partial_dir(out)}: answer from servers with one process")
     return {**meta, "finalized": True}
