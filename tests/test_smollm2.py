@@ -130,3 +130,16 @@ def test_the_smollm2_experiments_target_the_recipes_gguf_through_the_package_fil
         sys.modules.pop("pkg", None)
     with pytest.raises(SpecdecError, match=r"^w.gguf is not installed \(no package no_such_pkg_xyz\)$"):
         loading.package_file("no_such_pkg_xyz", "w.gguf")
+
+
+def test_the_gpu_tools_gguf_alias_prints_the_path_train_smollm2_finds(capsys):
+    """../shared/tools/gpu-recipe/prepare.sh runs `scripts/smollm2.py --gguf-path`."""
+    from conftest import load_script
+
+    from train import smollm2 as recipe
+    try:
+        gguf = recipe.smollm2_gguf()
+    except SpecdecError as error:
+        pytest.skip(f"the real weights are not installed: {error}")
+    assert load_script("smollm2").main(["--gguf-path"]) == 0
+    assert capsys.readouterr().out.strip() == str(gguf)
