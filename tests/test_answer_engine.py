@@ -8,7 +8,7 @@ stops less often (answers also cut at max_new_tokens or at the row's end)."""
 from __future__ import annotations
 
 import random
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -160,31 +160,33 @@ def test_sampled_answers_do_not_depend_on_the_rows_they_share_calls_with(targets
     assert any(r != greedy[r["id"]] for r in sampled)   # T=1 rows did sample
 
 
-class Slow:
-    """A model forward that sleeps `seconds` first: generation that outlasts a budget."""
+class Clock:
+    """A clock the answers' modules read instead of time's (their `time.perf_counter`), moved on by
+    `seconds` at every model forward: a budget test that no machine's load can make fail."""
 
     def __init__(self, model, monkeypatch, seconds):
+        self.now = 0.0
         forward = model.forward
 
-        def slow(*args, **kwargs):
-            time.sleep(seconds)
+        def tick(*args, **kwargs):
+            self.now += seconds
             return forward(*args, **kwargs)
 
-        monkeypatch.setattr(model, "forward", slow)
+        monkeypatch.setattr(model, "forward", tick)
+        for module in (answer_engine, ca):
+            monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: self.now))
 
 
 def test_the_time_budget_stops_generation_within_a_call_and_keeps_finished_conversations(targets, tmp_path,
                                                                                            monkeypatch):
     a = answerer(targets, "stop", chunk=3)
     convs = conversations(30, seed=4)
-    Slow(a.decoder.model, monkeypatch, 0.03)                  # about 4 s of calls uninterrupted; the budget 1 s
+    clock = Clock(a.decoder.model, monkeypatch, 0.03)          # about 4 s of calls uninterrupted; the budget 1 s
     lines, heard = [], []
-    began = time.perf_counter()
     meta = ca.answer_conversations(convs, tmp_path / "a", answerer=a, identity={"kind": "test"}, data={},
                                    options=ca.AnswerOptions(batch_size=4, max_seconds=1.0), report=lines.append,
                                    progress=lambda *x: heard.append(x))
-    took = time.perf_counter() - began
-    assert 1.0 <= took < 2.5, took                              # stopped within a call or two of the budget
+    assert 1.0 <= clock.now <= 1.0 + 2 * 0.03 + 1e-9, clock.now  # stopped within a call or two of the budget
     assert 0 < meta["written"] < len(convs) - 1
     assert len(lines) == 1 and lines[0].startswith("the time budget (0.02 min) ran out:") and "in work" in lines[0]
     pairs, _ = ca.read_answers(tmp_path / "a")
