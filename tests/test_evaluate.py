@@ -483,11 +483,13 @@ def test_the_head_only_tree_column_has_no_lookup_path_and_the_head_lookup_tree_h
     assert list(drafters_for({"mine": head}, TreeSpec.parse("3,2,1"), None)) == ["mine", "mine+tree"]
 
 
-def test_the_speed_part_rests_on_the_speed_subset_and_tau_on_every_prompt(cli_inputs, command, tmp_path):
+def test_the_speed_part_rests_on_the_speed_subset_and_tau_on_every_prompt(cli_inputs, command, tmp_path,
+                                                                          monkeypatch):
     import json
 
     root, heads = cli_inputs
     out = tmp_path / "eval"
+    calls = _spy(monkeypatch)
     status, _, err = command("--target", root / "target", "--head", f"mine={heads['specdec']}", "--tree", "3,2,1,2..4",
                              "--speed-subset", "mt_bench=1", "--temperatures", "0", "--max-new-tokens", 5,
                              "--dtype", "fp32", "--tau-batch", 4, "--out", out)
@@ -505,6 +507,30 @@ def test_the_speed_part_rests_on_the_speed_subset_and_tau_on_every_prompt(cli_in
     assert {m["turns"] for m in parts["speed"]["overall"].values()} == {2}
     assert {m["turns"] for m in parts["acceptance"]["overall"].values()} == {8}
     assert "roleplay" not in parts["speed"] and parts["acceptance"]["roleplay"]["mine"]["turns"] == 4
+    # plain decoding: one batched call for MT-Bench's 4 first answers (--tau-batch 4), then the speed
+    # part's 2 + 2 turns; the acceptance part decodes the 6 MT-Bench turns the speed part left
+    assert [rows for method, rows, _ in calls if method is None] == [4, 1, 1, 1, 1]
+    assert "mt_bench: acceptance T=0: mine decoded 6 of 6 turns" in err
     md = (out / "evaluation.md").read_text()
     assert "Acceptance (4 prompts, 8 turns" in md and "Speed, mt_bench, T=0 (1 prompt, 2 turns" in md
     assert "mine+tree+lookup tau" in md and "mine+tree+lookup speed-up" in md
+
+
+def test_the_acceptance_part_counts_the_speed_parts_turns_without_decoding_them_again(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+    prompts = many_prompts()
+    turns = ev.contexts(target, tok, prompts, max_new_tokens=6)
+    decoded = {}
+    ev.evaluate(target, tok, drafters(len(tok)), prompts[:2], temperatures=(0.0,), max_new_tokens=6,
+                turns=turns[:2], decoded=decoded)
+    assert sorted(decoded) == sorted((0.0, m, p, k) for m in ("draft", "lookup") for p, k in
+                                     (("81", 0), ("82", 0), ("82", 1)))
+    calls = _spy(monkeypatch)
+    lines = []
+    out = ev.acceptance(target, tok, drafters(len(tok)), prompts, temperatures=(0.0,), max_new_tokens=6,
+                        turns=turns, decoded=decoded, progress=lines.append)
+    assert sum(rows for method, rows, _ in calls if method == "draft") == 9 - 3
+    assert sum(rows for method, rows, _ in calls if method == "lookup") == 9 - 3
+    assert {m["turns"] for m in out[0.0]["overall"].values()} == {9}
+    assert lines[-1].startswith("acceptance T=0: lookup decoded 6 of 6 turns")

@@ -220,10 +220,11 @@ def drafters_for(heads: dict, tree, lookup: tuple[int, int] | None) -> dict:
 
 def score_benchmark(hf, drafters, name: str, c: CheckedEval, job: EvalJob, strict: bool, progress):
     """One benchmark's two parts (`train.bench.evaluate`): the contexts built once with the
-    target's batched greedy answers, the acceptance part on every prompt, the speed part on
-    `c.speed[name]` of them taken across categories. Returns ({temperature key: {"acceptance":
-    groups, "speed": groups}}, {"acceptance": prompts, "speed": prompts}), each prompts entry
-    saying which prompts (ids) and how many turns its figures rest on."""
+    target's batched greedy answers, the speed part on `c.speed[name]` of the prompts taken across
+    categories, then the acceptance part on every prompt (the speed part's drafter calls count
+    there too, not decoded twice). Returns ({temperature key: {"acceptance": groups, "speed":
+    groups}}, {"acceptance": prompts, "speed": prompts}), each prompts entry saying which prompts
+    (ids) and how many turns its figures rest on."""
     from train.bench import eval_report
     from train.bench.benchmarks import across_categories
     from train.bench.evaluate import acceptance, contexts, evaluate
@@ -232,11 +233,13 @@ def score_benchmark(hf, drafters, name: str, c: CheckedEval, job: EvalJob, stric
     common = {"gamma": job.gamma, "vocab_size": hf.vocab_size, "batch": job.tau_batch, "progress": progress}
     turns = contexts(hf.target, hf.tokenizer, prompts, job.max_new_tokens, c.kwargs, **common)
     picked = across_categories(prompts, c.speed[name])
-    scored = {"acceptance": acceptance(hf.target, hf.tokenizer, drafters, prompts, c.temperatures,
-                                       job.max_new_tokens, job.seed, c.kwargs, turns=turns, **common),
-              "speed": evaluate(hf.target, hf.tokenizer, drafters, [prompts[i] for i in picked], c.temperatures,
-                                job.max_new_tokens, job.seed, c.kwargs, turns=[turns[i] for i in picked],
-                                strict=strict, **common)}
+    decoded: dict = {}
+    speed = evaluate(hf.target, hf.tokenizer, drafters, [prompts[i] for i in picked], c.temperatures,
+                     job.max_new_tokens, job.seed, c.kwargs, turns=[turns[i] for i in picked], strict=strict,
+                     decoded=decoded, **common)
+    scored = {"acceptance": acceptance(hf.target, hf.tokenizer, drafters, prompts, c.temperatures, job.max_new_tokens,
+                                       job.seed, c.kwargs, turns=turns, decoded=decoded, **common),
+              "speed": speed}
     results = {eval_report.temperature_key(t): {part: by_t[t] for part, by_t in scored.items()}
                for t in c.temperatures}
     parts = {"acceptance": _described(prompts, range(len(prompts))), "speed": _described(prompts, picked)}
@@ -275,7 +278,7 @@ def make_report(command: str, job: EvalJob, c: CheckedEval, strict: bool, drafte
 
 # what each part of `results` rests on, for a reader of evaluation.json
 PARTS = {"acceptance": "tau and per-position acceptance: every prompt and turn of the set (--subset), decoded by "
-                       "each drafter only, chains --tau-batch turns per call, trees and lookup one at a time; no plain "
-                       "decoding, no timing",
+                       "each drafter only, chains --tau-batch turns per call, trees and lookup one at a time (the "
+                       "speed part's turns counted from its batch-1 calls); no plain decoding, no timing",
          "speed": "tokens/s and speed-up over plain decoding: the first --speed-subset prompts taken across "
                   "categories, decoded plainly and by each drafter, batch 1, interleaved and timed; the greedy check"}

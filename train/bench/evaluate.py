@@ -162,8 +162,10 @@ class EvalOptions:
     """The keyword options of `evaluate`, `acceptance` and `contexts`: chains of `gamma`, a Hugging
     Face target's logits sliced to `vocab_size`, greedy mismatches refused (`strict`) or counted,
     `progress(line)` told the pace, `batch` rows per `generate` call where rows share a call (the
-    target's greedy answers that build second turns, `acceptance`'s chains), and `turns`: each
-    prompt's turns already built (`contexts`), else they are built here."""
+    target's greedy answers that build second turns, `acceptance`'s chains), `turns`: each
+    prompt's turns already built (`contexts`), else they are built here, and `decoded`: a dict
+    that `evaluate` fills with each drafter's `DecodeStats` per (temperature, drafter, prompt id,
+    turn) and in which `acceptance` finds the turns it need not decode again."""
 
     gamma: int = 5
     vocab_size: int | None = None
@@ -171,6 +173,7 @@ class EvalOptions:
     progress: Callable[[str], None] | None = None
     batch: int = 16
     turns: Sequence[Sequence[Tensor]] | None = None
+    decoded: dict | None = None
 
 
 class _Pace:
@@ -284,6 +287,8 @@ def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts:
                     tokens, stats, seconds = _timed(target, ids, max_new_tokens, drafters.get(name), sampling,
                                                     eos_id, g, o.gamma, o.vocab_size)
                     emitted[name] = tokens
+                    if o.decoded is not None and name != PLAIN:
+                        o.decoded[temperature, name, prompt.id, k] = stats
                     for group in (prompt.category, OVERALL):
                         scores.setdefault(group, {}).setdefault(name, Score()).add(stats, seconds)
                 if temperature == 0:
@@ -315,14 +320,60 @@ def _metrics(by_method: dict[str, Score], greedy: bool) -> dict[str, dict]:
             for name, s in by_method.items()}
 
 
-def _calls(prompts: Sequence[BenchPrompt], turns: Sequence[Sequence[Tensor]], rows: int):
+def _calls(prompts: Sequence[BenchPrompt], turns: Sequence[Sequence[Tensor]], rows: int, done: Callable):
     """The acceptance part's generate calls: [(category, [(prompt index, turn, ids), ...])], at most
-    `rows` turns each, never two categories in one call (a call's stats cover all its rows)."""
+    `rows` turns each, never two categories in one call (a call's stats cover all its rows); the
+    turns `done(prompt, turn)` left out."""
     by_category: dict[str, list] = {}
     for i, (prompt, ids_per_turn) in enumerate(zip(prompts, turns, strict=True)):
-        by_category.setdefault(prompt.category, []).extend((i, k, ids) for k, ids in enumerate(ids_per_turn))
+        by_category.setdefault(prompt.category, []).extend((i, k, ids) for k, ids in enumerate(ids_per_turn)
+                                                           if not done(prompt, k))
     return [(category, items[start:start + rows]) for category, items in by_category.items()
             for start in range(0, len(items), rows)]
+
+
+@dataclass
+class _Acceptance:
+    """`acceptance`'s shared inputs; `score` decodes one drafter at one temperature."""
+
+    target: Any
+    prompts: Sequence[BenchPrompt]
+    turns: Sequence[Sequence[Tensor]]
+    max_new_tokens: int
+    seed: int
+    eos_id: int
+    o: EvalOptions
+    tell: _Pace
+
+    def score(self, name: str, drafter: Drafter, temperature: float) -> dict[str, Score]:
+        """{category or "overall": Score} of `drafter` on every turn: the turns the speed part
+        decoded (`o.decoded`) counted from there, the rest decoded here."""
+        decoded, scores = self.o.decoded or {}, {}
+
+        def add(category: str, stats: DecodeStats) -> None:
+            for group in (category, OVERALL):
+                scores.setdefault(group, Score()).add(stats, 0.0)
+
+        def known(prompt: BenchPrompt, k: int) -> DecodeStats | None:
+            return decoded.get((temperature, name, prompt.id, k))
+
+        for prompt, ids_per_turn in zip(self.prompts, self.turns, strict=True):
+            for k in range(len(ids_per_turn)):
+                if known(prompt, k) is not None:
+                    add(prompt.category, known(prompt, k))
+        rows = self.o.batch if drafter.plan(self.o.gamma).rows is None else 1
+        calls = _calls(self.prompts, self.turns, rows, lambda p, k: known(p, k) is not None)
+        done, total = 0, sum(len(items) for _, items in calls)
+        for category, items in calls:
+            i, k, ids = items[0]
+            g = torch.Generator(device=ids.device).manual_seed(_seed(self.seed, i, k))
+            _, stats = generate(self.target, [x for _, _, x in items], self.max_new_tokens, drafter,
+                                sampling=_sampling(temperature), eos_id=self.eos_id, generator=g, gamma=self.o.gamma,
+                                vocab_size=self.o.vocab_size)
+            add(category, stats)
+            done += len(items)
+            self.tell(f"acceptance T={temperature:g}: {name} decoded {done} of {total} turns")
+        return scores
 
 
 def acceptance(target, tokenizer, drafters: Mapping[str, Drafter], prompts: Sequence[BenchPrompt],
@@ -338,7 +389,9 @@ def acceptance(target, tokenizer, drafters: Mapping[str, Drafter], prompts: Sequ
     per call with that turn's seed. At T=0 batching changes nothing but where two logits tie to
     the last bit (padding changes the reduction order). At T=1 a call's rows draw from one shared
     generator, so a turn's draws depend on the rows beside it: the same distribution, other
-    samples than batch 1's. Each turn's ids come from `options["turns"]` or `contexts`.
+    samples than batch 1's. Each turn's ids come from `options["turns"]` or `contexts`. A turn
+    found in `options["decoded"]` (the speed part's batch-1 decoding of the same turn by the same
+    drafter) is counted from there, not decoded again.
 
     Returns {temperature: {category or "overall": {drafter: metrics}}}, metrics a dict of tau,
     per_position_acceptance, tokens, target_calls (each row's share of the batched calls) and
@@ -348,29 +401,18 @@ def acceptance(target, tokenizer, drafters: Mapping[str, Drafter], prompts: Sequ
     check(all(d is not None for d in drafters.values()), "the acceptance part scores drafters only: no None")
     check(len(prompts) > 0, "no prompts to evaluate")
     check(o.batch >= 1, f"batch must be >= 1, got {o.batch}")
-    eos_id = end_of_turn_id(tokenizer)
     tell = _Pace(o.progress)
     turns = o.turns if o.turns is not None else contexts(target, tokenizer, prompts, max_new_tokens,
                                                          chat_template_kwargs, **{**options, "turns": None})
     check(len(turns) == len(prompts), f"{len(turns)} prompts' turns for {len(prompts)} prompts")
-    total = sum(len(t) for t in turns)
+    part = _Acceptance(target, prompts, turns, max_new_tokens, seed, end_of_turn_id(tokenizer), o, tell)
     out = {}
     for temperature in temperatures:
-        scores: dict[str, dict[str, Score]] = {}
+        by_group: dict[str, dict[str, dict]] = {}
         for name, drafter in drafters.items():
-            done = 0
-            for category, items in _calls(prompts, turns, o.batch if drafter.plan(o.gamma).rows is None else 1):
-                i, k, _ = items[0]
-                g = torch.Generator(device=items[0][2].device).manual_seed(_seed(seed, i, k))
-                _, stats = generate(target, [ids for _, _, ids in items], max_new_tokens, drafter,
-                                    sampling=_sampling(temperature), eos_id=eos_id, generator=g, gamma=o.gamma,
-                                    vocab_size=o.vocab_size)
-                for group in (category, OVERALL):
-                    scores.setdefault(group, {}).setdefault(name, Score()).add(stats, 0.0)
-                done += len(items)
-                tell(f"acceptance T={temperature:g}: {name} decoded {done} of {total} turns")
-        out[temperature] = {group: {name: {"tau": s.tau, "per_position_acceptance": s.per_position_acceptance,
-                                           "tokens": s.tokens, "target_calls": s.target_calls, "turns": s.turns}
-                                    for name, s in by_name.items()}
-                            for group, by_name in scores.items()}
+            for group, s in part.score(name, drafter, temperature).items():
+                by_group.setdefault(group, {})[name] = {
+                    "tau": s.tau, "per_position_acceptance": s.per_position_acceptance, "tokens": s.tokens,
+                    "target_calls": s.target_calls, "turns": s.turns}
+        out[temperature] = by_group
     return out
