@@ -534,3 +534,24 @@ def test_the_acceptance_part_counts_the_speed_parts_turns_without_decoding_them_
     assert sum(rows for method, rows, _ in calls if method == "lookup") == 9 - 3
     assert {m["turns"] for m in out[0.0]["overall"].values()} == {9}
     assert lines[-1].startswith("acceptance T=0: lookup decoded 6 of 6 turns")
+
+
+def test_batched_head_chain_scores_like_batch_1_on_a_tiny_hf_llama_target_at_t0(cli_inputs, monkeypatch):
+    import transformers
+
+    from specdec_models.decode import HeadDrafter
+    from specdec_models.export.eagle3 import load_eagle3
+
+    root, heads = cli_inputs
+    tok = tokenizer()
+    target = transformers.AutoModelForCausalLM.from_pretrained(root / "target").float().eval()
+    chain = {"mine": HeadDrafter(load_eagle3(heads["specdec"], target).eval())}
+    turns = ev.contexts(target, tok, many_prompts(), max_new_tokens=8)
+    emitted, scored = {}, {}
+    for batch in (1, 16):
+        calls = _spy(monkeypatch)
+        scored[batch] = ev.acceptance(target, tok, chain, many_prompts(), temperatures=(0.0,), max_new_tokens=8,
+                                      turns=turns, batch=batch)[0.0]
+        emitted[batch] = {k: v for _, _, by_prompt in calls for k, v in by_prompt.items()}
+    assert emitted[1] == emitted[16] and len(emitted[1]) == 9
+    assert scored[1] == scored[16] and scored[16]["overall"]["mine"]["turns"] == 9
