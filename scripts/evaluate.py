@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "one per category), or per benchmark, e.g. mt_bench=8,humaneval=16; each >= 1 (default 8, "
                         "all of the set when it is smaller)")
     p.add_argument("--tau-batch", type=int, default=16, metavar="N",
-                   help="turns per generate call when a chain is scored for tau (default 16; trees and lookup: 1)")
+                   help="turns per generate call when a chain is scored for tau, and for the target's answers "
+                        "that open MT-Bench's second turns (default 16; trees and lookup: 1)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated, each >= 0 (default 0,1)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer (default 256)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
