@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", default=d.subset,
                    help=f"prompts per benchmark category, K or NAME=K,... (default {d.subset}: 8 prompts per set; "
                         "'all': 80 MT-Bench, 164 HumanEval)")
+    p.add_argument("--speed-subset", default=d.speed_subset, metavar="K|NAME=K,...",
+                   help="the evaluation's speed part: the first K prompts of each set, taken across categories "
+                        "(default 8; scripts/evaluate.py --speed-subset)")
     p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
     p.add_argument("--tree", default=d.tree, help="the head's tree in the evaluation, beside its chain ('' for none)")
     p.add_argument("--processes", type=int, default=1,
@@ -131,7 +134,7 @@ def settings(a: argparse.Namespace):
                     cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
                     benchmarks=tuple(b for b in a.benchmarks.split(",") if b),
-                    subset=None if a.subset == "all" else a.subset,
+                    subset=None if a.subset == "all" else a.subset, speed_subset=a.speed_subset,
                     eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, processes=a.processes,
                     seed=a.seed, until=a.until)
 

@@ -1,20 +1,23 @@
 """Score drafters as EAGLE-3, SpecForge and speculators report them: `python scripts/evaluate.py`.
 
 A Hugging Face target (`--target DIR|FILE.gguf`) decodes MT-Bench (80 questions, both turns, the
-second after the target's own answer) and HumanEval (164 problems), batch 1, at T=0 and T=1,
-plainly and with each drafter, interleaved prompt by prompt (`train.bench.evaluate`; the command
-is `train.bench.eval_job`, which the recipe's evaluate step calls too). Drafters: each
-`--head NAME=PATH` (an EAGLE-3 head in specdec's hf_eagle3, speculators' or SGLang's layout, so
-heads trained by speculators or SpecForge too) as a chain of `--gamma` tokens, with `--tree SPEC`
-also as a tree (column NAME+tree), and with `--lookup` prompt lookup as its own baseline column.
-OUT (`--out`) gets evaluation.json, evaluation.md and evaluation.png (`train.bench.eval_report`):
-tau, per-position acceptance and speed-up over plain decoding per benchmark, temperature and
-category. One line per prompt and turn decoded goes to stderr. In fp32 every greedy output must
-equal plain decoding's (an error otherwise); in bf16 the turns that differ are counted instead.
+second after the target's own greedy answer) and HumanEval (164 problems) at T=0 and T=1 in two
+parts (`train.bench.evaluate`; the command is `train.bench.eval_job`, which the recipe's evaluate
+step calls too): tau and per-position acceptance from every prompt (or `--subset`'s), decoded by
+each drafter only, chains `--tau-batch` turns per call; speed-up and tokens/s from the first
+`--speed-subset` prompts (8 per benchmark by default), decoded plainly and with each drafter, batch
+1, interleaved prompt by prompt. Drafters: each `--head NAME=PATH` (an EAGLE-3 head in specdec's
+hf_eagle3, speculators' or SGLang's layout, so heads trained by speculators or SpecForge too) as a
+chain of `--gamma` tokens, with `--tree SPEC` also as the head's own tree (column NAME+tree) and,
+when SPEC has a lookup part, as that tree with a looked-up path (NAME+tree+lookup); with `--lookup`
+prompt lookup is its own baseline column. OUT (`--out`) gets evaluation.json, evaluation.md and
+evaluation.png (`train.bench.eval_report`) per benchmark, temperature and category. Progress lines
+go to stderr. In fp32 every greedy output of the speed part must equal plain decoding's (an error
+otherwise); in bf16 the turns that differ are counted instead.
 Bad input: one line, exit status 2, before any model loads; nothing written.
 
     python scripts/evaluate.py --target SmolLM2-135M-Instruct.Q4_1.gguf --head recipe=outputs/eagle3/head \\
-        --head specforge=outputs/peers/specforge --tree 6,3,2 --lookup --subset 2 --out outputs/evaluation
+        --head specforge=outputs/peers/specforge --tree 6,3,2,4..16 --lookup --subset 2 --out outputs/evaluation
 """
 
 from __future__ import annotations
@@ -42,15 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
                    help="an EAGLE-3 head for the target (specdec hf_eagle3, speculators or SGLang layout); repeatable")
     p.add_argument("--tree", metavar="SPEC",
-                   help="also draft each head as a tree (column NAME+tree), SPEC as the decoding CLI's --tree "
-                        "(e.g. 6,3,2)")
+                   help="also draft each head as a tree, SPEC as the decoding CLI's --tree (e.g. 6,3,2): column "
+                        "NAME+tree without SPEC's lookup part, and NAME+tree+lookup with it (e.g. 6,3,2,4..16)")
     p.add_argument("--gamma", type=int, default=5, help="tokens a head's chain drafts per round (default 5)")
     p.add_argument("--lookup", nargs="?", const="4..16", metavar="N[..MAX]",
                    help="prompt lookup as a baseline drafter, its own column (default 4..16 when given bare)")
     p.add_argument("--benchmarks", default="mt_bench,humaneval", help="comma-separated (default mt_bench,humaneval)")
     p.add_argument("--subset", default=None, metavar="K|NAME=K,...",
-                   help="the first K prompts of each category (MT-Bench has 10 per category, HumanEval 164 in one), or "
-                        "per benchmark, e.g. mt_bench=1,humaneval=8")
+                   help="the set scored: the first K prompts of each category (MT-Bench has 10 per category, HumanEval "
+                        "164 in one), or per benchmark, e.g. mt_bench=1,humaneval=8 (default: every prompt)")
+    p.add_argument("--speed-subset", default=None, metavar="K|NAME=K,...",
+                   help="the speed part's prompts: the first K of the set taken across categories (MT-Bench's 8: "
+                        "one per category), or per benchmark, e.g. mt_bench=8,humaneval=16; each >= 1 (default 8, "
+                        "all of the set when it is smaller)")
+    p.add_argument("--tau-batch", type=int, default=16, metavar="N",
+                   help="turns per generate call when a chain is scored for tau, and for the target's answers "
+                        "that open MT-Bench's second turns (default 16; trees and lookup: 1)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated, each >= 0 (default 0,1)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer (default 256)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
@@ -70,7 +80,8 @@ def job_of(args: argparse.Namespace):
     from train.bench.eval_job import EvalJob
 
     return EvalJob(target=args.target, heads=tuple(args.head), tree=args.tree, gamma=args.gamma, lookup=args.lookup,
-                   benchmarks=args.benchmarks, subset=args.subset, temperatures=args.temperatures,
+                   benchmarks=args.benchmarks, subset=args.subset, speed_subset=args.speed_subset,
+                   tau_batch=args.tau_batch, temperatures=args.temperatures,
                    max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, threads=args.threads,
                    chat_template_kwargs=args.chat_template_kwargs, seed=args.seed, out=args.out, force=args.force)
 

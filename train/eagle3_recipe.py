@@ -22,8 +22,9 @@ cache resume batch by batch inside their step):
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
    minutes (`scripts/train_peers.py`, in their own environment: `make setup-interop`);
 7. export: the head in the speculators and SGLang layouts (`train.eagle3_export`);
-8. evaluate: MT-Bench and HumanEval, T=0 and T=1, batch 1 (`train.bench.eval_job`): the head as a
-   chain and as a tree, the peers' heads, prompt lookup and plain decoding;
+8. evaluate: MT-Bench and HumanEval, T=0 and T=1 (`train.bench.eval_job`): the head as a chain and
+   as a tree, the peers' heads and prompt lookup; tau on every prompt of `--subset`, the speed-up
+   over plain decoding on `--speed-subset` of them, batch 1;
 9. report: OUT/report/: the evaluation's table, JSON and PNG, steps.md (each step's wall time) and
    recipe.json (the counts, the rows, the answers' tokens per second).
 
@@ -92,6 +93,7 @@ class Settings:
     peer_python: str | None = None
     benchmarks: tuple[str, ...] = ("mt_bench", "humaneval")
     subset: str | None = "mt_bench=1,humaneval=8"    # scripts/evaluate.py's --subset: 8 prompts per set
+    speed_subset: str | None = None                   # scripts/evaluate.py's --speed-subset (None: 8 per set)
     eval_max_new_tokens: int = 128
     tree: str | None = "6,3,1,0.1"
     processes: int = 1               # answers and cache: that many processes here (each a share of the threads)
@@ -487,7 +489,8 @@ def eval_job(s: Settings, out: Path):
         heads += [f"speculators={out / 'peers' / 'speculators' / 'head'}",
                   f"specforge={out / 'peers' / 'specforge' / 'head'}"]
     return EvalJob(target=s.target, heads=tuple(heads), tree=s.tree, lookup="4..16", benchmarks=",".join(s.benchmarks),
-                   subset=s.subset, temperatures="0,1", max_new_tokens=s.eval_max_new_tokens, dtype="auto",
+                   subset=s.subset, speed_subset=s.speed_subset, temperatures="0,1",
+                   max_new_tokens=s.eval_max_new_tokens, dtype="auto",
                    device=s.device, chat_template_kwargs=json.dumps(s.chat_template_kwargs) if s.chat_template_kwargs
                    else None, out=str(out / "report" / "evaluation"), force=True)
 

@@ -167,14 +167,15 @@ def load_benchmark(name: str, subset: int | None = None) -> list[BenchPrompt]:
     return kept
 
 
-def parse_subset(text: str | None, names: list[str]) -> dict[str, int | None]:
+def parse_subset(text: str | None, names: list[str], flag: str = "--subset") -> dict[str, int | None]:
     """--subset: None (every prompt), K (each benchmark), or NAME=K,... (the benchmarks not named:
-    every prompt). A K that is not a whole number or a name not among --benchmarks: one line."""
+    every prompt). A K that is not a whole number or a name not among --benchmarks: one line
+    (naming `flag`)."""
     if text is None:
         return {name: None for name in names}
 
     def count(value: str) -> int:
-        check(value.strip().lstrip("-").isdigit(), f"--subset: {value!r} is not a whole number of prompts")
+        check(value.strip().lstrip("-").isdigit(), f"{flag}: {value!r} is not a whole number of prompts")
         return int(value)
 
     if "=" not in text:
@@ -183,6 +184,30 @@ def parse_subset(text: str | None, names: list[str]) -> dict[str, int | None]:
     for part in text.split(","):
         name, _, value = part.partition("=")
         check(name.strip() in names,
-              f"--subset names {name.strip()!r}, which is not among --benchmarks {','.join(names)}")
+              f"{flag} names {name.strip()!r}, which is not among --benchmarks {','.join(names)}")
         out[name.strip()] = count(value)
     return out
+
+
+def parse_speed_subset(text: str | None, names: list[str], default: int = 8) -> dict[str, int]:
+    """--speed-subset: K (each benchmark) or NAME=K,... (the benchmarks not named: `default`), each
+    K >= 1; None: `default` for each. One line otherwise."""
+    counts = parse_subset(text, names, "--speed-subset")
+    out = {name: default if k is None else k for name, k in counts.items()}
+    for name, k in out.items():
+        check(k >= 1, f"--speed-subset must be >= 1 prompt per benchmark, got {k} for {name}")
+    return out
+
+
+def across_categories(prompts: list[BenchPrompt], count: int) -> list[int]:
+    """The indices of the first `count` prompts taken in turn from each category (the first of
+    each category in order of first appearance, then the second of each, ...): MT-Bench's first 8
+    are the first question of each of its 8 categories, HumanEval's the first 8 problems. All of
+    them when `count` exceeds the set."""
+    by_category: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_category.setdefault(p.category, []).append(i)
+    order: list[int] = []
+    for rank in range(max(map(len, by_category.values()), default=0)):
+        order += [indices[rank] for indices in by_category.values() if rank < len(indices)]
+    return order[:count]

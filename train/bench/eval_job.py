@@ -21,13 +21,15 @@ from specdec_models.errors import SpecdecError, check
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "auto": "auto"}
 RESERVED = ("plain", "lookup")
+TREE_COLUMNS = ("+tree", "+tree+lookup")     # NAME+tree: the head's own tree; NAME+tree+lookup: with SPEC's lookup
 
 
 @dataclass(frozen=True)
 class EvalJob:
     """scripts/evaluate.py's inputs, as its --help describes them: the target, the heads
     ("NAME=PATH" each), the tree SPEC and chain gamma they draft with, prompt lookup ("N[..MAX]"),
-    the benchmarks and their subset, the temperatures ("0,1"), the answers' length, dtype
+    the benchmarks and their subset, the speed part's prompts per benchmark ("K|NAME=K,..."),
+    the acceptance part's rows per chain call, the temperatures ("0,1"), the answers' length, dtype
     (fp32|bf16|auto), device, threads, chat template kwargs (JSON), seed and the output folder."""
 
     target: str
@@ -37,6 +39,8 @@ class EvalJob:
     lookup: str | None = None
     benchmarks: str = "mt_bench,humaneval"
     subset: str | None = None
+    speed_subset: str | None = None
+    tau_batch: int = 16
     temperatures: str = "0,1"
     max_new_tokens: int = 256
     dtype: str = "auto"
@@ -52,7 +56,8 @@ class EvalJob:
 class CheckedEval:
     """An `EvalJob`'s inputs parsed and checked: benchmark names, temperatures, chat template
     kwargs, tree, lookup, {head name: path}, device, dtype, the output folder, each benchmark's
-    prompts (`train.bench.benchmarks.load_benchmark`)."""
+    prompts (`train.bench.benchmarks.load_benchmark`) and the speed part's prompt count per
+    benchmark (the first of `prompts` taken across categories, `benchmarks.across_categories`)."""
 
     names: list[str]
     temperatures: list[float]
@@ -64,6 +69,7 @@ class CheckedEval:
     dtype: Any
     out: Path
     prompts: dict[str, list]
+    speed: dict[str, int]
 
 
 def parse_heads(specs) -> dict[str, str]:
@@ -76,8 +82,8 @@ def parse_heads(specs) -> dict[str, str]:
         name, sep, path = spec.partition("=")
         name = name.strip()
         check(sep and name and path, f"--head is NAME=PATH, got {spec!r}")
-        check(name not in RESERVED and not name.endswith("+tree"),
-              f"--head name {name!r} is reserved: plain, lookup and NAME+tree name other columns")
+        check(name not in RESERVED and not name.endswith(TREE_COLUMNS),
+              f"--head name {name!r} is reserved: plain, lookup, NAME+tree and NAME+tree+lookup name other columns")
         check(name not in heads, f"--head {name} is given twice")
         detect_layout(path)
         heads[name] = path
@@ -119,7 +125,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     from specdec_models.files import check_output
     from specdec_models.hf import check_source
     from train.bench import eval_report
-    from train.bench.benchmarks import SOURCES, load_benchmark, parse_subset
+    from train.bench.benchmarks import SOURCES, load_benchmark, parse_speed_subset, parse_subset
 
     names = [n.strip() for n in job.benchmarks.split(",")]
     for name in names:
@@ -128,6 +134,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     temperatures = parse_temperatures(job.temperatures)
     check(job.gamma >= 1, f"--gamma must be >= 1, got {job.gamma}")
     check(job.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {job.max_new_tokens}")
+    check(job.tau_batch >= 1, f"--tau-batch must be >= 1, got {job.tau_batch}")
     check(job.threads is None or job.threads >= 1, f"--threads must be >= 1, got {job.threads}")
     check(job.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {job.dtype!r}")
     kwargs = parse_json_object(job.chat_template_kwargs)
@@ -136,17 +143,15 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     heads = parse_heads(job.heads) if heads_exist else {s.partition("=")[0]: s.partition("=")[2] for s in job.heads}
     check(heads or lookup, "nothing to score against plain decoding: give --head NAME=PATH or --lookup")
     check(tree is None or heads, "--tree drafts with the heads: give --head NAME=PATH")
-    check(tree is None or tree.lookup == 0,
-          f"--tree {job.tree} adds a prompt-lookup path, which would count in the heads' tau: drop it from SPEC; "
-          "--lookup scores prompt lookup as its own column")
     device = resolve_device(job.device, "--device")
     dtype = resolve_dtype(DTYPES[job.dtype], device)
     check_source(job.target, "--target")
     out = Path(job.out)
     check_output(out, "--out", kind=eval_report.KIND, force=job.force, inputs=[job.target, *heads.values()])
     subsets = parse_subset(job.subset, names)
+    speed = parse_speed_subset(job.speed_subset, names)
     prompts = {name: load_benchmark(name, subsets[name]) for name in names} if load_prompts else {}
-    return CheckedEval(names, temperatures, kwargs, tree, lookup, heads, device, dtype, out, prompts)
+    return CheckedEval(names, temperatures, kwargs, tree, lookup, heads, device, dtype, out, prompts, speed)
 
 
 def run_evaluation(job: EvalJob, command: str) -> list[Path]:
@@ -161,24 +166,22 @@ def run_evaluation(job: EvalJob, command: str) -> list[Path]:
         torch.set_num_threads(job.threads)
     hf, drafters = load(job.target, c.heads, c.tree, c.lookup, c.device, c.dtype)
     strict = c.dtype == torch.float32
-    results = {}
+    results, parts = {}, {}
     for name in c.names:
         def progress(line: str, name: str = name) -> None:
             print(f"{name}: {line}", file=sys.stderr, flush=True)
 
-        scored = evaluate(hf, drafters, c.prompts[name], c, job, strict, progress)
-        results[name] = {eval_report.temperature_key(t): groups for t, groups in scored.items()}
-    report = make_report(command, job, c, strict, drafters, results)
+        results[name], parts[name] = score_benchmark(hf, drafters, name, c, job, strict, progress)
+    report = make_report(command, job, c, strict, drafters, results, parts)
     return eval_report.write(report, c.out)
 
 
 def load(target: str, heads: dict[str, str], tree, lookup, device, dtype):
     """The target (`export.load_hf_run`), each head on it (`export.eagle3.load_eagle3`), readied
-    for the device; the drafters in column order: each head's chain (and tree), then lookup."""
+    for the device; the drafters in column order (`drafters_for`)."""
     from transformers.utils import logging
 
     from specdec_models.cpu import prepare_for_device
-    from specdec_models.decode import HeadDrafter, Lookup, TreeDrafter
     from specdec_models.export import load_hf_run
     from specdec_models.export.eagle3 import load_eagle3
 
@@ -189,26 +192,66 @@ def load(target: str, heads: dict[str, str], tree, lookup, device, dtype):
                                                         "MT-Bench and HumanEval are asked as chat turns")
     loaded = {name: load_eagle3(path, hf.target) for name, path in heads.items()}
     prepare_for_device([hf.target, *loaded.values()], device, dtype)
-    drafters = {}
-    for name, head in loaded.items():
-        drafters[name] = HeadDrafter(head)
-        if tree is not None:
-            drafters[f"{name}+tree"] = TreeDrafter(head, tree)
-    if lookup is not None:
-        drafters["lookup"] = Lookup(*lookup)
     sizes = {head.vocab_size for head in loaded.values()}
     check(len(sizes) <= 1, f"the heads draft in different vocabularies ({sorted(sizes)}): one target, one vocabulary")
-    return hf._replace(vocab_size=sizes.pop() if sizes else hf.vocab_size), drafters
+    return hf._replace(vocab_size=sizes.pop() if sizes else hf.vocab_size), drafters_for(loaded, tree, lookup)
 
 
-def evaluate(hf, drafters, prompts, c: CheckedEval, job: EvalJob, strict: bool, progress):
-    from train.bench.evaluate import evaluate as score
+def drafters_for(heads: dict, tree, lookup: tuple[int, int] | None) -> dict:
+    """{column: Drafter} in column order: each head's chain (NAME), its own tree (NAME+tree: `tree`
+    with its lookup part removed, so the column is the head's alone) and, when `tree` has a lookup
+    part, the full tree (NAME+tree+lookup: the head's paths and a looked-up one in one verify
+    call); then prompt lookup alone (lookup)."""
+    from dataclasses import replace
 
-    return score(hf.target, hf.tokenizer, drafters, prompts, c.temperatures, job.max_new_tokens, job.seed, c.kwargs,
-                 gamma=job.gamma, vocab_size=hf.vocab_size, strict=strict, progress=progress)
+    from specdec_models.decode import HeadDrafter, Lookup, TreeDrafter
+
+    drafters = {}
+    for name, head in heads.items():
+        drafters[name] = HeadDrafter(head)
+        if tree is not None:
+            drafters[f"{name}+tree"] = TreeDrafter(head, replace(tree, lookup=0, lookup_max=0))
+            if tree.lookup:
+                drafters[f"{name}+tree+lookup"] = TreeDrafter(head, tree)
+    if lookup is not None:
+        drafters["lookup"] = Lookup(*lookup)
+    return drafters
 
 
-def make_report(command: str, job: EvalJob, c: CheckedEval, strict: bool, drafters, results) -> dict:
+def score_benchmark(hf, drafters, name: str, c: CheckedEval, job: EvalJob, strict: bool, progress):
+    """One benchmark's two parts (`train.bench.evaluate`): the contexts built once with the
+    target's batched greedy answers, the speed part on `c.speed[name]` of the prompts taken across
+    categories, then the acceptance part on every prompt (the speed part's drafter calls count
+    there too, not decoded twice). Returns ({temperature key: {"acceptance": groups, "speed":
+    groups}}, {"acceptance": prompts, "speed": prompts}), each prompts entry saying which prompts
+    (ids) and how many turns its figures rest on."""
+    from train.bench import eval_report
+    from train.bench.benchmarks import across_categories
+    from train.bench.evaluate import acceptance, contexts, evaluate
+
+    prompts = c.prompts[name]
+    common = {"gamma": job.gamma, "vocab_size": hf.vocab_size, "batch": job.tau_batch, "progress": progress}
+    turns = contexts(hf.target, hf.tokenizer, prompts, job.max_new_tokens, c.kwargs, **common)
+    picked = across_categories(prompts, c.speed[name])
+    decoded: dict = {}
+    speed = evaluate(hf.target, hf.tokenizer, drafters, [prompts[i] for i in picked], c.temperatures,
+                     job.max_new_tokens, job.seed, c.kwargs, turns=[turns[i] for i in picked], strict=strict,
+                     decoded=decoded, **common)
+    scored = {"acceptance": acceptance(hf.target, hf.tokenizer, drafters, prompts, c.temperatures, job.max_new_tokens,
+                                       job.seed, c.kwargs, turns=turns, decoded=decoded, **common),
+              "speed": speed}
+    results = {eval_report.temperature_key(t): {part: by_t[t] for part, by_t in scored.items()}
+               for t in c.temperatures}
+    parts = {"acceptance": _described(prompts, range(len(prompts))), "speed": _described(prompts, picked)}
+    return results, parts
+
+
+def _described(prompts, indices) -> dict:
+    chosen = [prompts[i] for i in indices]
+    return {"prompts": len(chosen), "turns": sum(len(p.turns) for p in chosen), "ids": [p.id for p in chosen]}
+
+
+def make_report(command: str, job: EvalJob, c: CheckedEval, strict: bool, drafters, results, parts) -> dict:
     import torch
 
     from specdec_models.cpu import host_report
@@ -217,8 +260,8 @@ def make_report(command: str, job: EvalJob, c: CheckedEval, strict: bool, drafte
     if strict:
         check_text = "enforced: every drafter's greedy output equalled plain decoding's (float32)"
     else:
-        mismatches = sum(groups["overall"][m].get("greedy_mismatches", 0) for by_t in results.values()
-                         for groups in by_t.values() for m in drafters)
+        mismatches = sum(by_part["speed"]["overall"][m].get("greedy_mismatches", 0) for by_t in results.values()
+                         for by_part in by_t.values() for m in drafters)
         check_text = (f"not enforced in {dtype_name}: a verify call's logits may differ from a one-token step's in the "
                       f"last bit and flip a near tie, so a differing turn is not a bug; {mismatches} turns differed "
                       f"(run --dtype fp32 to enforce the check)")
@@ -227,7 +270,15 @@ def make_report(command: str, job: EvalJob, c: CheckedEval, strict: bool, drafte
             "gpu": torch.cuda.get_device_name(c.device) if c.device.type == "cuda" else None,
             "device": str(c.device), "dtype": dtype_name, "greedy_check": check_text,
             "settings": {"target": job.target, "heads": c.heads, "tree": job.tree, "gamma": job.gamma,
-                         "lookup": job.lookup, "subset": job.subset, "max_new_tokens": job.max_new_tokens,
+                         "lookup": job.lookup, "subset": job.subset, "speed_subset": c.speed,
+                         "tau_batch": job.tau_batch, "max_new_tokens": job.max_new_tokens,
                          "seed": job.seed, "chat_template_kwargs": c.kwargs, "batch": 1},
-            "methods": ["plain", *drafters], "prompts": {name: len(p) for name, p in c.prompts.items()},
-            "results": results}
+            "parts": PARTS, "methods": ["plain", *drafters], "prompts": parts, "results": results}
+
+
+# what each part of `results` rests on, for a reader of evaluation.json
+PARTS = {"acceptance": "tau and per-position acceptance: every prompt and turn of the set (--subset), decoded by "
+                       "each drafter only, chains --tau-batch turns per call, trees and lookup one at a time (the "
+                       "speed part's turns counted from its batch-1 calls); no plain decoding, no timing",
+         "speed": "tokens/s and speed-up over plain decoding: the first --speed-subset prompts taken across "
+                  "categories, decoded plainly and by each drafter, batch 1, interleaved and timed; the greedy check"}
