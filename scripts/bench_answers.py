@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="also answer through these OpenAI-compatible servers (the recipe's --answers-server)")
     parser.add_argument("--llama-server", action="store_true",
                         help="also answer through llama.cpp's server, started here on the GGUF target")
+    parser.add_argument("--no-first-path", action="store_true",
+                        help="leave the first path out: the engine against the server alone")
     parser.add_argument("--in-flight", type=int, default=None,
                         help="requests in flight per server (default: --slots; llama-server's parallel slots)")
     return parser.parse_args(argv)
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(AnswersBench(target=target, conversations=args.conversations, max_new_tokens=args.max_new_tokens,
                               seq_len=args.seq_len, slots=args.slots, rounds=args.rounds, dtype=args.dtype,
                               batch=args.batch, servers=tuple(u for u in (args.server or "").split(",") if u),
-                              in_flight=args.in_flight, llama_server=args.llama_server))
+                              in_flight=args.in_flight, llama_server=args.llama_server,
+                              first_path=not args.no_first_path))
     return 0 if result["identical"] else 1
 
 

@@ -54,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
                    help="time budget of the answers step: a slower machine answers fewer conversations (0: none)")
     p.add_argument("--answers-server", default=None, metavar="URL[,URL...]",
                    help="take the target's answers from these OpenAI-compatible servers of the same target (vLLM, "
-                        "SGLang, llama.cpp's llama-server), each checked first against the target loaded here "
-                        "(docs/scale.md)")
+                        "SGLang, llama.cpp's llama-server), each checked first against the target loaded here; "
+                        "'local' starts llama.cpp's llama-server here on a GGUF target for the answers step, with "
+                        "--answers-in-flight slots (make setup-server; docs/scale.md)")
     p.add_argument("--answers-in-flight", type=int, default=d.answers_in_flight,
                    help=f"requests in flight per server with --answers-server (default {d.answers_in_flight})")
     p.add_argument("--keep-answers", action="store_true",

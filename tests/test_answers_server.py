@@ -485,3 +485,25 @@ def test_the_answers_bench_refuses_a_server_flag_it_cannot_use_in_one_line():
         bench.AnswersBench(target="some/dir", llama_server=True).check()
     with pytest.raises(SpecdecError, match="--in-flight"):
         bench.AnswersBench(target="x.gguf", in_flight=0).check()
+
+
+@pytest.mark.real
+def test_the_recipe_starts_llama_server_for_its_answers_with_answers_server_local(smol, tmp_path, capsys):
+    """scripts/eagle3.py --answers-server local: llama.cpp's server started on the GGUF target
+    answers the answers step, then is gone (its port closed) before the recipe goes on."""
+    from test_eagle3_recipe import main, sharegpt_file
+
+    from train.data.answer_server import Server, Transient
+
+    llama_server_binary()
+    data, out = sharegpt_file(tmp_path / "chats.json", n=12), tmp_path / "recipe"
+    assert main("--target", smol["gguf"], "--data", data, "--out", out, "--conversations", 8, "--held-out", 2,
+                "--seq-len", 96, "--max-new-tokens", 8, "--answer-batch", 4, "--answers-server", "local",
+                "--answers-in-flight", 2, "--until", "answers") == 0
+    log = capsys.readouterr().out
+    assert "starting llama.cpp's llama-server" in log and "from 1 server(s)" in log
+    answers = json.loads((out / "answers" / "answers.json").read_text())
+    assert answers["engine"] == "server" and answers["written"] + answers["too_long"] == 8 and answers["tokens"] > 0
+    url = answers["servers"][0]["url"]
+    with pytest.raises((Transient, OSError)):
+        Server(url, timeout=2).call("/v1/models", timeout=2)

@@ -316,7 +316,9 @@ def test_a_bad_answers_server_is_one_line_and_exit_2_with_nothing_written(hf, tm
     for extra, message in ((["--answers-server", f"http://127.0.0.1:{port}"], "does not answer"),
                            (["--answers-server", "ftp://127.0.0.1:1"], "is not an http(s) URL"),
                            (["--answers-server", f"http://127.0.0.1:{port}", "--keep-answers"],
-                            "give one of them")):
+                            "give one of them"),
+                           (["--answers-server", "local"], "is not a .gguf file"),
+                           (["--answers-server", "local,local"], "names local twice")):
         assert main(*base(hf, data, out), *extra) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err

@@ -39,12 +39,14 @@ that leaves nothing to train on (the data step's choice comes before --out is cr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,9 @@ SETTINGS_FILE = "settings.json"   # the recipe's Settings, which `python -m trai
 # and a short question: about 16 tokens) and the 16 positions an answer needs to be asked for at all
 # (`train.data.chat_answers.MIN_ROOM`); a shorter row could never hold an answer token.
 MIN_SEQ_LEN = 32
+# --answers-server's name for llama.cpp's llama-server started here on the GGUF target, for the answers step
+# only: on a CPU it multiplies the GGUF's 4-bit weights as they are (docs/scale.md has the rates side by side)
+LOCAL = "local"
 # Characters per token that no tokenizer reaches on real text (BPE tokens average 3 to 5 characters):
 # a message of more than seq_len * this many characters cannot fit in a row, and the data step drops
 # its conversation by a character count, before anything tokenizes it.
@@ -82,7 +87,7 @@ class Settings:
     answer_chunk: int = 64
     answer_minutes: float | None = 30.0
     keep_answers: bool = False
-    answers_server: tuple[str, ...] = ()    # OpenAI-compatible servers of the target: the answers come from them
+    answers_server: tuple[str, ...] = ()    # OpenAI-compatible servers of the target (LOCAL: llama-server started here)
     answers_in_flight: int = 32              # requests in flight per server
     chat_template_kwargs: dict = field(default_factory=dict)
     cache_batch: int = 16
@@ -176,7 +181,15 @@ def check_sizes(s: Settings) -> None:
         check(s.processes == 1, "--answers-server fans the answers out over the servers; leave out --processes")
         check(isinstance(s.answers_in_flight, int) and s.answers_in_flight >= 1,
               f"--answers-in-flight must be a positive integer, got {s.answers_in_flight!r}")
-        s.answers_server = tuple(normalize_url(u) for u in s.answers_server)
+        if LOCAL in s.answers_server:
+            from .data.llama_server import llama_server_binary
+
+            check(s.answers_server.count(LOCAL) == 1, f"--answers-server names {LOCAL} twice")
+            check(s.target.endswith(".gguf"), f"--answers-server {LOCAL} starts llama.cpp's llama-server on a GGUF "
+                                              f"target; {s.target} is not a .gguf file")
+            check(llama_server_binary() is not None, f"--answers-server {LOCAL}: llama.cpp's llama-server is not "
+                                                     "installed: run `make setup-server`")
+        s.answers_server = tuple(u if u == LOCAL else normalize_url(u) for u in s.answers_server)
     check(all(0 <= t < float("inf") for t in s.temperatures) and s.temperatures,
           f"--temperatures must be finite numbers >= 0, got {list(s.temperatures)}")
 
@@ -285,17 +298,18 @@ def _eta(done: int, total: int, seconds: float) -> str:
     return f"{seconds / 60:.1f} min, about {left / 60:.1f} min left"
 
 
-def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int = 1, reference=None
-                 ) -> dict[str, Any]:
+def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int = 1, reference=None,
+                 urls: Sequence[str] = ()) -> dict[str, Any]:
     """The target answers the held-out then the training conversations (answers/); as process
     `rank` of `world`, its batches of them (`chat_answers.answer_conversations`); with
-    --answers-server, the servers answer (`reference`: the target loaded to check them, if loaded)."""
+    --answers-server, the servers at `urls` answer (`start_servers`; `reference`: the target
+    loaded to check them, if loaded)."""
     from .data.chat_answers import AnswerOptions, answer_conversations, budget_text, load_answerer
 
     # the held-out conversations first: a time budget that runs out leaves fewer training rows, never no validation
     convs = _read(out / "data" / "held_out.jsonl") + _read(out / "data" / "train.jsonl")
     if s.answers_server:
-        return _answers_from_servers(s, out, convs, model_dtype, reference)
+        return _answers_from_servers(s, out, convs, model_dtype, reference, urls)
     answerer = identity = None
     if not s.keep_answers:
         answerer, identity = load_answerer(s.target, seq_len=s.seq_len, max_new_tokens=s.max_new_tokens,
@@ -323,27 +337,45 @@ def step_answers(s: Settings, out: Path, model_dtype, rank: int = 0, world: int 
     return meta
 
 
-def server_reference(s: Settings, model_dtype):
+def server_reference(s: Settings, model_dtype, urls: Sequence[str]):
     """The target loaded here as the reference the --answers-server servers are checked against,
     and every server checked with it (reachable, OpenAI-compatible, a long enough context, the same
     tokenizer, the same weights or a quantized copy: `data.answer_server.connect`), one line on the
     first that fails. The recipe calls it before its first step, so a bad server writes nothing."""
     from .data.answer_server import check_reachable, connect, load_reference
 
-    check_reachable(s.answers_server)
+    check_reachable(urls)
     reference = load_reference(s.target, device=s.device, dtype=model_dtype,
                                chat_template_kwargs=s.chat_template_kwargs)
-    connect(list(s.answers_server), reference, s.seq_len, s.answers_in_flight)
+    connect(list(urls), reference, s.seq_len, s.answers_in_flight)
     return reference
 
 
-def _answers_from_servers(s: Settings, out: Path, convs: list, model_dtype, reference=None) -> dict[str, Any]:
+def start_servers(s: Settings, stack: contextlib.ExitStack) -> list[str]:
+    """--answers-server's URLs, LOCAL replaced by a llama-server started on the GGUF target with
+    --answers-in-flight parallel slots of seq_len + 1 positions (`data.llama_server`), killed when
+    `stack` closes."""
+    from .data.llama_server import LlamaServer
+
+    urls = list(s.answers_server)
+    if LOCAL in urls:
+        print(f"[answers] starting llama.cpp's llama-server on {s.target} ({s.answers_in_flight} slots)", flush=True)
+        server = stack.enter_context(LlamaServer(s.target, parallel=s.answers_in_flight, context=s.seq_len + 1,
+                                                 seed=s.seed))
+        urls[urls.index(LOCAL)] = server.url
+    return urls
+
+
+def _answers_from_servers(s: Settings, out: Path, convs: list, model_dtype, reference=None,
+                          urls: Sequence[str] = ()) -> dict[str, Any]:
     """The answers step on --answers-server: every turn answered by the servers
     (`data.served_answers.answer_from_servers`, which checks them again against `reference`, the
     target loaded here), in the same answers folder format."""
     from .data.chat_answers import budget_text
     from .data.served_answers import ServedSettings, answer_from_servers
 
+    check(urls and LOCAL not in urls, f"the answers step needs the servers' URLs (--answers-server {LOCAL} is "
+                                      "started by the recipe's run)")
     if reference is None:
         from .data.answer_server import load_reference
 
@@ -354,18 +386,18 @@ def _answers_from_servers(s: Settings, out: Path, convs: list, model_dtype, refe
 
     def progress(done: int, total: int, tokens: int, where: str) -> None:
         seconds = time.perf_counter() - t0
-        print(f"[answers] {done:,}/{total:,} conversations from {len(s.answers_server)} server(s), {tokens:,} tokens, "
+        print(f"[answers] {done:,}/{total:,} conversations from {len(urls)} server(s), {tokens:,} tokens, "
               f"{tokens / max(seconds, 1e-9):,.0f} tokens/s, {seconds / 60:.1f} min{budget}", flush=True)
 
     settings = ServedSettings(seq_len=s.seq_len, max_new_tokens=s.max_new_tokens, temperatures=tuple(s.temperatures),
                               batch_size=s.answer_batch, seed=s.seed, chat_template_kwargs=s.chat_template_kwargs,
                               in_flight=s.answers_in_flight)
-    meta = answer_from_servers(convs, out / "answers", s.answers_server, reference, settings,
+    meta = answer_from_servers(convs, out / "answers", urls, reference, settings,
                                data={"source": s.data, "seed": s.seed}, progress=progress,
                                report=lambda line: print(f"[answers] {line}", flush=True),
                                max_seconds=None if s.answer_minutes is None else 60 * s.answer_minutes)
     print(f"[answers] {meta['written']:,} conversations, {meta['answers']:,} answers, {meta['tokens']:,} tokens at "
-          f"{meta['tokens_per_second']:,.0f} tokens/s from {len(s.answers_server)} server(s)", flush=True)
+          f"{meta['tokens_per_second']:,.0f} tokens/s from {len(urls)} server(s)", flush=True)
     return meta
 
 
@@ -658,28 +690,19 @@ def run_recipe(s: Settings, force: bool = False) -> int:
     conversations (`choose_data`) before --out is created, so data that leaves nothing to train on
     is refused with nothing written either."""
     from specdec_models.cpu import resolve_dtype
-    from specdec_models.files import check_output, mark_dir
+    from specdec_models.files import check_output
 
     out = s.out.expanduser().resolve()
     target = check_inputs(s, out)
     check_output(out, "--out", kind=RECIPE_KIND, force=force, inputs=[s.target, s.data.removeprefix("text:")])
     steps = _Steps(s, out)
     model_dtype = resolve_dtype("auto", s.device)
-    reference = None
-    if s.answers_server and steps.wanted("answers") and not steps.finished("answers"):
-        reference = server_reference(s, model_dtype)
-    t0 = time.perf_counter()
-    data = choose_data(s) if steps.wanted("data") and not steps.finished("data") else None
-    chose = time.perf_counter() - t0
-    out.mkdir(parents=True, exist_ok=True)
-    mark_dir(out, RECIPE_KIND)
-    blob = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(s).items()}, indent=1)
-    write_file(out / SETTINGS_FILE, lambda f: f.write(blob.encode()))
-    print(f"[recipe] {out}: target {target.path} ({target.depth} layers; cached hidden states "
-          f"{target.layers}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
-    steps.step("data", lambda: step_data(out, data), seconds_before=chose)
-    steps.step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
-               else step_answers(s, out, model_dtype, reference=reference))
+    with contextlib.ExitStack() as servers:             # a llama-server started here lives for the answers step
+        reference, urls = None, []
+        if s.answers_server and steps.wanted("answers") and not steps.finished("answers"):
+            urls = start_servers(s, servers)
+            reference = server_reference(s, model_dtype, urls)
+        _data_and_answers(s, out, steps, target, model_dtype, reference, urls)
     steps.step("cache", lambda: in_processes("cache", s, out) if s.processes > 1
                else step_cache(s, out, target.layers, model_dtype))
     cache = steps.facts.get("cache", {})
@@ -695,6 +718,25 @@ def run_recipe(s: Settings, force: bool = False) -> int:
         print((out / "report" / "steps.md").read_text(), flush=True)
         print(f"report: {out / 'report'}", flush=True)
     return 0
+
+
+def _data_and_answers(s: Settings, out: Path, steps: _Steps, target, model_dtype, reference, urls: list[str]) -> None:
+    """The data step (its conversations chosen before --out is created), --out's settings, the
+    answers step."""
+    from specdec_models.files import mark_dir
+
+    t0 = time.perf_counter()
+    data = choose_data(s) if steps.wanted("data") and not steps.finished("data") else None
+    chose = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)
+    mark_dir(out, RECIPE_KIND)
+    blob = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(s).items()}, indent=1)
+    write_file(out / SETTINGS_FILE, lambda f: f.write(blob.encode()))
+    print(f"[recipe] {out}: target {target.path} ({target.depth} layers; cached hidden states "
+          f"{target.layers}), data {s.data}, device {s.device} ({model_dtype})", flush=True)
+    steps.step("data", lambda: step_data(out, data), seconds_before=chose)
+    steps.step("answers", lambda: in_processes("answers", s, out) if s.processes > 1
+               else step_answers(s, out, model_dtype, reference=reference, urls=urls))
 
 
 # ---------------------------------------------------------------- one step as one of several processes

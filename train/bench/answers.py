@@ -41,7 +41,7 @@ class AnswersBench:
     (a model directory or GGUF file) in `dtype`, rows of `seq_len` + 1 tokens, answers of at most
     `max_new_tokens`, `slots` rows decoded together (the engine's slots, the first path's chunk),
     `batch` conversations per batch of the first path (None: `slots`), `rounds` timed runs of each
-    path."""
+    path; `first_path` False leaves the first path out (the engine against a server alone)."""
     target: str
     conversations: int = 64
     max_new_tokens: int = 256
@@ -53,6 +53,7 @@ class AnswersBench:
     servers: tuple[str, ...] = ()
     in_flight: int | None = None
     llama_server: bool = False
+    first_path: bool = True
 
     def check(self) -> None:
         for name in ("conversations", "max_new_tokens", "seq_len", "slots", "rounds"):
@@ -66,6 +67,8 @@ class AnswersBench:
         check(self.in_flight is None or (isinstance(self.in_flight, int) and self.in_flight >= 1),
               f"--in-flight must be a positive integer, got {self.in_flight!r}")
         check(not (self.servers and self.llama_server), "give --server URL or --llama-server, not both")
+        check(self.first_path or self.servers or self.llama_server,
+              "--no-first-path leaves the engine alone: give --server URL or --llama-server to race it against")
         check(not self.llama_server or str(self.target).endswith(".gguf"),
               f"--llama-server serves a GGUF file; the target {self.target} is not one")
 
@@ -150,13 +153,13 @@ def run(bench: AnswersBench, say: Callable[[str], Any] = print) -> dict[str, Any
 
             urls = [stack.enter_context(LlamaServer(bench.target, parallel=bench.in_flight or bench.slots,
                                                     context=bench.seq_len + 1)).url]
-        paths = (*PATHS, SERVER) if urls else PATHS
+        paths = (*(PATHS if bench.first_path else PATHS[1:]), *([SERVER] if urls else []))
         say(f"{len(convs)} ShareGPT conversations ({sum(len(c.turns) for c in convs)} turns), seq_len "
             f"{bench.seq_len}, max_new_tokens {bench.max_new_tokens}, {bench.slots} slots (the first path: batches of "
             f"{batch}), {dtype}, {torch.get_num_threads()} threads"
             + (f"; servers {', '.join(urls)}, {bench.in_flight or bench.slots} in flight each" if urls else ""))
         warm = Answerer(answerer.decoder, answerer.tokenizer, answerer.eos_id, bench.seq_len, 4, bench.slots)
-        for path in PATHS:                                                    # untimed
+        for path in paths[:-1] if urls else paths:                            # untimed
             answer_with(path, warm, convs[:2], batch)
         reference = _reference(answerer, identity) if urls else None
         seconds, tokens, records = dict.fromkeys(paths, 0.0), dict.fromkeys(paths, 0), {}
@@ -194,6 +197,8 @@ def _report(paths: Sequence[str], seconds: dict[str, float], tokens: dict[str, i
         say(f"server's greedy answers as the engine's: {conversations - len(served)}/{conversations} conversations "
             "(a quantized server may differ)")
         say(f"server over engine: {out['server_speed_up']:.2f}x")
+    if "simple" not in paths:
+        return {**out, "identical": True, "differ": []}
     differ = differences(records["simple"], records["batched"])
     listed = f" (differ: {', '.join(differ)})" if differ else ""
     say(f"greedy answers identical: {conversations - len(differ)}/{conversations} conversations{listed}")
