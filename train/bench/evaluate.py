@@ -142,21 +142,6 @@ def conversation_turns(tokenizer, prompt: BenchPrompt, answer_fn: Callable[[Tens
     return conversations(tokenizer, [prompt], lambda ids: [answer_fn(x) for x in ids], chat_template_kwargs)[0]
 
 
-def _sampling(temperature: float) -> SamplingConfig:
-    return GREEDY if temperature == 0 else SamplingConfig(temperature=temperature)
-
-
-def _timed(target, ids: Tensor, max_new_tokens: int, drafter, sampling, eos_id, generator, gamma=5,
-           vocab_size=None):
-    sync = torch.cuda.synchronize if ids.device.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    tokens, stats = generate(target, [ids], max_new_tokens, drafter, sampling=sampling, eos_id=eos_id,
-                             generator=generator, gamma=gamma, vocab_size=vocab_size)
-    sync()
-    return tokens[0], stats, time.perf_counter() - t0
-
-
 @dataclass(frozen=True)
 class EvalOptions:
     """The keyword options of `evaluate`, `acceptance` and `contexts`: chains of `gamma`, a Hugging
