@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("python scripts/cache_embeddings.py"),
+                                     description=__doc__.splitlines()[0])
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--export", help="export directory of a specdec main model (decoder or model_with_prophet)")
     model.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face causal LM directory")

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 
 
 def parser() -> argparse.ArgumentParser:
     from train.draft_vocab import DRAFT_VOCAB_SIZES
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog("python scripts/draft_vocab.py"), description=__doc__.splitlines()[0])
     p.add_argument("--cache", required=True, help="a hidden-state cache holding the target's last layer")
     p.add_argument("--target", help="model directory or GGUF file (default: the one the cache records)")
     p.add_argument("--out", required=True, help="the token-count file to write (.json)")

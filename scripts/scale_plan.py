@@ -16,8 +16,9 @@ tokens of conversation rows (real tokens: prompts and answers, padding not count
   head.init_layer, the head and its Adam state) and online (the whole target on each device, or,
   split by target.shard across N ranks, its embedding, final norm and LM head whole, 1/N of its
   decoder layers, and two layers whole: the one running and the next being gathered).
-Every figure is an estimate from the constants below, not a measurement; activations, attention
-FLOPs and framework overhead are left out.
+Every figure is an estimate from the constants and the FLOPs model of `train.plan` (which `specdec
+plan` sizes the recipe with), not a measurement; activations, attention FLOPs and framework overhead
+are left out.
 """
 
 from __future__ import annotations
@@ -26,132 +27,30 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
-from specdec_models.errors import SpecdecError, check, check_positive_int, cli_main
+from specdec_models.errors import SpecdecError, check, cli_main
+from train.plan import (  # noqa: F401  (the measured and assumed constants: tests read them here too)
+    ANSWER_SHARE,
+    ANSWERS_PER_S,
+    CACHE_POSITIONS_PER_S,
+    FILL,
+    H100_FLOPS,
+    LLAMA_3_1,
+    MFU,
+    SEQ_LEN,
+    SMOLLM2,
+    TRAIN_ROWS,
+    TRAIN_SECONDS,
+    TRAIN_STEPS,
+    Target,
+    cpu_flops,
+    gb,
+)
 
-# the models' published config.json (meta-llama/Llama-3.1-8B and meta-llama/Llama-3.1-70B; the -Instruct
-# variants have the same shapes), untied embeddings
-LLAMA_3_1 = {
-    "Llama-3.1-8B": {"hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 128256, "intermediate_size": 14336,
-                     "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
-    "Llama-3.1-70B": {"hidden_size": 8192, "num_hidden_layers": 80, "vocab_size": 128256, "intermediate_size": 28672,
-                      "num_attention_heads": 64, "num_key_value_heads": 8, "tie_word_embeddings": False},
-}
-# SmolLM2-135M-Instruct (its config.json), the target of the measurements below
-SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "intermediate_size": 1536,
-           "num_attention_heads": 9, "num_key_value_heads": 3, "tie_word_embeddings": True}
-
-# measured here: the recipe on SmolLM2 (scripts/eagle3.py --data sharegpt, 2 CPU cores, bf16; docs/results.md)
-SEQ_LEN = 512                      # the cache's rows
-FILL = 118_940 / (347 * 512)       # real tokens of the cache's positions (347 rows: 118,940 real tokens)
-ANSWER_SHARE = 82_604 / 118_940    # answer tokens of the real ones (the loss mask's 1s)
-ANSWERS_PER_S = 82_961 / 1082.2    # tokens generated per second (multi-turn, batch 128, T=0 and 1)
-CACHE_POSITIONS_PER_S = 347 * 512 / 234.5    # the cache step: 347 rows of 512 positions in 234.5 s
-TRAIN_SECONDS = 1582.9             # the training step: 1,643 steps of 4 rows in 26.4 minutes
-TRAIN_ROWS = 4
-# unrolled draft steps -> optimizer steps: task.ttt_ramp=0.5 trains draft step 1 alone for the first half of the
-# time budget (the training loss jumps at step ~1,200, when all 4 start)
-TRAIN_STEPS = {1: 1200, 4: 443}
-SMOLLM2_DRAFT_VOCAB = 8192
-
-# assumed
+# assumed for the tables
 DRAFT_VOCAB = 32_000               # the head's LM head rows for Llama 3 (SpecForge's and speculators' configs)
 TTT_STEPS = 4                      # unrolled draft steps when training (smollm2_eagle3's task.ttt_steps)
 TOKENS = 100e6                     # real tokens of conversation rows
-H100_FLOPS = 989e12                # H100 SXM dense bf16 peak
-MFU = {"answers": 0.10,            # HF generate loop, batch 128, decode-bound
-       "cache": 0.40,              # teacher-forced forward, prefill-like (SpecForge measured ~43% on prefill)
-       "train": 0.30}              # one decoder layer, fc and a 32k LM head, forward and backward
-ADAM_BYTES = 16                    # per trained parameter: fp32 weight, gradient, two Adam moments (bf16-mixed)
-BF16 = 2
-CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads")
-
-
-class Target(NamedTuple):
-    """A Llama-shaped target's sizes (a Hugging Face config's names, shortened)."""
-
-    name: str
-    hidden: int
-    layers: int
-    vocab: int
-    inter: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    tied: bool
-
-    @classmethod
-    def from_config(cls, name: str, config: dict) -> Target:
-        config = config.get("text_config", config)
-        missing = [k for k in CONFIG_KEYS if k not in config]
-        check(not missing, f"{name}: the config lacks {', '.join(missing)}")
-        heads = config["num_attention_heads"]
-        values = [config[k] for k in CONFIG_KEYS] + [config.get("num_key_value_heads") or heads,
-                                                     config.get("head_dim") or config["hidden_size"] // heads]
-        for key, value in zip((*CONFIG_KEYS, "num_key_value_heads", "head_dim"), values, strict=True):
-            check_positive_int(value, f"{name}: {key}")
-        h, n, v, i, heads, kv, hd = values
-        return cls(name, h, n, v, i, heads, kv, hd, bool(config.get("tie_word_embeddings", False)))
-
-    def layer_params(self) -> int:
-        """One decoder layer: q, k, v, o, the SwiGLU feed-forward, two norms."""
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return 2 * h * q + 2 * h * kv + 3 * h * self.inter + 2 * h
-
-    def params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
-
-    def forward_flops(self) -> float:
-        """Per token: 2 x every parameter that multiplies (the input embedding is a lookup, unless it
-        is also the LM head)."""
-        return 2.0 * (self.params() - (0 if self.tied else self.vocab * self.hidden))
-
-    def head_params(self, draft_vocab: int) -> tuple[int, int]:
-        """(fc + decoder layer + norm, LM head) of its EAGLE-3 head: the layer's q, k, v read 2H."""
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        layer = 2 * h * q + 2 * 2 * h * kv + q * h + 3 * h * self.inter + 3 * h      # 3 norms: embedding, feature, mlp
-        return 3 * h * h + layer + h, h * draft_vocab
-
-    def train_flops(self, draft_vocab: int, steps: int) -> float:
-        """Per real token of a row, forward and backward: step 0 runs the fc and the layer everywhere,
-        steps 1.. only on answer chains; both LM heads (the head's, trained, and the target's rows
-        of the draft vocabulary, forward only) run at answer positions."""
-        body, lm_head = self.head_params(draft_vocab)
-        return (6.0 * body * (1 + (steps - 1) * ANSWER_SHARE) + 6.0 * lm_head * steps * ANSWER_SHARE
-                + 2.0 * self.hidden * draft_vocab * ANSWER_SHARE)
-
-    def cache_bytes_per_token(self, dtype: str) -> float:
-        """Bytes per real token of a conversation cache of the head's layers ([2, L//2, L-3] and the
-        last), padding included."""
-        from specdec_models.heads.eagle3 import default_aux_layers
-        from train.data.chat_rows import ChatRows
-        from train.data.embeddings_cache import row_bytes
-
-        layers = len(default_aux_layers(self.layers)) + 1
-        return row_bytes(SEQ_LEN, self.hidden, dtype, 0, self.vocab, ChatRows.columns, layers) / SEQ_LEN / FILL
-
-    def memory(self, ranks: int, draft_vocab: int) -> dict[str, float]:
-        """Bytes per device of weights and optimizer state: the target's part in each mode, and the
-        head with its Adam state (on every rank in every mode: the head trains data-parallel)."""
-        layer = self.layer_params() * BF16
-        kept = (2 * self.vocab * self.hidden + self.hidden) * BF16       # embedding, final norm, LM head
-        # target.shard keeps those whole on every rank, splits the layers, and holds two in full (the one
-        # running, the next being gathered)
-        return {"offline": kept + layer,
-                "online": self.params() * BF16,
-                "sharded": kept + (self.params() * BF16 - kept) / ranks + 2 * layer,
-                "head": sum(self.head_params(draft_vocab)) * ADAM_BYTES}
-
-
-def cpu_flops() -> dict[str, float]:
-    """The FLOP/s the measured SmolLM2 rates stand for, per step."""
-    smol = Target.from_config("SmolLM2-135M", SMOLLM2)
-    tokens_per_step = TRAIN_ROWS * SEQ_LEN * FILL
-    train = sum(n * smol.train_flops(SMOLLM2_DRAFT_VOCAB, k) for k, n in TRAIN_STEPS.items()) * tokens_per_step
-    return {"answers": ANSWERS_PER_S * smol.forward_flops(),
-            "cache": CACHE_POSITIONS_PER_S * smol.forward_flops(),
-            "train": train / TRAIN_SECONDS}
 
 
 def step_flops(t: Target) -> dict[str, float]:
@@ -160,10 +59,6 @@ def step_flops(t: Target) -> dict[str, float]:
     return {"answers": TOKENS * ANSWER_SHARE * t.forward_flops(),
             "cache": TOKENS / FILL * t.forward_flops(),
             "train": TOKENS * t.train_flops(DRAFT_VOCAB, TTT_STEPS)}
-
-
-def gb(size: float) -> str:
-    return f"{size / 1e9:,.1f} GB"
 
 
 def tb(size: float) -> str:

@@ -3,14 +3,16 @@
 Every check on user input (configs, prompts, sampling settings, export directories) raises
 `SpecdecError` with a one-line message, so CLIs can print it and exit 2 instead of dumping a
 traceback. It subclasses `ValueError`, so callers that already catch that keep working.
-`cli_main` is the one place that turns it into that line and exit code 2.
+`cli_main` is the one place that turns it into that line and exit code 2; `prog` names a command
+in its usage line (`specdec VERB` when the `specdec` command runs it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class SpecdecError(ValueError):
@@ -45,3 +47,23 @@ def cli_main(main: Callable[..., int | None]) -> Callable[..., int]:
         return 0 if code is None else int(code)
 
     return wrapper
+
+
+_COMMAND: list[str] = []      # `specdec VERB` while the `specdec` command runs a verb (`command_name`)
+
+
+def prog(default: str) -> str:
+    """The name a command's usage line shows: `specdec VERB` while the `specdec` command runs it
+    (`command_name`), else `default` (e.g. "python scripts/evaluate.py")."""
+    return _COMMAND[-1] if _COMMAND else default
+
+
+@contextlib.contextmanager
+def command_name(name: str) -> Iterator[None]:
+    """Within the block, commands name themselves `name` in their usage lines (`prog`). sys.argv
+    stays as it was: Lightning's DDP launcher starts its processes from it."""
+    _COMMAND.append(name)
+    try:
+        yield
+    finally:
+        _COMMAND.pop()

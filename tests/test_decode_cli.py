@@ -189,6 +189,14 @@ def test_the_device_defaults_to_the_cpu_and_is_in_the_help(exports, capsys):
     assert cli_json(capsys, *args)["continuations"] == cli_json(capsys, *args, "--device", "cpu")["continuations"]
 
 
+def test_device_auto_decodes_on_the_cpu_without_cuda_and_says_so_on_stderr(exports, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ("--export", exports / "target", "--prompt", "ab", "--temperature", 0, "--max-new-tokens", 6, "--json")
+    status, out, err = cli(capsys, *args, "--device", "auto")
+    assert status == 0 and err == "device: cpu (auto)\n"
+    assert json.loads(out)["continuations"] == cli_json(capsys, *args[:-1], "--device", "cpu")["continuations"]
+
+
 def test_lookup_decodes_an_export_greedily_as_plain_decoding_and_takes_a_datastore(exports, capsys, tmp_path):
     from specdec_models import byte_tokenizer, load_export
     from specdec_models.decode import GREEDY, Datastore, generate

@@ -32,6 +32,7 @@ from specdec_models.hf import tokenizer_fingerprint, vocabulary_fingerprint
 
 from .data.embeddings_cache import cache_rows, check_cache, open_cache
 from .data.hf_embeddings import label_mask
+from .plan import DRAFT_VOCAB_SIZES
 from .tasks.hf_eagle3 import COUNTS_FORMAT
 
 
@@ -81,9 +82,6 @@ def write_counts(path: str | os.PathLike, counts: torch.Tensor, tokenizer: Any, 
     text = json.dumps(data)
     write_file(path, lambda f: f.write(text.encode("utf-8")))
     return path
-
-
-DRAFT_VOCAB_SIZES = (2048, 4096, 8192, 16384, 32768)
 
 
 @dataclass(frozen=True)

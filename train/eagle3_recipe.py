@@ -18,7 +18,8 @@ cache resume batch by batch inside their step):
 4. draft_vocab: the target's greedy tokens on the cache's answers counted (`train.draft_vocab`);
 5. train: `experiment=smollm2_eagle3` (its CPU sizes, target.path=TARGET; `hf_eagle3_gpu` with
    `--device cuda`; or `--experiment`, any whose task is hf_eagle3) on the cache for
-   `--train-minutes`, composed and run in this process (`train.run.compose`, `train.run.run`);
+   `--train-minutes`, with the draft vocabulary size `train.plan` gives the target (`Settings.
+   draft_vocab_size`), composed and run in this process (`train.run.compose`, `train.run.run`);
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
    minutes (`scripts/train_peers.py`, in their own environment: `make setup-interop`);
 7. export: the head in the speculators and SGLang layouts (`train.eagle3_export`);
@@ -54,6 +55,8 @@ from typing import Any
 from specdec_models.errors import SpecdecError, check, cli_main
 from specdec_models.files import write_file
 
+from .plan import CPU_SIZES, max_time, max_time_minutes  # noqa: F401  (max_time_minutes: the recipe's API too)
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("data", "answers", "cache", "draft_vocab", "train", "peers", "export", "evaluate", "report")
 RECIPE_KIND = "eagle3 recipe"     # the folder kind of --out (`specdec_models.files.mark_dir`)
@@ -78,20 +81,21 @@ class Settings:
     data: str
     out: Path
     device: str = "cpu"
-    conversations: int = 1200
+    conversations: int = CPU_SIZES["conversations"]      # the sizes: measured on 2 CPU cores (`train.plan`)
     held_out: int = 16
     seq_len: int = 512
     max_new_tokens: int = 256
     temperatures: tuple[float, ...] = (0.0, 1.0)
-    answer_batch: int = 64
-    answer_chunk: int = 64
+    answer_batch: int = CPU_SIZES["answer_batch"]
+    answer_chunk: int = CPU_SIZES["answer_chunk"]
     answer_minutes: float | None = 30.0
     keep_answers: bool = False
     answers_server: tuple[str, ...] = ()    # OpenAI-compatible servers of the target (LOCAL: llama-server started here)
     answers_in_flight: int = 32              # requests in flight per server
     chat_template_kwargs: dict = field(default_factory=dict)
-    cache_batch: int = 16
-    train_minutes: float = 30.0
+    cache_batch: int = CPU_SIZES["cache_batch"]
+    train_minutes: float = CPU_SIZES["train_minutes"]
+    draft_vocab_size: int | None = None     # head.draft_vocab_size (`train.plan`): None the experiment's, 0 the whole
     experiment: str | None = None
     train_args: tuple[str, ...] = ()
     peers: bool = False
@@ -445,19 +449,6 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
 
 # ---------------------------------------------------------------- the steps after the cache: their inputs
 
-def max_time_minutes(text: str) -> float:
-    """trainer.max_time (DD:HH:MM:SS) in minutes."""
-    days, hours, minutes, seconds = (int(x) for x in str(text).split(":"))
-    return (days * 24 + hours) * 60 + minutes + seconds / 60
-
-
-def max_time(minutes: float) -> str:
-    """trainer.max_time for a budget in minutes (DD:HH:MM:SS, as Lightning's Timer reads it)."""
-    seconds = round(minutes * 60)
-    days, seconds = divmod(seconds, 86400)
-    return f"{days:02d}:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
 def experiment(s: Settings) -> str:
     """--experiment, else smollm2_eagle3 (its CPU sizes, any target) or hf_eagle3_gpu with --device cuda."""
     return s.experiment or ("hf_eagle3_gpu" if s.device == "cuda" else "smollm2_eagle3")
@@ -466,13 +457,15 @@ def experiment(s: Settings) -> str:
 def train_overrides(s: Settings, out: Path, held_out_rows: int) -> list[str]:
     """The Hydra overrides of the train step: the experiment on the recipe's cache (data=hf_embeddings,
     the cache's last `held_out_rows` rows validating), its draft vocabulary, --train-minutes (added
-    where the experiment sets no max_time), the precision faster on the device, decoding at the end
-    only, OUT/eagle3 as the output folder, then --train-args."""
+    where the experiment sets no max_time), the planned draft vocabulary size (`train.plan`), the
+    precision faster on the device, decoding at the end only, OUT/eagle3 as the output folder, then
+    --train-args (which win)."""
     from specdec_models.cpu import fast_precision
 
     return [f"experiment={experiment(s)}", f"target.path={s.target}", "data=hf_embeddings",
             f"data.cache={out / 'cache'}", f"data.seq_len={s.seq_len}", f"data.val_windows={max(1, held_out_rows)}",
             f"head.draft_vocab={out / 'draft_vocab.json'}", f"++trainer.max_time={max_time(s.train_minutes)}",
+            *([f"head.draft_vocab_size={s.draft_vocab_size or 'null'}"] if s.draft_vocab_size is not None else []),
             f"trainer.precision={fast_precision('gpu' if s.device == 'cuda' else 'cpu')}",
             "callbacks.speculative_eval.every=0", f"output_dir={out / 'eagle3'}", "overwrite=true", *s.train_args]
 

@@ -8,7 +8,8 @@ drafts, `--draft DIR`), `prophet` (a model_with_prophet export drafts with its o
 `lookup` (`--lookup N[..MAX]`: prompt lookup, no draft model; `--datastore FILE` adds a datastore's
 continuations, `decode.lookup`).
 Every bad input is one line `error: ...` on stderr and exit status 2. `--device` (cpu by default,
-cuda, cuda:N, mps; one that is not here is refused) is where the models decode, prepared for it by
+cuda, cuda:N, mps, or auto: cuda when here, else cpu, said on stderr; one that is not here is
+refused) is where the models decode, prepared for it by
 `specdec_models.cpu.prepare_for_device` (on a CPU: few-row linear layers where they pay).
 
 A Hugging Face target instead: `--hf-model DIR` (a local `save_pretrained` directory) or
@@ -40,7 +41,8 @@ import torch
 
 from .. import byte_tokenizer
 from ..cpu import prepare_for_device, resolve_device, resolve_dtype
-from ..errors import SpecdecError, check
+from ..device import HELP, pick_device
+from ..errors import SpecdecError, check, prog
 from ..export import encode_prompt, load_export, load_hf_run, read_export_config
 from ..heads import ModelWithProphet
 from ..hf import HFDecoder
@@ -68,7 +70,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m specdec_models.decode",
+    parser = _Parser(prog=prog("python -m specdec_models.decode"),
                      description="Generate text from a specdec export or a Hugging Face model with plain or "
                                  "speculative decoding.")
     parser.add_argument("--export", metavar="DIR",
@@ -127,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ignore-eos", action="store_true", help="Hugging Face target: do not stop at EOS")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--device", default="cpu",
-                        help="where the models decode: cpu (default), cuda, cuda:N or mps; on a CPU the linear layers "
-                             "are tuned for it (specdec_models/cpu)")
+                        help=f"where the models decode: cpu (default), cuda, cuda:N or mps, or auto ({HELP}, on "
+                             "stderr); on a CPU the linear layers are tuned for it (specdec_models/cpu)")
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                         help="Hugging Face target: the dtype of the target and its draft or head; default auto: the "
                              "faster on --device (bfloat16 on a GPU with bf16 or a CPU with bf16 instructions, else "
@@ -160,7 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(args.batch >= 1, f"--batch must be >= 1, got {args.batch}")
     check(args.eos_id is None or args.eos_id >= 0, f"--eos-id must be a token id >= 0, got {args.eos_id}")
     check(len(args.prompt) > 0, "--prompt is empty: give at least one character")
-    args.device = resolve_device(args.device, "--device")      # one that is not here: refused before any loading
+    # one that is not here: refused before any loading; auto said on stderr (stdout is the text)
+    args.device = resolve_device(pick_device(args.device, sys.stderr), "--device")
     if args.tree is not None:
         args.tree = TreeSpec.parse(args.tree)          # parsed once, before any model is loaded
         check(args.eagle3, "--tree drafts with an EAGLE-3 head: give --eagle3 DIR")

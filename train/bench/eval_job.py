@@ -122,6 +122,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     from specdec_models.cpu import resolve_device, resolve_dtype
     from specdec_models.decode.__main__ import parse_lookup
     from specdec_models.decode.tree import TreeSpec
+    from specdec_models.device import auto_device
     from specdec_models.files import check_output
     from specdec_models.hf import check_source
     from train.bench import eval_report
@@ -143,7 +144,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     heads = parse_heads(job.heads) if heads_exist else {s.partition("=")[0]: s.partition("=")[2] for s in job.heads}
     check(heads or lookup, "nothing to score against plain decoding: give --head NAME=PATH or --lookup")
     check(tree is None or heads, "--tree drafts with the heads: give --head NAME=PATH")
-    device = resolve_device(job.device, "--device")
+    device = resolve_device(auto_device(job.device), "--device")      # auto: said once the checks pass
     dtype = resolve_dtype(DTYPES[job.dtype], device)
     check_source(job.target, "--target")
     out = Path(job.out)
@@ -159,9 +160,12 @@ def run_evaluation(job: EvalJob, command: str) -> list[Path]:
     (`command`: the command line it records). Returns the files written."""
     import torch
 
+    from specdec_models.device import AUTO, auto_line
     from train.bench import eval_report
 
     c = check_job(job)
+    if job.device == AUTO:
+        print(auto_line(c.device), file=sys.stderr, flush=True)
     if job.threads is not None:
         torch.set_num_threads(job.threads)
     hf, drafters = load(job.target, c.heads, c.tree, c.lookup, c.device, c.dtype)
