@@ -14,8 +14,8 @@ target by `load_eagle3(DIR, target)`, whatever the layout (`detect_layout` tells
   and a greedy proposal of `speculative_tokens` tokens (a chain: give the drafting that was
   evaluated, `SPECULATIVE_TOKENS` when none is given; vLLM's `num_speculative_tokens` on its
   command line decides what it drafts, docs/serving.md); `model.safetensors` holding `fc.weight`,
-  `layers.0.*`, `norm.weight`, `lm_head.weight` and, with a draft vocabulary smaller than the target's, `d2t` / `t2d`.
-  `embed_tokens.weight` is not written: speculators ignores it when missing (it copies the
+  `layers.0.*`, `norm.weight`, `lm_head.weight` and, with a draft vocabulary smaller than the
+  target's, `d2t` / `t2d`. `embed_tokens.weight` is not written: speculators ignores it when missing (it copies the
   verifier's), vLLM then shares the target's.
 - "sglang", what SGLang's `LlamaForCausalLMEagle3` (python/sglang/srt/models/llama_eagle3.py)
   loads: a flat Llama config.json with `architectures: ["LlamaForCausalLMEagle3"]`,

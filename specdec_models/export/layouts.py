@@ -195,8 +195,8 @@ def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
 def save_layout(directory: str | os.PathLike, head: Any, layout: Layout, *, force: bool = False,
                 **options: Any) -> Path:
     """Write `head` into `directory` in `layout` (config.json, model.safetensors and its SHA256SUMS,
-    atomically; module docstring) and return its path. `options` go to the layout's config writer. Refuses
-    (one line) a directory holding another model unless `force`."""
+    atomically; module docstring) and return its path. `options` go to the layout's config writer.
+    Refuses (one line) a directory holding another model unless `force`."""
     unknown = sorted(set(options) - set(layout.options))
     check(not unknown, f"{', '.join(f'{k}=' for k in unknown)} is not an option of the {layout.name} layout "
                        f"(it takes {', '.join(layout.options) or 'none'})")
