@@ -437,3 +437,16 @@ def test_a_damaged_sha256sums_or_an_unlisted_weights_file_is_one_line(setup, tmp
     with pytest.raises(SpecdecError, match=match) as err:
         load_eagle3(out, target)
     assert "\n" not in str(err.value)
+
+
+def test_exporting_the_same_head_again_with_another_drafting_replaces_it_without_force(setup, tmp_path):
+    root, target, head = setup
+    out = save_eagle3(tmp_path / "vllm", head, "speculators", speculative_tokens=3)
+    save_eagle3(out, head, "speculators", speculative_tokens=6)                   # the same head, a serving setting
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 6
+    other = perturbed_head(target, draft=40, aux=[1, 2, 3])
+    with pytest.raises(SpecdecError, match="not this speculators head"):         # another head still needs force
+        save_eagle3(out, other, "speculators", speculative_tokens=6)
+    with pytest.raises(SpecdecError, match="speculative_tokens= is not an option of the sglang layout"):
+        save_eagle3(tmp_path / "sgl", head, "sglang", speculative_tokens=6)

@@ -47,8 +47,8 @@ verifies when present (`export.checksums`), as specdec's own export verifies its
 
 Writes are atomic: the directory is built beside its destination and renamed over it whole
 (`files.staged_dir`). An existing directory is replaced only when it is empty or holds the same
-layout's head for the same config (shapes, aux layers, vocabularies, verifier); anything else
-needs `force=True` (`--force`).
+layout's head for the same config (shapes, aux layers, vocabularies, verifier; the tokens drafted
+per step may differ); anything else needs `force=True` (`--force`).
 """
 
 from __future__ import annotations
@@ -234,6 +234,14 @@ def _eagle3_config(fields: dict[str, Any], draft: Any, aux: Any, where: str) -> 
     return Eagle3Config(**fields, draft_vocab_size=draft, aux_layers=aux)
 
 
+def _without_proposal(config: dict[str, Any]) -> dict[str, Any]:
+    """A speculators config.json less its proposal (the tokens drafted per step: a serving setting)."""
+    spec = config.get("speculators_config")
+    if not isinstance(spec, dict):
+        return config
+    return {**config, "speculators_config": {k: v for k, v in spec.items() if k != "proposal_methods"}}
+
+
 def _is_speculators(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") == "eagle3"
 
@@ -247,7 +255,7 @@ def _is_sglang(config: dict[str, Any]) -> bool:
 # vLLM's speculators: the canonical names as they are
 SPECULATORS = Layout("speculators", EAGLE3_WEIGHTS, NameMap(), speculators_config, _config_from_speculators,
                      _is_speculators, "a speculators eagle3 model", options=("verifier", "speculative_tokens"),
-                     ignored=VERIFIER_COPIES)
+                     ignored=VERIFIER_COPIES, settings=_without_proposal)
 # SGLang's LlamaForCausalLMEagle3: the decoder layer is `midlayer`; a tap's id is the output of a layer,
 # hidden_states index - 1, for indices 1..L-1, and its fc fuses exactly 3 (module docstring)
 SGLANG = Layout("sglang", EAGLE3_WEIGHTS, NameMap((Rename("layers.0.", "midlayer."),)), sglang_config,

@@ -162,7 +162,9 @@ class Layout:
     `what` what it then holds ("a speculators eagle3 model", for errors). `ignored`: layout names a
     loader reads and drops (a server's copies of the target's weights). `omit_with_full_vocab`: the
     canonical names the layout leaves out when the head drafts over the whole target vocabulary
-    (None: the table's vocabulary maps, then the identity); a reader then rebuilds them."""
+    (None: the table's vocabulary maps, then the identity); a reader then rebuilds them.
+    `settings`: a config.json less its serving settings (speculators' tokens per step), which a new
+    export of the same head may change in place (None: the config has none)."""
 
     name: str
     table: WeightTable
@@ -175,6 +177,7 @@ class Layout:
     options: tuple[str, ...] = ()
     ignored: frozenset[str] = frozenset()
     omit_with_full_vocab: frozenset[str] | None = None
+    settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
@@ -203,7 +206,7 @@ def save_layout(directory: str | os.PathLike, head: Any, layout: Layout, *, forc
     config = layout.write_config(head, layout, **options)
     tensors = layout_tensors(head, layout)
     directory = Path(directory)
-    check_replaceable(directory, layout.name, config, force)
+    check_replaceable(directory, layout.name, config, force, layout.settings)
     check_writable_dir(directory.parent, "export directory")
     text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
     try:
@@ -219,13 +222,16 @@ def save_layout(directory: str | os.PathLike, head: Any, layout: Layout, *, forc
     return directory
 
 
-def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in _DTYPE_KEYS}
+def _identity(config: dict[str, Any], settings: Callable[[dict[str, Any]], dict[str, Any]] | None) -> dict[str, Any]:
+    config = {k: v for k, v in config.items() if k not in _DTYPE_KEYS}
+    return config if settings is None else settings(config)
 
 
-def check_replaceable(directory: Path, layout: str, config: dict[str, Any], force: bool) -> None:
+def check_replaceable(directory: Path, layout: str, config: dict[str, Any], force: bool,
+                      settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
     """May a head in `layout` with `config` replace `directory`? Yes when it does not exist, is
-    empty, or holds the same layout's head of the same config (dtype aside); else only with force."""
+    empty, or holds the same layout's head of the same config (dtype and the serving `settings`
+    aside: `Layout.settings`); else only with force."""
     check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
     if force or not directory.is_dir():
         return
@@ -237,7 +243,7 @@ def check_replaceable(directory: Path, layout: str, config: dict[str, Any], forc
         existing = json.loads((directory / CONFIG_NAME).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         pass
-    same = isinstance(existing, dict) and _identity(existing) == _identity(config)
+    same = isinstance(existing, dict) and _identity(existing, settings) == _identity(config, settings)
     if not same:
         held = describe(existing) if isinstance(existing, dict) else f"files ({', '.join(others[:3])})"
         raise SpecdecError(f"{directory} holds {held}, not this {layout} head: choose another directory, or "
