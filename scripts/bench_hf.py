@@ -26,6 +26,7 @@ from specdec_models.files import write_file
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    from specdec_models.cpu import add_dtype_argument, resolve_dtype
     from specdec_models.decode import DraftModel, HeadDrafter
     from specdec_models.export import load_export
     from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify-cost", type=int, nargs="+", metavar="N",
                         help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
                              "chain's verify and through a tree's 4-D mask (train.bench.hf.verify_costs)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the target's dtype")
+    add_dtype_argument(parser, default="fp32", what="the target's dtype")
     parser.add_argument("--context", type=int, default=100, help="--verify-cost: cached tokens before the call")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
@@ -76,14 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_models.hf import HFDecoder
 
     check_batch_memory(args.batch, args.max_new_tokens, {"target": HFDecoder(loaded.model)})  # before the prompts
-    loaded.model.to(getattr(torch, args.dtype))
+    loaded.model.to(resolve_dtype(args.dtype, "cpu"))
     if args.verify_cost:
         from specdec_models.cpu import describe, prepare_for_device
         from train.bench.hf import verify_costs
 
         prepare_for_device(loaded.model, "cpu", dtype=None)
         costs = verify_costs(loaded.model, args.context, sorted({1, *args.verify_cost}), repeats=args.repeats)
-        result = {"model": str(loaded.source), "dtype": args.dtype, "layers": describe("cpu", loaded.model.dtype),
+        dtype = str(loaded.model.dtype).removeprefix("torch.")
+        result = {"model": str(loaded.source), "dtype": dtype, "layers": describe("cpu", loaded.model.dtype),
                   "context": args.context, **costs}
         print(json.dumps(result))
         if args.json:

@@ -8,7 +8,7 @@
     python scripts/cache_embeddings.py --hf-model DIR --text a.txt b.jsonl --out CACHE_DIR
     # an EAGLE-3-class head of a 30-layer target: aux layers 2, 15, 27 and the last one
     python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --layers 2 15 27 -1 --out CACHE_DIR
-    common: [--seq-len N] [--windows N] [--dtype bfloat16|float16|int8] [--shard-size 500MB] [--seed 0] [--overwrite]
+    common: [--seq-len N] [--windows N] [--dtype bf16|fp16|int8] [--shard-size 500MB] [--seed 0] [--overwrite]
 
 --layers (HF only) picks the `hidden_states` indices stored (i: the input of decoder layer i, 0 the
 embedding output, -1 or L the last layer after the final norm; default: the last only). Regenerated
@@ -34,6 +34,8 @@ from specdec_models.errors import check, cli_main, prog
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    from specdec_models.cpu import STORAGE_DTYPES, add_dtype_argument
+
     parser = argparse.ArgumentParser(prog=prog("python scripts/cache_embeddings.py"),
                                      description=__doc__.splitlines()[0])
     model = parser.add_mutually_exclusive_group(required=True)
@@ -53,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the cache directory to write (must not exist, or --overwrite)")
     parser.add_argument("--seq-len", type=int, default=512, help="row length (data.seq_len of the run); default 512")
     parser.add_argument("--windows", type=int, default=1024, help="number of rows; default 1024")
-    parser.add_argument("--dtype", choices=("bfloat16", "float16", "int8"), default="bfloat16",
-                        help="stored hidden states (int8: absmax per token, with its scale); default bfloat16")
+    add_dtype_argument(parser, default="bf16", allowed=STORAGE_DTYPES,
+                       what="the stored hidden states' dtype (int8: absmax per token, with its scale)")
     parser.add_argument("--top-k-logits", type=int, default=0, help="--export: also store the K largest logits")
     parser.add_argument("--layers", nargs="+", type=int, default=None, metavar="I",
                         help="HF: hidden_states indices to store (negative from the end); default: the last one")
@@ -64,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (and per generate call)")
     parser.add_argument("--device", default=None, help="torch device; default cuda when available, else cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--model-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                        help="HF: the dtype the target runs in; default auto: bfloat16 on a CUDA device with bf16 or "
-                             "a CPU with bf16 instructions, else float32 "
-                             "(specdec_models/cpu)")
+    add_dtype_argument(parser, "--model-dtype", what="HF: the dtype the target runs in")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="HF: a time budget for making the rows once the target is loaded: a batch starts only "
                              "if it should end within it (as long as the last one took), else a smaller last batch of "

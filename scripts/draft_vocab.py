@@ -21,6 +21,7 @@ from specdec_models.errors import check, cli_main, prog
 
 
 def parser() -> argparse.ArgumentParser:
+    from specdec_models.cpu import add_dtype_argument
     from train.draft_vocab import DRAFT_VOCAB_SIZES
 
     p = argparse.ArgumentParser(prog=prog("python scripts/draft_vocab.py"), description=__doc__.splitlines()[0])
@@ -30,9 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=int, nargs="+", default=list(DRAFT_VOCAB_SIZES))
     p.add_argument("--val-windows", type=int, default=16, help="the cache's last rows, held out for coverage")
     p.add_argument("--positions", type=int, default=65536, help="answer positions counted, spread over the rows")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="for the timing of c; default auto: the dtype decoding runs in here (bfloat16 with bf16 "
-                        "instructions, else float32: specdec_models/cpu)")
+    add_dtype_argument(p, what="the dtype c is timed in")
     p.add_argument("--no-timing", action="store_true", help="skip measuring c")
     p.add_argument("--report", help="also write coverage and c as JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing --out (and --report) file")

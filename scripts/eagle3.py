@@ -93,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
                         "(default 8; scripts/evaluate.py --speed-subset)")
     p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
     p.add_argument("--tree", default=d.tree, help="the head's tree in the evaluation, beside its chain ('' for none)")
+    p.add_argument("--speculative-tokens", type=int, default=None, metavar="N",
+                   help="tokens per step the speculators export tells vLLM to draft (default: the gamma of the "
+                        "evaluated chain, 5; docs/serving.md)")
     p.add_argument("--processes", type=int, default=1,
                    help="answer and cache in that many processes here, each a share of the threads (or GPUs: "
                         "torchrun, docs/scale.md)")
@@ -165,7 +168,8 @@ def settings(a: argparse.Namespace):
                     train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
                     benchmarks=tuple(b for b in a.benchmarks.split(",") if b),
                     subset=None if a.subset == "all" else a.subset, speed_subset=a.speed_subset,
-                    eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None, processes=a.processes,
+                    eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None,
+                    speculative_tokens=a.speculative_tokens, processes=a.processes,
                     seed=a.seed, until=a.until)
 
 

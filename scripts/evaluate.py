@@ -38,9 +38,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdec_models.cpu import add_dtype_argument
     from specdec_models.device import HELP
     from specdec_models.errors import prog
-    from train.bench.eval_job import DTYPES
 
     p = _Parser(prog=prog("python scripts/evaluate.py"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, metavar="DIR|FILE.gguf",
@@ -66,8 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "that open MT-Bench's second turns (default 16; trees and lookup: 1)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated, each >= 0 (default 0,1)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per answer (default 256)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
-                   help="auto: the faster on --device (specdec_models/cpu); the greedy equality check needs fp32")
+    add_dtype_argument(p, what="the target's and the heads' dtype (the greedy equality check needs fp32)")
     p.add_argument("--device", default="auto", help=f"auto (default; {HELP}), cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",

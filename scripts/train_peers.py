@@ -46,6 +46,8 @@ RUNNERS = {peer: REPO / "scripts" / "peers" / f"run_{peer}.py" for peer in PEERS
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    from specdec_models.cpu import add_dtype_argument
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", required=True, help="specdec's embeddings cache, made with --layers A B C L")
     p.add_argument("--draft-vocab", help="token counts (scripts/draft_vocab.py); none: the whole vocabulary")
@@ -58,9 +60,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ttt-steps", type=int, default=3, help="draft steps unrolled in training (speculators' default)")
     p.add_argument("--rows", type=int, help="convert only the cache's first ROWS rows")
-    p.add_argument("--data-dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                   help="hidden states in speculators' data files (SpecForge's: the draft's float32, its "
-                        "target head's bfloat16)")
+    add_dtype_argument(p, "--data-dtype", default="bf16", allowed=("bf16", "fp32"),
+                       what="hidden states in speculators' data files (SpecForge's: the draft's fp32, its target "
+                            "head's bf16)")
     p.add_argument("--python", default=str(REPO / ".venv-interop" / "bin" / "python"),
                    help="the interpreter with the peers' packages (make setup-interop)")
     p.add_argument("--force", action="store_true",

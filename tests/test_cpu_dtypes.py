@@ -1,6 +1,7 @@
 """specdec_models/dtypes.py and train/dtypes.py: the dtype decoding and caching run in and the
 training precision a config resolves to are decided by the machine's flags and vendor (on a CPU: AMX,
-or avx512_bf16 on AMD; bf16 support on CUDA), never by a clock."""
+or avx512_bf16 on AMD; bf16 support on CUDA), never by a clock. Every command line names a dtype in
+one vocabulary (auto, fp32, bf16, fp16; torch's names as aliases), parsed in one place."""
 
 from __future__ import annotations
 
@@ -108,3 +109,68 @@ def test_the_smollm2_heads_run_their_frozen_target_in_the_machines_fast_dtype(co
     monkeypatch.setattr(dtypes.torch.cuda, "is_available", lambda: False)
     assert compose([f"experiment={experiment}"]).target.dtype == expected
     assert compose([f"experiment={experiment}", "target.dtype=float32"]).target.dtype == "float32"
+
+
+# ------------------------------------------------------------------------------ one vocabulary on every command line
+
+def test_every_dtype_name_and_its_alias_parse_to_torchs_name():
+    from specdec_models import SpecdecError
+
+    for short, alias, torch_name in (("fp32", "float32", "float32"), ("bf16", "bfloat16", "bfloat16"),
+                                     ("fp16", "float16", "float16")):
+        assert dtypes.parse_dtype(short) == dtypes.parse_dtype(alias) == torch_name
+        assert dtypes.resolve_dtype(short, "cuda") == dtypes.resolve_dtype(alias, "cuda") == getattr(torch, torch_name)
+    assert dtypes.parse_dtype("auto") == "auto"
+    assert dtypes.parse_dtype("int8", dtypes.STORAGE_DTYPES) == "int8"
+    assert dtypes.parse_dtype("bfloat16", dtypes.STORAGE_DTYPES) == "bfloat16"
+    for bad, allowed, match in (("fp8", dtypes.COMPUTE_DTYPES, "--dtype must be one of auto, fp32, bf16, fp16 "
+                                                              r"\(or float32, bfloat16, float16\), got 'fp8'"),
+                                ("int8", dtypes.COMPUTE_DTYPES, "got 'int8'"),
+                                ("fp32", dtypes.STORAGE_DTYPES, r"one of bf16, fp16, int8 \(or bfloat16, float16\)")):
+        with pytest.raises(SpecdecError, match=match) as err:
+            dtypes.parse_dtype(bad, allowed)
+        assert "\n" not in str(err.value)
+    # fp16 computes only on a CUDA device: on a CPU it is one line, in the words resolve_dtype always used
+    with pytest.raises(SpecdecError, match="float16 on cpu: the dtype must be auto, bfloat16 or float32 there"):
+        dtypes.resolve_dtype("fp16", "cpu")
+
+
+def test_a_dtype_flag_takes_the_names_and_aliases_and_has_one_help_text():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    dtypes.add_dtype_argument(parser, what="the target's dtype")
+    dtypes.add_dtype_argument(parser, "--store", default="bf16", allowed=dtypes.STORAGE_DTYPES)
+    assert vars(parser.parse_args([])) == {"dtype": "auto", "store": "bfloat16"}
+    assert vars(parser.parse_args(["--dtype", "bf16", "--store", "int8"])) == {"dtype": "bfloat16", "store": "int8"}
+    assert parser.parse_args(["--dtype", "float32"]).dtype == "float32"
+    help_text = " ".join(parser.format_help().split())
+    assert ("the target's dtype: auto | fp32 | bf16 | fp16 (float32, bfloat16, float16 also accepted); auto:"
+            in help_text)
+    assert "bf16 | fp16 | int8 (bfloat16, float16 also accepted) (default bf16)" in help_text
+
+    class OneLine(argparse.ArgumentParser):
+        def error(self, message):
+            raise ValueError(message)
+
+    one = OneLine()
+    dtypes.add_dtype_argument(one)
+    with pytest.raises(ValueError, match="argument --dtype: --dtype must be one of auto, fp32, bf16, fp16"):
+        one.parse_args(["--dtype", "half"])
+
+
+def test_no_command_line_declares_a_dtype_flag_of_its_own():
+    """Every --dtype, --model-dtype, --data-dtype goes through `add_dtype_argument` (one parser, one
+    help text): no add_argument call names a flag ending in 'dtype' anywhere in the code."""
+    import ast
+
+    from conftest import REPO
+
+    found = []
+    for root in ("scripts", "train", "specdec_models"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args
+                        and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).endswith("dtype")):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == []

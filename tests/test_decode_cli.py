@@ -158,6 +158,8 @@ def test_text_output_prints_each_row_and_a_stats_summary(exports, capsys):
     (("--prompt", "x", "--method", "prophet"), "needs a model_with_prophet export"),
     (("--prompt", "x", "--gamma", "two"), "invalid gamma 'two'"),
     (("--prompt", "x", "--method", "medusa"), "invalid choice"),
+    (("--prompt", "x", "--dtype", "fp8"), "--dtype must be one of auto, fp32, bf16, fp16 (or float32, bfloat16, "
+                                          "float16), got 'fp8'"),
     (("--prompt", "x", "--repetition-penalty", 0), "repetition_penalty must be a number > 0"),
     (("--prompt", "xy", "--max-new-tokens", 100000), f"exceed the target's max_seq_len {MAX_LEN}"),
     (("--prompt", "x", "--lookup", "four"), "--lookup is N or N..MAX"),

@@ -1,7 +1,9 @@
 """An eagle3 head in its three layouts (`specdec_models.export.eagle3`): specdec's hf_eagle3 export,
 vLLM's speculators format and SGLang's. Each round-trips to the same drafts, the SGLang layout
 carries the names, shapes and config fields SGLang's loader reads, the decoding CLI takes each
-through `--eagle3 DIR`, and bad input is one line, exit 2, nothing written. Tiny random Llama
+through `--eagle3 DIR`, and bad input is one line, exit 2, nothing written. The speculators layout
+records the drafting the export was given (and the export says where the number comes from), and
+the foreign layouts' SHA256SUMS makes a flipped weight byte a one-line refusal. Tiny random Llama
 targets built in the test; the parity against the real `speculators` package is
 tests/test_eagle3_interop.py."""
 
@@ -329,3 +331,122 @@ def test_writing_over_another_models_files_needs_force(setup, tmp_path, capsys):
     assert main([str(spec), str(busy), "--layout", "sglang", "--hf-model", str(root / "target"), "--force"]) == 0
     assert detect_layout(busy) == "sglang" and not (busy / "notes.txt").exists()
     assert load_eagle3(busy, target).config == head.config
+
+
+# ------------------------------------------------------------------------------ the drafting a server is told
+
+@pytest.mark.parametrize("flags, tokens, source", [
+    ((), 5, "not given: scripts/evaluate.py's default chain, gamma 5"),
+    (("--speculative-tokens", 3), 3, "--speculative-tokens"),
+    (("--tree", "6,3,1"), 6, "the evaluated tree 6,3,1, depth 6"),
+])
+def test_the_export_cli_writes_the_drafting_it_was_given_and_says_where_it_comes_from(setup, tmp_path, capsys, flags,
+                                                                                      tokens, source):
+    root, _, head = setup
+    src = save_eagle3(root / "drafting-src", head, "specdec", target_path=root / "target", force=True)
+    out = tmp_path / "vllm"
+    status = export_script().main([str(src), str(out), "--layout", "speculators", *map(str, flags)])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    proposal = json.loads((out / "config.json").read_text())["speculators_config"]["proposal_methods"][0]
+    assert proposal["proposal_type"] == "greedy" and proposal["speculative_tokens"] == tokens
+    assert f"speculative tokens {tokens} ({source})" in printed
+    assert f'"num_speculative_tokens": {tokens}' in printed                       # what to give vLLM
+    status = export_script().main([str(src), str(tmp_path / "sgl"), "--layout", "sglang", *map(str, flags)])
+    assert status == 0 and f"SGLang: --speculative-num-steps {tokens}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, match", [
+    (("--speculative-tokens", 0), "--speculative-tokens must be a positive integer, got 0"),
+    (("--tree", "6,x"), "a tree is DEPTH,TOPK,WIDTH"),
+])
+def test_a_bad_drafting_is_one_line_and_writes_nothing(setup, tmp_path, capsys, flags, match):
+    root, _, head = setup
+    src = save_eagle3(root / "drafting-src", head, "specdec", target_path=root / "target", force=True)
+    out = tmp_path / "vllm"
+    status = export_script().main([str(src), str(out), "--layout", "speculators", *map(str, flags)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and match in err, err
+    assert not out.exists()
+
+
+def test_the_default_drafting_is_the_chain_the_evaluation_measures():
+    from specdec_models.export.eagle3 import SPECULATIVE_TOKENS
+    from train.bench.eval_job import EvalJob
+    from train.eagle3_export import Drafting
+
+    assert EvalJob.gamma == SPECULATIVE_TOKENS == Drafting.of().tokens == 5
+    assert Drafting.of(2, gamma=5, tree="6,3,1").tokens == 2             # a number given wins
+    assert Drafting.of(gamma=4, tree="6,3,1") == Drafting(4, "the evaluated chain, gamma 4")
+
+
+# ------------------------------------------------------------------------------ SHA256SUMS
+
+def flip_a_weight_byte(path):
+    """Flip the file's last byte, inside the last tensor's data (a safetensors file is an 8-byte
+    header length, the JSON header, then the tensors' bytes): the file still parses."""
+    data = bytearray(path.read_bytes())
+    assert len(data) > 8 + int.from_bytes(data[:8], "little")
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("layout", ["speculators", "sglang"])
+def test_a_flipped_byte_in_a_foreign_layouts_weights_is_refused_in_one_line_naming_the_file(setup, tmp_path, layout):
+    import hashlib
+
+    root, target, head = setup
+    out = save_eagle3(tmp_path / layout, head, layout)
+    weights = out / "model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert (out / "SHA256SUMS").read_text() == f"{digest}  model.safetensors\n"        # as `sha256sum` writes it
+    flip_a_weight_byte(weights)
+    load_file(str(weights))                                   # still a readable safetensors file
+    with pytest.raises(SpecdecError, match="truncated or corrupt") as err:
+        load_eagle3(out, target)
+    assert str(weights) in str(err.value) and "SHA256SUMS" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("layout", ["speculators", "sglang"])
+def test_a_head_folder_without_sha256sums_loads_as_a_speculators_or_specforge_head_does(setup, tmp_path, layout):
+    root, target, head = setup
+    out = save_eagle3(tmp_path / layout, head, layout)
+    bare = _write(tmp_path / "bare", json.loads((out / "config.json").read_text()),
+                  load_file(str(out / "model.safetensors")))
+    assert sorted(p.name for p in bare.iterdir()) == ["config.json", "model.safetensors"]
+    back = load_eagle3(bare, target)
+    for name, t in head.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t), name
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("line", "line 1 is not '<sha256>  <file name>'"),
+    ("extra", "extra.safetensors is not listed in"),
+    ("missing", "listed in .*SHA256SUMS, is missing"),
+])
+def test_a_damaged_sha256sums_or_an_unlisted_weights_file_is_one_line(setup, tmp_path, damage, match):
+    root, target, head = setup
+    out = save_eagle3(tmp_path / "spec", head, "speculators")
+    sums = out / "SHA256SUMS"
+    if damage == "line":
+        sums.write_text("not a checksum\n")
+    elif damage == "extra":
+        save_file({"x": torch.zeros(2)}, str(out / "extra.safetensors"))
+    else:
+        sums.write_text(sums.read_text() + f"{'0' * 64}  gone.safetensors\n")
+    with pytest.raises(SpecdecError, match=match) as err:
+        load_eagle3(out, target)
+    assert "\n" not in str(err.value)
+
+
+def test_exporting_the_same_head_again_with_another_drafting_replaces_it_without_force(setup, tmp_path):
+    root, target, head = setup
+    out = save_eagle3(tmp_path / "vllm", head, "speculators", speculative_tokens=3)
+    save_eagle3(out, head, "speculators", speculative_tokens=6)                   # the same head, a serving setting
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 6
+    other = perturbed_head(target, draft=40, aux=[1, 2, 3])
+    with pytest.raises(SpecdecError, match="not this speculators head"):         # another head still needs force
+        save_eagle3(out, other, "speculators", speculative_tokens=6)
+    with pytest.raises(SpecdecError, match="speculative_tokens= is not an option of the sglang layout"):
+        save_eagle3(tmp_path / "sgl", head, "sglang", speculative_tokens=6)

@@ -73,7 +73,14 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     cache = json.loads((out / "cache" / "cache.json").read_text())
     assert cache["source"]["kind"] == "conversations" and cache["layers"] == sorted({*recipe.aux_layers(2), 2})
     assert (out / "export_speculators" / "config.json").is_file() and (out / "export_sglang" / "config.json").is_file()
+    # the speculators layout drafts the chain the evaluate step measures, and the run says so
+    spec = json.loads((out / "export_speculators" / "config.json").read_text())
+    assert spec["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+    assert "speculative tokens 5 (the evaluated chain, gamma 5)" in log
+    assert all((out / f"export_{layout}" / "SHA256SUMS").is_file() for layout in ("speculators", "sglang"))
     steps = json.loads((out / "steps.json").read_text())
+    assert steps["facts"]["export"]["speculative_tokens"] == 5
+    assert steps["facts"]["export"]["speculative_tokens_from"] == "the evaluated chain, gamma 5"
     assert set(steps["done"]) == {"data", "answers", "cache", "draft_vocab", "train", "export"}
     assert main(*base(hf, data, out), "--until", "export") == 0
     again = capsys.readouterr().out
@@ -95,6 +102,7 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     ({"--train-args": "trainer.no_such_key=1"}, "the training config does not compose"),
     ({"--train-args": "head.aux_layers=oops"}, "head"),
     ({"--tree": "6,x"}, "a tree is DEPTH,TOPK,WIDTH"),
+    ({"--speculative-tokens": 0}, "--speculative-tokens must be a positive integer, got 0"),
     ({"--data": "text:MISSING.txt"}, "--data text:MISSING.txt: MISSING.txt does not exist"),
     ({"--seq-len": 500}, "--seq-len 500: a row of seq_len + 1 tokens exceeds the target's 128 positions"),
     ({"--seq-len": 1}, "--seq-len must be at least 32 tokens"),
@@ -114,6 +122,16 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_the_export_writes_the_evaluated_chains_gamma_or_the_speculative_tokens_given(tmp_path):
+    s = recipe.Settings(target="T", data="D", out=tmp_path)
+    jobs = recipe.export_jobs(s, tmp_path)
+    assert [job.layout for job in jobs] == ["speculators", "sglang"]
+    assert {job.drafting.tokens for job in jobs} == {recipe.eval_job(s, tmp_path).gamma} == {5}
+    assert jobs[0].drafting.source == "the evaluated chain, gamma 5"
+    given = recipe.export_jobs(recipe.Settings(target="T", data="D", out=tmp_path, speculative_tokens=3), tmp_path)
+    assert given[0].drafting.tokens == 3 and given[0].drafting.source == "--speculative-tokens"
 
 
 def turns(*pairs):

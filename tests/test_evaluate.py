@@ -330,6 +330,9 @@ def _missing(distribution):
     ("speed-name", "--speed-subset names 'gsm8k', which is not among --benchmarks"),
     ("tau-batch", "--tau-batch must be >= 1, got 0"),
     ("tau-batch-text", "argument --tau-batch: invalid int value: 'x'"),
+    ("dtype-name", "argument --dtype: --dtype must be one of auto, fp32, bf16, fp16 (or float32, bfloat16, float16)"),
+    ("dtype-fp16-cpu", "float16 on cpu: the dtype must be auto, bfloat16 or float32 there (fp16 only on a CUDA "
+                       "device)"),
 ])
 def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_written(
         cli_inputs, command, tmp_path, monkeypatch, case, message):
@@ -370,6 +373,10 @@ def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_wr
         extra = ["--tau-batch", 0]
     elif case == "tau-batch-text":
         extra = ["--tau-batch", "x"]
+    elif case == "dtype-name":
+        extra = ["--dtype", "fp8"]
+    elif case == "dtype-fp16-cpu":
+        extra = ["--dtype", "fp16"]
     before = sorted(p.name for p in (root / "target").iterdir())
     status, stdout, err = command(*[x for kv in args.items() for x in kv], *extra)
     assert status == 2 and stdout == ""

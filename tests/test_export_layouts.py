@@ -5,7 +5,10 @@ The files each layout writes are pinned: a tiny eagle3 head with weights made fr
 same bits on every machine) is written in speculators', SGLang's and specdec's layouts, and its
 config.json, its tensor names, shapes and dtypes and the sha256 of model.safetensors must be what
 the code wrote before the layouts became data (the literals below were generated once by that
-code). Loading each export gives the head's logits exactly. The name maps and the numbering are
+code), with two changes made on purpose (issue 70): the speculators config's `speculative_tokens` is
+5 (specdec's default, the gamma-5 chain every evaluation measures) where it was 3, and each foreign
+layout also writes SHA256SUMS, which must name the pinned hash. Loading each export gives the head's
+logits exactly. The name maps and the numbering are
 checked on their own, and a made-up head kind goes through the same writer and reader with a map of
 its own, as DFlash's and P-EAGLE's will."""
 
@@ -54,7 +57,7 @@ SPECULATORS_CONFIG = {
     "norm_output": False,
     "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                            "proposal_methods": [{"accept_tolerance": 0.0, "proposal_type": "greedy",
-                                                 "speculative_tokens": 3, "verifier_accept_k": 1}],
+                                                 "speculative_tokens": 5, "verifier_accept_k": 1}],
                            "verifier": {"architectures": ["LlamaForCausalLM"], "name_or_path": "org/target-model"}},
     "speculators_model_type": "eagle3", "speculators_version": "0.9.0", "target_hidden_size": None,
     "tie_word_embeddings": False, "torch_dtype": "float32", "transformer_layer_config": LAYER}
@@ -163,7 +166,7 @@ def test_each_foreign_layout_writes_the_files_it_wrote_before(target, tmp_path, 
     head = integer_head(target, case)
     out = save_eagle3(tmp_path / "out", head, layout, **({"verifier": "org/target-model"}
                                                            if layout == "speculators" else {}))
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["SHA256SUMS", "config.json", "model.safetensors"]
     want = expected_config(case, layout)
     assert json.loads((out / "config.json").read_text()) == want
     assert (out / "config.json").read_text() == json.dumps(want, indent=2, sort_keys=True) + "\n"
@@ -173,6 +176,7 @@ def test_each_foreign_layout_writes_the_files_it_wrote_before(target, tmp_path, 
     for name, t in tensors.items():
         assert torch.equal(t, state[name.replace("midlayer.", "layers.0.")]), name
     assert hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() == SHA256[(case, layout)]
+    assert (out / "SHA256SUMS").read_text() == f"{SHA256[(case, layout)]}  model.safetensors\n"    # sha256sum's format
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -105,6 +105,7 @@ class DraftVocabJob:
 
     def check(self) -> dict[str, Any]:
         """Every input checked before any model loads (one line); returns the cache's meta."""
+        from specdec_models.cpu import parse_dtype
         from specdec_models.files import check_output
 
         out = Path(self.out).expanduser()
@@ -113,8 +114,7 @@ class DraftVocabJob:
         if self.report:
             check(out.resolve() != Path(self.report).expanduser().resolve(), "--report must be another file than --out")
             check_output(self.report, "--report", force=self.force, inputs=[self.cache, self.target])
-        check(self.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got "
-                                                             f"{self.dtype!r}")
+        parse_dtype(self.dtype)
         check(all(n >= 1 for n in self.sizes), "--sizes must be positive")
         check(self.positions >= 1 and self.val_windows >= 1, "--positions and --val-windows must be >= 1")
         meta = check_cache(self.cache)

@@ -22,7 +22,9 @@ cache resume batch by batch inside their step):
    draft_vocab_size`), composed and run in this process (`train.run.compose`, `train.run.run`);
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
    minutes (`scripts/train_peers.py`, in their own environment: `make setup-interop`);
-7. export: the head in the speculators and SGLang layouts (`train.eagle3_export`);
+7. export: the head in the speculators and SGLang layouts (`train.eagle3_export`), the speculators
+   layout's `speculative_tokens` the evaluated chain's gamma (or `--speculative-tokens`), printed and
+   recorded with where it comes from;
 8. evaluate: MT-Bench and HumanEval, T=0 and T=1 (`train.bench.eval_job`): the head as a chain and
    as a tree, the peers' heads and prompt lookup; tau on every prompt of `--subset`, the speed-up
    over plain decoding on `--speed-subset` of them, batch 1;
@@ -105,6 +107,7 @@ class Settings:
     speed_subset: str | None = None                   # scripts/evaluate.py's --speed-subset (None: 8 per set)
     eval_max_new_tokens: int = 128
     tree: str | None = "6,3,1,0.1"
+    speculative_tokens: int | None = None    # the export's tokens per step (None: the evaluated chain's gamma)
     processes: int = 1               # answers and cache: that many processes here (each a share of the threads)
     seed: int = 0
     until: str = STEPS[-1]
@@ -496,12 +499,21 @@ def train_config(s: Settings, out: Path, held_out_rows: int):
     return cfg
 
 
+def drafting(s: Settings, out: Path):
+    """The tokens per step the export writes (`train.eagle3_export.Drafting`): --speculative-tokens,
+    else the gamma of the chain the evaluate step drafts (a server such as vLLM drafts a chain)."""
+    from .eagle3_export import Drafting
+
+    return Drafting.of(s.speculative_tokens, gamma=eval_job(s, out).gamma)
+
+
 def export_jobs(s: Settings, out: Path) -> list:
     """The export step: the trained head in the speculators and SGLang layouts."""
     from .eagle3_export import ExportJob
 
-    return [ExportJob(str(out / "eagle3" / "export"), str(out / f"export_{layout}"), layout, s.target, force=True)
-            for layout in ("speculators", "sglang")]
+    plan = drafting(s, out)
+    return [ExportJob(str(out / "eagle3" / "export"), str(out / f"export_{layout}"), layout, s.target, force=True,
+                      drafting=plan) for layout in ("speculators", "sglang")]
 
 
 def eval_job(s: Settings, out: Path):
@@ -553,9 +565,12 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class ExportResult:
-    """The export step's folders, {layout: path}."""
+    """The export step's folders, {layout: path}, and the tokens a server drafts per step written
+    into the speculators layout, with where that number comes from."""
 
     layouts: dict[str, str]
+    speculative_tokens: int
+    speculative_tokens_from: str
 
 
 @dataclass(frozen=True)
@@ -598,10 +613,15 @@ def step_peers(s: Settings, out: Path, held_out_rows: int, rows: int) -> None:
 
 
 def step_export(s: Settings, out: Path) -> ExportResult:
-    """Step 7: `train.eagle3_export.export_head` for each layout."""
+    """Step 7: `train.eagle3_export.export_head` for each layout; prints the tokens per step written."""
     from .eagle3_export import export_head
 
-    return ExportResult({job.layout: str(export_head(job)) for job in export_jobs(s, out)})
+    jobs = export_jobs(s, out)
+    layouts = {job.layout: str(export_head(job)) for job in jobs}
+    plan = jobs[0].drafting
+    for job in jobs:
+        print(f"[export] {job.layout}: {layouts[job.layout]}; {plan.describe(job.layout)}", flush=True)
+    return ExportResult(layouts, plan.tokens, plan.source)
 
 
 def step_evaluate(s: Settings, out: Path) -> EvaluateResult:
@@ -635,6 +655,10 @@ def write_report(out: Path, done: dict[str, float], facts: dict[str, Any]) -> No
     if cache:
         lines.append(f"cache: {cache.get('windows', 0):,} rows ({cache.get('held_out_rows', 0)} held out), "
                      f"{cache.get('answer_tokens', 0):,} answer tokens")
+    export = facts.get("export") or {}
+    if export.get("speculative_tokens"):
+        lines.append(f"export: speculative_tokens {export['speculative_tokens']} "
+                     f"({export.get('speculative_tokens_from')}): vLLM's num_speculative_tokens")
     text = "\n".join(lines) + "\n"
     write_file(report / "steps.md", lambda f: f.write(text.encode()))
     blob = json.dumps({"steps_seconds": done, **facts}, indent=1, default=str)

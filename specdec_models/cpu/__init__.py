@@ -17,6 +17,8 @@ callback does between training steps (a cast or a move stays).
 The rules read the CPU's flags, never a clock, so one machine always answers the same:
 - `fast_dtype(device)` / `resolve_dtype(name, device)`: bf16 on a CPU with bf16 dot-product
   instructions (avx512_bf16, amx_bf16) or a CUDA device with bf16, else fp32 (`dtypes`);
+- `parse_dtype` / `add_dtype_argument`: the one dtype vocabulary of every command line (auto,
+  fp32, bf16, fp16; torch's names as aliases), with one help text (`dtypes`);
 - `fast_precision(accelerator)`: the training precision, Lightning's "bf16-mixed" or "32-true" (`dtypes`);
 - the few-row layers' library and kernel by vendor and instruction set (`few_rows`).
 `PIECES` names what `scripts/bench_cpu.py` measures on and off (`pieces_off`, or SPECDEC_CPU_OFF
@@ -40,12 +42,17 @@ from ..errors import check
 from . import few_rows
 from .dtypes import (
     BF16_INSTRUCTIONS,
+    COMPUTE_DTYPES,
     RULE_FLAGS,
+    STORAGE_DTYPES,
+    add_dtype_argument,
     cpu_flags,
     cpu_model,
     cpu_vendor,
+    dtype_help,
     fast_dtype,
     fast_precision,
+    parse_dtype,
     resolve_device,
     resolve_dtype,
 )
@@ -137,5 +144,6 @@ def comparisons() -> list[tuple[str, tuple[torch.dtype, frozenset[str]], tuple[t
     return found
 
 
-__all__ = ["PIECES", "Prepared", "comparisons", "describe", "fast_dtype", "fast_precision", "host_pieces",
-           "host_report", "pieces_off", "prepare_for_device", "resolve_device", "resolve_dtype"]
+__all__ = ["COMPUTE_DTYPES", "PIECES", "Prepared", "STORAGE_DTYPES", "add_dtype_argument", "comparisons", "describe",
+           "dtype_help", "fast_dtype", "fast_precision", "host_pieces", "host_report", "parse_dtype", "pieces_off",
+           "prepare_for_device", "resolve_device", "resolve_dtype"]

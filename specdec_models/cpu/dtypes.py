@@ -19,10 +19,16 @@ FMA as two 256-bit halves while its bf16 dot product does twice the work per ins
 `fast_precision("cpu")` is "bf16-mixed" where /proc/cpuinfo lists `amx_bf16`, or lists
 `avx512_bf16` on an AMD CPU (`vendor_id` AuthenticAMD), and "32-true" elsewhere; on a CUDA device
 with bf16, "bf16-mixed" (the training-step timings: docs/cpu.md).
+
+Every command line names a dtype the same way (`parse_dtype`, `add_dtype_argument`): `auto`,
+`fp32`, `bf16`, `fp16`, with torch's names `float32`, `bfloat16`, `float16` accepted as aliases
+(the names earlier commands used); a storage dtype (an embeddings cache's) takes the same names
+plus `int8`. The parsed value is torch's name, what configs and file metadata hold.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import torch
@@ -129,14 +135,61 @@ def fast_precision(accelerator: str = "cpu") -> str:
     return "bf16-mixed" if cuda is False and bf16_trains_fast_on_cpu() else "32-true"
 
 
+# ------------------------------------------------------------------------------ the command lines' dtype names
+
+# the short names every --dtype takes -> torch's name (what configs and file metadata hold)
+DTYPE_NAMES = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
+DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}     # torch's names, accepted too
+COMPUTE_DTYPES = ("auto", "fp32", "bf16", "fp16")     # what models run in
+STORAGE_DTYPES = ("bf16", "fp16", "int8")             # what an embeddings cache stores
+AUTO = "auto: bf16 where --device computes it fast (a CUDA device with bf16, a CPU with bf16 instructions), else fp32"
+
+
+def parse_dtype(text: str, allowed: tuple[str, ...] = COMPUTE_DTYPES, what: str = "--dtype") -> str:
+    """Torch's name ("float32", "bfloat16", "float16", "int8") or "auto" of the dtype `text` names:
+    one of `allowed` (short names) or its alias (torch's name); one line naming `what` otherwise."""
+    short = DTYPE_ALIASES.get(text, text)
+    aliases = [long for long, s in DTYPE_ALIASES.items() if s in allowed]
+    check(short in allowed, f"{what} must be one of {', '.join(allowed)} (or {', '.join(aliases)}), got {text!r}")
+    return DTYPE_NAMES[short]
+
+
+def dtype_help(allowed: tuple[str, ...] = COMPUTE_DTYPES, default: str | None = "auto") -> str:
+    """The one help text of a dtype flag taking `allowed`."""
+    aliases = [long for long, s in DTYPE_ALIASES.items() if s in allowed]
+    text = f"{' | '.join(allowed)} ({', '.join(aliases)} also accepted)"
+    text += f"; {AUTO}" if "auto" in allowed else ""
+    return text + (f" (default {default})" if default is not None else "")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser, flag: str = "--dtype", *, default: str = "auto",
+                       allowed: tuple[str, ...] = COMPUTE_DTYPES, what: str = "") -> argparse.Action:
+    """Add `flag` to `parser`: a dtype of `allowed` parsed by `parse_dtype` (its value torch's name),
+    `what` (the flag's meaning in this command) before the one help text. A bad name is the
+    parser's error: one line where the parser makes its errors one line."""
+
+    def dtype(text: str) -> str:
+        try:
+            return parse_dtype(text, allowed, flag)
+        except SpecdecError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parser.add_argument(flag, type=dtype, default=default, metavar="|".join(allowed),
+                               help=(f"{what}: " if what else "") + dtype_help(allowed, default))
+
+
 def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """A dtype named on a command line: "bfloat16", "float32", or "auto" (`fast_dtype(device)`);
-    a torch.dtype is taken as given."""
+    """The torch dtype a command computes in: a name `parse_dtype` takes ("auto" is
+    `fast_dtype(device)`); float16 only on a CUDA device (a CPU computes it slowly, and the CPU
+    corner's kernels have none); a torch.dtype is taken as given."""
     if isinstance(name, torch.dtype):
         return name
-    check(name in ("auto", "bfloat16", "float32"), f"the dtype must be auto, bfloat16 or float32, got {name!r}")
+    name = parse_dtype(name, COMPUTE_DTYPES, "the dtype")
+    check(name != "float16" or str(device).lower().startswith("cuda"),
+          f"float16 on {device}: the dtype must be auto, bfloat16 or float32 there (fp16 only on a CUDA device)")
     return fast_dtype(device) if name == "auto" else getattr(torch, name)
 
 
-__all__ = ["BF16_INSTRUCTIONS", "RULE_FLAGS", "bf16_trains_fast_on_cpu", "cpu_flags", "cpu_model", "cpu_vendor",
-           "cuda_device", "fast_dtype", "fast_precision", "resolve_device", "resolve_dtype"]
+__all__ = ["BF16_INSTRUCTIONS", "COMPUTE_DTYPES", "DTYPE_ALIASES", "DTYPE_NAMES", "RULE_FLAGS", "STORAGE_DTYPES",
+           "add_dtype_argument", "bf16_trains_fast_on_cpu", "cpu_flags", "cpu_model", "cpu_vendor", "cuda_device",
+           "dtype_help", "fast_dtype", "fast_precision", "parse_dtype", "resolve_device", "resolve_dtype"]

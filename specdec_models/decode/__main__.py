@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from .. import byte_tokenizer
-from ..cpu import prepare_for_device, resolve_device, resolve_dtype
+from ..cpu import add_dtype_argument, prepare_for_device, resolve_device, resolve_dtype
 from ..device import HELP, pick_device
 from ..errors import SpecdecError, check, prog
 from ..export import encode_prompt, load_export, load_hf_run, read_export_config
@@ -131,10 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu",
                         help=f"where the models decode: cpu (default), cuda, cuda:N or mps, or auto ({HELP}, on "
                              "stderr); on a CPU the linear layers are tuned for it (specdec_models/cpu)")
-    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
-                        help="Hugging Face target: the dtype of the target and its draft or head; default auto: the "
-                             "faster on --device (bfloat16 on a GPU with bf16 or a CPU with bf16 instructions, else "
-                             "float32: specdec_models/cpu); greedy output is exactly transformers' in float32")
+    add_dtype_argument(parser, what="Hugging Face target: the dtype of the target and its draft or head (greedy "
+                                    "output is exactly transformers' in fp32)")
     return parser
 
 

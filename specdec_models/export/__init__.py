@@ -7,6 +7,8 @@
   to the layout's, a `TapNumbering`, its config writer and reader), a head kind's layouts
   (`HeadKind`), and the one writer and reader that apply them to any head kind (`save_head`,
   `load_head`, `detect`; `rename` applies a name map either way);
+- `checksums`: SHA256SUMS, the weights' checksum file the foreign layouts carry and their loader
+  verifies when present (`write_checksums`, `check_checksums`);
 - `eagle3`: an EAGLE-3 head in specdec's, vLLM's (speculators) and SGLang's layouts
   (`save_eagle3` / `load_eagle3` / `detect_layout`; the layouts `EAGLE3_LAYOUTS`);
 - `hf_draft`: a draft causal LM as a Hugging Face model directory for transformers' assisted
@@ -17,7 +19,8 @@
 Every writer is atomic: a crash leaves the previous export readable (see each module).
 """
 
-from .eagle3 import EAGLE3, EAGLE3_LAYOUTS, LAYOUTS, detect_layout, load_eagle3, save_eagle3
+from .checksums import CHECKSUMS_NAME, check_checksums, sha256_file, write_checksums
+from .eagle3 import EAGLE3, EAGLE3_LAYOUTS, LAYOUTS, SPECULATIVE_TOKENS, detect_layout, load_eagle3, save_eagle3
 from .hf_draft import (
     HF_DRAFT_METADATA,
     assistant_generation_config,
@@ -46,10 +49,11 @@ from .specdec import (
 )
 
 __all__ = [
-    "CONFIG_NAME", "EAGLE3", "EAGLE3_LAYOUTS", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HF_DRAFT_METADATA", "HFRun",
-    "HeadKind", "KINDS", "LAYOUTS", "Layout", "NameMap", "Rename", "TapNumbering", "assistant_generation_config",
-    "check_export_target", "check_hf_draft_dir", "config_sha256", "describe_export", "detect_layout", "encode_prompt",
-    "export_hash", "load_eagle3", "load_export", "load_head", "load_hf_run", "read_export_config",
-    "read_export_tensors", "read_json_object", "read_main_config", "rename", "sampling_temperature", "save_eagle3",
-    "save_export", "save_head", "save_hf_draft",
+    "CHECKSUMS_NAME", "CONFIG_NAME", "EAGLE3", "EAGLE3_LAYOUTS", "FORMAT", "FORMAT_VERSION", "HEAD_KINDS", "HFRun",
+    "HF_DRAFT_METADATA", "HeadKind", "KINDS", "LAYOUTS", "Layout", "NameMap", "Rename", "SPECULATIVE_TOKENS",
+    "TapNumbering", "assistant_generation_config", "check_checksums", "check_export_target", "check_hf_draft_dir",
+    "config_sha256", "describe_export", "detect_layout", "encode_prompt", "export_hash", "load_eagle3", "load_export",
+    "load_head", "load_hf_run", "read_export_config", "read_export_tensors", "read_json_object", "read_main_config",
+    "rename", "sampling_temperature", "save_eagle3", "save_export", "save_head", "save_hf_draft", "sha256_file",
+    "write_checksums",
 ]

@@ -11,9 +11,11 @@ target by `load_eagle3(DIR, target)`, whatever the layout (`detect_layout` tells
   the one decoder layer, `vocab_size` the target's), `draft_vocab_size`,
   `eagle_aux_hidden_state_layer_ids`, every norm flag written out (vLLM reads a missing
   `norm_before_residual` as true, speculators as false), `speculators_config` naming the verifier
-  and a greedy proposal; `model.safetensors` holding `fc.weight`, `layers.0.*`, `norm.weight`,
-  `lm_head.weight` and, with a draft vocabulary smaller than the target's, `d2t` / `t2d`.
-  `embed_tokens.weight` is not written: speculators ignores it when missing (it copies the
+  and a greedy proposal of `speculative_tokens` tokens (a chain: give the drafting that was
+  evaluated, `SPECULATIVE_TOKENS` when none is given; vLLM's `num_speculative_tokens` on its
+  command line decides what it drafts, docs/serving.md); `model.safetensors` holding `fc.weight`,
+  `layers.0.*`, `norm.weight`, `lm_head.weight` and, with a draft vocabulary smaller than the
+  target's, `d2t` / `t2d`. `embed_tokens.weight` is not written: speculators ignores it when missing (it copies the
   verifier's), vLLM then shares the target's.
 - "sglang", what SGLang's `LlamaForCausalLMEagle3` (python/sglang/srt/models/llama_eagle3.py)
   loads: a flat Llama config.json with `architectures: ["LlamaForCausalLMEagle3"]`,
@@ -40,10 +42,13 @@ All the head's maths is the speculators default (`norm_before_residual`, `norm_b
 line, as are a head for another target's hidden size or vocabulary, aux ids beyond the target's
 depth, a missing `d2t` with a draft vocabulary smaller than the target's, and pickled weights.
 
+The speculators and SGLang layouts carry SHA256SUMS, their weights' checksums, which loading
+verifies when present (`export.checksums`), as specdec's own export verifies its weights' hash.
+
 Writes are atomic: the directory is built beside its destination and renamed over it whole
 (`files.staged_dir`). An existing directory is replaced only when it is empty or holds the same
-layout's head for the same config (shapes, aux layers, vocabularies, verifier); anything else
-needs `force=True` (`--force`).
+layout's head for the same config (shapes, aux layers, vocabularies, verifier; the tokens drafted
+per step may differ); anything else needs `force=True` (`--force`).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import SpecdecError, check
+from ..errors import SpecdecError, check, check_positive_int
 from ..heads.eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, default_aux_layers
 from ..hf.adapter import logits_width, text_config
 from .layouts import SPECDEC, HeadKind, Layout, NameMap, Rename, TapNumbering, detect, load_head, save_head
@@ -64,6 +69,9 @@ LAYOUTS = (SPECDEC, "speculators", "sglang")
 SPECULATORS_VERSION = "0.9.0"       # the speculators release whose format is written (tests/test_eagle3_interop.py)
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
+# speculators' `speculative_tokens` when no drafting is given: the chain every specdec evaluation of an
+# eagle3 head measures (scripts/evaluate.py's and the recipe's gamma 5)
+SPECULATIVE_TOKENS = 5
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # what a speculators checkpoint may hold beside the head: the verifier's copies, read and dropped
 VERIFIER_COPIES = frozenset({"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"})
@@ -114,10 +122,11 @@ def _layout_ids(c: Eagle3Config, layout: Layout) -> list[int]:
 
 
 def speculators_config(head: Eagle3Head, layout: Layout | None = None, *, verifier: str | os.PathLike | None = None,
-                       speculative_tokens: int = 3) -> dict[str, Any]:
+                       speculative_tokens: int = SPECULATIVE_TOKENS) -> dict[str, Any]:
     """The config.json of the head in speculators' format (module docstring; `layout`: SPECULATORS,
     the default). `verifier`: the name or path recorded for the target (default: the target's
-    `name_or_path`)."""
+    `name_or_path`); `speculative_tokens`: the length of the greedy proposal's chain."""
+    check_positive_int(speculative_tokens, "speculative_tokens")
     c = head.config
     layout = SPECULATORS if layout is None else layout
     return {"speculators_model_type": "eagle3", "architectures": [SPECULATORS_ARCHITECTURE],
@@ -225,6 +234,14 @@ def _eagle3_config(fields: dict[str, Any], draft: Any, aux: Any, where: str) -> 
     return Eagle3Config(**fields, draft_vocab_size=draft, aux_layers=aux)
 
 
+def _without_proposal(config: dict[str, Any]) -> dict[str, Any]:
+    """A speculators config.json less its proposal (the tokens drafted per step: a serving setting)."""
+    spec = config.get("speculators_config")
+    if not isinstance(spec, dict):
+        return config
+    return {**config, "speculators_config": {k: v for k, v in spec.items() if k != "proposal_methods"}}
+
+
 def _is_speculators(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") == "eagle3"
 
@@ -237,7 +254,8 @@ def _is_sglang(config: dict[str, Any]) -> bool:
 
 # vLLM's speculators: the canonical names as they are
 SPECULATORS = Layout("speculators", EAGLE3_WEIGHTS, NameMap(), speculators_config, _config_from_speculators,
-                     _is_speculators, "a speculators eagle3 model", options=("verifier",), ignored=VERIFIER_COPIES)
+                     _is_speculators, "a speculators eagle3 model", options=("verifier", "speculative_tokens"),
+                     ignored=VERIFIER_COPIES, settings=_without_proposal)
 # SGLang's LlamaForCausalLMEagle3: the decoder layer is `midlayer`; a tap's id is the output of a layer,
 # hidden_states index - 1, for indices 1..L-1, and its fc fuses exactly 3 (module docstring)
 SGLANG = Layout("sglang", EAGLE3_WEIGHTS, NameMap((Rename("layers.0.", "midlayer."),)), sglang_config,
@@ -252,12 +270,15 @@ EAGLE3_LAYOUTS = {layout.name: layout for layout in (SPECULATORS, SGLANG)}
 
 def save_eagle3(directory: str | os.PathLike, head: Eagle3Head, layout: str = SPECDEC, *,
                 target_path: str | os.PathLike | None = None, verifier: str | os.PathLike | None = None,
-                metadata: dict[str, Any] | None = None, force: bool = False) -> Path:
+                speculative_tokens: int | None = None, metadata: dict[str, Any] | None = None,
+                force: bool = False) -> Path:
     """Write `head` into `directory` in `layout` ("specdec", "speculators" or "sglang"; see the
     module docstring) and return its path. `target_path` (specdec) and `verifier` (speculators)
-    record where the target comes from (default: its `name_or_path`); `metadata` only in specdec's
+    record where the target comes from (default: its `name_or_path`); `speculative_tokens`
+    (speculators) the chain it drafts (default `SPECULATIVE_TOKENS`); `metadata` only in specdec's
     layout. Refuses (one line) a directory holding another model unless `force`."""
-    options = {} if verifier is None else {"verifier": verifier}
+    given = {"verifier": verifier, "speculative_tokens": speculative_tokens}
+    options = {k: v for k, v in given.items() if v is not None}
     return save_head(directory, head, EAGLE3, layout, target_path=target_path, metadata=metadata, force=force,
                      **options)
 
@@ -327,5 +348,6 @@ def _few(names: list[str], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-__all__ = ["EAGLE3", "EAGLE3_LAYOUTS", "LAYOUTS", "SGLANG", "SPECULATORS", "detect_layout", "layer_ids_from_sglang",
-           "load_eagle3", "save_eagle3", "sglang_config", "sglang_layer_ids", "speculators_config"]
+__all__ = ["EAGLE3", "EAGLE3_LAYOUTS", "LAYOUTS", "SGLANG", "SPECULATIVE_TOKENS", "SPECULATORS", "detect_layout",
+           "layer_ids_from_sglang", "load_eagle3", "save_eagle3", "sglang_config", "sglang_layer_ids",
+           "speculators_config"]

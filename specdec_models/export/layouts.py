@@ -19,11 +19,14 @@ config and canonical tensors), and `save_head`, `detect` and `load_head` serve e
 specdec's own layout and its foreign ones. A new head kind adds its table, one `Layout` per server
 (a name map, a config writer and reader) and its builder: `export.eagle3.EAGLE3` is eagle3's.
 
-A layout directory holds `config.json` and `model.safetensors` (header metadata {"format": "pt"}),
-written atomically: built beside the destination and renamed over it whole (`files.staged_dir`).
-An existing directory is replaced only when it is empty or holds the same layout's head of the
-same config (dtype aside); anything else needs `force=True` (`--force`). specdec's own layout,
-the canonical names in specdec's export format, is `export.specdec.save_export`'s.
+A layout directory holds `config.json`, `model.safetensors` (header metadata {"format": "pt"}) and
+`SHA256SUMS`, the weights' sha256 as `sha256sum` writes it (`export.checksums`: the loader verifies
+it when it is there, as specdec's own export verifies its recorded hash; a head another trainer
+wrote has none and loads unchecked), written atomically: built beside the destination and renamed
+over it whole (`files.staged_dir`). An existing directory is replaced only when it is empty or
+holds the same layout's head of the same config (dtype aside); anything else needs `force=True`
+(`--force`). specdec's own layout, the canonical names in specdec's export format, is
+`export.specdec.save_export`'s.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ..errors import SpecdecError, check
 from ..files import TMP_PREFIX, check_writable_dir, one_line, os_error, staged_dir
 from ..heads.weights import WeightTable
 from ..hf.adapter import is_hf_model
+from .checksums import check_checksums, write_checksums
 from .specdec import CONFIG_NAME, FORMAT, load_export, read_json_object, save_export
 
 WEIGHTS_NAME = "model.safetensors"
@@ -158,7 +162,9 @@ class Layout:
     `what` what it then holds ("a speculators eagle3 model", for errors). `ignored`: layout names a
     loader reads and drops (a server's copies of the target's weights). `omit_with_full_vocab`: the
     canonical names the layout leaves out when the head drafts over the whole target vocabulary
-    (None: the table's vocabulary maps, then the identity); a reader then rebuilds them."""
+    (None: the table's vocabulary maps, then the identity); a reader then rebuilds them.
+    `settings`: a config.json less its serving settings (speculators' tokens per step), which a new
+    export of the same head may change in place (None: the config has none)."""
 
     name: str
     table: WeightTable
@@ -171,6 +177,7 @@ class Layout:
     options: tuple[str, ...] = ()
     ignored: frozenset[str] = frozenset()
     omit_with_full_vocab: frozenset[str] | None = None
+    settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
@@ -190,16 +197,16 @@ def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
 
 def save_layout(directory: str | os.PathLike, head: Any, layout: Layout, *, force: bool = False,
                 **options: Any) -> Path:
-    """Write `head` into `directory` in `layout` (config.json and model.safetensors, atomically;
-    module docstring) and return its path. `options` go to the layout's config writer. Refuses
-    (one line) a directory holding another model unless `force`."""
+    """Write `head` into `directory` in `layout` (config.json, model.safetensors and its SHA256SUMS,
+    atomically; module docstring) and return its path. `options` go to the layout's config writer.
+    Refuses (one line) a directory holding another model unless `force`."""
     unknown = sorted(set(options) - set(layout.options))
     check(not unknown, f"{', '.join(f'{k}=' for k in unknown)} is not an option of the {layout.name} layout "
                        f"(it takes {', '.join(layout.options) or 'none'})")
     config = layout.write_config(head, layout, **options)
     tensors = layout_tensors(head, layout)
     directory = Path(directory)
-    check_replaceable(directory, layout.name, config, force)
+    check_replaceable(directory, layout.name, config, force, layout.settings)
     check_writable_dir(directory.parent, "export directory")
     text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
     try:
@@ -209,18 +216,22 @@ def save_layout(directory: str | os.PathLike, head: Any, layout: Layout, *, forc
             for name in (WEIGHTS_NAME, CONFIG_NAME):
                 with open(tmp / name, "rb+") as f:
                     os.fsync(f.fileno())
+            write_checksums(tmp, [WEIGHTS_NAME])
     except OSError as error:
         raise os_error(error, f"cannot write the {layout.name} head to {directory}") from None
     return directory
 
 
-def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in _DTYPE_KEYS}
+def _identity(config: dict[str, Any], settings: Callable[[dict[str, Any]], dict[str, Any]] | None) -> dict[str, Any]:
+    config = {k: v for k, v in config.items() if k not in _DTYPE_KEYS}
+    return config if settings is None else settings(config)
 
 
-def check_replaceable(directory: Path, layout: str, config: dict[str, Any], force: bool) -> None:
+def check_replaceable(directory: Path, layout: str, config: dict[str, Any], force: bool,
+                      settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
     """May a head in `layout` with `config` replace `directory`? Yes when it does not exist, is
-    empty, or holds the same layout's head of the same config (dtype aside); else only with force."""
+    empty, or holds the same layout's head of the same config (dtype and the serving `settings`
+    aside: `Layout.settings`); else only with force."""
     check(not directory.exists() or directory.is_dir(), f"export path {directory} exists and is not a directory")
     if force or not directory.is_dir():
         return
@@ -232,7 +243,7 @@ def check_replaceable(directory: Path, layout: str, config: dict[str, Any], forc
         existing = json.loads((directory / CONFIG_NAME).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         pass
-    same = isinstance(existing, dict) and _identity(existing) == _identity(config)
+    same = isinstance(existing, dict) and _identity(existing, settings) == _identity(config, settings)
     if not same:
         held = describe(existing) if isinstance(existing, dict) else f"files ({', '.join(others[:3])})"
         raise SpecdecError(f"{directory} holds {held}, not this {layout} head: choose another directory, or "
@@ -273,13 +284,15 @@ def read_layout(directory: Path, layout: Layout) -> tuple[dict[str, Tensor], dic
 
 
 def read_weights(directory: Path) -> dict[str, Tensor]:
-    """Every tensor of the .safetensors files in `directory`, by its name in the files."""
+    """Every tensor of the .safetensors files in `directory`, by its name in the files, after
+    checking them against the folder's SHA256SUMS when it has one (`export.checksums`)."""
     files = sorted(p for p in directory.glob("*.safetensors") if not p.name.startswith("."))
     if not files:
         pickled = sorted(p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
         check(not pickled, f"{directory} holds {', '.join(pickled)}: specdec reads no pickle; convert the weights to "
                            f"safetensors")
         raise SpecdecError(f"{directory} holds no .safetensors weights")
+    check_checksums(directory, [p.name for p in files])
     tensors: dict[str, Tensor] = {}
     for path in files:
         try:

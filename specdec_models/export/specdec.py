@@ -77,6 +77,7 @@ from ..files import one_line as _one_line
 from ..heads import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, ModelWithProphet
 from ..hf import is_hf_model, target_identity, weights_sha256
 from ..model import Decoder
+from .checksums import sha256_file
 
 FORMAT = EXPORT_FORMAT
 FORMAT_VERSION = 1
@@ -157,7 +158,7 @@ def save_export(directory: str | os.PathLike, model: Decoder | ModelWithProphet 
             with open(written, "rb+") as f:
                 os.fsync(f.fileno())
             os.chmod(written, file_mode())
-            digest = _sha256(written)
+            digest = sha256_file(written)
             weights_name = f"weights-{digest[:16]}.safetensors"
             os.replace(written, directory / weights_name)   # same bytes if it already exists
         finally:
@@ -246,11 +247,6 @@ def _remove_unreferenced(directory: Path, keep: str) -> None:
         if path.name.startswith("weights-") and path.name.endswith(".safetensors") and path.name != keep:
             path.unlink(missing_ok=True)
     remove_stale_temps(directory)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ---------------------------------------------------------------- reading
@@ -415,7 +411,7 @@ def _check_weights_file(directory: Path, config: dict[str, Any]) -> Path:
     weights = directory / config["weights"]
     check(weights.is_file(), f"weights file {weights} named in {directory / CONFIG_NAME} is missing: "
                              f"the export is incomplete, re-export the model")
-    digest = _sha256(weights)
+    digest = sha256_file(weights)
     check(digest == config["weights_sha256"],
           f"weights file {weights} has sha256 {digest[:16]}..., config.json records "
           f"{config['weights_sha256'][:16]}...: the file is truncated or corrupt, re-export the model")

@@ -56,14 +56,15 @@ class AnswersBench:
     first_path: bool = True
 
     def check(self) -> None:
+        from specdec_models.cpu import parse_dtype
+
         for name in ("conversations", "max_new_tokens", "seq_len", "slots", "rounds"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 1, f"--{name.replace('_', '-')} must be a positive integer, "
                                                          f"got {value!r}")
         check(self.batch is None or (isinstance(self.batch, int) and self.batch >= 1),
               f"--batch must be a positive integer, got {self.batch!r}")
-        check(self.dtype in ("auto", "float32", "bfloat16"), f"--dtype must be auto, float32 or bfloat16, got "
-                                                             f"{self.dtype!r}")
+        parse_dtype(self.dtype)
         check(self.in_flight is None or (isinstance(self.in_flight, int) and self.in_flight >= 1),
               f"--in-flight must be a positive integer, got {self.in_flight!r}")
         check(not (self.servers and self.llama_server), "give --server URL or --llama-server, not both")

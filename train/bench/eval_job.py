@@ -19,7 +19,6 @@ from typing import Any
 
 from specdec_models.errors import SpecdecError, check
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "auto": "auto"}
 RESERVED = ("plain", "lookup")
 TREE_COLUMNS = ("+tree", "+tree+lookup")     # NAME+tree: the head's own tree; NAME+tree+lookup: with SPEC's lookup
 
@@ -30,7 +29,8 @@ class EvalJob:
     ("NAME=PATH" each), the tree SPEC and chain gamma they draft with, prompt lookup ("N[..MAX]"),
     the benchmarks and their subset, the speed part's prompts per benchmark ("K|NAME=K,..."),
     the acceptance part's rows per chain call, the temperatures ("0,1"), the answers' length, dtype
-    (fp32|bf16|auto), device, threads, chat template kwargs (JSON), seed and the output folder."""
+    (auto|fp32|bf16|fp16, `specdec_models.cpu.parse_dtype`), device, threads, chat template kwargs
+    (JSON), seed and the output folder."""
 
     target: str
     heads: tuple[str, ...] = ()
@@ -119,7 +119,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     """Every input of `job` checked, nothing loaded or written (one-line SpecdecError).
     `heads_exist=False`: the heads are checked as NAME=PATH only (the recipe checks its evaluation
     before the head is trained); `load_prompts=False`: the benchmarks' files are not read."""
-    from specdec_models.cpu import resolve_device, resolve_dtype
+    from specdec_models.cpu import parse_dtype, resolve_device, resolve_dtype
     from specdec_models.decode.__main__ import parse_lookup
     from specdec_models.decode.tree import TreeSpec
     from specdec_models.device import auto_device
@@ -137,7 +137,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     check(job.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {job.max_new_tokens}")
     check(job.tau_batch >= 1, f"--tau-batch must be >= 1, got {job.tau_batch}")
     check(job.threads is None or job.threads >= 1, f"--threads must be >= 1, got {job.threads}")
-    check(job.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {job.dtype!r}")
+    dtype_name = parse_dtype(job.dtype)
     kwargs = parse_json_object(job.chat_template_kwargs)
     tree = TreeSpec.parse(job.tree) if job.tree is not None else None
     lookup = parse_lookup(job.lookup) if job.lookup is not None else None
@@ -145,7 +145,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     check(heads or lookup, "nothing to score against plain decoding: give --head NAME=PATH or --lookup")
     check(tree is None or heads, "--tree drafts with the heads: give --head NAME=PATH")
     device = resolve_device(auto_device(job.device), "--device")      # auto: said once the checks pass
-    dtype = resolve_dtype(DTYPES[job.dtype], device)
+    dtype = resolve_dtype(dtype_name, device)
     check_source(job.target, "--target")
     out = Path(job.out)
     check_output(out, "--out", kind=eval_report.KIND, force=job.force, inputs=[job.target, *heads.values()])
