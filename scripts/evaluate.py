@@ -72,8 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='passed to the chat template, e.g. \'{"enable_thinking": false}\'')
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled runs (default 0)")
-    p.add_argument("--out", default="outputs/evaluation", help="the folder to write (default outputs/evaluation)")
-    p.add_argument("--force", action="store_true", help="replace --out whatever it holds (never an input)")
+    p.add_argument("--out", default="outputs/evaluation",
+                   help="the folder to write (default outputs/evaluation); each benchmark is kept in OUT.partial "
+                        "as soon as it is scored, so the same command after a kill resumes")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out whatever it holds (never an input), and start over instead of resuming")
     return p
 
 

@@ -562,3 +562,47 @@ def test_batched_head_chain_scores_like_batch_1_on_a_tiny_hf_llama_target_at_t0(
         emitted[batch] = {k: v for _, _, by_prompt in calls for k, v in by_prompt.items()}
     assert emitted[1] == emitted[16] and len(emitted[1]) == 9
     assert scored[1] == scored[16] and scored[16]["overall"]["mine"]["turns"] == 9
+
+
+def test_a_killed_evaluation_resumes_its_finished_benchmarks_and_other_settings_are_refused(
+        cli_inputs, command, tmp_path, monkeypatch, capsys):
+    """A run killed while scoring humaneval keeps mt_bench in OUT.partial; the same command again
+    scores humaneval only and writes the whole report; other settings are one line, exit 2."""
+    import json
+
+    from train.bench import eval_job
+
+    root, heads = cli_inputs
+    out = tmp_path / "eval"
+    args = ["--target", root / "target", "--head", f"mine={heads['specdec']}", "--subset", 1, "--temperatures", "0",
+            "--max-new-tokens", 4, "--dtype", "fp32", "--threads", 1, "--out", out]
+    real, scored = eval_job.score_benchmark, []
+
+    def killed_on_humaneval(hf, drafters, name, *rest):
+        scored.append(name)
+        if name == "humaneval":
+            raise KeyboardInterrupt
+        return real(hf, drafters, name, *rest)
+
+    monkeypatch.setattr(eval_job, "score_benchmark", killed_on_humaneval)
+    with pytest.raises(KeyboardInterrupt):
+        command(*args)
+    partial = tmp_path / "eval.partial"
+    assert not out.exists() and (partial / "mt_bench.json").exists() and not (partial / "humaneval.json").exists()
+    capsys.readouterr()                                                               # the killed run's lines
+    status, _, err = command(*args[:-4], "--max-new-tokens", 5, "--out", out)         # other settings
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "max_new_tokens differ" in err, err
+    assert (partial / "mt_bench.json").exists() and not out.exists()
+
+    monkeypatch.setattr(eval_job, "score_benchmark", lambda hf, drafters, name, *rest: (scored.append(name),
+                                                                                        real(hf, drafters, name,
+                                                                                             *rest))[1])
+    status, _, err = command(*args)
+    assert status == 0, err
+    assert scored == ["mt_bench", "humaneval", "humaneval"]                          # mt_bench not decoded again
+    assert "mt_bench: resumed: scored by an earlier run" in err
+    report = json.loads((out / "evaluation.json").read_text())
+    assert report["resumed"] == ["mt_bench"] and set(report["results"]) == {"mt_bench", "humaneval"}
+    assert report["results"]["mt_bench"]["0"]["acceptance"]["overall"]["mine"]["tau"] >= 1.0
+    assert "Resumed: mt_bench" in (out / "evaluation.md").read_text()
+    assert not partial.exists()                                                       # finished: it goes

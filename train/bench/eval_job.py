@@ -161,9 +161,11 @@ def run_evaluation(job: EvalJob, command: str) -> list[Path]:
     import torch
 
     from specdec_models.device import AUTO, auto_line
-    from train.bench import eval_report
+    from train.bench import eval_report, eval_resume
 
     c = check_job(job)
+    wanted = eval_resume.settings(job, c)
+    done = {name: kept for name, kept in eval_resume.resume(c.out, wanted, job.force).items() if name in c.names}
     if job.device == AUTO:
         print(auto_line(c.device), file=sys.stderr, flush=True)
     if job.threads is not None:
@@ -175,9 +177,17 @@ def run_evaluation(job: EvalJob, command: str) -> list[Path]:
         def progress(line: str, name: str = name) -> None:
             print(f"{name}: {line}", file=sys.stderr, flush=True)
 
+        if name in done:
+            progress(f"resumed: scored by an earlier run of this command ({eval_resume.partial_dir(c.out)})")
+            results[name], parts[name] = done[name]["results"], done[name]["parts"]
+            continue
         results[name], parts[name] = score_benchmark(hf, drafters, name, c, job, strict, progress)
+        eval_resume.save(c.out, wanted, name, results[name], parts[name])
     report = make_report(command, job, c, strict, drafters, results, parts)
-    return eval_report.write(report, c.out)
+    report["resumed"] = sorted(done)
+    written = eval_report.write(report, c.out)
+    eval_resume.finish(c.out)
+    return written
 
 
 def load(target: str, heads: dict[str, str], tree, lookup, device, dtype):

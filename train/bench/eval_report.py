@@ -69,6 +69,9 @@ def markdown(report: dict[str, Any]) -> str:
               "is its own column, never part of a head's tau; NAME+tree+lookup is the head's tree with a "
               "looked-up path."), "",
              f"Greedy check: {report['greedy_check']}.", ""]
+    if report.get("resumed"):
+        lines += [f"Resumed: {', '.join(report['resumed'])} scored by an earlier run of this command (same "
+                  "settings), which was stopped before the report.", ""]
     for bench, by_temperature in report["results"].items():
         for temperature, parts in by_temperature.items():
             lines += [f"## {bench}, T={temperature} ({_prompts(report['prompts'][bench]['acceptance']['prompts'])})",
