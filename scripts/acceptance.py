@@ -12,19 +12,19 @@ not change them).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 from specdec_models import ModelWithProphet, SpecdecError, load_export
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, generate
 from specdec_models.errors import check_positive_int, cli_main
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--export", nargs="+", required=True,
                         help="model_with_prophet exports (or targets with --draft)")
     parser.add_argument("--draft", help="a decoder export drafting for every target instead of its prophet")
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=5)
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=[0.0, 1.0],
+                        help="sampling temperatures, comma-separated (default 0,1)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from train.data.enwik8 import validation_prompts

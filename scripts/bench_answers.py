@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import cli_main
 from train.bench.answers import AnswersBench, run
 
@@ -30,7 +31,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from specdec_models.cpu import add_dtype_argument
 
     d = AnswersBench(target="")
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=d.conversations)
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     parser.add_argument("--seq-len", type=int, default=d.seq_len, help="a row's tokens (context and answers) - 1")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode.inputs import parse_gamma
 from specdec_models.errors import check, cli_main
 from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
@@ -34,15 +35,18 @@ def gamma_setting(text: str) -> int | str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-export", metavar="DIR", help="trained target (decoder or model_with_prophet)")
     parser.add_argument("--draft-export", metavar="DIR", help="trained draft decoder (needs --target-export)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["base", "draft", "prophet"],
+    parser.add_argument("--methods", type=comma_list(str, "--methods", choices=METHODS),
+                        default=["base", "draft", "prophet"],
+                        metavar="{" + ",".join(METHODS) + "},...",
                         help="base always runs; lucidrains = lucidrains' prophet decoding, as published and with "
                              "its feed-forward blocks applied")
-    parser.add_argument("--gamma", type=gamma_setting, nargs="+", default=[5],
-                        help="one or more gammas, auto, or stored (auto from the export's stored profile)")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--gamma", type=comma_list(gamma_setting, "--gamma"), default=[5],
+                        help="comma-separated gammas, auto, or stored (auto from the export's stored profile)")
+    parser.add_argument("--batch", type=comma_list(int, "--batch"), default=[1, 8],
+                        help="batch sizes, comma-separated (default 1,8)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per setting (merged)")
     parser.add_argument("--temperature", type=float, default=1.0)

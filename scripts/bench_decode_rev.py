@@ -9,22 +9,23 @@ and the ratio this/base per method, the last line `ratio chain X.XXX tree Y.YYY`
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from specdec_models.cli_args import Parser
+from specdec_models.decode.tree import add_tree_argument
 from specdec_models.errors import check, cli_main
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="a GGUF file or a Hugging Face model directory")
     p.add_argument("--head", required=True, help="an EAGLE-3 head export for the target (any layout)")
     p.add_argument("--base", required=True, help="the git revision whose loop is the baseline")
     p.add_argument("--prompts", type=int, default=8, help="MT-Bench first turns decoded (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree", default="6,3,1,0.1", help="the tree, as the decoding CLI's --tree (default 6,3,1,0.1)")
+    add_tree_argument(p, "the tree (default 6,3,1,0.1)", default="6,3,1,0.1")
     p.add_argument("--gamma", type=int, default=5, help="the chain's drafted tokens per round (default 5)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     a = p.parse_args(argv)

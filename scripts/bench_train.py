@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main
 from train.bench import eagle3_step, pipeline, train_quality, train_step
 from train.bench.data import byte_batches, data_file, validation_rows
@@ -62,7 +63,7 @@ def run_quality(args, path: Path) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = Parser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--data", help=f"byte file (.gz, .zip or raw); default {DEFAULT_DATA} if present")
     mode = parser.add_mutually_exclusive_group()
@@ -75,26 +76,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="--eagle3-step: draft vocabulary size (0: the target's whole vocabulary)")
     parser.add_argument("--batch-size", type=int, default=4, help="--eagle3-step: cache rows a step")
     parser.add_argument("--ttt-steps", type=int, default=4, help="--eagle3-step: unrolled draft steps")
-    parser.add_argument("--aux-layers", type=int, nargs="+",
+    parser.add_argument("--aux-layers", type=comma_list(int, "--aux-layers"),
                         help="--eagle3-step: fused layers (default [2, L//2, L-3])")
     parser.add_argument("--model", default="mid", help="pipeline: conf/model group (default: mid)")
-    parser.add_argument("--precisions", nargs="+", default=list(pipeline.PRECISIONS))
+    parser.add_argument("--precisions", type=comma_list(str, "--precisions"), default=list(pipeline.PRECISIONS),
+                        help="pipeline: Lightning precisions, comma-separated")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (pipeline 2, --lucidrains 1)")
     parser.add_argument("--steps", type=int, default=4, help="pipeline: steps per round; --lucidrains: timed rounds")
     parser.add_argument("--rounds", type=int, default=None,
                         help="pipeline: timed rounds, each side (default 3); --eagle3-step: timed rounds (default 12)")
     parser.add_argument("--override", nargs="*", default=[], help="pipeline: extra Hydra overrides")
-    parser.add_argument("--sizes", nargs="+", default=list(train_step.SIZES), help="--lucidrains: sizes")
-    parser.add_argument("--windows-per-seq", type=int, nargs="*", default=[64],
+    parser.add_argument("--sizes", type=comma_list(str, "--sizes"), default=list(train_step.SIZES),
+                        help="--lucidrains: sizes, comma-separated")
+    parser.add_argument("--windows-per-seq", type=comma_list(int, "--windows-per-seq"), default=[64],
                         help="--lucidrains/--quality: also ours with K random prophet windows per sequence")
-    parser.add_argument("--lucidrains-variants", nargs="*", default=list(train_step.LUCIDRAINS_VARIANTS),
+    parser.add_argument("--lucidrains-variants", type=comma_list(str, "--lucidrains-variants"),
+                        default=list(train_step.LUCIDRAINS_VARIANTS),
                         help="--lucidrains/--quality: lucidrains' variants (as published; +ff: feed-forward applied)")
     parser.add_argument("--size", default="256x4+256x1", help="--quality: size")
     parser.add_argument("--seq-len", type=int, default=256, help="--quality: training sequence length")
     parser.add_argument("--lr", type=float, default=1e-3, help="--quality: Adam learning rate")
     parser.add_argument("--threshold", type=float, default=1.6,
                         help="--quality: stop at this many tokens per call (T=0, teacher-forced on validation)")
-    parser.add_argument("--also-report", type=float, nargs="*", default=[],
+    parser.add_argument("--also-report", type=comma_list(float, "--also-report"), default=[],
                         help="--quality: more thresholds, read off the same curves")
     parser.add_argument("--eval-every", type=int, default=20, help="--quality: steps between evaluations")
     parser.add_argument("--max-steps", type=int, default=200, help="--quality: steps at most")

@@ -7,7 +7,7 @@
     # ... or token windows of text files
     python scripts/cache_embeddings.py --hf-model DIR --text a.txt b.jsonl --out CACHE_DIR
     # an EAGLE-3-class head of a 30-layer target: aux layers 2, 15, 27 and the last one
-    python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --layers 2 15 27 -1 --out CACHE_DIR
+    python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --layers 2,15,27,-1 --out CACHE_DIR
     common: [--seq-len N] [--windows N] [--dtype bf16|fp16|int8] [--shard-size 500MB] [--seed 0] [--overwrite]
 
 --layers (HF only) picks the `hidden_states` indices stored (i: the input of decoder layer i, 0 the
@@ -26,9 +26,9 @@ layer, 4,610 or 2,330 bytes for four.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main, prog
 
 
@@ -36,7 +36,7 @@ from specdec_models.errors import check, cli_main, prog
 def main(argv: list[str] | None = None) -> int:
     from specdec_models.cpu import STORAGE_DTYPES, add_dtype_argument
 
-    parser = argparse.ArgumentParser(prog=prog("python scripts/cache_embeddings.py"),
+    parser = Parser(prog=prog("python scripts/cache_embeddings.py"),
                                      description=__doc__.splitlines()[0])
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--export", help="export directory of a specdec main model (decoder or model_with_prophet)")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exclude-prompts-of", nargs="+", metavar="CACHE", default=[],
                         help="HF with --prompts: leave out the prompts these regenerated caches continued (fresh "
                              "answers for a head trained on with head.init_from)")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
+    parser.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=[1.0],
                         help="--prompts: sampling temperatures, row i uses the (i mod count)-th; default 1")
     parser.add_argument("--out", required=True, help="the cache directory to write (must not exist, or --overwrite)")
     parser.add_argument("--seq-len", type=int, default=512, help="row length (data.seq_len of the run); default 512")
@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     add_dtype_argument(parser, default="bf16", allowed=STORAGE_DTYPES,
                        what="the stored hidden states' dtype (int8: absmax per token, with its scale)")
     parser.add_argument("--top-k-logits", type=int, default=0, help="--export: also store the K largest logits")
-    parser.add_argument("--layers", nargs="+", type=int, default=None, metavar="I",
-                        help="HF: hidden_states indices to store (negative from the end); default: the last one")
+    parser.add_argument("--layers", type=comma_list(int, "--layers"), default=None, metavar="I,J,...",
+                        help="HF: hidden_states indices to store, comma-separated (negative from the end); "
+                             "default: the last one")
     parser.add_argument("--shard-size", default="500MB",
                         help="largest Arrow shard, unless one --batch-size of rows is larger; default 500MB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rows (and of sampling); default 0")

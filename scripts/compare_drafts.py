@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ POSITIVE = ("steps", "seq_len", "batch_size", "prompt_len", "gamma", "prompts", 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from train.bench.compare_drafts import DIVERGENCES
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-export", required=True, metavar="DIR", help="a model_with_prophet export")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="enwik8 (or a stand-in): .zip, .gz or raw")
     parser.add_argument("--student", default="small", help="conf/student option of the drafts (default small)")
@@ -39,8 +40,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=32, help="on-policy rows: corpus prefix length")
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--divergences", nargs="*", default=list(DIVERGENCES), choices=DIVERGENCES)
-    parser.add_argument("--data-sources", nargs="*", default=["corpus", "student"], choices=["corpus", "student"])
+    parser.add_argument("--divergences", type=comma_list(str, "--divergences", choices=DIVERGENCES),
+                        default=list(DIVERGENCES), help="the divergences trained, comma-separated")
+    parser.add_argument("--data-sources", type=comma_list(str, "--data-sources", choices=("corpus", "student")),
+                        default=["corpus", "student"], help="corpus, student or both, comma-separated")
     parser.add_argument("--no-frozen-prophet", action="store_true", help="skip the frozen-target prophet")
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=8)

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import torch
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import cli_main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from specdec_models.cpu import add_dtype_argument
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, type=Path, help="directory of the target causal LM")
     parser.add_argument("--draft", required=True, type=Path, help="directory of the draft causal LM")
     parser.add_argument("--gamma", type=int, default=5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main, prog
 
 
@@ -24,11 +25,12 @@ def parser() -> argparse.ArgumentParser:
     from specdec_models.cpu import add_dtype_argument
     from train.draft_vocab import DRAFT_VOCAB_SIZES
 
-    p = argparse.ArgumentParser(prog=prog("python scripts/draft_vocab.py"), description=__doc__.splitlines()[0])
+    p = Parser(prog=prog("python scripts/draft_vocab.py"), description=__doc__.splitlines()[0])
     p.add_argument("--cache", required=True, help="a hidden-state cache holding the target's last layer")
     p.add_argument("--target", help="model directory or GGUF file (default: the one the cache records)")
     p.add_argument("--out", required=True, help="the token-count file to write (.json)")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(DRAFT_VOCAB_SIZES))
+    p.add_argument("--sizes", type=comma_list(int, "--sizes"), default=list(DRAFT_VOCAB_SIZES),
+                   help="draft vocabulary sizes measured, comma-separated")
     p.add_argument("--val-windows", type=int, default=16, help="the cache's last rows, held out for coverage")
     p.add_argument("--positions", type=int, default=65536, help="answer positions counted, spread over the rows")
     add_dtype_argument(p, what="the dtype c is timed in")

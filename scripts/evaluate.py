@@ -27,29 +27,23 @@ import argparse
 import shlex
 import sys
 
-from specdec_models.errors import SpecdecError, cli_main
-
-
-class _Parser(argparse.ArgumentParser):
-    """A bad argument is one line and exit 2, like every other bad input here."""
-
-    def error(self, message: str):
-        raise SpecdecError(message)
+from specdec_models.cli_args import Parser
+from specdec_models.errors import cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
     from specdec_models.cpu import add_dtype_argument
+    from specdec_models.decode.tree import add_tree_argument
     from specdec_models.device import HELP
     from specdec_models.errors import prog
 
-    p = _Parser(prog=prog("python scripts/evaluate.py"), description=__doc__.splitlines()[0])
+    p = Parser(prog=prog("python scripts/evaluate.py"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, metavar="DIR|FILE.gguf",
                    help="the target: a save_pretrained directory or a GGUF file, with a chat template")
     p.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
                    help="an EAGLE-3 head for the target (specdec hf_eagle3, speculators or SGLang layout); repeatable")
-    p.add_argument("--tree", metavar="SPEC",
-                   help="also draft each head as a tree, SPEC as the decoding CLI's --tree (e.g. 6,3,2): column "
-                        "NAME+tree without SPEC's lookup part, and NAME+tree+lookup with it (e.g. 6,3,2,4..16)")
+    add_tree_argument(p, "also draft each head as a tree: column NAME+tree without the tree's lookup part, and "
+                         "NAME+tree+lookup with it (e.g. 6,3,1,4..16,0.3)")
     p.add_argument("--gamma", type=int, default=5, help="tokens a head's chain drafts per round (default 5)")
     p.add_argument("--lookup", nargs="?", const="4..16", metavar="N[..MAX]",
                    help="prompt lookup as a baseline drafter, its own column (default 4..16 when given bare)")
@@ -81,7 +75,8 @@ def job_of(args: argparse.Namespace):
     """The parsed command line as a `train.bench.eval_job.EvalJob`."""
     from train.bench.eval_job import EvalJob
 
-    return EvalJob(target=args.target, heads=tuple(args.head), tree=args.tree, gamma=args.gamma, lookup=args.lookup,
+    return EvalJob(target=args.target, heads=tuple(args.head), tree=args.tree or None, gamma=args.gamma,
+                   lookup=args.lookup,
                    benchmarks=args.benchmarks, subset=args.subset, speed_subset=args.speed_subset,
                    tau_batch=args.tau_batch, temperatures=args.temperatures,
                    max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, threads=args.threads,

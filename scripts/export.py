@@ -14,15 +14,15 @@ against the hash the checkpoint recorded.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import cli_main, prog
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("python scripts/export.py"), description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("python scripts/export.py"), description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", help="a Lightning checkpoint of any task (e.g. outputs/<run>/checkpoints/last.ckpt)")
     parser.add_argument("out_dir", help="the export directory to write")
     parser.add_argument("--force", action="store_true",

@@ -18,17 +18,18 @@ one line, exit status 2, nothing written.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import check, cli_main
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    from specdec_models.decode.tree import add_tree_argument
     from train.eagle3_export import LAYOUTS, Drafting, ExportJob, export_head
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("head", help="the eagle3 head to read (any layout)")
     parser.add_argument("out_dir", help="the directory to write")
     parser.add_argument("--layout", required=True, choices=LAYOUTS)
@@ -40,12 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     drafting.add_argument("--speculative-tokens", type=int, metavar="N",
                           help="tokens drafted per step, as evaluated: a chain of gamma N (default: "
                                "scripts/evaluate.py's default chain, gamma 5); written into the speculators layout")
-    drafting.add_argument("--tree", metavar="SPEC", help="the tree the head was evaluated with (e.g. 6,3,1): its depth "
-                                                         "is the tokens drafted per step")
+    add_tree_argument(drafting, "the tree the head was evaluated with: its depth is the tokens drafted per step")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR whatever it holds")
     args = parser.parse_args(argv)
     check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")
-    plan = Drafting.of(args.speculative_tokens, tree=args.tree)
+    plan = Drafting.of(args.speculative_tokens, tree=args.tree or None)
     path = export_head(ExportJob(args.head, args.out_dir, args.layout, args.hf_model or args.gguf, args.verifier,
                                  args.force, plan))
     print(f"{args.layout}: {path}")

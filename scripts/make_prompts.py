@@ -15,11 +15,11 @@ The target continues them itself: scripts/cache_embeddings.py --prompts FILE --c
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import SpecdecError, cli_main
 
 MAX_COUNT = 1_000_000        # about a minute of snippets and 300 MB of prompts; the GPU recipe draws 40,000
@@ -27,7 +27,7 @@ MAX_COUNT = 1_000_000        # about a minute of snippets and 300 MB of prompts;
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--text", help="a text file (raw, .zip or .gz): needed by --kind text and mix")
     parser.add_argument("--kind", choices=("text", "open", "mix"), default="text",
                         help="text: instructions around snippets of --text; open: open-ended instructions (a story, an "

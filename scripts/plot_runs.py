@@ -13,13 +13,13 @@ not log is left out of its panel, and one no run logged is refused.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import check, cli_main
 from specdec_models.files import check_output
 
@@ -71,7 +71,7 @@ def minutes_at(steps: list[int], known: dict[int, float]) -> list[float] | None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, metavar="LABEL=DIR",
                         help="a run's label and output folder (repeat)")
     parser.add_argument("--out", required=True, help="the PNG to write")

@@ -23,11 +23,11 @@ are left out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import SpecdecError, check, cli_main
 from train.plan import (  # noqa: F401  (the measured and assumed constants: tests read them here too)
     ANSWER_SHARE,
@@ -115,7 +115,7 @@ def tables(targets: list[Target], ranks: int) -> str:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", metavar="FILE", help="Hugging Face config.json files (default: "
                                                                      "Llama-3.1-8B and 70B)")
     parser.add_argument("--ranks", type=int, default=8, help="ranks the online target is sharded over (default 8)")

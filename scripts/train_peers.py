@@ -7,7 +7,7 @@ cache and token counts):
 1. the target (`--target`, default the model cache.json names; its weights must be the cache's)
    is written as a Hugging Face model directory DIR/verifier, which the peers read their
    verifier's embedding, final norm and LM head from;
-2. the cache (made with `--layers A B C L`) is converted to each peer's offline data
+2. the cache (made with `--layers A,B,C,L`) is converted to each peer's offline data
    (`train.data.peer_formats`: DIR/data/<peer>), and the draft vocabulary (the `--draft-vocab-size`
    tokens most counted in COUNTS.json, as specdec chooses them; without COUNTS.json the whole
    vocabulary) into each peer's vocabulary-mapping files;
@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main
 from specdec_models.files import check_output, mark_dir
 
@@ -48,13 +49,14 @@ RUNNERS = {peer: REPO / "scripts" / "peers" / f"run_{peer}.py" for peer in PEERS
 def parse(argv: list[str] | None) -> argparse.Namespace:
     from specdec_models.cpu import add_dtype_argument
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cache", required=True, help="specdec's embeddings cache, made with --layers A B C L")
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", required=True, help="specdec's embeddings cache, made with --layers A,B,C,L")
     p.add_argument("--draft-vocab", help="token counts (scripts/draft_vocab.py); none: the whole vocabulary")
     p.add_argument("--draft-vocab-size", type=int, default=8192)
     p.add_argument("--target", help="the cache's target (GGUF file or model directory); default: cache.json's")
     p.add_argument("--out", required=True)
-    p.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    p.add_argument("--peers", type=comma_list(str, "--peers", choices=PEERS), default=list(PEERS),
+                   help="the peers trained, comma-separated")
     p.add_argument("--minutes", type=float, help="training wall time per peer")
     p.add_argument("--max-steps", type=int, help="optimizer steps per peer (tests, smoke runs)")
     p.add_argument("--threads", type=int, default=1)

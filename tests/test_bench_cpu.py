@@ -76,7 +76,7 @@ def test_a_tiny_run_times_every_piece_on_and_off_for_both_methods(tiny, tmp_path
 def test_matmul_rows_times_each_few_row_path(tiny, tmp_path, capsys):
     bench = load_script("bench_cpu")
     out = tmp_path / "matmul.json"
-    assert bench.main(["--target", str(tiny), "--matmul-rows", "1", "3", "--repeats", "1", "--out", str(out)]) == 0
+    assert bench.main(["--target", str(tiny), "--matmul-rows", "1,3", "--repeats", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert "F.linear" in report["ms"] and all(set(v) == {"1", "3"} for v in report["ms"].values())
     assert "| F.linear |" in capsys.readouterr().out

@@ -105,7 +105,7 @@ def test_bench_script_reports_and_refuses_bad_input(exports, tmp_path, capsys):
     bench_decode = load_script("bench_decode")
     out = tmp_path / "b" / "decode.json"
     status = bench_decode.main(["--target-export", str(exports / "pair"), "--batch", "1", "--max-new-tokens", "6",
-                                "--repeats", "1", "--methods", "base", "prophet", "--gamma", "2", "--out", str(out)])
+                                "--repeats", "1", "--methods", "base,prophet", "--gamma", "2", "--out", str(out)])
     assert status == 0
     assert "| 1 | prophet | 2 |" in capsys.readouterr().out and out.exists()
     status = bench_decode.main(["--draft-export", str(exports / "draft"), "--out", str(out)])

@@ -210,7 +210,7 @@ def test_a_cache_lacking_a_layer_the_head_needs_is_refused_in_one_line(caches):
     with pytest.raises(SpecdecError) as error:
         check_cache(d / "default", layers=[2, -1, 1])
     message = str(error.value)
-    assert f"{d / 'default'} holds layers [4]; the head needs [2, 4, 1]: rebuild it with --layers 2 4 1" in message
+    assert f"{d / 'default'} holds layers [4]; the head needs [2, 4, 1]: rebuild it with --layers 2,4,1" in message
     assert "\n" not in message
     with pytest.raises(SpecdecError, match="out of range"):
         check_cache(d / "default", layers=[5])
@@ -234,7 +234,7 @@ def test_the_script_takes_layers_for_a_target_only(hf, tmp_path, capsys):
     argv = ["--export", str(tmp_path), "--data", str(hf["corpus"]), "--layers", "1", "--out", str(out)]
     assert script.main(argv) == 2
     assert "--layers" in capsys.readouterr().err and not out.exists()
-    assert script.main(["--hf-model", str(hf["deep"]), "--text", str(hf["corpus"]), "--layers", "1", "-1",
+    assert script.main(["--hf-model", str(hf["deep"]), "--text", str(hf["corpus"]), "--layers", "1,-1",
                         "--out", str(out), "--seq-len", "8", "--windows", "4"]) == 0
     assert json.loads((out / "cache.json").read_text())["layers"] == [1, 4]
     capsys.readouterr()

@@ -202,7 +202,7 @@ def test_a_cache_lacking_the_heads_layers_is_refused_in_one_line(hf, caches, tmp
     from train.run import validate
     with pytest.raises(SpecdecError, match=r"holds hidden states of layers \[2\]; the head needs \[0, 1, 2\]") as err:
         validate(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['last']}"))
-    assert "--layers 0 1 2" in str(err.value) and "\n" not in str(err.value)
+    assert "--layers 0,1,2" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_schedule_anneals_within_the_time_budget():
@@ -291,7 +291,7 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
     bench_train = load_script("bench_train")
 
     out = tmp_path / "bench"
-    argv = ["--eagle3-step", str(caches["full"]), "--draft-vocab-size", "0", "--aux-layers", "0", "1", "2",
+    argv = ["--eagle3-step", str(caches["full"]), "--draft-vocab-size", "0", "--aux-layers", "0,1,2",
             "--ttt-steps", "3", "--rounds", "3", "--out", str(out)]
     assert bench_train.main(argv) == 0
     report = json.loads(out.with_suffix(".json").read_text())
@@ -371,7 +371,7 @@ def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, t
     out = tmp_path / "acceptance"
     assert load_script("compare_hf_drafts").main([
         "acceptance", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
-        str(hf["prompts"]), "--chat", "--count", "2", "--max-new-tokens", "8", "--temperatures", "0", "1",
+        str(hf["prompts"]), "--chat", "--count", "2", "--max-new-tokens", "8", "--temperatures", "0,1",
         "--gamma", "3", "--draws", "2", "--dtype", "float32", "--out", str(out)]) == 0, capsys.readouterr().err
     [row] = json.loads((out / "results.json").read_text())["rows"]
     assert (row["head"], row["prompt_set"], row["temperature"]) == ("tiny", "prompts", 1.0)
@@ -415,8 +415,8 @@ def test_the_comparison_races_the_chain_at_several_gammas_at_batch_8_only(online
 
     out = tmp_path / "compare"
     assert load_script("compare_hf_drafts").main([
-        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--eagle3-gamma", "1",
-        "2", "--prompts", str(hf["prompts"]), "--chat", "--count", "2", "--batch1-count", "0", "--max-new-tokens",
+        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--eagle3-gamma", "1,2",
+        "--prompts", str(hf["prompts"]), "--chat", "--count", "2", "--batch1-count", "0", "--max-new-tokens",
         "8", "--rounds", "1", "--check-count", "1", "--dtype", "float32", "--temperatures", "0",
         "--out", str(out)]) == 0, capsys.readouterr().err
     report = json.loads((out / "results.json").read_text())
@@ -434,7 +434,7 @@ def test_the_comparison_races_the_chain_at_several_gammas_at_batch_8_only(online
 
 @pytest.mark.parametrize("argv, message", [
     (["--batch1-count", "0", "--batch1-only"], "--batch1-count must be >= 0, and >= 1 with --batch1-only"),
-    (["--eagle3-gamma", "2", "2"], "--eagle3-gamma takes distinct gammas >= 1"),
+    (["--eagle3-gamma", "2,2"], "--eagle3-gamma takes distinct gammas >= 1"),
 ])
 def test_the_comparison_refuses_an_empty_or_repeated_setting(online, hf, tmp_path, capsys, argv, message):
     from conftest import load_script

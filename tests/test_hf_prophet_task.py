@@ -307,7 +307,7 @@ def test_make_prompts_writes_chat_prompts_from_disjoint_splits(tmp_path, capsys)
 def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(online, hf, caches, tmp_path, capsys):
     compare = _script("compare_hf_drafts")
     models = tmp_path / "models"
-    assert compare(["student", "--target", str(hf["llama"]), "--layers", "1", "--out", str(models)]) == 0
+    assert compare(["student", "--target", str(hf["llama"]), "--depth", "1", "--out", str(models)]) == 0
     assert compare(["corpus", "--target", str(hf["llama"]), "--cache", str(caches["dir"] / "regenerated"),
                     "--val-windows", "4", "--out", str(models / "corpus.jsonl")]) == 0
     student = load_causal_lm(models / "student")

@@ -401,7 +401,7 @@ def test_draft_vocab_refuses_a_size_it_would_ignore(text_cache, tmp_path, capsys
 
     vocab = read_cache_meta(text_cache)["vocab_size"]
     status = load_script("draft_vocab").main(["--cache", str(text_cache), "--out", str(tmp_path / "counts.json"),
-                                              "--sizes", "8", "100000", "--val-windows", "4"])
+                                              "--sizes", "8,100000", "--val-windows", "4"])
     one_line(capsys, status, f"--sizes 100000: a draft vocabulary is smaller than the target's {vocab} tokens")
     assert list(tmp_path.iterdir()) == []
 

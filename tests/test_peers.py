@@ -161,7 +161,7 @@ def _train_peers(tiny, tmp_path, peers):
     out = tmp_path / "peers"
     status = train_peers.main(["--cache", str(tiny["cache"]), "--target", str(tiny["target"]), "--draft-vocab",
                                str(counts), "--draft-vocab-size", "24", "--max-steps", "3", "--out", str(out),
-                               "--python", sys.executable, "--data-dtype", "float32", "--peers", *peers])
+                               "--python", sys.executable, "--data-dtype", "float32", "--peers", ",".join(peers)])
     logs = "\n".join((out / p / "train.log").read_text()[-3000:] for p in peers if (out / p / "train.log").is_file())
     assert status == 0, logs
     return out, meta

@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import SpecdecError, check, cli_main
 from specdec_models.files import write_file
 
@@ -794,11 +795,10 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m train.eagle3_recipe answers|cache OUT`: one process's share of a step of the recipe
     in OUT (its settings.json), rank and world from RANK and WORLD_SIZE (torchrun sets them; every
     process must see OUT: one machine, or a filesystem the nodes share)."""
-    import argparse
 
     from specdec_models.cpu import resolve_dtype
 
-    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p = Parser(description=main.__doc__.splitlines()[0])
     p.add_argument("step", choices=("answers", "cache"))
     p.add_argument("out")
     a = p.parse_args(argv)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import SpecdecError, check, check_positive_int, cli_main, prog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -551,7 +552,7 @@ def kib(size: float) -> str:
 # ---------------------------------------------------------------- the command
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("python -m train.plan"), description=__doc__.splitlines()[0])
+    p = Parser(prog=prog("python -m train.plan"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, metavar="DIR|FILE.gguf|config.json",
                    help="the target: a Hugging Face model folder, a GGUF file or its config.json alone")
     p.add_argument("--device", default="auto", help="auto (cuda when --gpu-memory is given or a CUDA device is here, "

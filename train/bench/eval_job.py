@@ -120,7 +120,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     `heads_exist=False`: the heads are checked as NAME=PATH only (the recipe checks its evaluation
     before the head is trained); `load_prompts=False`: the benchmarks' files are not read."""
     from specdec_models.cpu import parse_dtype, resolve_device, resolve_dtype
-    from specdec_models.decode.__main__ import parse_lookup
+    from specdec_models.decode.lookup import parse_lookup
     from specdec_models.decode.tree import TreeSpec
     from specdec_models.device import auto_device
     from specdec_models.files import check_output

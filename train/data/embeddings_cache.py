@@ -598,7 +598,7 @@ def check_cache(cache: str | os.PathLike, *, weights_sha256: str | None = None, 
     if layers is not None:
         need = normalize_layers(list(layers), meta["depth"])
         check(set(need) <= set(meta["layers"]), f"embeddings cache {cache} holds layers {meta['layers']}; the head "
-                                                f"needs {need}: rebuild it with --layers {' '.join(map(str, need))}")
+                                                f"needs {need}: rebuild it with --layers {','.join(map(str, need))}")
     for name, size in meta["files"].items():
         path = cache / name
         check(path.is_file(), f"embeddings cache {cache} is incomplete: {name} is missing; rebuild it")

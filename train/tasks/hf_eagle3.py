@@ -236,7 +236,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
         missing = [i for i in needed if i not in cache_layers]
         check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {cache_layers}; the head needs "
                            f"{needed} (aux layers {head.aux_layers} and the last, {head.target_layers}): rebuild it "
-                           f"with scripts/cache_embeddings.py --layers {' '.join(map(str, needed))}")
+                           f"with scripts/cache_embeddings.py --layers {','.join(map(str, needed))}")
     metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
                 "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
                 "aux_layers": head.aux_layers}
