@@ -15,6 +15,7 @@ shared pieces: dtype names (`specdec_models.cpu.add_dtype_argument`), device nam
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise SpecdecError(message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, except that a `--flag` this parser (or a subcommand's) does not know is the
+        error even when a required flag is missing too: the typo is what the user has to fix."""
+        words = sys.argv[1:] if args is None else list(args)
+        if self._subparsers is None and "--" not in words:
+            known = tuple(self._option_string_actions)
+            for word in words:
+                flag = word.partition("=")[0]
+                if flag.startswith("--") and not any(k.startswith(flag) for k in known):
+                    self.error(f"unrecognized arguments: {word}")
+        return super().parse_known_args(args, namespace)
 
 
 def comma_list(convert: Callable[[str], Any] = str, flag: str = "the list", *, choices: Sequence | None = None,

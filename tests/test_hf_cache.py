@@ -17,7 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import hf_cache, load_script
+from conftest import command, hf_cache
 from test_hf_data import build_tokenizer, stopping_target, text_setup
 from test_hf_distill import save_model
 
@@ -227,9 +227,9 @@ def test_bad_layers_are_refused_in_one_line_before_any_work(hf, tmp_path, layers
 
 
 def test_the_script_takes_layers_for_a_target_only(hf, tmp_path, capsys):
-    from conftest import load_script
+    from conftest import command
 
-    script = load_script("cache_embeddings")
+    script = command("cache_embeddings")
     out = tmp_path / "c"
     argv = ["--export", str(tmp_path), "--data", str(hf["corpus"]), "--layers", "1", "--out", str(out)]
     assert script.main(argv) == 2
@@ -428,7 +428,7 @@ def test_leaving_out_prompts_needs_a_regenerated_cache_and_prompts(hf, caches, t
     with pytest.raises(SpecdecError, match="does not exist"):
         hf_cache(hf["eager"], tmp_path / "b", **{**REGENERATED, "prompts": hf["prompts"]},
                        exclude_prompts_of=[tmp_path / "missing"])
-    status = load_script("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
+    status = command("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
                                                    "--exclude-prompts-of", str(d / "default"),
                                                    "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
@@ -437,7 +437,7 @@ def test_leaving_out_prompts_needs_a_regenerated_cache_and_prompts(hf, caches, t
 
 
 def test_the_scripts_time_budget_must_be_positive(hf, tmp_path, capsys):
-    status = load_script("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
+    status = command("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
                                                    "--out", str(tmp_path / "c"), "--max-minutes", "0"])
     err = capsys.readouterr().err
     assert status == 2 and err == "error: --max-minutes must be > 0, got 0.0\n" and not (tmp_path / "c").exists()

@@ -1,4 +1,4 @@
-"""The decoding CLI: `python -m specdec_models.decode --export DIR --prompt TEXT`.
+"""The decoding CLI: `specdec decode --export DIR --prompt TEXT`.
 
 Loads an export (see `specdec_models.export`), encodes the prompt with the export's tokenizer
 (kind "bytes": the UTF-8 bytes, token id = byte value), runs `generate` with the chosen method
@@ -20,13 +20,13 @@ an `hf_prophet` export trained for this target (alone, it names its target by th
 and `--eagle3 DIR` an EAGLE-3 head for this target in any layout: specdec's hf_eagle3 export, vLLM's
 speculators format or SGLang's (`specdec_models.export.eagle3`), e.g. one trained by another tool.
 
-    python -m specdec_models.decode --export outputs/run/export --prompt "The quick brown fox" \
+    specdec decode --export outputs/run/export --prompt "The quick brown fox" \
         --gamma 5 --temperature 0.8 --top-p 0.95 --max-new-tokens 200 --batch 4 --json
-    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --prophet HEAD_DIR \
+    specdec decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --prophet HEAD_DIR \
         --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4
-    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --eagle3 SPECULATORS_DIR \
+    specdec decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --eagle3 SPECULATORS_DIR \
         --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4 --json
-    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --lookup 4..16 \
+    specdec decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --lookup 4..16 \
         --chat --prompt "Repeat after me: the cat sat on the mat." --temperature 0
 """
 
@@ -61,7 +61,7 @@ METHODS = ("base", "draft", "prophet", "eagle3", "lookup")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=prog("python -m specdec_models.decode"),
+    parser = Parser(prog=prog("specdec decode"),
                      description="Generate text from a specdec export or a Hugging Face model with plain or "
                                  "speculative decoding.")
     parser.add_argument("--export", metavar="DIR",

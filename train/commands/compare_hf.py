@@ -1,6 +1,6 @@
 """Compare specdec's speculative decoding with Hugging Face's own on a pair of local causal LMs.
 
-Run `python scripts/compare_hf.py --target DIR --draft DIR` with two `save_pretrained` directories
+Run `specdec bench compare-hf --target DIR --draft DIR` with two `save_pretrained` directories
 (or hub snapshots already on disk; nothing is downloaded) sharing one tokenizer, e.g. Pythia 1.4B
 and 160M (seed 001). Greedy, fp32 by default, batch 1 (transformers' assisted generation refuses
 larger batches). It times, best of `--repeats`:
@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 
 from specdec_models.cli_args import Parser
-from specdec_models.errors import cli_main
+from specdec_models.errors import cli_main, prog
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from specdec_models.cpu import add_dtype_argument
 
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench compare-hf"), description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, type=Path, help="directory of the target causal LM")
     parser.add_argument("--draft", required=True, type=Path, help="directory of the draft causal LM")
     parser.add_argument("--gamma", type=int, default=5)

@@ -1,6 +1,6 @@
 """Acceptance of trained prophets (or drafts) on validation prompts: a table, one row per export.
 
-    python scripts/acceptance.py --export outputs/a/export outputs/b/export [--draft DIR] \\
+    specdec bench acceptance --export outputs/a/export outputs/b/export [--draft DIR] \\
         --data ../shared/data/textmix100m.gz --prompts 32 --max-new-tokens 128
 
 Each model_with_prophet export decodes `--prompts` fixed validation prompts (the evaluation
@@ -19,12 +19,12 @@ import torch
 from specdec_models import ModelWithProphet, SpecdecError, load_export
 from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, generate
-from specdec_models.errors import check_positive_int, cli_main
+from specdec_models.errors import check_positive_int, cli_main, prog
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench acceptance"), description=__doc__.splitlines()[0])
     parser.add_argument("--export", nargs="+", required=True,
                         help="model_with_prophet exports (or targets with --draft)")
     parser.add_argument("--draft", help="a decoder export drafting for every target instead of its prophet")

