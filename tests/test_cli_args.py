@@ -61,3 +61,38 @@ def test_evaluate_accepts_the_lookup_trees_the_docs_suggest(tmp_path):
         with pytest.raises(SpecdecError) as err:     # the target folder is empty: refused after the tree's check
             check_job(job, load_prompts=False, heads_exist=False)
         assert "tree" not in str(err.value)
+
+
+def _every_parser(monkeypatch) -> list:
+    """The parser of every `specdec` verb (each `bench` tool's and subcommand's too), caught as it
+    parses, before any work."""
+    import argparse
+
+    found = []
+
+    class Caught(Exception):
+        pass
+
+    def parse_args(self, args=None, namespace=None):
+        found.append(self)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found.extend(action.choices.values())
+        raise Caught
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+    verbs = [[v] for v in {**cli.VERBS, **cli.TOOLS} if v not in ("bench", "train")]
+    for verb in verbs + [["bench", name] for name in cli.BENCH]:
+        with pytest.raises(Caught):
+            cli.main(verb)
+    return found
+
+
+def test_every_flag_of_every_verb_has_its_help(monkeypatch):
+    parsers = _every_parser(monkeypatch)
+    assert len(parsers) >= len(cli.VERBS) + len(cli.TOOLS) + len(cli.BENCH) - 3
+    missing = [f"{p.prog} {a.option_strings[0]}" for p in parsers for a in p._actions
+               if a.option_strings and not a.help and a.dest != "help"]
+    assert missing == []
+    for p in parsers:
+        p.format_help()                      # every help text formats (a stray '%' would raise)

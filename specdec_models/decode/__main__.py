@@ -99,11 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verify", choices=VERIFY, default="block",
                         help="how a sampled draft chain is accepted: block (default; decode/block.py: lossless, "
                              "never fewer tokens per round) or token by token")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample from the K most probable tokens only (default: all)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="sample from the smallest set of tokens whose probability reaches P (default: all)")
     parser.add_argument("--repetition-penalty", type=float, default=None,
                         help="divide the logits (> 0; multiply those < 0) of ids already in the context (1 = none)")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=200,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--batch", type=int, default=1, help="decode the prompt N times as one batch")
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling generator")
     parser.add_argument("--eos-id", type=int, default=None,

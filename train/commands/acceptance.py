@@ -29,13 +29,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="model_with_prophet exports (or targets with --draft)")
     parser.add_argument("--draft", help="a decoder export drafting for every target instead of its prophet")
     parser.add_argument("--data", required=True, help="enwik8 or a stand-in (.zip, .gz or raw)")
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=32,
+                        help="prompts decoded (default %(default)s)")
+    parser.add_argument("--prompt-len", type=int, default=64,
+                        help="prompt bytes (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=128,
+                        help="tokens generated per answer (default %(default)s)")
+    parser.add_argument("--gamma", type=int, default=5,
+                        help="tokens drafted per round (default %(default)s)")
     parser.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=[0.0, 1.0],
                         help="sampling temperatures, comma-separated (default 0,1)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (default %(default)s)")
     args = parser.parse_args(argv)
     from train.data.enwik8 import validation_prompts
 

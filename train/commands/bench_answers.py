@@ -32,8 +32,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     d = AnswersBench(target="")
     parser = Parser(prog=prog("specdec bench answers"), description=__doc__.splitlines()[0])
-    parser.add_argument("--conversations", type=int, default=d.conversations)
-    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    parser.add_argument("--conversations", type=int, default=d.conversations,
+                        help="ShareGPT conversations answered (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--seq-len", type=int, default=d.seq_len, help="a row's tokens (context and answers) - 1")
     parser.add_argument("--slots", type=int, default=d.slots,
                         help="rows decoded together: the engine's slots, the first path's chunk")

@@ -47,13 +47,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="comma-separated gammas, auto, or stored (auto from the export's stored profile)")
     parser.add_argument("--batch", type=comma_list(int, "--batch"), default=[1, 8],
                         help="batch sizes, comma-separated (default 1,8)")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=200,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per setting (merged)")
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature, 0 greedy (default %(default)s)")
     parser.add_argument("--top-k", type=int, default=None, help="default: none (the whole vocabulary)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: on shared cores, extra threads wait on each other)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (default %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output; .md and .png go next to it (default bench/decode.json, replaced)")
     parser.add_argument("--force", action="store_true", help="replace an existing --out report")

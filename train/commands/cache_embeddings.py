@@ -32,8 +32,8 @@ from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main, prog
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> Parser:
+    """The command line, every flag with its help."""
     from specdec_models.cpu import STORAGE_DTYPES, add_dtype_argument
     from specdec_models.device import HELP
 
@@ -75,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                              "the rows that should, and the cache holds the rows made by then (the first rows of the "
                              "full build)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing cache at --out")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch  # after argument parsing: --help stays fast
     from tqdm import tqdm

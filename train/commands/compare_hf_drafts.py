@@ -411,11 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch1-count", type=int, default=4,
                         help="compare: prompts decoded one at a time (0: none, batch 8 only)")
     parser.add_argument("--batch1-only", action="store_true", help="compare: leave out the batch-8 decoding")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--no-eos-stop", action="store_true",
                         help="compare: decode --max-new-tokens whole, past the end of the answer (by default "
                              "every method stops a row at the end of turn, with --chat, else at EOS)")
-    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--gamma", type=int, default=5,
+                        help="tokens drafted per round (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every method")
     parser.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=[0.0, 1.0], metavar="T,...",
                         help="compare: the sampling temperatures (0: greedy), comma-separated; default 0,1")
@@ -427,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=4, help="heldout: unroll steps measured")
     parser.add_argument("--draws", type=int, default=16,
                         help="acceptance: Monte Carlo draws of the k drawn candidates per position")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default %(default)s; none: torch's)")
     parser.add_argument("--device", default="cpu", help="compare: the torch device the target and drafters run on "
                                                         "(cpu, cuda, cuda:1); default cpu")
     return parser

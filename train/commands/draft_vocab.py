@@ -37,7 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-timing", action="store_true", help="skip measuring c")
     p.add_argument("--report", help="also write coverage and c as JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing --out (and --report) file")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default %(default)s; none: torch's)")
     return p
 
 

@@ -26,7 +26,6 @@ from specdec_models.errors import cli_main, prog
 
 
 def parser() -> argparse.ArgumentParser:
-    from specdec_models.decode.tree import add_tree_argument
     from train.eagle3_recipe import MAX_CHARS_PER_TOKEN, MIN_SEQ_LEN, STEPS, Settings
 
     d = Settings(target="", data="", out=Path())
@@ -77,6 +76,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train-minutes", type=float, default=None,
                    help=f"the head's training wall time (default {d.train_minutes}; GPU: specdec plan's, from the "
                         "rows)")
+    add_later_steps(p, d)
+    p.add_argument("--processes", type=int, default=1,
+                   help="answer and cache in that many processes here, each a share of the threads (or GPUs: "
+                        "torchrun, docs/scale.md)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data sample and the sampled answers (default 0)")
+    p.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
+    p.add_argument("--force", action="store_true", help="run in an --out folder holding files the recipe did not write")
+    return p
+
+
+def add_later_steps(p: argparse.ArgumentParser, d) -> None:
+    """The flags of the steps after the cache: training, the peers, the evaluation and the export
+    (`d`: the default Settings)."""
+    from specdec_models.decode.tree import add_tree_argument
+
     p.add_argument("--experiment", default=None,
                    help="the training experiment, any whose task is hf_eagle3 (default smollm2_eagle3, the CPU sizes, "
                         "with --target as target.path; hf_eagle3_gpu with --device cuda)")
@@ -94,19 +108,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--speed-subset", default=d.speed_subset, metavar="K|NAME=K,...",
                    help="the evaluation's speed part: the first K prompts of each set, taken across categories "
                         "(default 8; specdec evaluate --speed-subset)")
-    p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
+    p.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens,
+                   help=f"the longest answer in the evaluation (default {d.eval_max_new_tokens})")
     add_tree_argument(p, f"the head's tree in the evaluation, beside its chain ('' for none; default {d.tree})",
                       default=d.tree)
     p.add_argument("--speculative-tokens", type=int, default=None, metavar="N",
                    help="tokens per step the speculators export tells vLLM to draft (default: the gamma of the "
                         "evaluated chain, 5; docs/serving.md)")
-    p.add_argument("--processes", type=int, default=1,
-                   help="answer and cache in that many processes here, each a share of the threads (or GPUs: "
-                        "torchrun, docs/scale.md)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--until", choices=STEPS, default=STEPS[-1], help="stop after this step")
-    p.add_argument("--force", action="store_true", help="run in an --out folder holding files the recipe did not write")
-    return p
 
 
 def device_defaults(a: argparse.Namespace, plan=None) -> argparse.Namespace:

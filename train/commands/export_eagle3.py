@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog=prog("specdec export-eagle3"), description=__doc__.splitlines()[0])
     parser.add_argument("head", help="the eagle3 head to read (any layout)")
     parser.add_argument("out_dir", help="the directory to write")
-    parser.add_argument("--layout", required=True, choices=LAYOUTS)
+    parser.add_argument("--layout", required=True, choices=LAYOUTS,
+                        help="the layout written: specdec (specdec's own), speculators (vLLM's) or sglang")
     parser.add_argument("--hf-model", metavar="DIR", help="the target: a local save_pretrained directory")
     parser.add_argument("--gguf", metavar="FILE", help="the target: a GGUF file")
     parser.add_argument("--verifier", help="speculators layout: the verifier's name or path to record "

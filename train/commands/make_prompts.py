@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                              "explanation, a list of tips) from train/data/prompts.py; mix: half of each; default text")
     parser.add_argument("--split", choices=("train", "valid"), default="train", help="which split; default train")
     parser.add_argument("--count", type=int, required=True, help="number of prompts")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (default %(default)s)")
     parser.add_argument("--out", required=True, help="the .jsonl file to write")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a validation metric, one panel each (default: {' '.join(DEFAULT_METRICS)})")
     parser.add_argument("--train-metric", default=None,
                         help="a training metric drawn dashed in the first panel (e.g. train/kl/step0)")
-    parser.add_argument("--title", default=None)
+    parser.add_argument("--title", default=None,
+                        help="the plot's title")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
     runs = []

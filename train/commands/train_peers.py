@@ -52,14 +52,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = Parser(prog=prog("specdec peers"), description=__doc__.splitlines()[0])
     p.add_argument("--cache", required=True, help="specdec's embeddings cache, made with --layers A,B,C,L")
     p.add_argument("--draft-vocab", help="token counts (specdec draft-vocab); none: the whole vocabulary")
-    p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p.add_argument("--draft-vocab-size", type=int, default=8192,
+                   help="the head's draft vocabulary: the most counted tokens of --draft-vocab")
     p.add_argument("--target", help="the cache's target (GGUF file or model directory); default: cache.json's")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True,
+                   help="the folder written")
     p.add_argument("--peers", type=comma_list(str, "--peers", choices=PEERS), default=list(PEERS),
                    help="the peers trained, comma-separated")
     p.add_argument("--minutes", type=float, help="training wall time per peer")
     p.add_argument("--max-steps", type=int, help="optimizer steps per peer (tests, smoke runs)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default %(default)s; none: torch's)")
     p.add_argument("--ttt-steps", type=int, default=3, help="draft steps unrolled in training (speculators' default)")
     p.add_argument("--rows", type=int, help="convert only the cache's first ROWS rows")
     add_dtype_argument(p, "--data-dtype", default="bf16", allowed=("bf16", "fp32"),
