@@ -230,14 +230,14 @@ def cli_inputs(tmp_path_factory):
 def command(cli_inputs, monkeypatch, capsys):
     """command(*args) -> (status, stdout, stderr): scripts/evaluate.py's main in-process, the
     benchmarks read from the stand-in files."""
-    from conftest import load_script
+    from conftest import command
 
     from train.bench import benchmarks
 
     root, _ = cli_inputs
     files = {"mt_bench": root / "question.jsonl", "humaneval": root / "HumanEval.jsonl.gz"}
     monkeypatch.setattr(benchmarks, "locate", lambda name: files[name])
-    script = load_script("evaluate")
+    script = command("evaluate")
 
     def run(*args):
         status = script.main([str(a) for a in args])

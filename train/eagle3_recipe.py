@@ -1,4 +1,4 @@
-"""One recipe for an EAGLE-3 head of any Hugging Face target: `scripts/eagle3.py` (`make eagle3`).
+"""One recipe for an EAGLE-3 head of any Hugging Face target: `specdec eagle3` (`make eagle3`).
 
 Steps, each resumed where a killed run stopped (a finished step is skipped; the answers and the
 cache resume batch by batch inside their step):
@@ -21,7 +21,7 @@ cache resume batch by batch inside their step):
    `--train-minutes`, with the draft vocabulary size `train.plan` gives the target (`Settings.
    draft_vocab_size`), composed and run in this process (`train.run.compose`, `train.run.run`);
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
-   minutes (`scripts/train_peers.py`, in their own environment: `make setup-interop`);
+   minutes (`specdec peers`, in their own environment: `make setup-interop`);
 7. export: the head in the speculators and SGLang layouts (`train.eagle3_export`), the speculators
    layout's `speculative_tokens` the evaluated chain's gamma (or `--speculative-tokens`), printed and
    recorded with where it comes from;
@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import SpecdecError, check, cli_main
 from specdec_models.files import write_file
 
@@ -78,7 +79,7 @@ MAX_CHARS_PER_TOKEN = 16
 
 @dataclass
 class Settings:
-    """What scripts/eagle3.py parsed (its --help describes each)."""
+    """What specdec eagle3 parsed (its --help describes each)."""
     target: str
     data: str
     out: Path
@@ -103,8 +104,8 @@ class Settings:
     peers: bool = False
     peer_python: str | None = None
     benchmarks: tuple[str, ...] = ("mt_bench", "humaneval")
-    subset: str | None = "mt_bench=1,humaneval=8"    # scripts/evaluate.py's --subset: 8 prompts per set
-    speed_subset: str | None = None                   # scripts/evaluate.py's --speed-subset (None: 8 per set)
+    subset: str | None = "mt_bench=1,humaneval=8"    # specdec evaluate's --subset: 8 prompts per set
+    speed_subset: str | None = None                   # specdec evaluate's --speed-subset (None: 8 per set)
     eval_max_new_tokens: int = 128
     tree: str | None = "6,3,1,0.1"
     speculative_tokens: int | None = None    # the export's tokens per step (None: the evaluated chain's gamma)
@@ -544,7 +545,7 @@ def draft_vocab_job(out: Path, held_out_rows: int, vocab_size: int):
 def peers_command(s: Settings, out: Path, held_out_rows: int, rows: int) -> list[str]:
     """The peers step, a process of its own (their trainers run in another Python environment):
     trained on the cache's training rows, for the same minutes."""
-    return [sys.executable, "scripts/train_peers.py", "--cache", str(out / "cache"), "--draft-vocab",
+    return [sys.executable, "-m", "train.commands.train_peers", "--cache", str(out / "cache"), "--draft-vocab",
             str(out / "draft_vocab.json"), "--target", s.target, "--out", str(out / "peers"), "--minutes",
             str(s.train_minutes), "--threads", "2", "--rows", str(max(1, rows - held_out_rows)), "--force",
             *(["--python", s.peer_python] if s.peer_python else [])]
@@ -602,7 +603,7 @@ def step_train(s: Settings, out: Path, held_out_rows: int) -> TrainResult:
 
 
 def step_peers(s: Settings, out: Path, held_out_rows: int, rows: int) -> None:
-    """Step 6: the peers' trainers, through scripts/train_peers.py in a process of its own."""
+    """Step 6: the peers' trainers, through specdec peers in a process of its own."""
     cmd = peers_command(s, out, held_out_rows, rows)
     print(f"[peers] {' '.join(cmd)}", flush=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -628,7 +629,7 @@ def step_evaluate(s: Settings, out: Path) -> EvaluateResult:
     """Step 8: `train.bench.eval_job.run_evaluation` of `eval_job`."""
     from train.bench.eval_job import run_evaluation
 
-    files = run_evaluation(eval_job(s, out), f"python scripts/eagle3.py --out {out} (its evaluate step)")
+    files = run_evaluation(eval_job(s, out), f"specdec eagle3 --out {out} (its evaluate step)")
     return EvaluateResult([str(f) for f in files])
 
 
@@ -761,7 +762,7 @@ def _data_and_answers(s: Settings, out: Path, steps: _Steps, target, model_dtype
 def read_settings(out: Path) -> Settings:
     """The Settings a recipe run recorded in OUT/settings.json."""
     path = out / SETTINGS_FILE
-    check(path.is_file(), f"{out} holds no recipe settings ({SETTINGS_FILE}): start the recipe with scripts/eagle3.py")
+    check(path.is_file(), f"{out} holds no recipe settings ({SETTINGS_FILE}): start the recipe with specdec eagle3")
     raw = json.loads(path.read_text())
     raw["out"] = Path(raw["out"])
     for name in ("temperatures", "train_args", "benchmarks", "answers_server"):
@@ -794,11 +795,10 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m train.eagle3_recipe answers|cache OUT`: one process's share of a step of the recipe
     in OUT (its settings.json), rank and world from RANK and WORLD_SIZE (torchrun sets them; every
     process must see OUT: one machine, or a filesystem the nodes share)."""
-    import argparse
 
     from specdec_models.cpu import resolve_dtype
 
-    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p = Parser(description=main.__doc__.splitlines()[0])
     p.add_argument("step", choices=("answers", "cache"))
     p.add_argument("out")
     a = p.parse_args(argv)

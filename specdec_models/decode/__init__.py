@@ -2,7 +2,7 @@
 whatever the drafter: the protocol is `protocol`; chain drafters in `chain` (a draft model, a
 prophet or EAGLE-3 head), an EAGLE-3 head's tree in `tree`, prompt lookup in `lookup`, its
 looked-up path also from a datastore of the target's own answers in `datastore`), its stats, the
-cost model and the choice of gamma (`cost`), and the CLI (`python -m specdec_models.decode`, in
+cost model and the choice of gamma (`cost`), and the CLI (`specdec decode`, in
 `__main__.py`)."""
 
 from ..sampling import GREEDY, SamplingConfig

@@ -1,8 +1,8 @@
-"""scripts/evaluate.py as a library call: `EvalJob` (what the command line gives), `check_job`
+"""specdec evaluate as a library call: `EvalJob` (what the command line gives), `check_job`
 (every input checked before any model loads, one line), `run_evaluation` (load, decode, write).
 
 The recipe (`train.eagle3_recipe`) checks its evaluation's job with `check_job` before its first
-step and runs it with `run_evaluation` as its evaluate step; scripts/evaluate.py parses a command
+step and runs it with `run_evaluation` as its evaluate step; specdec evaluate parses a command
 line into the same job. What is scored and how: `train.bench.evaluate`; the report:
 `train.bench.eval_report`.
 """
@@ -25,7 +25,7 @@ TREE_COLUMNS = ("+tree", "+tree+lookup")     # NAME+tree: the head's own tree; N
 
 @dataclass(frozen=True)
 class EvalJob:
-    """scripts/evaluate.py's inputs, as its --help describes them: the target, the heads
+    """specdec evaluate's inputs, as its --help describes them: the target, the heads
     ("NAME=PATH" each), the tree SPEC and chain gamma they draft with, prompt lookup ("N[..MAX]"),
     the benchmarks and their subset, the speed part's prompts per benchmark ("K|NAME=K,..."),
     the acceptance part's rows per chain call, the temperatures ("0,1"), the answers' length, dtype
@@ -120,7 +120,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     `heads_exist=False`: the heads are checked as NAME=PATH only (the recipe checks its evaluation
     before the head is trained); `load_prompts=False`: the benchmarks' files are not read."""
     from specdec_models.cpu import parse_dtype, resolve_device, resolve_dtype
-    from specdec_models.decode.__main__ import parse_lookup
+    from specdec_models.decode.lookup import parse_lookup
     from specdec_models.decode.tree import TreeSpec
     from specdec_models.device import auto_device
     from specdec_models.files import check_output

@@ -1,4 +1,4 @@
-"""The evaluation's report (scripts/evaluate.py): `evaluation.json`, `evaluation.md` and
+"""The evaluation's report (specdec evaluate): `evaluation.json`, `evaluation.md` and
 `evaluation.png` written into one folder as a whole (`files.staged_dir`).
 
 The report dict holds `results` = {benchmark: {temperature as text ("0", "1"): {part: {category
