@@ -128,6 +128,43 @@ def test_anchor_weights_stop_a_block_at_an_answers_end_and_the_rows_end():
     assert paper_decay(16) == 7 and paper_decay(8) == 4 and paper_decay(10) == 5
 
 
+def _loss_reads_the_label_past_a_turn(head, tokens, aux, last, mask, label):
+    """Whether block_loss changes when the target's state at `label`, a lone answer label after a
+    user turn that no block may reach without crossing that turn, changes."""
+    def loss(states):
+        return head.block_loss(tokens, aux, states, mask, anchors=16, generator=torch.Generator().manual_seed(0)).loss
+
+    with torch.no_grad():
+        moved = last.clone()
+        moved[:, label] += 3 * torch.randn_like(moved[:, label])
+        return not torch.allclose(loss(last), loss(moved))
+
+
+def test_a_block_never_crosses_a_turns_end_and_a_planted_crossing_is_caught(llama, monkeypatch):
+    # answer labels 2..6, a user turn (labels 7, 8), a lone answer label 9: no anchor sits at 9 (its
+    # token 9 is the user's), so a block reaches label 9 only by crossing the turn, as one of 5
+    # anchored at 6 would (labels 6, 7, 8, 9) if a slot counted by its own label alone
+    head = head_for(llama, block_size=5)
+    tokens = torch.randint(0, V, (1, 13))
+    aux, last = taps(llama, tokens[:, :-1], head.aux_layers)
+    mask = torch.zeros(1, 12, dtype=torch.bool)
+    mask[0, 2:7] = True
+    mask[0, 9] = True
+    assert not _loss_reads_the_label_past_a_turn(head, tokens, aux, last, mask, 9)
+
+    def crossing(label_mask, block_size, decay):          # the planted bug: no cumulative product
+        b, n = label_mask.shape
+        g = block_size - 1
+        padded = torch.cat([label_mask, label_mask.new_zeros(b, g)], 1)
+        labels = padded.unfold(1, g, 1)[:, :n].float()
+        prev = torch.cat([label_mask.new_zeros(b, 1), label_mask[:, :-1]], 1)
+        valid = labels[..., 0].bool() & prev
+        return valid, labels * torch.exp(-torch.arange(g) / decay) * valid[..., None]
+
+    monkeypatch.setattr(dflash, "anchor_weights", crossing)
+    assert _loss_reads_the_label_past_a_turn(head, tokens, aux, last, mask, 9)
+
+
 def test_sampled_anchors_are_distinct_valid_and_padded():
     valid = torch.zeros(3, 10, dtype=torch.bool)
     valid[0, [1, 4, 6, 8]] = True

@@ -285,9 +285,9 @@ class SpeedProfile:
 
     @classmethod
     def from_times(cls, times: StepTimes, per_position_acceptance: Sequence[float], batch: int | None = None,
-                   target_times: StepTimes | None = None) -> SpeedProfile:
+                   target_times: StepTimes | None = None, one_pass: bool = False) -> SpeedProfile:
         c, v = cost_ratios(times, target_times)
-        return cls(c, v, tuple(per_position_acceptance), batch)
+        return cls(c, v, tuple(per_position_acceptance), batch, one_pass)
 
     def to_dict(self) -> dict[str, Any]:
         return {"c": self.c, "v_by_gamma": {str(g): v for g, v in sorted(self.v_by_gamma.items())},
