@@ -102,13 +102,21 @@ class DraftModel(Drafter):
 
 class HeadDrafter(Drafter):
     """A draft head drafting a chain from the target's hidden states: a `ModelWithProphet` or an
-    `hf.HFProphet` (a `ProphetDrafter`, method "prophet"), or an `hf.Eagle3Head` (an
-    `Eagle3Drafter`, method "eagle3")."""
+    `hf.HFProphet` (a `ProphetDrafter`, method "prophet"), an `hf.Eagle3Head` (an
+    `Eagle3Drafter`, method "eagle3"), or a head that drafts a block in one pass (a
+    `block_draft.BlockDrafter`, e.g. method "dflash")."""
 
     def __new__(cls, head: DraftHead, *args: Any, **kwargs: Any) -> HeadDrafter:
         if cls is HeadDrafter:
-            cls = Eagle3Drafter if isinstance(head, Eagle3Head) else ProphetDrafter
+            # a drafter kind defined above this module (decode.block_draft) claims its heads by `handles`
+            claimed = [kind for kind in HeadDrafter.__subclasses__() if kind.handles(head)]
+            cls = claimed[0] if claimed else Eagle3Drafter if isinstance(head, Eagle3Head) else ProphetDrafter
         return super().__new__(cls)
+
+    @staticmethod
+    def handles(head: DraftHead) -> bool:
+        """Whether `HeadDrafter(head)` builds this subclass (one defined in a module above this one)."""
+        return False
 
     def __init__(self, head: DraftHead) -> None:
         check(isinstance(head, DraftHead), f"HeadDrafter drafts with a draft head (a ModelWithProphet, an HFProphet "
