@@ -336,7 +336,7 @@ def test_writing_over_another_models_files_needs_force(setup, tmp_path, capsys):
 # ------------------------------------------------------------------------------ the drafting a server is told
 
 @pytest.mark.parametrize("flags, tokens, source", [
-    ((), 5, "not given: scripts/evaluate.py's default chain, gamma 5"),
+    ((), 5, "not given: specdec evaluate's default chain, gamma 5"),
     (("--speculative-tokens", 3), 3, "--speculative-tokens"),
     (("--tree", "6,3,1"), 6, "the evaluated tree 6,3,1, depth 6"),
 ])

@@ -263,7 +263,7 @@ def test_the_command_scores_every_drafter_per_benchmark_temperature_and_category
     assert {b: p["acceptance"]["prompts"] for b, p in report["prompts"].items()} == {"mt_bench": 2, "humaneval": 1}
     assert report["prompts"]["mt_bench"]["speed"] == {"prompts": 2, "turns": 4, "ids": ["81", "91"]}
     assert report["dtype"] == "float32" and report["greedy_check"].startswith("enforced")
-    assert report["command"].startswith("python scripts/evaluate.py --target ")
+    assert report["command"].startswith("specdec evaluate --target ")
     assert report["torch"] == torch.__version__ and "flags" in report["host"] and report["date"]
     assert set(report["results"]) == {"mt_bench", "humaneval"}
     for bench, groups_of in (("mt_bench", {"writing", "roleplay", "overall"}), ("humaneval", {"code", "overall"})):

@@ -49,7 +49,7 @@ class Drafting:
             return cls(depth, f"the evaluated tree {tree}, depth {depth}")
         from specdec_models.export.eagle3 import SPECULATIVE_TOKENS
 
-        return cls(SPECULATIVE_TOKENS, f"not given: scripts/evaluate.py's default chain, gamma {SPECULATIVE_TOKENS}")
+        return cls(SPECULATIVE_TOKENS, f"not given: specdec evaluate's default chain, gamma {SPECULATIVE_TOKENS}")
 
     def describe(self, layout: str) -> str:
         """One line for the export's output: the number, its source and how a server is told it."""

@@ -29,14 +29,13 @@ import shlex
 import sys
 
 from specdec_models.cli_args import Parser
-from specdec_models.errors import cli_main
+from specdec_models.errors import cli_main, prog
 
 
 def build_parser() -> argparse.ArgumentParser:
     from specdec_models.cpu import add_dtype_argument
     from specdec_models.decode.tree import add_tree_argument
     from specdec_models.device import HELP
-    from specdec_models.errors import prog
 
     p = Parser(prog=prog("specdec evaluate"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, metavar="DIR|FILE.gguf",
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = build_parser().parse_args(argv)
-    paths = run_evaluation(job_of(args), "python scripts/evaluate.py " + shlex.join(argv))
+    paths = run_evaluation(job_of(args), prog("specdec evaluate") + " " + shlex.join(argv))
     print("\n".join(str(p) for p in paths))
     return 0
 
