@@ -8,6 +8,8 @@ evaluation callback and `decode.cost.measure_costs` take any of them.
 - `hf_prophet`: `HFProphet`, a prophet head on a frozen Hugging Face target's last-layer hidden states;
 - `eagle3`: `Eagle3Head`, an EAGLE-3 head on three of a Hugging Face target's layers, its draft
   vocabulary (`choose_draft_vocab`) and its weight table (`EAGLE3_WEIGHTS`);
+- `peagle`: `PEagleHead`, P-EAGLE: an EAGLE-3 head drafting K depths in one pass from mask
+  positions, its depth-sampled training (`depth_chains`) and weight table (`PEAGLE_WEIGHTS`);
 - `weights`: `WeightTable`, a head kind's weights named once (canonical name, shape, meaning),
   what every export layout renames.
 
@@ -18,11 +20,12 @@ formats live in `specdec_models.export`. transformers is never imported here.
 from .base import DraftHead
 from .eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, choose_draft_vocab
 from .hf_prophet import HFProphet, HFProphetConfig
+from .peagle import PEAGLE_WEIGHTS, PEagleConfig, PEagleHead
 from .prophet import ModelWithProphet, ProphetHead, ProphetLoss, drafted_hits, simulated_tokens_per_call
 from .weights import Weight, WeightTable
 
 __all__ = [
-    "EAGLE3_WEIGHTS", "DraftHead", "Eagle3Config", "Eagle3Head", "HFProphet", "HFProphetConfig", "ModelWithProphet",
-    "ProphetHead", "ProphetLoss", "Weight", "WeightTable", "choose_draft_vocab", "drafted_hits",
-    "simulated_tokens_per_call",
+    "EAGLE3_WEIGHTS", "PEAGLE_WEIGHTS", "DraftHead", "Eagle3Config", "Eagle3Head", "HFProphet", "HFProphetConfig",
+    "ModelWithProphet", "PEagleConfig", "PEagleHead", "ProphetHead", "ProphetLoss", "Weight", "WeightTable",
+    "choose_draft_vocab", "drafted_hits", "simulated_tokens_per_call",
 ]
