@@ -11,10 +11,13 @@ from test_hf_decode import (
     V,
     _one_thread,  # noqa: F401  (autouse here too: offline, one thread)
     build,
+    hf_greedy,
+    ragged_prompts,
 )
 
 import specdec_models.heads.peagle as peagle_module
 from specdec_models import SpecdecError
+from specdec_models.decode import GREEDY, HeadDrafter, generate
 from specdec_models.heads.peagle import PEagleConfig, PEagleHead, depth_chains
 
 
@@ -158,7 +161,7 @@ def test_parallel_loss_learns(llama):
         out.loss.backward()
         opt.step()
     assert head.mask_hidden.grad is not None and head.mask_embed.grad is not None
-    assert float(out.loss) < 0.8 * first
+    assert float(out.loss.detach()) < 0.8 * first
     assert out.depth_count[0] == 3 * 11 and bool((out.depth_count[1:] <= out.depth_count[:-1]).all())
 
 
@@ -172,4 +175,40 @@ def test_bad_config_is_one_line(llama, kw, message):
     base = PEagleConfig.for_target(llama).to_dict()
     with pytest.raises(SpecdecError, match=message) as err:
         PEagleConfig.from_dict({**base, **kw})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("draft", [None, 60], ids=["full-vocab", "sub-vocab"])
+def test_greedy_peagle_decoding_equals_the_targets_generate(llama, draft):
+    head = head_for(llama, draft=draft)
+    prompts = ragged_prompts()
+    alone, _ = hf_greedy(llama, prompts, 16)
+    for gamma in (1, 4, "auto"):
+        got, stats = generate(llama, prompts, 16, HeadDrafter(head), sampling=GREEDY, gamma=gamma)
+        assert [t.tolist() for t in got] == alone
+        assert stats.method == "peagle" and stats.drafted > 0
+    one, _ = generate(llama, [prompts[1]], 16, HeadDrafter(head), sampling=GREEDY, gamma=4)   # one pass a round
+    assert one[0].tolist() == alone[1]
+
+
+def test_a_round_drafts_the_argmax_of_each_depth_of_one_pass(llama):
+    # the drafts of a greedy round are the argmaxes of the K depths of one pass over the context
+    head = head_for(llama)
+    prompt = torch.tensor([5, 9, 3, 7, 2, 8])
+    drafter = HeadDrafter(head)
+    generate(llama, [prompt], 1, drafter, sampling=GREEDY, gamma=4)
+    aux, _ = states(llama, torch.cat([prompt, torch.tensor([0])])[None, :-1], head.aux_layers)
+    with torch.no_grad():
+        first = llama(prompt[None]).logits[0, -1].argmax()
+        tokens = torch.cat([prompt[1:], first[None]])[None]
+        cache = head.new_cache(1, 32)
+        out = head.extend_and_draft(tokens, head.fuse(aux), cache)
+        expected = head.logits(out[:, prompt.numel() - 1:])
+    torch.testing.assert_close(drafter.block, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gamma_above_the_heads_depths_is_one_line(llama):
+    head = head_for(llama, depths=3)
+    with pytest.raises(SpecdecError, match="exceeds the P-EAGLE head's parallel_depths") as err:
+        generate(llama, [torch.tensor([1, 2, 3])], 4, HeadDrafter(head), sampling=GREEDY, gamma=4)
     assert "\n" not in str(err.value)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import check
-from ..heads import Eagle3Head
+from ..heads import Eagle3Head, PEagleHead
 
 TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
 
@@ -146,11 +146,12 @@ def cost_ratios(times: StepTimes, target_times: StepTimes | None = None) -> tupl
 def measure_costs(target, batch: int, context: int, gammas: Sequence[int], drafter: Any = None, *,
                   steps: int = 20, warmup: int = 3) -> StepTimes:
     """Time 1-token target steps, verify calls of gamma + 1 tokens for each gamma, and the chain
-    drafter's steps (a `DraftModel`'s or a `HeadDrafter`'s) on KV caches filled with `context`
+    drafter's steps (a `DraftModel`'s or a `HeadDrafter`'s; a P-EAGLE head's step is its one pass of
+    a round, the K drafts) on KV caches filled with `context`
     random tokens, each call rolled back so all see the same length. For gammas a decoding run did
     not use; a run's own `StepTimes` (timed inside `generate`) is the better source for the gamma it ran."""
     # the drafter is told by its method: this module is below the drafters (decode.protocol)
-    check(drafter is None or getattr(drafter, "method", None) in ("draft", "prophet", "eagle3"),
+    check(drafter is None or getattr(drafter, "method", None) in ("draft", "prophet", "eagle3", "peagle"),
           f"measure_costs times a chain's draft steps: pass a DraftModel or a HeadDrafter, "
           f"not {type(drafter).__name__}")
     draft, prophet = (None, None) if drafter is None else (drafter.model, drafter.head)
@@ -183,10 +184,12 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], draft
             repeat(DRAFT, draft, dcache, tok(1))
         if eagle3:
             # the head's cache holds the context's target features; a draft step feeds a token and a feature
-            hcache = prophet.new_cache(batch, context + max(gammas) + 1)
+            hcache = prophet.new_cache(batch, context + max(gammas) + 1 + prophet.max_gamma)
             feature = prophet.extend(tok(context), prophet.fuse(context_states), hcache)[:, -1:]
 
             def step(tokens: torch.Tensor, cache) -> torch.Tensor:
+                if isinstance(prophet, PEagleHead):      # a P-EAGLE round's one pass: its K drafts' logits
+                    return prophet.logits(prophet.extend_and_draft(tokens, feature, cache))
                 return prophet.logits(prophet.extend(tokens, feature, cache)[:, -1])
 
             repeat(DRAFT, step, hcache, tok(1))

@@ -36,8 +36,9 @@ An `hf_eagle3` export holds an EAGLE-3 head (`heads.Eagle3Head`) the same way: "
 Eagle3Config dict, the weights its state_dict under their canonical names (`heads.eagle3.EAGLE3_WEIGHTS`,
 the speculators names: `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`; the target's embedding
 is not saved), "target" its target's identity. The layouts vLLM (speculators) and SGLang load are
-written and read by `specdec_models.export.eagle3`. The head kinds are the rows of `HEAD_EXPORTS`:
-another head kind is one more row.
+written and read by `specdec_models.export.eagle3`. An `hf_peagle` export holds a P-EAGLE head
+(`heads.PEagleHead`: the eagle3 weights and its `mask_hidden`, `mask_embed`; `heads.peagle.PEAGLE_WEIGHTS`).
+The head kinds are the rows of `HEAD_EXPORTS`: another head kind is one more row.
 
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
 (written in a temp directory of ours, fsync, rename), then config.json is replaced in one
@@ -74,7 +75,7 @@ from ..files import (
     write_file,
 )
 from ..files import one_line as _one_line
-from ..heads import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, ModelWithProphet
+from ..heads import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, ModelWithProphet, PEagleConfig, PEagleHead
 from ..hf import is_hf_model, target_identity, weights_sha256
 from ..model import Decoder
 from .checksums import sha256_file
@@ -102,6 +103,8 @@ HEAD_EXPORTS = {
                              lambda c, target: HFProphet(HFProphetConfig.from_dict(c), target)),
     "hf_eagle3": HeadExport(Eagle3Head, "an eagle3 head",
                             lambda c, target: Eagle3Head(Eagle3Config.from_dict(c), target, init_from_target=False)),
+    "hf_peagle": HeadExport(PEagleHead, "a peagle head",
+                            lambda c, target: PEagleHead(PEagleConfig.from_dict(c), target, init_from_target=False)),
 }
 HEAD_KINDS = tuple(HEAD_EXPORTS)
 HEAD_TYPES = tuple(entry.head for entry in HEAD_EXPORTS.values())
@@ -178,7 +181,9 @@ def _header(model: Decoder | ModelWithProphet | Head, tokenizer: str | dict[str,
     """What identifies an export's model: format, kind, configs, tokenizer and, for a head, its
     target (config.json without the weights and metadata)."""
     if isinstance(model, HEAD_TYPES):
-        kind = next(k for k, entry in HEAD_EXPORTS.items() if isinstance(model, entry.head))
+        # the most specific kind: a PEagleHead is an Eagle3Head too
+        kind = next((k for k, entry in HEAD_EXPORTS.items() if type(model) is entry.head), None) \
+            or next(k for k, entry in HEAD_EXPORTS.items() if isinstance(model, entry.head))
         check(tokenizer is None, f"an {kind} export uses its target's tokenizer: pass no tokenizer")
         fields = {"kind": kind, "main": None, "prophet": model.config.to_dict(),
                   "tokenizer": dict(HF_TARGET_TOKENIZER), "target": target_identity(model.target, target_path)}

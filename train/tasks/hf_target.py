@@ -55,7 +55,7 @@ class HFTarget:
         check(isinstance(self.shard, bool), f"target.shard must be true or false, got {self.shard!r}")
 
 
-HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3"}    # head.kind -> the task that trains it
+HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3", "peagle": "hf_peagle"}    # head.kind -> its task
 
 
 def check_head_kind(kind: object, expected: str) -> None:
