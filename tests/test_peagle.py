@@ -191,24 +191,37 @@ def test_greedy_peagle_decoding_equals_the_targets_generate(llama, draft):
     assert one[0].tolist() == alone[1]
 
 
-def test_a_round_drafts_the_argmax_of_each_depth_of_one_pass(llama):
-    # the drafts of a greedy round are the argmaxes of the K depths of one pass over the context
+def test_draft_block_is_one_pass_over_the_context_and_leaves_the_cache_as_it_was(llama):
+    # the block protocol: extend with the target's raw taps of a ragged batch, then one draft_block
+    # call gives each row the K depths of a pass anchored at its own last committed position
     head = head_for(llama)
-    prompt = torch.tensor([5, 9, 3, 7, 2, 8])
-    drafter = HeadDrafter(head)
-    generate(llama, [prompt], 1, drafter, sampling=GREEDY, gamma=4)
-    aux, _ = states(llama, torch.cat([prompt, torch.tensor([0])])[None, :-1], head.aux_layers)
+    tokens = torch.randint(0, V - 1, (2, 12))
+    aux, _ = states(llama, tokens[:, :-1], head.aux_layers)
+    lengths = torch.tensor([7, 11])
     with torch.no_grad():
-        first = llama(prompt[None]).logits[0, -1].argmax()
-        tokens = torch.cat([prompt[1:], first[None]])[None]
-        cache = head.new_cache(1, 32)
-        out = head.extend_and_draft(tokens, head.fuse(aux), cache)
-        expected = head.logits(out[:, prompt.numel() - 1:])
-    torch.testing.assert_close(drafter.block, expected, rtol=1e-4, atol=1e-4)
+        cache = head.new_cache(2, 16)
+        head.extend(tokens[:, 1:], aux, cache)
+        cache.rollback(lengths)
+        k = cache.k.clone()
+        got = head.draft_block(tokens[torch.arange(2), lengths], cache)
+        assert torch.equal(cache.lengths, lengths) and torch.equal(cache.k[..., :7, :], k[..., :7, :])
+        for r, n in enumerate(lengths.tolist()):
+            alone = head.new_cache(1, 32)
+            out = head.extend_and_draft(tokens[r:r + 1, 1:n + 1], head.fuse(aux[r:r + 1, :n]), alone)
+            torch.testing.assert_close(got[r], head.logits(out[0, n - 1:]), rtol=1e-4, atol=1e-4)
 
 
 def test_gamma_above_the_heads_depths_is_one_line(llama):
     head = head_for(llama, depths=3)
-    with pytest.raises(SpecdecError, match="exceeds the P-EAGLE head's parallel_depths") as err:
+    with pytest.raises(SpecdecError, match="gamma 4 exceeds the 3 drafts one pass") as err:
         generate(llama, [torch.tensor([1, 2, 3])], 4, HeadDrafter(head), sampling=GREEDY, gamma=4)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("layout", ["speculators", "sglang"])
+def test_the_eagle3_layouts_refuse_a_peagle_head_in_one_line(llama, tmp_path, layout):
+    from specdec_models.export.eagle3 import save_eagle3
+
+    with pytest.raises(SpecdecError, match="not a P-EAGLE head") as err:
+        save_eagle3(tmp_path / "out", head_for(llama), layout)
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()

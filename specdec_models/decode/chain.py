@@ -12,8 +12,7 @@ batch at once (`decode.protocol`).
   `Eagle3Drafter` for an `hf.Eagle3Head` (after every target call the head's KV cache is extended
   with the target's aux-layer features of the committed positions, and it drafts feeding its own
   features back; the draft vocabulary is spread over the target's with q = 0 outside it, so the
-  residual covers those tokens), and a `PEagleDrafter` for a `heads.PEagleHead` (the same cache, but
-  one pass drafts all K tokens: the committed positions and K - 1 mask positions in one call).
+  residual covers those tokens).
 
 Every draft is sampled by `sample_chain`: q is exactly the distribution each token was drawn from,
 and with a repetition penalty every position sees the drafts before it.
@@ -27,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import check
-from ..heads import DraftHead, Eagle3Head, PEagleHead
+from ..heads import DraftHead, Eagle3Head
 from ..hf import HFDecoder, is_hf_model
 from ..model import Decoder
 from ..sampling import sample, to_probs
@@ -103,14 +102,21 @@ class DraftModel(Drafter):
 
 class HeadDrafter(Drafter):
     """A draft head drafting a chain from the target's hidden states: a `ModelWithProphet` or an
-    `hf.HFProphet` (a `ProphetDrafter`, method "prophet"), or an `hf.Eagle3Head` (an
-    `Eagle3Drafter`, method "eagle3")."""
+    `hf.HFProphet` (a `ProphetDrafter`, method "prophet"), an `hf.Eagle3Head` (an
+    `Eagle3Drafter`, method "eagle3"), or a head that drafts a block in one pass (a
+    `block_draft.BlockDrafter`, e.g. method "dflash")."""
 
     def __new__(cls, head: DraftHead, *args: Any, **kwargs: Any) -> HeadDrafter:
         if cls is HeadDrafter:
-            cls = (PEagleDrafter if isinstance(head, PEagleHead) else Eagle3Drafter if isinstance(head, Eagle3Head)
-                   else ProphetDrafter)
+            # a drafter kind defined above this module (decode.block_draft) claims its heads by `handles`
+            claimed = [kind for kind in HeadDrafter.__subclasses__() if kind.handles(head)]
+            cls = claimed[0] if claimed else Eagle3Drafter if isinstance(head, Eagle3Head) else ProphetDrafter
         return super().__new__(cls)
+
+    @staticmethod
+    def handles(head: DraftHead) -> bool:
+        """Whether `HeadDrafter(head)` builds this subclass (one defined in a module above this one)."""
+        return False
 
     def __init__(self, head: DraftHead) -> None:
         check(isinstance(head, DraftHead), f"HeadDrafter drafts with a draft head (a ModelWithProphet, an HFProphet "
@@ -218,64 +224,6 @@ class Eagle3Drafter(HeadDrafter):
     def compact(self, dst: Tensor, src: Tensor, batch: int) -> None:
         self.cache.compact_rows(dst, src, batch)
         self.head_next = tuple(_move_rows(t, dst, src, batch) for t in self.head_next)
-
-
-class PEagleDrafter(Eagle3Drafter):
-    """A P-EAGLE head's chain (`HeadDrafter`; `heads.peagle`): after every target call one head
-    pass appends the committed positions and K - 1 mask positions, whose outputs are the K
-    drafts' distributions (`block`, (b, K, draft)); the mask positions are rolled back at once, so
-    between rounds the head's cache holds exactly the target's committed positions. A round
-    drafts gamma <= K tokens from `block`, which no draft feeds: q_i is the distribution at depth
-    i whatever was drawn before it. Where the rows of a batch committed different counts (a chain
-    rejected at different depths), the committed positions and the mask positions go in two calls
-    (the mask positions must follow each row's own last committed position)."""
-
-    method = "peagle"
-
-    def check(self, gamma: int | str, sampling: Any, timing: bool, speed_profile: Any) -> None:
-        k = self.head.config.parallel_depths
-        check(not isinstance(gamma, int) or gamma <= k,
-              f"gamma {gamma} exceeds the P-EAGLE head's parallel_depths ({k}): one pass drafts at most {k} tokens")
-
-    def extend(self, run: Any, verdict: Verdict) -> None:
-        head, rows, cache, before = self.head, run.rows, run.cache, verdict.before
-        feats = cache.layer_states                                     # (b, n, A*H) of positions before ..
-        if verdict.order is not None:
-            order = verdict.order[:, : verdict.span]
-            feats = feats.gather(1, order[..., None].expand(-1, -1, feats.shape[-1]))
-        n = feats.shape[1]
-        idx = (before[:, None] + 1 + torch.arange(n, device=before.device)).clamp(max=rows.capacity - 1)
-        tokens = rows.seq.gather(1, idx)                               # x_{t+1} for each position t
-        committed = cache.lengths - before                             # (b,) positions the call committed
-        c = int(committed[0])
-        one_pass = c >= 1 and bool((committed == c).all())
-        last = (committed - 1).clamp(min=0)
-
-        def draft() -> Tensor:
-            if one_pass:
-                out = head.extend_and_draft(tokens[:, :c], head.fuse(feats[:, :c]), self.cache)
-                first, masks = out[:, c - 1:c], out[:, c:]
-            else:
-                h = head.extend(tokens, head.fuse(feats), self.cache)
-                self.cache.rollback(cache.lengths)
-                first = h[rows.arange_b, last][:, None]
-                masks = head.extend_and_draft(tokens[:, :0], feats.new_zeros(feats.shape[0], 0, first.shape[-1]),
-                                              self.cache)
-            self.cache.rollback(cache.lengths)                         # the committed positions only
-            return head.logits(torch.cat([first, masks], 1))           # (b, K, draft)
-
-        self.block = run.clock(DRAFT, draft)
-
-    def propose(self, run: Any, gamma: int) -> Draft:
-        if gamma == 0:
-            return run.empty_draft()
-        block = self.block
-        depth = iter(range(1, gamma))
-        return sample_chain(run, block[:, 0], gamma, lambda tok: block[:, next(depth)], head=self.head)
-
-    def compact(self, dst: Tensor, src: Tensor, batch: int) -> None:
-        self.cache.compact_rows(dst, src, batch)
-        self.block = _move_rows(self.block, dst, src, batch)
 
 
 def _move_rows(t: Tensor, dst: Tensor, src: Tensor, batch: int) -> Tensor:

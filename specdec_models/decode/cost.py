@@ -8,7 +8,8 @@ Leviathan et al. 2022 (sections 3.1 and 3.4); definitions in docs/DECODING.md:
   needs no i.i.d. assumption (a trained prophet accepts less at later positions);
 - c = one draft (or prophet) step / one 1-token target step, and v(gamma) = one verify call of
   gamma + 1 tokens / one 1-token target step;
-- the predicted wall-time speed-up E(gamma) / (gamma c + v(gamma)).
+- the predicted wall-time speed-up E(gamma) / (gamma c + v(gamma)), or E(gamma) / (c + v(gamma)) where
+  one draft pass gives all gamma drafts (a block head, `decode.block_draft`: `SpeedProfile.one_pass`).
 
 Times come from two places: `StepTimes`, which `generate(..., timing=True)` fills with the
 perf_counter time of every model call, so c and v come from the very runs whose speed they predict;
@@ -28,7 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import check
-from ..heads import Eagle3Head, PEagleHead
+from ..heads import Eagle3Head
 
 TARGET, DRAFT, PREFILL, TAIL = "target", "draft", "prefill", "tail/"
 
@@ -53,9 +54,10 @@ def expected_tokens_from_acceptance(per_position_acceptance: Sequence[float], ga
     return 1.0 + float(sum(per_position_acceptance[:gamma]))
 
 
-def predicted_speedup(expected: float, gamma: int, c: float, v: float) -> float:
-    """E / (gamma c + v): a round costs gamma draft steps and one verify call, in target steps."""
-    return expected / (gamma * c + v)
+def predicted_speedup(expected: float, gamma: int, c: float, v: float, one_pass: bool = False) -> float:
+    """E / (gamma c + v): a round costs gamma draft steps and one verify call, in target steps;
+    E / (c + v) for a drafter whose gamma drafts come from one pass (`one_pass`: a block head)."""
+    return expected / ((c if one_pass else gamma * c) + v)
 
 
 # ---------------------------------------------------------------- step times
@@ -146,15 +148,17 @@ def cost_ratios(times: StepTimes, target_times: StepTimes | None = None) -> tupl
 def measure_costs(target, batch: int, context: int, gammas: Sequence[int], drafter: Any = None, *,
                   steps: int = 20, warmup: int = 3) -> StepTimes:
     """Time 1-token target steps, verify calls of gamma + 1 tokens for each gamma, and the chain
-    drafter's steps (a `DraftModel`'s or a `HeadDrafter`'s; a P-EAGLE head's step is its one pass of
-    a round, the K drafts) on KV caches filled with `context`
+    drafter's steps (a `DraftModel`'s or a `HeadDrafter`'s) on KV caches filled with `context`
     random tokens, each call rolled back so all see the same length. For gammas a decoding run did
     not use; a run's own `StepTimes` (timed inside `generate`) is the better source for the gamma it ran."""
     # the drafter is told by its method: this module is below the drafters (decode.protocol)
-    check(drafter is None or getattr(drafter, "method", None) in ("draft", "prophet", "eagle3", "peagle"),
+    one_pass = getattr(drafter, "one_pass", False)
+    check(drafter is None or one_pass or getattr(drafter, "method", None) in ("draft", "prophet", "eagle3"),
           f"measure_costs times a chain's draft steps: pass a DraftModel or a HeadDrafter, "
           f"not {type(drafter).__name__}")
     draft, prophet = (None, None) if drafter is None else (drafter.model, drafter.head)
+    if one_pass:        # a block head: a draft step is its one pass (decode.block_draft)
+        draft, prophet, block = None, None, prophet
     g = torch.Generator().manual_seed(0)
     tok = lambda n: torch.randint(0, target.vocab_size, (batch, n), generator=g).to(target.device)  # noqa: E731
     times = StepTimes()
@@ -171,10 +175,11 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], draft
 
     with torch.inference_mode():
         eagle3 = isinstance(prophet, Eagle3Head)
+        taps = prophet.aux_layers if eagle3 else block.aux_layers if one_pass else None
         cache = target.new_cache(batch, context + max(gammas) + 1, keep_embeds=prophet is not None and not eagle3,
-                                 **({"keep_layers": prophet.aux_layers} if eagle3 else {}))
+                                 **({"keep_layers": taps} if taps else {}))
         target(tok(context), cache=cache)
-        context_states = cache.layer_states if eagle3 else None
+        context_states = cache.layer_states if taps else None
         repeat(TARGET, target, cache, tok(1))
         for gamma in gammas:
             repeat(verify_key(gamma), target, cache, tok(gamma + 1))
@@ -182,14 +187,17 @@ def measure_costs(target, batch: int, context: int, gammas: Sequence[int], draft
             dcache = draft.new_cache(batch, context + 1)
             draft(tok(context), cache=dcache)
             repeat(DRAFT, draft, dcache, tok(1))
+        if one_pass:
+            # the head's cache holds the context's target taps; a draft step is one pass over a block
+            bcache = block.new_cache(batch, context + 1)
+            block.extend(tok(context), context_states, bcache)
+            repeat(DRAFT, lambda tokens, cache: block.draft_block(tokens[:, 0], cache), bcache, tok(1))
         if eagle3:
             # the head's cache holds the context's target features; a draft step feeds a token and a feature
-            hcache = prophet.new_cache(batch, context + max(gammas) + 1 + prophet.max_gamma)
+            hcache = prophet.new_cache(batch, context + max(gammas) + 1)
             feature = prophet.extend(tok(context), prophet.fuse(context_states), hcache)[:, -1:]
 
             def step(tokens: torch.Tensor, cache) -> torch.Tensor:
-                if isinstance(prophet, PEagleHead):      # a P-EAGLE round's one pass: its K drafts' logits
-                    return prophet.logits(prophet.extend_and_draft(tokens, feature, cache))
                 return prophet.logits(prophet.extend(tokens, feature, cache)[:, -1])
 
             repeat(DRAFT, step, hcache, tok(1))
@@ -218,6 +226,7 @@ class SpeedProfile:
     v_by_gamma: dict[int, float]
     per_position_acceptance: tuple[float, ...]
     batch: int | None = None
+    one_pass: bool = False            # a round's drafts cost one draft pass (a block head), not gamma
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "v_by_gamma", {int(g): float(v) for g, v in dict(self.v_by_gamma).items()})
@@ -252,7 +261,7 @@ class SpeedProfile:
 
     def predicted(self, gamma: int) -> float:
         """The predicted speed-up over plain decoding at this gamma (1 at gamma 0: plain decoding)."""
-        return predicted_speedup(self.expected_tokens(gamma), gamma, self.c, self.v(gamma))
+        return predicted_speedup(self.expected_tokens(gamma), gamma, self.c, self.v(gamma), self.one_pass)
 
     def best_gamma(self, limit: int | None = None, *, plain: bool = False) -> int:
         """The gamma in 1..gamma_max (and <= limit) with the largest predicted speed-up (the
@@ -265,30 +274,32 @@ class SpeedProfile:
 
     @classmethod
     def from_samples(cls, samples: dict[str, list[float]], per_position_acceptance: Sequence[float],
-                     batch: int | None = None) -> SpeedProfile:
+                     batch: int | None = None, one_pass: bool = False) -> SpeedProfile:
         """From call-by-call times (`Clock` samples): medians, so a burst of load on a few calls
         does not move the choice. Keys as in StepTimes; the "tail/" ones are left out."""
         check(bool(samples.get(TARGET)) and bool(samples.get(DRAFT)),
               "the samples need 1-token target steps and draft steps")
         step = statistics.median(samples[TARGET])
         v = {int(k.split("/")[1]): statistics.median(x) / step for k, x in samples.items() if k.startswith("verify/")}
-        return cls(statistics.median(samples[DRAFT]) / step, v, tuple(per_position_acceptance), batch)
+        return cls(statistics.median(samples[DRAFT]) / step, v, tuple(per_position_acceptance), batch, one_pass)
 
     @classmethod
     def from_times(cls, times: StepTimes, per_position_acceptance: Sequence[float], batch: int | None = None,
-                   target_times: StepTimes | None = None) -> SpeedProfile:
+                   target_times: StepTimes | None = None, one_pass: bool = False) -> SpeedProfile:
         c, v = cost_ratios(times, target_times)
-        return cls(c, v, tuple(per_position_acceptance), batch)
+        return cls(c, v, tuple(per_position_acceptance), batch, one_pass)
 
     def to_dict(self) -> dict[str, Any]:
         return {"c": self.c, "v_by_gamma": {str(g): v for g, v in sorted(self.v_by_gamma.items())},
-                "per_position_acceptance": list(self.per_position_acceptance), "batch": self.batch}
+                "per_position_acceptance": list(self.per_position_acceptance), "batch": self.batch,
+                **({"one_pass": True} if self.one_pass else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeedProfile:
         check(isinstance(data, dict) and {"c", "v_by_gamma", "per_position_acceptance"} <= set(data),
               "a speed profile needs c, v_by_gamma and per_position_acceptance")
-        return cls(data["c"], data["v_by_gamma"], data["per_position_acceptance"], data.get("batch"))
+        return cls(data["c"], data["v_by_gamma"], data["per_position_acceptance"], data.get("batch"),
+                   bool(data.get("one_pass", False)))
 
 
 def choose_gamma(per_position_acceptance: Sequence[float], c: float, v_by_gamma: dict[int, float]) -> tuple[int, float]:

@@ -8,6 +8,9 @@ speculatively with one of these:
 - `HeadDrafter(head)`: a draft head reading the target's hidden states drafts a chain: a
   `ModelWithProphet` (its `model` is the target) or an `hf.HFProphet` (method "prophet", a
   `ProphetDrafter`), or an `hf.Eagle3Head` (method "eagle3", an `Eagle3Drafter`);
+- `BlockDrafter(head, tree=None)`: a head that drafts a block of k tokens in one pass (a
+  `heads.dflash.DFlashHead`; `HeadDrafter(head)` builds one too) proposes a chain of up to k, or
+  a tree of its top candidates per position (method "dflash", "dflash_tree", `decode.block_draft`);
 - `TreeDrafter(head, tree, datastore=None)`: an `hf.Eagle3Head` drafts a tree of candidates shaped
   by `tree` (a `decode.tree.TreeSpec`, whose `lookup` adds a prompt-lookup path), verified in one
   call per row (method "eagle3_tree"); a `decode.datastore.Datastore` of the target's own answers
@@ -26,10 +29,11 @@ keywords are set (`assistant_model`, `prompt_lookup_num_tokens`) and vLLM names 
 given twice.
 """
 
+from .block_draft import BlockDrafter
 from .chain import DraftModel, Eagle3Drafter, HeadDrafter, ProphetDrafter
 from .lookup import Lookup
 from .protocol import Draft, Drafter, Plain, Plan, Verdict
 from .tree import TreeDrafter
 
-__all__ = ["Draft", "DraftModel", "Drafter", "Eagle3Drafter", "HeadDrafter", "Lookup", "Plain", "Plan",
+__all__ = ["BlockDrafter", "Draft", "DraftModel", "Drafter", "Eagle3Drafter", "HeadDrafter", "Lookup", "Plain", "Plan",
            "ProphetDrafter", "TreeDrafter", "Verdict"]

@@ -152,14 +152,16 @@ def check_inputs(target, draft, head, gamma, max_new_tokens, eos_id, speed_profi
         check(draft.vocab_size == target.vocab_size,
               f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})")
         return "draft"
-    if isinstance(head, Eagle3Head):
+    # an EAGLE-3 head, or a head that drafts a block in one pass (decode.block_draft's protocol)
+    if isinstance(head, Eagle3Head) or callable(getattr(head, "draft_block", None)):
+        kind = getattr(head, "kind", "eagle3")
         check(isinstance(target, HFDecoder) and target.model is head.target,
-              "this eagle3 head was built for another target: pass the Hugging Face model it was loaded with "
-              "(head.target) as the target")
+              f"this {kind} head was built for another target: pass the Hugging Face model it was loaded with "
+              f"(head.target) as the target")
         check(head.vocab_size == target.vocab_size,
-              f"the eagle3 head's vocabulary ({head.vocab_size}) differs from the target's "
+              f"the {kind} head's vocabulary ({head.vocab_size}) differs from the target's "
               f"({target.vocab_size}): pass vocab_size={head.vocab_size}")
-        return "eagle3"
+        return kind
     if head is not None:
         check(isinstance(head, ProphetHead),
               f"a draft head must be a ModelWithProphet, an HFProphet or an Eagle3Head, got {type(head).__name__}")

@@ -456,7 +456,8 @@ class _Decoding:
         accepted, drafted = self.counters.accepted_at.tolist(), self.counters.drafted_at.tolist()
         try:
             acceptance = [a / max(d, 1) for a, d in zip(accepted, drafted, strict=True)]
-            return SpeedProfile.from_samples(self.calibration_samples, acceptance, self.rows.batch)
+            return SpeedProfile.from_samples(self.calibration_samples, acceptance, self.rows.batch,
+                                             getattr(self.drafter, "one_pass", False))
         except SpecdecError:                     # no full-batch call of some kind was timed
             return None
 

@@ -3,7 +3,8 @@
 An export is a directory holding
 
     config.json                      {"format": "specdec-export", "format_version": 1,
-                                      "kind": "decoder" | "model_with_prophet" | "hf_prophet" | "hf_eagle3",
+                                      "kind": "decoder" | "model_with_prophet" | "hf_prophet" | "hf_eagle3"
+                                              | "hf_dflash",
                                       "main": ModelConfig dict, "prophet": ProphetConfig dict or null,
                                       "tokenizer": {"kind": "bytes"},
                                       "weights": "weights-<sha256[:16]>.safetensors",
@@ -36,8 +37,10 @@ An `hf_eagle3` export holds an EAGLE-3 head (`heads.Eagle3Head`) the same way: "
 Eagle3Config dict, the weights its state_dict under their canonical names (`heads.eagle3.EAGLE3_WEIGHTS`,
 the speculators names: `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`; the target's embedding
 is not saved), "target" its target's identity. The layouts vLLM (speculators) and SGLang load are
-written and read by `specdec_models.export.eagle3`. An `hf_peagle` export holds a P-EAGLE head
-(`heads.PEagleHead`: the eagle3 weights and its `mask_hidden`, `mask_embed`; `heads.peagle.PEAGLE_WEIGHTS`).
+written and read by `specdec_models.export.eagle3`. An `hf_dflash` export holds a DFlash head
+(`heads.DFlashHead`, its DFlashConfig and its weights under speculators' names, `heads.dflash.dflash_weights`).
+An `hf_peagle` export holds a P-EAGLE head (`heads.PEagleHead`: the eagle3 weights and its
+`mask_hidden`, `mask_embed`; `heads.peagle.PEAGLE_WEIGHTS`).
 The head kinds are the rows of `HEAD_EXPORTS`: another head kind is one more row.
 
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
@@ -75,7 +78,17 @@ from ..files import (
     write_file,
 )
 from ..files import one_line as _one_line
-from ..heads import Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, ModelWithProphet, PEagleConfig, PEagleHead
+from ..heads import (
+    DFlashConfig,
+    DFlashHead,
+    Eagle3Config,
+    Eagle3Head,
+    HFProphet,
+    HFProphetConfig,
+    ModelWithProphet,
+    PEagleConfig,
+    PEagleHead,
+)
 from ..hf import is_hf_model, target_identity, weights_sha256
 from ..model import Decoder
 from .checksums import sha256_file
@@ -85,7 +98,7 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TOKENIZERS = ("bytes",)   # token id = byte value of the UTF-8 text
 HF_TARGET_TOKENIZER = {"kind": "hf_target"}   # an hf_prophet head uses its target's own tokenizer
-Head = HFProphet | Eagle3Head
+Head = HFProphet | Eagle3Head | DFlashHead
 
 
 class HeadExport(NamedTuple):
@@ -105,6 +118,8 @@ HEAD_EXPORTS = {
                             lambda c, target: Eagle3Head(Eagle3Config.from_dict(c), target, init_from_target=False)),
     "hf_peagle": HeadExport(PEagleHead, "a peagle head",
                             lambda c, target: PEagleHead(PEagleConfig.from_dict(c), target, init_from_target=False)),
+    "hf_dflash": HeadExport(DFlashHead, "a dflash head",
+                            lambda c, target: DFlashHead(DFlashConfig.from_dict(c), target, init_from_target=False)),
 }
 HEAD_KINDS = tuple(HEAD_EXPORTS)
 HEAD_TYPES = tuple(entry.head for entry in HEAD_EXPORTS.values())

@@ -32,9 +32,16 @@ from the target's distribution renormalised over the draft vocabulary (`Eagle3He
 to the head's, averaged over every sampled (anchor, depth) pair whose label counts, as
 speculators pools them.
 
-Decoding: `PEagleHead.extend_and_draft` appends the committed positions and the K - 1 mask
-positions to the cache in one call and returns the K depths' outputs; the caller rolls the mask
-positions back.
+Decoding follows the block-head protocol of `decode.block_draft` (`HeadDrafter(head)` is a
+`BlockDrafter`: a chain of up to K drafts, or a tree of the top candidates of each depth):
+`extend(tokens, aux, cache)` appends committed positions from the target's raw taps (b, n, A*H),
+keeping each position's fused feature in the cache (`KVCache.embeds`), and `draft_block(anchor,
+cache)` is the round's one pass: it re-reads the last committed position L - 1 (the pending token
+`anchor` and its kept feature) and the K - 1 mask positions after it, giving the K depths' logits
+(b, K, draft), then rolls the cache back to L. Re-reading position L - 1 costs one position and
+lets every row of a batch draft in the same call whatever it committed. Note that `extend` takes
+raw taps here where `Eagle3Head.extend` takes fused features (`extend_features`): EAGLE-3's own
+drafters (`chain.Eagle3Drafter`, `tree.TreeDrafter`) do not take a P-EAGLE head.
 """
 
 from __future__ import annotations
@@ -179,6 +186,8 @@ class PEagleHead(Eagle3Head):
         self.mask_embed = nn.Parameter(weight[config.mask_token_id].detach().float().clone())
         self.to(device=weight.device, dtype=weight.dtype)
 
+    kind = "peagle"                   # what decoding calls it (`DecodeStats.method`, messages)
+
     @property
     def max_gamma(self) -> int:
         """One pass drafts `parallel_depths` tokens."""
@@ -198,16 +207,47 @@ class PEagleHead(Eagle3Head):
 
     # -- decoding --------------------------------------------------------------------------------
 
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """The head's KV cache, which also keeps each position's fused feature (`draft_block` re-reads
+        the last committed one); room for K - 1 mask positions past `capacity`."""
+        w = self.fc.weight
+        return KVCache(depth=1, batch=batch, heads=self.config.num_kv_heads, dim_head=self.config.head_dim,
+                       capacity=capacity + self.config.parallel_depths, embed_dim=self.config.hidden_size,
+                       dtype=w.dtype, device=w.device)
+
+    def extend(self, tokens: Tensor, aux: Tensor, cache: KVCache) -> Tensor:
+        """The block-head protocol's extension (module docstring): append positions t with the
+        target's taps aux (b, n, A*H) and the token after each, tokens (b, n); their fused features
+        are kept in the cache. Returns the layer's outputs (b, n, H)."""
+        feature = self.fuse(aux)
+        cache.update_embeds(cache.positions(tokens.shape[1]), feature)
+        return self.extend_features(tokens, feature, cache)
+
+    def extend_features(self, tokens: Tensor, feature: Tensor, cache: KVCache) -> Tensor:
+        """`Eagle3Head.extend`: append positions with fused features feature (b, n, H)."""
+        return Eagle3Head.extend(self, tokens, feature, cache)
+
     def extend_and_draft(self, tokens: Tensor, feature: Tensor, cache: KVCache) -> Tensor:
-        """One pass: append positions tokens (b, n) with features feature (b, n, H) to `cache`
-        (`Eagle3Head.extend`; n may be 0 where the cache already holds the context), then K - 1
-        mask positions. Returns the layer's outputs (b, n + K - 1, H): those of the n positions,
-        then depths 1..K-1. The cache advances by n + K - 1; roll the mask positions back before
-        the next extension. Every row's context must end at its n-th position."""
+        """One pass: append positions tokens (b, n) with fused features feature (b, n, H) to `cache`,
+        then K - 1 mask positions. Returns the layer's outputs (b, n + K - 1, H): those of the n
+        positions, then depths 1..K-1. The cache advances by n + K - 1; roll the mask positions
+        back before the next extension. Every row's context must end at its n-th position."""
         b = tokens.shape[0]
         masks, masked = self.mask_inputs(b, self.config.parallel_depths - 1)
-        return self.extend(torch.cat([tokens.to(self.device), masks], 1),
-                           torch.cat([feature.to(masked), masked], 1), cache)
+        return self.extend_features(torch.cat([tokens.to(self.device), masks], 1),
+                                    torch.cat([feature.to(masked), masked], 1), cache)
+
+    def draft_block(self, anchor: Tensor, cache: KVCache) -> Tensor:
+        """The round's one pass (module docstring): logits (b, K, draft) of the tokens after the
+        pending token `anchor` (b,), at position L = cache.lengths; the cache ends at L again."""
+        lengths = cache.lengths.clone()
+        check(bool((lengths >= 1).all()), "a P-EAGLE head drafts after at least one committed position")
+        rows = torch.arange(lengths.numel(), device=lengths.device)
+        feature = cache.embeds[rows, lengths - 1][:, None]                               # (b, 1, H)
+        cache.rollback(lengths - 1)
+        out = self.extend_and_draft(anchor[:, None], feature, cache)                     # (b, K, H)
+        cache.rollback(lengths)
+        return self.logits(out)
 
     # -- training --------------------------------------------------------------------------------
 

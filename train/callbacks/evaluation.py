@@ -274,18 +274,20 @@ class SpeculativeEval(SpecdecCallback):
                 for b in sorted({1, len(prompts)})}
 
     def _speed_profiles(self, spec: dict[str, Any], base: dict[str, Any], costs: dict[int, StepTimes],
-                        batch: int, temperature: float, tag: str) -> tuple[dict[str, float], list[dict[str, Any]]]:
+                        batch: int, temperature: float, tag: str,
+                        one_pass: bool = False) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Predicted speed-ups and the best gamma per batch size from this temperature's
         per-position acceptance (see the module docstring); (metrics, profiles as dicts)."""
         acceptance = spec["per_position_acceptance"]
         run = SpeedProfile.from_times(StepTimes.from_dict(spec["step_times"]), acceptance, batch,
-                                      StepTimes.from_dict(base["step_times"]))
+                                      StepTimes.from_dict(base["step_times"]), one_pass)
         metrics = {f"val/predicted_speedup/{tag}": run.predicted(self.gamma)}
         profiles = []
         for b, times in costs.items():
-            profile = SpeedProfile.from_times(times, acceptance, b)
+            profile = SpeedProfile.from_times(times, acceptance, b, one_pass=one_pass)
             if b == batch:      # the run's own v(gamma) and c at its batch size are the better measurement
-                profile = SpeedProfile(run.c, {**profile.v_by_gamma, self.gamma: run.v(self.gamma)}, acceptance, b)
+                profile = SpeedProfile(run.c, {**profile.v_by_gamma, self.gamma: run.v(self.gamma)}, acceptance, b,
+                                       one_pass)
             best = profile.best_gamma(plain=True)        # 0: no gamma beats plain decoding (batch 8 on a CPU)
             metrics[f"val/best_gamma/b{b}/{tag}"] = best
             metrics[f"val/best_predicted_speedup/b{b}/{tag}"] = profile.predicted(best)
@@ -326,7 +328,8 @@ class SpeculativeEval(SpecdecCallback):
         profiles: list[dict[str, Any]] = []
         if costs:
             try:
-                predicted, profiles = self._speed_profiles(spec, base, costs, len(prompts), temperature, tag)
+                predicted, profiles = self._speed_profiles(spec, base, costs, len(prompts), temperature, tag,
+                                                           getattr(drafter, "one_pass", False))
                 metrics.update(predicted)
             except SpecdecError:      # too few tokens for a draft step or a verify call: nothing to predict
                 profiles = []

@@ -55,7 +55,8 @@ class HFTarget:
         check(isinstance(self.shard, bool), f"target.shard must be true or false, got {self.shard!r}")
 
 
-HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3", "peagle": "hf_peagle"}    # head.kind -> its task
+# head.kind -> the task that trains it
+HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3", "dflash": "hf_dflash", "peagle": "hf_peagle"}
 
 
 def check_head_kind(kind: object, expected: str) -> None:
