@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
                         "rows)")
     p.add_argument("--head", default=",".join(d.heads), metavar="KIND[,KIND...]",
                    help="the head kinds trained on the same cache and minutes, each into OUT/KIND and scored side by "
-                        "side: eagle3 (default), dflash (train/eagle3_recipe.py HEAD_RECIPES)")
+                        "side: eagle3 (default), dflash, peagle (train/eagle3_recipe.py HEAD_RECIPES)")
     p.add_argument("--experiment", default=None,
                    help="the training experiment of the one --head kind, any whose task is that kind's (default "
                         "smollm2_eagle3, the CPU sizes, with --target as target.path; hf_eagle3_gpu with --device "

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the target: a save_pretrained directory or a GGUF file, with a chat template")
     p.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
                    help="a head for the target, any kind and layout specdec loads (eagle3: specdec, speculators or "
-                        "SGLang layout; dflash: specdec or speculators layout); repeatable")
+                        "SGLang layout; dflash: specdec or speculators layout; peagle: specdec layout); repeatable")
     p.add_argument("--tree", metavar="SPEC",
                    help="also draft each head as a tree, SPEC as the decoding CLI's --tree (e.g. 6,3,2): column "
                         "NAME+tree without SPEC's lookup part, and NAME+tree+lookup with it (e.g. 6,3,2,4..16)")

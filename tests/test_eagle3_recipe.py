@@ -118,7 +118,7 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     ({"--seq-len": 500}, "--seq-len 500: a row of seq_len + 1 tokens exceeds the target's 128 positions"),
     ({"--seq-len": 1}, "--seq-len must be at least 32 tokens"),
     ({"--seq-len": 31}, "--seq-len must be at least 32 tokens"),
-    ({"--head": "medusa"}, "--head: unknown head kind 'medusa': choose from eagle3, dflash"),
+    ({"--head": "medusa"}, "--head: unknown head kind 'medusa': choose from eagle3, dflash, peagle"),
     ({"--head": "eagle3,eagle3"}, "--head names a kind twice: eagle3,eagle3"),
     ({"--head": "eagle3,dflash", "--experiment": "smollm2_eagle3"}, "--experiment replaces one head kind's experiment"),
     ({"--head": "dflash", "--experiment": "smollm2_eagle3"}, "--experiment smollm2_eagle3 trains task=hf_eagle3; the "
@@ -258,13 +258,14 @@ def test_every_experiment_of_task_hf_eagle3_composes_onto_the_recipes_cache(tmp_
 
 
 def test_each_head_kind_composes_its_own_experiment_on_the_same_cache_and_minutes(tmp_path):
-    s = recipe_settings(tmp_path, heads=("eagle3", "dflash"), train_minutes=5.5)
-    eagle3, dflash = (recipe.train_config(s, tmp_path, 4, kind) for kind in s.heads)
-    assert (eagle3.task.name, dflash.task.name) == ("hf_eagle3", "hf_dflash")
-    for kind, cfg in (("eagle3", eagle3), ("dflash", dflash)):
+    s = recipe_settings(tmp_path, heads=("eagle3", "dflash", "peagle"), train_minutes=5.5)
+    eagle3, dflash, peagle = (recipe.train_config(s, tmp_path, 4, kind) for kind in s.heads)
+    assert (eagle3.task.name, dflash.task.name, peagle.task.name) == ("hf_eagle3", "hf_dflash", "hf_peagle")
+    for kind, cfg in (("eagle3", eagle3), ("dflash", dflash), ("peagle", peagle)):
         assert cfg.data.cache == str(tmp_path / "cache") and cfg.trainer.max_time == "00:00:05:30"
         assert cfg.output_dir == str(tmp_path / kind) and cfg.head.draft_vocab == str(tmp_path / "draft_vocab.json")
     assert recipe.experiment(recipe_settings(tmp_path, device="cuda"), "dflash") == "hf_dflash"
+    assert recipe.experiment(recipe_settings(tmp_path, device="cuda"), "peagle") == "hf_peagle"
     picked = recipe_settings(tmp_path, heads=("eagle3", "dflash"),
                              train_args=("trainer.max_time=00:00:01:00", "dflash:head.block_size=16",
                                          "eagle3:task.ttt_steps=2"))

@@ -194,7 +194,8 @@ HUMANEVAL = [{"task_id": f"HumanEval/{k}", "prompt": f"def f{k}(x):\n    return 
 def cli_inputs(tmp_path_factory):
     """A tiny random Llama target (4 layers) saved with the word-level ChatML tokenizer, a head for
     it in specdec's hf_eagle3 layout and one in speculators' layout, a DFlash head of block 4 (3
-    drafts a pass) in each of its two layouts, and stand-in benchmark files."""
+    drafts a pass) in each of its two layouts, a P-EAGLE head of K = 3 in specdec's layout, and
+    stand-in benchmark files."""
     import gzip
     import json
 
@@ -202,10 +203,12 @@ def cli_inputs(tmp_path_factory):
 
     from test_hf_decode import llama_config
 
+    from specdec_models.export import save_export
     from specdec_models.export.dflash import save_dflash
     from specdec_models.export.eagle3 import save_eagle3
     from specdec_models.heads.dflash import DFlashConfig, DFlashHead
     from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
+    from specdec_models.heads.peagle import PEagleConfig, PEagleHead
 
     root = tmp_path_factory.mktemp("evaluate_cli")
     tok = tokenizer()
@@ -228,6 +231,9 @@ def cli_inputs(tmp_path_factory):
         head = DFlashHead(DFlashConfig.for_target(target, block_size=4), target).eval()
         heads[f"dflash_{layout}"] = save_dflash(root / f"dflash_{layout}", head, layout,
                                                 **({"target_path": root / "target"} if layout == "specdec" else {}))
+    torch.manual_seed(4)
+    head = PEagleHead(PEagleConfig.for_target(target, parallel_depths=3), target).eval()
+    heads["peagle"] = save_export(root / "peagle", head, target_path=root / "target")
     (root / "question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MT_BENCH))
     with gzip.open(root / "HumanEval.jsonl.gz", "wt") as f:
         f.write("".join(json.dumps(r) + "\n" for r in HUMANEVAL))
@@ -330,8 +336,8 @@ def _missing(distribution):
     ("unknown", "unknown benchmark 'gsm8k'"),
     ("not-a-head", "holds no head of a known kind: eagle3 (specdec, speculators or sglang layout), dflash (specdec "
                    "or speculators layout)"),
-    ("target-as-head", "is neither a specdec export of hf_eagle3, hf_dflash, nor a speculators eagle3 model, nor an "
-                       "SGLang"),
+    ("target-as-head", "is neither a specdec export of hf_eagle3, hf_dflash, hf_peagle, nor a speculators eagle3 "
+                       "model, nor an SGLang"),
     ("not-a-head-export", "holds a specdec decoder export, not a head of a known kind (specdec kinds hf_eagle3, "
                           "hf_dflash"),
     ("out-is-input", "--out {target} is the input"),
@@ -515,41 +521,45 @@ def test_every_head_kind_loads_by_what_its_export_holds(cli_inputs):
     from specdec_models.export import detect_head, load_any_head
     from specdec_models.heads.dflash import DFlashHead
     from specdec_models.heads.eagle3 import Eagle3Head
+    from specdec_models.heads.peagle import PEagleHead
 
     root, heads = cli_inputs
     target = transformers.AutoModelForCausalLM.from_pretrained(root / "target")
     expected = {"specdec": ("eagle3", "specdec", Eagle3Head), "speculators": ("eagle3", "speculators", Eagle3Head),
                 "dflash_specdec": ("dflash", "specdec", DFlashHead),
-                "dflash_speculators": ("dflash", "speculators", DFlashHead)}
+                "dflash_speculators": ("dflash", "speculators", DFlashHead),
+                "peagle": ("peagle", "specdec", PEagleHead)}
     for key, (kind, layout, head_type) in expected.items():
         found = detect_head(heads[key])
         assert (found.kind.name, found.layout) == (kind, layout)
         assert isinstance(load_any_head(heads[key], target), head_type)
 
 
-def test_the_command_scores_eagle3_and_dflash_heads_side_by_side_each_capped_at_its_block(cli_inputs, command,
-                                                                                         tmp_path):
+def test_the_command_scores_every_head_kind_side_by_side_each_capped_at_its_block(cli_inputs, command, tmp_path):
     import json
 
     root, heads = cli_inputs
     out = tmp_path / "eval"
     status, _, err = command("--target", root / "target", "--head", f"e={heads['specdec']}",
                              "--head", f"d={heads['dflash_specdec']}", "--head", f"ds={heads['dflash_speculators']}",
-                             "--gamma", 5, "--tree", "5,2,1,2..4", "--benchmarks", "humaneval", "--subset", 1,
+                             "--head", f"p={heads['peagle']}", "--gamma", 5, "--tree", "5,2,1,2..4",
+                             "--benchmarks", "humaneval", "--subset", 1,
                              "--max-new-tokens", 8, "--dtype", "fp32", "--threads", 1, "--out", out)
     assert status == 0, err
     report = json.loads((out / "evaluation.json").read_text())
     # a block head has no NAME+tree+lookup column: its tree takes no lookup path, said once on stderr
-    assert report["methods"] == ["plain", "e", "e+tree", "e+tree+lookup", "d", "d+tree", "ds", "ds+tree"]
+    assert report["methods"] == ["plain", "e", "e+tree", "e+tree+lookup", "d", "d+tree", "ds", "ds+tree", "p",
+                                 "p+tree"]
     assert "d+tree+lookup: skipped, a dflash head drafts its tree from one pass" in err
-    assert "ds+tree+lookup: skipped" in err
+    assert "ds+tree+lookup: skipped" in err and "p+tree+lookup: skipped, a peagle head" in err
     s = report["settings"]
     assert {n: (h["kind"], h["layout"], h["gamma"], h["tree_depth"]) for n, h in s["heads"].items()} == {
-        "e": ("eagle3", "specdec", 5, 5), "d": ("dflash", "specdec", 3, 3), "ds": ("dflash", "speculators", 3, 3)}
-    assert set(s["skipped"]) == {"d+tree+lookup", "ds+tree+lookup"}
+        "e": ("eagle3", "specdec", 5, 5), "d": ("dflash", "specdec", 3, 3), "ds": ("dflash", "speculators", 3, 3),
+        "p": ("peagle", "specdec", 3, 3)}
+    assert set(s["skipped"]) == {"d+tree+lookup", "ds+tree+lookup", "p+tree+lookup"}
     for temperature in ("0", "1"):
         overall = report["results"]["humaneval"][temperature]["acceptance"]["overall"]
-        for m in ("d", "d+tree", "ds", "ds+tree"):        # one pass drafts 3: no deeper position is ever drafted
+        for m in ("d", "d+tree", "ds", "ds+tree", "p", "p+tree"):    # one pass drafts 3: never a deeper position
             assert overall[m]["tau"] >= 1.0 and len(overall[m]["per_position_acceptance"]) <= 3
     greedy = report["results"]["humaneval"]["0"]["speed"]["overall"]
     assert {greedy[m]["tokens"] for m in report["methods"]} == {greedy["plain"]["tokens"]}     # lossless in fp32

@@ -105,6 +105,7 @@ HEAD_RECIPES = {
     "eagle3": HeadRecipe("hf_eagle3", "smollm2_eagle3", "hf_eagle3_gpu", "specdec",
                          "train.tasks.hf_eagle3:Eagle3Sizes"),
     "dflash": HeadRecipe("hf_dflash", "smollm2_dflash", "hf_dflash", "dflash", "train.tasks.hf_dflash:DFlashSizes"),
+    "peagle": HeadRecipe("hf_peagle", "smollm2_peagle", "hf_peagle", "peagle", "train.tasks.hf_peagle:PEagleSizes"),
 }
 
 

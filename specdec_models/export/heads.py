@@ -1,7 +1,7 @@
 """Any head kind's export, told apart by what it holds: one table of the head kinds a Hugging Face
 target decodes with, and the one loader the evaluation and the recipe call.
 
-`HEADS` maps a head kind's name ("eagle3", "dflash") to its `layouts.HeadKind` (its class, its kind
+`HEADS` maps a head kind's name ("eagle3", "dflash", "peagle") to its `layouts.HeadKind` (its class, its kind
 in specdec's own format, its foreign layouts and its builder); a new head kind is one more row.
 `detect_head(DIR)` reads only config.json and returns the kind and the layout it holds: specdec's own
 export by its `kind` field ("hf_eagle3" -> eagle3), a foreign layout by the first kind whose layout
@@ -18,13 +18,22 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import SpecdecError, check
+from ..heads.peagle import PEagleHead
 from .dflash import DFLASH
 from .eagle3 import EAGLE3
 from .layouts import SPECDEC, HeadKind, describe, load_head
 from .specdec import CONFIG_NAME, FORMAT, read_json_object
 
+
+def _specdec_only(config: Any, target: Any, tensors: Any, copies: Any, directory: Path) -> Any:
+    raise SpecdecError(f"{directory}: a peagle head is read from specdec's layout only (kind hf_peagle)")
+
+
+# P-EAGLE: specdec's layout only (export kind hf_peagle); speculators' peagle layout is not written or read here
+PEAGLE = HeadKind("peagle", PEagleHead, "hf_peagle", (), _specdec_only)
+
 # the head kinds an evaluation or a recipe loads, by name: a new head kind is one row
-HEADS: dict[str, HeadKind] = {kind.name: kind for kind in (EAGLE3, DFLASH)}
+HEADS: dict[str, HeadKind] = {kind.name: kind for kind in (EAGLE3, DFLASH, PEAGLE)}
 
 
 class FoundHead(NamedTuple):
@@ -37,7 +46,7 @@ class FoundHead(NamedTuple):
 
 def known_heads() -> str:
     """The kinds and their layouts in words, for errors: "eagle3 (specdec, speculators or sglang
-    layout), dflash (specdec or speculators layout)"."""
+    layout), dflash (specdec or speculators layout), peagle (specdec layout)"."""
     def layouts(kind: HeadKind) -> str:
         names = kind.layout_names
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
@@ -75,4 +84,4 @@ def load_any_head(directory: str | os.PathLike, target: Any) -> Any:
     return load_head(directory, target, detect_head(directory).kind)
 
 
-__all__ = ["HEADS", "FoundHead", "detect_head", "known_heads", "load_any_head"]
+__all__ = ["HEADS", "PEAGLE", "FoundHead", "detect_head", "known_heads", "load_any_head"]
