@@ -140,7 +140,7 @@ def test_head_init_layer_starts_the_heads_layer_from_the_targets(hf, tmp_path):
     ("feature_noise", "task.feature_noise must be a number >= 0"),
     ("other_kind", r"head.kind=prophet is trained by task=hf_prophet"),
     ("init_layer", "head.init_layer must be true or false"),
-    ("unknown_kind", r"head.kind must be one of prophet, eagle3, got 'medusa'"),
+    ("unknown_kind", r"head.kind must be one of prophet, eagle3, dflash, peagle, got 'medusa'"),
 ])
 def test_bad_input_is_one_line_before_any_work(hf, tmp_path, case, message):
     from train.run import validate

@@ -30,9 +30,9 @@ def test_every_experiment_the_readme_and_makefile_name_is_one_that_composes(comp
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(compose, experiment, tiny_decoder_export):
     task = compose([f"experiment={experiment}"]).task.name
-    if task in ("hf_draft_distill", "hf_prophet", "hf_eagle3", "hf_dflash"):
+    if task in ("hf_draft_distill", "hf_prophet", "hf_eagle3", "hf_dflash", "hf_peagle"):
         pytest.skip("validated with tiny Hugging Face models in test_hf_distill.py, test_hf_prophet_task.py, "
-                    "test_hf_eagle3_task.py and test_hf_dflash_task.py")
+                    "test_hf_eagle3_task.py, test_hf_dflash_task.py and test_hf_peagle_task.py")
     # experiments that start from a trained model are given one (an export of a tiny decoder)
     extra = {"draft_distill": [f"teacher.export={tiny_decoder_export}", "student=tiny"],
              "prophet_frozen": [f"main.export={tiny_decoder_export}"]}.get(task, [])
@@ -53,6 +53,7 @@ OPTION_NEEDS = {
     ("task", "hf_prophet"): None,                            # ... and in test_hf_prophet_task.py
     ("task", "hf_eagle3"): None,                             # ... and in test_hf_eagle3_task.py
     ("task", "hf_dflash"): None,                             # ... and in test_hf_dflash_task.py
+    ("task", "hf_peagle"): None,                             # ... and in test_hf_peagle_task.py
     ("data", "hf_embeddings"): None,                         # test_hf_prophet_task.py
     ("data", "enwik8_embeddings"): ["task=prophet_frozen", "main.export=EXPORT", "data.cache=CACHE"],
     ("data", "hf_text"): None,                               # test_hf_distill.py

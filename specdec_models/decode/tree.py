@@ -546,6 +546,10 @@ class TreeDrafter(Eagle3Drafter):
         check(isinstance(tree, TreeSpec), f"tree must be a decode.tree.TreeSpec, got {type(tree).__name__}")
         check(isinstance(head, Eagle3Head), f"tree drafting needs an EAGLE-3 head (an hf.Eagle3Head), "
                                             f"got {type(head).__name__}")
+        # a head that drafts a block in one pass (a P-EAGLE head is an Eagle3Head too) drafts its own tree
+        check(not callable(getattr(head, "draft_block", None)),
+              f"a {getattr(head, 'kind', 'block')} head drafts its tree in one pass: use "
+              f"decode.BlockDrafter(head, tree), not TreeDrafter")
         self.head, self.tree, self.datastore = head, tree, datastore
 
     def check(self, gamma, sampling, timing, speed_profile) -> None:

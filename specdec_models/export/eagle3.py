@@ -62,6 +62,7 @@ from torch import Tensor
 
 from ..errors import SpecdecError, check, check_positive_int
 from ..heads.eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, default_aux_layers
+from ..heads.peagle import PEagleHead
 from ..hf.adapter import logits_width, text_config
 from .layouts import SPECDEC, HeadKind, Layout, NameMap, Rename, TapNumbering, detect, load_head, save_head
 
@@ -277,6 +278,10 @@ def save_eagle3(directory: str | os.PathLike, head: Eagle3Head, layout: str = SP
     record where the target comes from (default: its `name_or_path`); `speculative_tokens`
     (speculators) the chain it drafts (default `SPECULATIVE_TOKENS`); `metadata` only in specdec's
     layout. Refuses (one line) a directory holding another model unless `force`."""
+    # a P-EAGLE head is an Eagle3Head too, but its mask embedding and mask feature have no place here
+    check(layout == SPECDEC or not isinstance(head, PEagleHead),
+          f"the {layout} layout holds an EAGLE-3 head, not a P-EAGLE head (its mask_hidden and mask_embed have no "
+          f"place there): write it in specdec's layout (kind hf_peagle)")
     given = {"verifier": verifier, "speculative_tokens": speculative_tokens}
     options = {k: v for k, v in given.items() if v is not None}
     return save_head(directory, head, EAGLE3, layout, target_path=target_path, metadata=metadata, force=force,

@@ -39,6 +39,8 @@ the speculators names: `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`; the 
 is not saved), "target" its target's identity. The layouts vLLM (speculators) and SGLang load are
 written and read by `specdec_models.export.eagle3`. An `hf_dflash` export holds a DFlash head
 (`heads.DFlashHead`, its DFlashConfig and its weights under speculators' names, `heads.dflash.dflash_weights`).
+An `hf_peagle` export holds a P-EAGLE head (`heads.PEagleHead`: the eagle3 weights and its
+`mask_hidden`, `mask_embed`; `heads.peagle.PEAGLE_WEIGHTS`).
 The head kinds are the rows of `HEAD_EXPORTS`: another head kind is one more row.
 
 Writing is crash-safe (`specdec_models.files`): the weights go to a new file named after their hash
@@ -76,7 +78,17 @@ from ..files import (
     write_file,
 )
 from ..files import one_line as _one_line
-from ..heads import DFlashConfig, DFlashHead, Eagle3Config, Eagle3Head, HFProphet, HFProphetConfig, ModelWithProphet
+from ..heads import (
+    DFlashConfig,
+    DFlashHead,
+    Eagle3Config,
+    Eagle3Head,
+    HFProphet,
+    HFProphetConfig,
+    ModelWithProphet,
+    PEagleConfig,
+    PEagleHead,
+)
 from ..hf import is_hf_model, target_identity, weights_sha256
 from ..model import Decoder
 from .checksums import sha256_file
@@ -104,6 +116,8 @@ HEAD_EXPORTS = {
                              lambda c, target: HFProphet(HFProphetConfig.from_dict(c), target)),
     "hf_eagle3": HeadExport(Eagle3Head, "an eagle3 head",
                             lambda c, target: Eagle3Head(Eagle3Config.from_dict(c), target, init_from_target=False)),
+    "hf_peagle": HeadExport(PEagleHead, "a peagle head",
+                            lambda c, target: PEagleHead(PEagleConfig.from_dict(c), target, init_from_target=False)),
     "hf_dflash": HeadExport(DFlashHead, "a dflash head",
                             lambda c, target: DFlashHead(DFlashConfig.from_dict(c), target, init_from_target=False)),
 }
@@ -182,7 +196,9 @@ def _header(model: Decoder | ModelWithProphet | Head, tokenizer: str | dict[str,
     """What identifies an export's model: format, kind, configs, tokenizer and, for a head, its
     target (config.json without the weights and metadata)."""
     if isinstance(model, HEAD_TYPES):
-        kind = next(k for k, entry in HEAD_EXPORTS.items() if isinstance(model, entry.head))
+        # the most specific kind: a PEagleHead is an Eagle3Head too
+        kind = next((k for k, entry in HEAD_EXPORTS.items() if type(model) is entry.head), None) \
+            or next(k for k, entry in HEAD_EXPORTS.items() if isinstance(model, entry.head))
         check(tokenizer is None, f"an {kind} export uses its target's tokenizer: pass no tokenizer")
         fields = {"kind": kind, "main": None, "prophet": model.config.to_dict(),
                   "tokenizer": dict(HF_TARGET_TOKENIZER), "target": target_identity(model.target, target_path)}

@@ -11,6 +11,8 @@ evaluation callback and `decode.cost.measure_costs` take any of them.
 - `dflash`: `DFlashHead`, a DFlash head (a block of tokens drafted in one pass by bidirectional
   layers on taps of a Hugging Face target's layers), its training loss (`block_loss`: random
   anchors, position-decayed KL) and its weight table (`dflash_weights`);
+- `peagle`: `PEagleHead`, P-EAGLE: an EAGLE-3 head drafting K depths in one pass from mask
+  positions, its depth-sampled training (`depth_chains`) and weight table (`PEAGLE_WEIGHTS`);
 - `weights`: `WeightTable`, a head kind's weights named once (canonical name, shape, meaning),
   what every export layout renames.
 
@@ -22,12 +24,12 @@ from .base import DraftHead
 from .dflash import DFlashConfig, DFlashHead
 from .eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, choose_draft_vocab
 from .hf_prophet import HFProphet, HFProphetConfig
+from .peagle import PEAGLE_WEIGHTS, PEagleConfig, PEagleHead
 from .prophet import ModelWithProphet, ProphetHead, ProphetLoss, drafted_hits, simulated_tokens_per_call
 from .weights import Weight, WeightTable
 
 __all__ = [
-    "EAGLE3_WEIGHTS", "DFlashConfig", "DFlashHead",
-    "DraftHead", "Eagle3Config", "Eagle3Head", "HFProphet", "HFProphetConfig", "ModelWithProphet",
-    "ProphetHead", "ProphetLoss", "Weight", "WeightTable", "choose_draft_vocab", "drafted_hits",
-    "simulated_tokens_per_call",
+    "EAGLE3_WEIGHTS", "PEAGLE_WEIGHTS", "DFlashConfig", "DFlashHead", "DraftHead", "Eagle3Config", "Eagle3Head",
+    "HFProphet", "HFProphetConfig", "ModelWithProphet", "PEagleConfig", "PEagleHead", "ProphetHead", "ProphetLoss",
+    "Weight", "WeightTable", "choose_draft_vocab", "drafted_hits", "simulated_tokens_per_call",
 ]

@@ -554,26 +554,15 @@ class Eagle3Head(DraftHead):
         b, n = aux.shape[:2]
         T = n - 1                                    # head positions 0..T-1 (x_{t+1} and a label at t+1)
         check(T >= steps, f"rows of {n} positions are too short for {steps} training-time-test steps")
-        dtype = self.fc.weight.dtype
-        feature = self.fuse(aux[:, :T])                                              # (b, T, H)
-        padded = torch.cat([tokens, tokens.new_zeros(b, steps)], 1)
-        layer = self.layers[0]
-        attention = layer.self_attn
-        cos, sin = self.rotary(T + steps, dtype)
-        x = layer.attention_input(self.embed(padded[:, 1:1 + T]), feature)          # (b, T, 2H)
-        k0, v0 = attention.keys_values(x, cos[:T], sin[:T])
-        if queries is None:
-            feature = layer.finish(feature, ttt_attention(attention.queries(x, cos[:T], sin[:T]), k0, v0, [], []))
-        else:
-            at = torch.arange(T, device=x.device).expand(b, T)[queries]                          # (N,)
-            q = attention.queries(x[queries][None], cos[at], sin[at])                             # (1, heads, N, d)
-            attended = _pack(ttt_attention(_unpack(q, queries), k0, v0, [], []), queries)
-            feature = _unpack_rows(layer.finish(feature[queries][None], attended), queries)     # (b, T, H)
+        feature, k0, v0 = self.teacher_forced(tokens, aux, queries)
         out = [feature]
         if steps == 1:
             return out
+        padded = torch.cat([tokens, tokens.new_zeros(b, steps)], 1)
+        layer = self.layers[0]
+        cos, sin = self.rotary(T + steps, self.fc.weight.dtype)
         if chains is None:
-            chains = torch.arange(T, device=x.device).expand(b, T)
+            chains = torch.arange(T, device=feature.device).expand(b, T)
         if real is None:
             real = torch.ones_like(chains, dtype=torch.bool)
         at = chains[real]                                                                         # (N,)
@@ -589,6 +578,26 @@ class Eagle3Head(DraftHead):
             feature = layer.finish(feature, _pack(attended, real))
             out.append(_unpack_rows(feature, real))
         return out
+
+    def teacher_forced(self, tokens: Tensor, aux: Tensor, queries: Tensor | None = None
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+        """Step 0 of `ttt_features` (every head position t = 0..T-1, T = n - 1, reading x_{t+1} and
+        the target's feature of t): (the layer's outputs (b, T, H), zeros where `queries` (b, T)
+        is False; its keys and values (b, kv_heads, T, d), which every later query attends to)."""
+        b, n = aux.shape[:2]
+        T = n - 1
+        feature = self.fuse(aux[:, :T])                                              # (b, T, H)
+        layer = self.layers[0]
+        attention = layer.self_attn
+        cos, sin = self.rotary(T, self.fc.weight.dtype)
+        x = layer.attention_input(self.embed(tokens[:, 1:1 + T]), feature)          # (b, T, 2H)
+        k0, v0 = attention.keys_values(x, cos, sin)
+        if queries is None:
+            return layer.finish(feature, ttt_attention(attention.queries(x, cos, sin), k0, v0, [], [])), k0, v0
+        at = torch.arange(T, device=x.device).expand(b, T)[queries]                              # (N,)
+        q = attention.queries(x[queries][None], cos[at], sin[at])                                 # (1, heads, N, d)
+        attended = _pack(ttt_attention(_unpack(q, queries), k0, v0, [], []), queries)
+        return _unpack_rows(layer.finish(feature[queries][None], attended), queries), k0, v0
 
     def ttt_logits(self, tokens: Tensor, aux: Tensor, steps: int) -> list[Tensor]:
         """The draft logits of each training-time-test step on rows tokens (b, n + 1) with the
@@ -624,15 +633,7 @@ class Eagle3Head(DraftHead):
             if label_mask is None:
                 label_mask = torch.ones(b, n, dtype=torch.bool, device=aux.device)
             mask = label_mask[:, 1:].to(aux.device)                                  # label position t + 1
-            picked = (target_logits[mask.to(target_logits.device)] if target_logits is not None
-                      else self.target_draft_logits(last[:, 1:][mask.to(last.device)]))       # (M, draft)
-            p = torch.softmax(picked.float().to(aux.device), -1)
-            p_logp = (p * torch.log(p.clamp_min(1e-30))).sum(-1)                     # (M,) -entropy, once
-            label = picked.argmax(-1).to(aux.device)                                  # (M,) draft ids
-            if greedy_in_vocab is not None:                # a greedy token outside the vocabulary: no hit
-                label = label.masked_fill(~greedy_in_vocab.to(aux.device)[mask], -1)
-            row = torch.full((b, T), -1, dtype=torch.long, device=aux.device)        # (b, t) -> row of p
-            row[mask] = torch.arange(int(mask.sum()), device=aux.device)
+            p, p_logp, label, row = self.label_targets(last, mask, target_logits, greedy_in_vocab)
             aim = last[:, 1:][mask.to(last.device)].to(aux.device).float() if feature_weight else None  # (M, H)
         losses, kls, hits, correct, counts = [], [], [], [], []
         # steps 1.. run only the chains with a counted label ahead (not the prompt's, not past EOS)
@@ -669,6 +670,27 @@ class Eagle3Head(DraftHead):
             mass = self._draft_mass(last[:, 1:], mask) if greedy_in_vocab is not None else None
         return TTTLoss(torch.stack(losses).sum(), torch.stack(kls), torch.stack(hits), torch.stack(correct),
                        torch.stack(counts), mass)
+
+    @torch.no_grad()
+    def label_targets(self, last: Tensor, mask: Tensor, target_logits: Tensor | None = None,
+                      greedy_in_vocab: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The target's side of the loss at the labels mask (b, T) marks (mask[b, t]: the target's
+        distribution at position t + 1, from last (b, T + 1, H), the normed last layer; or from
+        `target_logits` (b, T, draft) where given): (p (M, draft), the target's distribution
+        renormalised over the draft vocabulary (module docstring); sum p log p (M,); the greedy
+        label (M,) in draft ids, -1 where `greedy_in_vocab` (b, T) says the target's greedy token
+        lies outside the draft vocabulary; row (b, T): each marked label's row of p, -1 elsewhere)."""
+        b, T = mask.shape
+        picked = (target_logits[mask.to(target_logits.device)] if target_logits is not None
+                  else self.target_draft_logits(last[:, 1:][mask.to(last.device)]))          # (M, draft)
+        p = torch.softmax(picked.float().to(mask.device), -1)
+        p_logp = (p * torch.log(p.clamp_min(1e-30))).sum(-1)                         # (M,) -entropy, once
+        label = picked.argmax(-1).to(mask.device)                                     # (M,) draft ids
+        if greedy_in_vocab is not None:                    # a greedy token outside the vocabulary: no hit
+            label = label.masked_fill(~greedy_in_vocab.to(mask.device)[mask], -1)
+        row = torch.full((b, T), -1, dtype=torch.long, device=mask.device)          # (b, t) -> row of p
+        row[mask] = torch.arange(int(mask.sum()), device=mask.device)
+        return p, p_logp, label, row
 
     @torch.no_grad()
     def target_draft_logits(self, last: Tensor) -> Tensor:

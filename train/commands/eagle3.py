@@ -91,12 +91,17 @@ def add_later_steps(p: argparse.ArgumentParser, d) -> None:
     (`d`: the default Settings)."""
     from specdec_models.decode.tree import add_tree_argument
 
+    p.add_argument("--head", default=",".join(d.heads), metavar="KIND[,KIND...]",
+                   help="the head kinds trained on the same cache and minutes, each into OUT/KIND and scored side by "
+                        "side: eagle3 (default), dflash, peagle (train/eagle3_recipe.py HEAD_RECIPES)")
     p.add_argument("--experiment", default=None,
-                   help="the training experiment, any whose task is hf_eagle3 (default smollm2_eagle3, the CPU sizes, "
-                        "with --target as target.path; hf_eagle3_gpu with --device cuda)")
+                   help="the training experiment of the one --head kind, any whose task is that kind's (default "
+                        "smollm2_eagle3, the CPU sizes, with --target as target.path; hf_eagle3_gpu with --device "
+                        "cuda; smollm2_dflash / hf_dflash for dflash)")
     p.add_argument("--train-args", nargs="+", default=[], metavar="OVERRIDE",
                    help="more Hydra overrides of training, applied last (e.g. head.draft_vocab_size=N over specdec "
-                        "plan's draft vocabulary)")
+                        "plan's draft vocabulary), to every --head kind, or KIND:OVERRIDE to one "
+                        "(dflash:head.block_size=16)")
     p.add_argument("--peers", action="store_true",
                    help="also train speculators' and SpecForge's heads on the same cache and minutes "
                         "(make setup-interop)")
@@ -179,7 +184,8 @@ def settings(a: argparse.Namespace):
                     answers_in_flight=a.answers_in_flight, chat_template_kwargs=kwargs,
                     cache_batch=a.cache_batch, train_minutes=a.train_minutes,
                     draft_vocab_size=None if plan is None else plan["draft_vocab_size"] or 0, experiment=a.experiment,
-                    train_args=tuple(a.train_args), peers=a.peers, peer_python=a.peer_python,
+                    heads=tuple(k.strip() for k in a.head.split(",") if k.strip()), train_args=tuple(a.train_args),
+                    peers=a.peers, peer_python=a.peer_python,
                     benchmarks=tuple(b for b in a.benchmarks.split(",") if b),
                     subset=None if a.subset == "all" else a.subset, speed_subset=a.speed_subset,
                     eval_max_new_tokens=a.eval_max_new_tokens, tree=a.tree or None,

@@ -6,15 +6,18 @@ parts (`train.bench.evaluate`; the command is `train.bench.eval_job`, which the 
 step calls too): tau and per-position acceptance from every prompt (or `--subset`'s), decoded by
 each drafter only, chains `--tau-batch` turns per call; speed-up and tokens/s from the first
 `--speed-subset` prompts (8 per benchmark by default), decoded plainly and with each drafter, batch
-1, interleaved prompt by prompt. Drafters: each `--head NAME=PATH` (an EAGLE-3 head in specdec's
-hf_eagle3, speculators' or SGLang's layout, so heads trained by speculators or SpecForge too) as a
-chain of `--gamma` tokens, with `--tree SPEC` also as the head's own tree (column NAME+tree) and,
-when SPEC has a lookup part, as that tree with a looked-up path (NAME+tree+lookup); with `--lookup`
-prompt lookup is its own baseline column. OUT (`--out`) gets evaluation.json, evaluation.md and
-evaluation.png (`train.bench.eval_report`) per benchmark, temperature and category. Progress lines
-go to stderr, and so does the device `--device auto` (the default) chose. In fp32 every greedy
-output of the speed part must equal plain decoding's (an error otherwise); in bf16 the turns that
-differ are counted instead.
+1, interleaved prompt by prompt. Drafters: each `--head NAME=PATH` (a head of any kind
+`specdec_models.export.heads` loads, told by its export: EAGLE-3 in specdec's hf_eagle3,
+speculators' or SGLang's layout, so heads trained by speculators or SpecForge too; DFlash in
+specdec's or speculators' layout) as a chain of `--gamma` tokens (a block head's capped at its
+block), with `--tree SPEC` also as the head's own tree (column NAME+tree; a block head's: top-k per
+position, the depth capped at its block) and, when SPEC has a lookup part, as that tree with a
+looked-up path (NAME+tree+lookup; skipped, said on stderr, for a block head, whose tree takes none);
+with `--lookup` prompt lookup is its own baseline column. The report names each head's kind. OUT
+(`--out`) gets evaluation.json, evaluation.md and evaluation.png (`train.bench.eval_report`) per
+benchmark, temperature and category. Progress lines go to stderr, and so does the device `--device
+auto` (the default) chose. In fp32 every greedy output of the speed part must equal plain decoding's
+(an error otherwise); in bf16 the turns that differ are counted instead.
 Bad input: one line, exit status 2, before any model loads; nothing written.
 
     specdec evaluate --target SmolLM2-135M-Instruct.Q4_1.gguf --head recipe=outputs/eagle3/eagle3/export \\
@@ -41,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, metavar="DIR|FILE.gguf",
                    help="the target: a save_pretrained directory or a GGUF file, with a chat template")
     p.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
-                   help="an EAGLE-3 head for the target (specdec hf_eagle3, speculators or SGLang layout); repeatable")
+                   help="a head for the target, any kind and layout specdec loads (eagle3: specdec, speculators or "
+                        "SGLang layout; dflash: specdec or speculators layout; peagle: specdec layout); repeatable")
     add_tree_argument(p, "also draft each head as a tree: column NAME+tree without the tree's lookup part, and "
                          "NAME+tree+lookup with it (e.g. 6,3,1,4..16,0.3)")
     p.add_argument("--gamma", type=int, default=5, help="tokens a head's chain drafts per round (default 5)")

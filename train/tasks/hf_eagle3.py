@@ -197,6 +197,23 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     """Check the target, the head, the draft vocabulary and the data before any work; loads the
     target once (`hf_target.check_target`) to identify its weights."""
     sizes = from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
+
+    def config(model: Any, draft_size: int, vocab: int) -> Eagle3Config:
+        return Eagle3Config.for_target(model, draft_vocab_size=draft_size, aux_layers=sizes.aux_layers,
+                                       vocab_size=vocab)
+
+    kwargs = validate_head(cfg, sizes, config, options.ttt_steps + 1, f"task.ttt_steps ({options.ttt_steps})")
+    return dict(kwargs, ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay),
+                tv_weight=float(options.tv_weight), feature_weight=float(options.feature_weight),
+                ttt_ramp=float(options.ttt_ramp), feature_noise=float(options.feature_noise))
+
+
+def validate_head(cfg: DictConfig, sizes: Any, make_config: Any, positions: int, needs: str) -> dict[str, Any]:
+    """What every EAGLE-3-family task checks before any work (the target, the draft vocabulary,
+    a start export, the cache's layers), and the settings it gives its module but the task's own
+    options. `sizes`: the `head:` node (aux_layers, draft_vocab_size, draft_vocab, train_lm_head,
+    init_layer, init_from); `make_config(model, draft_size, vocab)` the head's config; rows need
+    `positions` positions for what `needs` names."""
     layers = []                     # the one target layer a head trained from a cache reads: its start
     if sizes.init_layer and sizes.init_from is None:
         depth = int(text_config(load_config(required(cfg, "target.path", HOW_TO_GIVE), "target.path"))
@@ -207,7 +224,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     vocab = min(len(tokenizer), logits_width(model))
     draft_size = vocab if sizes.draft_vocab_size is None else sizes.draft_vocab_size
     check(draft_size <= vocab, f"head.draft_vocab_size ({draft_size}) exceeds the target's vocabulary ({vocab})")
-    head = Eagle3Config.for_target(model, draft_vocab_size=draft_size, aux_layers=sizes.aux_layers, vocab_size=vocab)
+    head = make_config(model, draft_size, vocab)
     draft_ids = None
     start = None
     if sizes.init_from is not None:
@@ -225,8 +242,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
     seq_len = cfg.data.seq_len
     limit = HFDecoder(model).cfg.max_seq_len
     check(seq_len <= limit, f"data.seq_len ({seq_len}) exceeds the target's {limit} positions")
-    check(seq_len - 1 >= options.ttt_steps, f"data.seq_len ({seq_len}) is too short for task.ttt_steps "
-                                            f"({options.ttt_steps})")
+    check(seq_len >= positions, f"data.seq_len ({seq_len}) is too short for {needs}")
     cache_layers = None
     if cached:
         needed = sorted(set(head.aux_layers) | {head.target_layers})
@@ -247,10 +263,7 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
                 draft_ids=draft_ids, train_lm_head=sizes.train_lm_head,
                 init_layer=sizes.init_layer and start is None,        # an export's weights replace any start
                 init_from=None if start is None else str(Path(sizes.init_from).resolve()),
-                ttt_steps=options.ttt_steps, ttt_decay=float(options.ttt_decay), tv_weight=float(options.tv_weight),
-                feature_weight=float(options.feature_weight), ttt_ramp=float(options.ttt_ramp),
-                feature_noise=float(options.feature_noise), cache_layers=cache_layers,
-                target_shard=target.shard, metadata=metadata)
+                cache_layers=cache_layers, target_shard=target.shard, metadata=metadata)
 
 
 # ------------------------------------------------------------------------------ the module
@@ -305,21 +318,22 @@ class HFEagle3Settings:
 
 class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
+    settings_type: type = HFEagle3Settings
 
     def __init__(self, optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
                  compile: bool = False, **settings: Any) -> None:
         """`settings`: the fields of `HFEagle3Settings` (plain values: a checkpoint rebuilds the
         module without Hydra); the target is loaded here, the head built on it."""
         super().__init__(optim, seed, metadata, compile)
-        s = read_settings(HFEagle3Settings, type(self), settings)
+        s = read_settings(self.settings_type, type(self), settings)
         self.save_settings(s, optim, seed, metadata, compile)
-        head, draft_ids, init_layer, init_from = s.head, s.draft_ids, s.init_layer, s.init_from
+        draft_ids, init_from = s.draft_ids, s.init_from
         cache_layers, target_shard, train_lm_head = s.cache_layers, s.target_shard, s.train_lm_head
         self._target = self._frozen_target(target_shard)
         self._parts = FrozenModel(self._load_parts) if cache_layers else self._target     # online: the whole one
         ids = None if draft_ids is None else torch.tensor(draft_ids, dtype=torch.long)
         target = self._parts.get(torch.device("cpu"))
-        self.head = Eagle3Head(Eagle3Config.from_dict(head), target, ids, init_layer_from_target=init_layer).float()
+        self.head = self.build_head(s, target, ids).float()
         if init_from is not None:                   # validate checked its target and shapes
             try:                                    # copied in full precision, names and shapes checked
                 self.head.load_state_dict(read_export_tensors(init_from))
@@ -330,11 +344,15 @@ class HFEagle3Module(HFTargetHead, TaskModule):
             self.head.layers.compile()
         self._tracked: dict[str, torch.Tensor] = {}
 
+    def build_head(self, s: Any, target: Any, ids: torch.Tensor | None) -> Eagle3Head:
+        """The head the settings `s` describe, on `target` (the module's target or its parts)."""
+        return Eagle3Head(Eagle3Config.from_dict(s.head), target, ids, init_layer_from_target=s.init_layer)
+
     def trainable(self) -> nn.Module:
         return self.head
 
     def head_on(self, target: Any) -> nn.Module:
-        copy = Eagle3Head(self.head.config, target, self.head.draft_ids.cpu(), init_from_target=False)
+        copy = type(self.head)(self.head.config, target, self.head.draft_ids.cpu(), init_from_target=False)
         copy.to(self.head.fc.weight).load_state_dict(self.head.state_dict())
         return copy.train(self.head.training)
 

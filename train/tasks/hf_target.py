@@ -56,7 +56,7 @@ class HFTarget:
 
 
 # head.kind -> the task that trains it
-HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3", "dflash": "hf_dflash"}
+HEAD_TASKS = {"prophet": "hf_prophet", "eagle3": "hf_eagle3", "dflash": "hf_dflash", "peagle": "hf_peagle"}
 
 
 def check_head_kind(kind: object, expected: str) -> None:
