@@ -113,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop a row after this token (Hugging Face target: default its tokenizer's EOS)")
     parser.add_argument("--ignore-eos", action="store_true", help="Hugging Face target: do not stop at EOS")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("--device", default="auto",
-                        help=f"where the models decode: auto (default; {HELP}, on stderr), cpu, cuda, cuda:N or mps; "
-                             "on a CPU the linear layers are tuned for it (specdec_models/cpu)")
+    parser.add_argument("--device", default="cpu",
+                        help=f"where the models decode: cpu (default), cuda, cuda:N or mps, or auto ({HELP}, on "
+                             "stderr); on a CPU the linear layers are tuned for it (specdec_models/cpu)")
     add_dtype_argument(parser, what="Hugging Face target: the dtype of the target and its draft or head (greedy "
                                     "output is exactly transformers' in fp32)")
     return parser
