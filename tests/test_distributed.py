@@ -255,5 +255,6 @@ def test_target_shard_on_a_task_without_a_target_to_shard_is_refused_in_one_line
     import train.run as train_run
 
     with pytest.raises(SpecdecError, match=r"target.shard: task=\w+ runs no frozen target to shard \(only "
-                                           r"task=hf_eagle3 or task=hf_prophet with data=hf_text or data=hf_chat"):
+                                           r"task=hf_dflash or task=hf_eagle3 or task=hf_peagle or task=hf_prophet "
+                                           r"with data=hf_text or data=hf_chat"):
         train_run.validate_run(train_run.compose([f"experiment={experiment}", "+target.shard=true"]))

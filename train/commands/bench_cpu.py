@@ -120,9 +120,10 @@ def encode(tokenizer: Any, texts: list[str]) -> list[torch.Tensor]:
     prompts = []
     for text in texts:
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            # render then tokenize: apply_chat_template(tokenize=True) returns a list or a BatchEncoding
+            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                     tokenize=False)
+            ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         else:
             ids = tokenizer(text)["input_ids"]
         prompts.append(torch.tensor(ids, dtype=torch.long))
