@@ -11,6 +11,8 @@
   verifies when present (`write_checksums`, `check_checksums`);
 - `eagle3`: an EAGLE-3 head in specdec's, vLLM's (speculators) and SGLang's layouts
   (`save_eagle3` / `load_eagle3` / `detect_layout`; the layouts `EAGLE3_LAYOUTS`);
+- `peagle`: a P-EAGLE head in specdec's and speculators' layouts (`save_peagle` / `load_peagle`;
+  speculators' mask_hidden (1, 1, A*H) and the target's embedding table with the mask row replaced);
 - `hf_draft`: a draft causal LM as a Hugging Face model directory for transformers' assisted
   generation and vLLM (`save_hf_draft`, `check_hf_draft_dir`; task=hf_draft_distill's export);
 - `load`: a Hugging Face target with a draft or a head loaded and checked for decoding
