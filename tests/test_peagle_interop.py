@@ -1,5 +1,6 @@
 """Parity of specdec's P-EAGLE head with the real `speculators` package (0.9.0, its `PEagleDraftModel`),
-on a tiny random Llama target, in fp32.
+on a tiny random Llama target and on the real SmolLM2-135M-Instruct (the export's direction; its
+fixture loads the GGUF once for every interop test), in fp32.
 
 Runs in its own environment (`make test-interop`: .venv-interop); skipped where speculators is
 missing. Marked `interop`, outside the default run.
@@ -190,3 +191,24 @@ def test_a_head_built_by_speculators_computes_the_same_logits_in_specdec(llama, 
     plain, _ = generate(llama, [prompt], 12, sampling=GREEDY)
     spec, stats = generate(llama, [prompt], 12, HeadDrafter(head), sampling=GREEDY, gamma=K)
     assert spec[0].tolist() == plain[0].tolist() and stats.method == "peagle" and stats.drafted > 0
+
+
+def test_the_export_computes_speculators_logits_on_the_real_smollm2(smollm2, tmp_path):
+    from train.bench.hf import chat_prompts
+
+    model, tokenizer, _ = smollm2
+    prompt = chat_prompts(tokenizer, 1)[0][:24]
+    out, _ = generate(model, [prompt], 8, sampling=GREEDY)
+    rows = torch.cat([prompt, out[0]])[None]
+    torch.manual_seed(2)
+    ids = torch.randperm(model.config.vocab_size)[:8192].sort().values
+    head = PEagleHead(PEagleConfig.for_target(model, draft_vocab_size=8192, parallel_depths=K), model, ids).float()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    head.eval()
+    theirs = speculators_model(save_peagle(tmp_path / "spec", head, "speculators",
+                                           verifier="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    diff, same = compare(head, theirs, rows, taps(model, rows[:, :-1], head.aux_layers))
+    assert same and diff <= TOLERANCE, diff
+    print(f"\nspeculators P-EAGLE parity on SmolLM2, K={K}: max |logit diff| {diff:.2e}")
