@@ -104,10 +104,12 @@ def _without_proposal(config: dict[str, Any]) -> dict[str, Any]:
 
 def _stored(head: PEagleHead, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """The head's tensors as speculators stores them: mask_hidden (1, 1, A*H), and mask_embed written
-    into the target's embedding table (V, H) as the mask token's row (`embed_tokens.weight`)."""
+    into the target's embedding table (V, H), V the target's vocabulary (its logits' width), as the
+    mask token's row (`embed_tokens.weight`)."""
     out = {k: v for k, v in tensors.items() if k not in ("mask_hidden", "mask_embed")}
     out["mask_hidden"] = tensors["mask_hidden"].reshape(1, 1, -1)
-    table = head.target.get_input_embeddings().weight.detach().to("cpu", tensors["mask_embed"].dtype).clone()
+    rows = head.config.target_vocab_size          # speculators sizes its table by the layer config's vocab_size
+    table = head.target.get_input_embeddings().weight[:rows].detach().to("cpu", tensors["mask_embed"].dtype).clone()
     table[head.config.mask_token_id] = tensors["mask_embed"]
     out["embed_tokens.weight"] = table
     return out
@@ -126,8 +128,9 @@ def _build(cfg: PEagleConfig, target: Any, tensors: dict[str, Tensor], copies: d
     check(hidden.numel() == width and hidden.shape[-1] == width,
           f"{directory}: mask_hidden is {tuple(hidden.shape)}, the config makes it (1, 1, {width})")
     tensors["mask_hidden"] = hidden.reshape(width)
-    own = target.get_input_embeddings().weight.detach().cpu()
-    table = copies.get("embed_tokens.weight")
+    own = target.get_input_embeddings().weight[:cfg.target_vocab_size].detach().cpu()
+    copies = dict(copies)
+    table = copies.pop("embed_tokens.weight", None)
     m = cfg.mask_token_id
     if table is None:                                 # speculators copies the verifier's table
         tensors["mask_embed"] = own[m].clone()
