@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the `specdec` command (pyproject's console script), run by the venv's Python
+SPECDEC := $(PY) -m train.cli
 # Real text in enwik8's shape for machines without network (see ../shared/data/README.md);
 # on a machine with network, leave DATA empty and the enwik8 DataModule downloads enwik8.
 DATA ?= $(wildcard ../shared/data/textmix100m.gz)
@@ -55,7 +57,7 @@ setup-server: $(SERVER_STAMP)
 # transformers <= 5.19 while .venv has a newer one. torch stays at the project's pin (the CPU wheel
 # on disk; any other torch spec would pull the CUDA build), the CUDA torchvision and torchaudio
 # that speculators pulls are removed (they fail to import and nothing uses them). SpecForge (0.2.0),
-# the other peer trainer (scripts/train_peers.py), goes in without its dependencies: they pin
+# the other peer trainer (`specdec peers`), goes in without its dependencies: they pin
 # another torch and sglang, which this CPU machine does not use.
 INTEROP := .venv-interop
 IPY := $(INTEROP)/bin/python
@@ -89,43 +91,45 @@ test-interop: $(INTEROP_STAMP)
 	WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(IPY) -m pytest -q -m interop
 
 # An EAGLE-3 head for any Hugging Face target, from ShareGPT (or EAGLE3_DATA=PATH) to MT-Bench and
-# HumanEval: scripts/eagle3.py (docs/eagle3.md). TARGET=DIR|FILE.gguf; OUT, EAGLE3_ARGS optional.
+# HumanEval: `specdec eagle3` (docs/eagle3.md). TARGET=DIR|FILE.gguf; OUT, EAGLE3_ARGS optional. The device
+# is --device auto (CUDA when present, else the CPU; printed at the start); sizes: `specdec plan`.
 EAGLE3_DATA ?= sharegpt
 EAGLE3_ARGS ?=
 eagle3: $(REAL_STAMP) $(if $(filter sharegpt,$(EAGLE3_DATA)),$(SHAREGPT_STAMP))
 	@test -n "$(TARGET)" || { echo "error: make eagle3 needs TARGET=DIR|FILE.gguf (a Hugging Face model directory or GGUF file)" >&2; exit 2; }
-	$(PY) scripts/eagle3.py --target "$(TARGET)" --data $(EAGLE3_DATA) --out $(or $(OUT),outputs/eagle3) $(EAGLE3_ARGS)
+	$(SPECDEC) eagle3 --target "$(TARGET)" --data $(EAGLE3_DATA) --out $(or $(OUT),outputs/eagle3) $(EAGLE3_ARGS)
 
-# The same recipe with SmolLM2-135M-Instruct (the GGUF of setup-real) and its experiment's sizes:
-# about 90 minutes on 2 CPU cores (docs/results.md)
+# The same recipe with SmolLM2-135M-Instruct (the GGUF of setup-real) and its experiment's sizes,
+# on ShareGPT's own answers (--keep-answers: per row as good as SmolLM2's for its head, and 2.8x the
+# rows per minute on 2 CPU cores: docs/eagle3.md); under 90 minutes there (docs/results.md)
 SMOLLM2_ARGS ?=
 smollm2: $(REAL_STAMP) $(SHAREGPT_STAMP)
-	$(PY) scripts/eagle3.py --target "$$($(PY) -m train.smollm2)" --data sharegpt \
+	$(SPECDEC) eagle3 --target "$$($(PY) -m train.smollm2)" --data sharegpt --keep-answers \
 		--experiment smollm2_eagle3 --out outputs/smollm2 $(SMOLLM2_ARGS)
 
 # The same recipe on single-turn prompts made from a text (DATA, raw, .zip or .gz) instead of
 # conversations, which the target answers: the baseline the ShareGPT head is compared with
 smollm2-text: $(REAL_STAMP)
 	@test -n "$(DATA)" || { echo "error: make smollm2-text needs DATA=FILE (a text file: raw, .zip or .gz)" >&2; exit 2; }
-	$(PY) scripts/eagle3.py --target "$$($(PY) -m train.smollm2)" --data text:$(DATA) \
+	$(SPECDEC) eagle3 --target "$$($(PY) -m train.smollm2)" --data text:$(DATA) \
 		--experiment smollm2_eagle3 --out outputs/smollm2_text $(SMOLLM2_ARGS)
 
 # Heads scored as EAGLE-3 reports them (MT-Bench and HumanEval, T=0 and T=1, tau, per-position acceptance,
-# speed-up; prompt lookup as a baseline): scripts/evaluate.py, docs/benchmarks.md. For example
-#   make evaluate TARGET=model.gguf HEADS="recipe=outputs/eagle3/head specforge=outputs/peers/specforge" EVAL_ARGS="--subset 2"
+# speed-up; prompt lookup as a baseline): `specdec evaluate`, docs/benchmarks.md; --device auto. For example
+#   make evaluate TARGET=model.gguf HEADS="recipe=outputs/eagle3/eagle3/export specforge=outputs/eagle3/peers/specforge/head" EVAL_ARGS="--subset 2"
 TARGET ?=
 HEADS ?=
 EVAL_OUT ?= outputs/evaluation
 EVAL_ARGS ?=
 evaluate: $(REAL_STAMP)
 	@test -n "$(TARGET)" || { echo 'error: give TARGET=DIR|FILE.gguf (and HEADS="name=PATH ...")' >&2; exit 2; }
-	$(PY) scripts/evaluate.py --target $(TARGET) $(foreach head,$(HEADS),--head $(head)) --lookup --out $(EVAL_OUT) $(EVAL_ARGS)
+	$(SPECDEC) evaluate --target $(TARGET) $(foreach head,$(HEADS),--head $(head)) --lookup --out $(EVAL_OUT) $(EVAL_ARGS)
 
 bench-decode: $(STAMP)
-	$(PY) scripts/bench_decode.py
+	$(SPECDEC) bench decode
 
 bench-train: $(STAMP)
-	$(PY) scripts/bench_train.py $(if $(DATA),--data $(DATA))
+	$(SPECDEC) bench train $(if $(DATA),--data $(DATA))
 
 clean:
 	rm -rf $(VENV) $(INTEROP) outputs multirun wandb .pytest_cache

@@ -7,15 +7,15 @@ A thin alias kept for the GPU recipe tool (`../shared/tools/gpu-recipe/prepare.s
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import cli_main
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--gguf-path", action="store_true", required=True, help="print the GGUF's path")
     p.parse_args(argv)
     from train.smollm2 import smollm2_gguf

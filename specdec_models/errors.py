@@ -54,7 +54,7 @@ _COMMAND: list[str] = []      # `specdec VERB` while the `specdec` command runs 
 
 def prog(default: str) -> str:
     """The name a command's usage line shows: `specdec VERB` while the `specdec` command runs it
-    (`command_name`), else `default` (e.g. "python scripts/evaluate.py")."""
+    (`command_name`), else `default` (e.g. "specdec evaluate")."""
     return _COMMAND[-1] if _COMMAND else default
 
 

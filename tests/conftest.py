@@ -30,6 +30,12 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+def command(name: str) -> ModuleType:
+    """train/commands/NAME.py, a `specdec` verb's module (once scripts/NAME.py): a test calls its
+    main(argv) in-process."""
+    return importlib.import_module(f"train.commands.{name}")
+
+
 def hf_cache(target, out, **kwargs):
     """`train.data.regenerate.build_hf_cache` with its inputs as keywords, each a field of `HFRows`,
     `CacheSettings` or `BuildRun`, or device / model_dtype: the tests' shorthand for one call."""

@@ -12,7 +12,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from conftest import load_script
+from conftest import command
 from test_hf_decode import build
 from test_hf_decode_cli import VOCAB, char_tokenizer
 
@@ -44,7 +44,7 @@ def test_bad_arguments_exit_2_with_one_line_before_a_model_loads(tiny, tmp_path,
     from specdec_models.hf import weights
 
     monkeypatch.setattr(weights, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
-    bench = load_script("bench_cpu")
+    bench = command("bench_cpu")
     target = [] if "--target" in argv else ["--target", str(tiny)]
     assert bench.main([*target, *argv, "--out", str(tmp_path / "cpu.json")]) == 2
     out, err = capsys.readouterr()
@@ -55,7 +55,7 @@ def test_bad_arguments_exit_2_with_one_line_before_a_model_loads(tiny, tmp_path,
 def test_a_tiny_run_times_every_piece_on_and_off_for_both_methods(tiny, tmp_path, capsys):
     from specdec_models import cpu
 
-    bench = load_script("bench_cpu")
+    bench = command("bench_cpu")
     out = tmp_path / "cpu.json"
     assert bench.main(["--target", str(tiny), "--prompts", "2", "--max-new-tokens", "3", "--gamma", "2",
                        "--out", str(out)]) == 0, capsys.readouterr().err
@@ -74,9 +74,9 @@ def test_a_tiny_run_times_every_piece_on_and_off_for_both_methods(tiny, tmp_path
 
 
 def test_matmul_rows_times_each_few_row_path(tiny, tmp_path, capsys):
-    bench = load_script("bench_cpu")
+    bench = command("bench_cpu")
     out = tmp_path / "matmul.json"
-    assert bench.main(["--target", str(tiny), "--matmul-rows", "1", "3", "--repeats", "1", "--out", str(out)]) == 0
+    assert bench.main(["--target", str(tiny), "--matmul-rows", "1,3", "--repeats", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert "F.linear" in report["ms"] and all(set(v) == {"1", "3"} for v in report["ms"].values())
     assert "| F.linear |" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import load_script
+from conftest import command
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, SpecdecError, save_export
 from train.bench.decode import DecodeBench, markdown, run, write_report
@@ -102,10 +102,10 @@ def test_bad_bench_settings_are_refused(kwargs, match):
 
 
 def test_bench_script_reports_and_refuses_bad_input(exports, tmp_path, capsys):
-    bench_decode = load_script("bench_decode")
+    bench_decode = command("bench_decode")
     out = tmp_path / "b" / "decode.json"
     status = bench_decode.main(["--target-export", str(exports / "pair"), "--batch", "1", "--max-new-tokens", "6",
-                                "--repeats", "1", "--methods", "base", "prophet", "--gamma", "2", "--out", str(out)])
+                                "--repeats", "1", "--methods", "base,prophet", "--gamma", "2", "--out", str(out)])
     assert status == 0
     assert "| 1 | prophet | 2 |" in capsys.readouterr().out and out.exists()
     status = bench_decode.main(["--draft-export", str(exports / "draft"), "--out", str(out)])

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from conftest import load_script
+from conftest import command
 
 from specdec_models import ModelWithProphet
 from specdec_models.errors import SpecdecError
@@ -155,7 +155,7 @@ def test_bad_quality_settings_are_refused(kwargs, match):
     (["--precisions", "fp8"], "precision must be one of"),
 ])
 def test_bench_script_refuses_bad_arguments_in_one_line(argv, match, capsys, tmp_path):
-    bench_train = load_script("bench_train")
+    bench_train = command("bench_train")
     assert bench_train.main([*argv, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and match in err and err.count("\n") == 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, load_script
+from conftest import REPO, command
 
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, save_export
 from specdec_models.errors import SpecdecError
@@ -185,7 +185,7 @@ def test_bad_settings_and_an_existing_target_are_refused_before_any_work(exports
 # ---------------------------------------------------------------- the CLI
 
 def test_script_writes_a_cache_atomically_and_reports_its_size(exports, tiny_corpus, tmp_path, capsys):
-    script = load_script("cache_embeddings")
+    script = command("cache_embeddings")
     out = tmp_path / "caches" / "c"
     argv = ["--export", str(exports / "main"), "--data", str(tiny_corpus), "--out", str(out), "--seq-len", "32",
             "--windows", "10", "--dtype", "float16", "--top-k-logits", "2", "--shard-size", "20000", "--seed", "4"]

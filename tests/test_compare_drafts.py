@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import load_script
+from conftest import command
 
 pytestmark = pytest.mark.usefixtures("offline")
 
@@ -22,7 +22,7 @@ def test_compare_drafts_at_test_sizes(tiny_cfg, tiny_corpus, tmp_path, capsys):
     try:
         target = run(tiny_cfg(tmp_path / "target", "trainer.max_steps=10", "trainer.val_check_interval=10",
                               "callbacks.speculative_eval=null"))
-        script = load_script("compare_drafts")
+        script = command("compare_drafts")
         args = ["--target-export", str(target["export_dir"]), "--data", str(tiny_corpus), "--student", "tiny",
                 "--steps", "2", "--seq-len", "32", "--prompt-len", "8", "--divergences", "tvd",
                 "--prompts", "2", "--prompt-bytes", "8", "--max-new-tokens", "8", "--repeats", "1",
@@ -57,7 +57,7 @@ def test_compare_drafts_at_test_sizes(tiny_cfg, tiny_corpus, tmp_path, capsys):
     assert "reusing" in capsys.readouterr().err
 
     # scripts/acceptance.py on the same target: one row per temperature, rates in [0, 1]
-    acceptance = load_script("acceptance")
+    acceptance = command("acceptance")
     assert acceptance.main(["--export", str(target["export_dir"]), "--data", str(tiny_corpus), "--prompts", "2",
                             "--prompt-len", "8", "--max-new-tokens", "8"]) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import hf_cache, load_script
+from conftest import command, hf_cache
 from test_hf_eagle3_task import cfg
 from test_hf_prophet_task import SEQ, hf  # noqa: F401  (the tiny targets, tokenizer and prompts)
 
@@ -102,7 +102,7 @@ def test_the_comparison_runs_on_the_gpu(hf, tmp_path, capsys):
     out = run(cfg(hf, tmp_path / "run", "trainer.max_steps=2", "callbacks.speculative_eval=null"))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the quick fox\nthe lazy dog\n")
-    status = load_script("compare_hf_drafts").main([
+    status = command("compare_hf_drafts").main([
         "compare", "--target", str(hf["llama"]), "--eagle3", f"x={out['export_dir']}", "--tree", "2,2,1",
         "--prompts", str(prompts), "--count", "2", "--batch1-count", "1", "--batch1-only", "--max-new-tokens", "8",
         "--rounds", "1", "--gamma", "3", "--check-count", "1", "--device", "cuda", "--out", str(tmp_path / "cmp")])

@@ -17,7 +17,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from safetensors.torch import load_file, save_file
 
-from conftest import load_script
+from conftest import command
 from test_decode_cli import cli
 from test_hf_decode import hf_greedy, ragged_prompts
 from test_hf_decode_cli import VOCAB, char_tokenizer
@@ -35,7 +35,7 @@ from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 
 
 def export_script():
-    return load_script("export_eagle3")
+    return command("export_eagle3")
 
 
 @pytest.fixture(autouse=True)
@@ -336,7 +336,7 @@ def test_writing_over_another_models_files_needs_force(setup, tmp_path, capsys):
 # ------------------------------------------------------------------------------ the drafting a server is told
 
 @pytest.mark.parametrize("flags, tokens, source", [
-    ((), 5, "not given: scripts/evaluate.py's default chain, gamma 5"),
+    ((), 5, "not given: specdec evaluate's default chain, gamma 5"),
     (("--speculative-tokens", 3), 3, "--speculative-tokens"),
     (("--tree", "6,3,1"), 6, "the evaluated tree 6,3,1, depth 6"),
 ])

@@ -62,8 +62,12 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
                  "callbacks.speculative_eval.num_prompts=2", "callbacks.speculative_eval.max_new_tokens=4",
                  "callbacks.speculative_eval.tree=null", "trainer.max_time=null",
                  "head.aux_layers=[1,1,1]"]   # SGLang captures hidden_states 1..L-1 only: L = 2 here
-    assert main(*base(hf, data, out), "--until", "export", "--train-args", *overrides) == 0
+    # two head kinds on the same cache and minutes, each into OUT/<kind>/ with its own export
+    assert main(*base(hf, data, out), "--head", "eagle3,dflash", "--until", "export", "--train-args", *overrides) == 0
     log = capsys.readouterr().out
+    assert "[train] eagle3: experiment=smollm2_eagle3" in log and "[train] dflash: experiment=smollm2_dflash" in log
+    for kind, export_kind in (("eagle3", "hf_eagle3"), ("dflash", "hf_dflash")):
+        assert json.loads((out / kind / "export" / "config.json").read_text())["kind"] == export_kind
     for step in ("data", "answers", "cache", "draft_vocab", "train", "export"):
         assert f"[{step}] " in log
     info = json.loads((out / "data" / "data.json").read_text())
@@ -82,9 +86,16 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     assert steps["facts"]["export"]["speculative_tokens"] == 5
     assert steps["facts"]["export"]["speculative_tokens_from"] == "the evaluated chain, gamma 5"
     assert set(steps["done"]) == {"data", "answers", "cache", "draft_vocab", "train", "export"}
-    assert main(*base(hf, data, out), "--until", "export") == 0
+    assert set(steps["facts"]["train"]) == {"eagle3", "dflash"}
+    assert steps["facts"]["train"]["dflash"]["export_dir"] == str(out / "dflash" / "export")
+    assert main(*base(hf, data, out), "--head", "eagle3,dflash", "--until", "export") == 0
     again = capsys.readouterr().out
     assert all(f"[{s}] done before" in again for s in steps["done"])
+    # the evaluate step scores the two side by side, one --head per kind
+    s = json.loads((out / recipe.SETTINGS_FILE).read_text())
+    assert s["heads"] == ["eagle3", "dflash"]
+    assert recipe.eval_job(recipe.read_settings(out), out).heads == (f"specdec={out / 'eagle3' / 'export'}",
+                                                                      f"dflash={out / 'dflash' / 'export'}")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -107,6 +118,14 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     ({"--seq-len": 500}, "--seq-len 500: a row of seq_len + 1 tokens exceeds the target's 128 positions"),
     ({"--seq-len": 1}, "--seq-len must be at least 32 tokens"),
     ({"--seq-len": 31}, "--seq-len must be at least 32 tokens"),
+    ({"--head": "medusa"}, "--head: unknown head kind 'medusa': choose from eagle3, dflash, peagle"),
+    ({"--head": "eagle3,eagle3"}, "--head names a kind twice: eagle3,eagle3"),
+    ({"--head": "eagle3,dflash", "--experiment": "smollm2_eagle3"}, "--experiment replaces one head kind's experiment"),
+    ({"--head": "dflash", "--experiment": "smollm2_eagle3"}, "--experiment smollm2_eagle3 trains task=hf_eagle3; the "
+                                                             "recipe trains a dflash head"),
+    # --train-args apply to every kind: a dflash size is not an eagle3 head's (KIND:OVERRIDE picks one kind)
+    ({"--head": "eagle3,dflash", "--train-args": "head.block_size=16"}, "head"),
+    ({"--head": "eagle3,dflash", "--train-args": "dflash:head.no_such_size=16"}, "head"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, change, message,
                                                           benchmarks_installed):
@@ -236,6 +255,26 @@ def test_every_experiment_of_task_hf_eagle3_composes_onto_the_recipes_cache(tmp_
     assert cfg.trainer.max_time == "00:00:05:30" and cfg.target.path == "/models/target.gguf"
     assert cfg.head.draft_vocab == str(tmp_path / "draft_vocab.json") and cfg.output_dir == str(tmp_path / "eagle3")
     assert cfg.callbacks.speculative_eval.every == 0          # decoded at the end only: the evaluate step decodes
+
+
+def test_each_head_kind_composes_its_own_experiment_on_the_same_cache_and_minutes(tmp_path):
+    s = recipe_settings(tmp_path, heads=("eagle3", "dflash", "peagle"), train_minutes=5.5)
+    eagle3, dflash, peagle = (recipe.train_config(s, tmp_path, 4, kind) for kind in s.heads)
+    assert (eagle3.task.name, dflash.task.name, peagle.task.name) == ("hf_eagle3", "hf_dflash", "hf_peagle")
+    for kind, cfg in (("eagle3", eagle3), ("dflash", dflash), ("peagle", peagle)):
+        assert cfg.data.cache == str(tmp_path / "cache") and cfg.trainer.max_time == "00:00:05:30"
+        assert cfg.output_dir == str(tmp_path / kind) and cfg.head.draft_vocab == str(tmp_path / "draft_vocab.json")
+    assert recipe.experiment(recipe_settings(tmp_path, device="cuda"), "dflash") == "hf_dflash"
+    assert recipe.experiment(recipe_settings(tmp_path, device="cuda"), "peagle") == "hf_peagle"
+    picked = recipe_settings(tmp_path, heads=("eagle3", "dflash"),
+                             train_args=("trainer.max_time=00:00:01:00", "dflash:head.block_size=16",
+                                         "eagle3:task.ttt_steps=2"))
+    assert recipe.kind_args(picked, "dflash") == ["trainer.max_time=00:00:01:00", "head.block_size=16"]
+    assert recipe.kind_args(picked, "eagle3") == ["trainer.max_time=00:00:01:00", "task.ttt_steps=2"]
+    assert recipe.train_config(picked, tmp_path, 4, "dflash").head.block_size == 16
+    # a run recorded before --head existed resumes as eagle3 alone
+    assert recipe.Settings(target="T", data="D", out=tmp_path).heads == ("eagle3",)
+    assert recipe._trained({"output_dir": "o", "export_dir": "e", "global_step": 1, "metrics": {}})["eagle3"]
 
 
 def test_the_recipe_trains_at_the_precision_of_the_device_with_the_overrides_asked_last(tmp_path):

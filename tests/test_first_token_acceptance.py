@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import load_script
+from conftest import command
 from test_eagle3 import head_for, make_toy
 from test_hf_decode import (
     V,
@@ -141,7 +141,7 @@ def test_heldout_acceptance_reads_each_unroll_steps_prediction_against_the_cache
 def test_the_acceptance_command_refuses_bad_input_in_one_line(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.jsonl").write_text('{"text": "hi"}\n')
-    assert load_script("compare_hf_drafts").main(["acceptance", *args, "--out", str(tmp_path / "out")]) == 2
+    assert command("compare_hf_drafts").main(["acceptance", *args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()
@@ -157,7 +157,7 @@ def test_the_heldout_command_refuses_bad_input_in_one_line(tmp_path, capsys, mon
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "cache.json").write_text("{}")
-    assert load_script("compare_hf_drafts").main(["heldout", *args, "--out", str(tmp_path / "out")]) == 2
+    assert command("compare_hf_drafts").main(["heldout", *args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()

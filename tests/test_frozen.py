@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import StopAt, load_script
+from conftest import StopAt, command
 
 import train.run as train_run
 from specdec_models import Decoder, ModelConfig, ModelWithProphet, ProphetConfig, load_export, save_export
@@ -178,7 +178,7 @@ def test_export_checkpoint_and_the_export_script_rebuild_this_task(online, tmp_p
     a, b = load_export(again).state_dict(), load_export(result["export_dir"]).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    script = load_script("export")
+    script = command("export")
     assert script.main([str(result["last_ckpt"]), str(tmp_path / "script")]) == 0
     assert isinstance(load_export(tmp_path / "script"), ModelWithProphet)
     capsys.readouterr()

@@ -17,7 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from conftest import hf_cache, load_script
+from conftest import command, hf_cache
 from test_hf_data import build_tokenizer, stopping_target, text_setup
 from test_hf_distill import save_model
 
@@ -210,7 +210,7 @@ def test_a_cache_lacking_a_layer_the_head_needs_is_refused_in_one_line(caches):
     with pytest.raises(SpecdecError) as error:
         check_cache(d / "default", layers=[2, -1, 1])
     message = str(error.value)
-    assert f"{d / 'default'} holds layers [4]; the head needs [2, 4, 1]: rebuild it with --layers 2 4 1" in message
+    assert f"{d / 'default'} holds layers [4]; the head needs [2, 4, 1]: rebuild it with --layers 2,4,1" in message
     assert "\n" not in message
     with pytest.raises(SpecdecError, match="out of range"):
         check_cache(d / "default", layers=[5])
@@ -227,14 +227,14 @@ def test_bad_layers_are_refused_in_one_line_before_any_work(hf, tmp_path, layers
 
 
 def test_the_script_takes_layers_for_a_target_only(hf, tmp_path, capsys):
-    from conftest import load_script
+    from conftest import command
 
-    script = load_script("cache_embeddings")
+    script = command("cache_embeddings")
     out = tmp_path / "c"
     argv = ["--export", str(tmp_path), "--data", str(hf["corpus"]), "--layers", "1", "--out", str(out)]
     assert script.main(argv) == 2
     assert "--layers" in capsys.readouterr().err and not out.exists()
-    assert script.main(["--hf-model", str(hf["deep"]), "--text", str(hf["corpus"]), "--layers", "1", "-1",
+    assert script.main(["--hf-model", str(hf["deep"]), "--text", str(hf["corpus"]), "--layers", "1,-1",
                         "--out", str(out), "--seq-len", "8", "--windows", "4"]) == 0
     assert json.loads((out / "cache.json").read_text())["layers"] == [1, 4]
     capsys.readouterr()
@@ -428,7 +428,7 @@ def test_leaving_out_prompts_needs_a_regenerated_cache_and_prompts(hf, caches, t
     with pytest.raises(SpecdecError, match="does not exist"):
         hf_cache(hf["eager"], tmp_path / "b", **{**REGENERATED, "prompts": hf["prompts"]},
                        exclude_prompts_of=[tmp_path / "missing"])
-    status = load_script("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
+    status = command("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
                                                    "--exclude-prompts-of", str(d / "default"),
                                                    "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
@@ -437,7 +437,7 @@ def test_leaving_out_prompts_needs_a_regenerated_cache_and_prompts(hf, caches, t
 
 
 def test_the_scripts_time_budget_must_be_positive(hf, tmp_path, capsys):
-    status = load_script("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
+    status = command("cache_embeddings").main(["--hf-model", str(hf["eager"]), "--text", str(hf["corpus"]),
                                                    "--out", str(tmp_path / "c"), "--max-minutes", "0"])
     err = capsys.readouterr().err
     assert status == 2 and err == "error: --max-minutes must be > 0, got 0.0\n" and not (tmp_path / "c").exists()

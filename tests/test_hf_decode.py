@@ -360,11 +360,11 @@ def test_specdec_models_imports_without_transformers():
 def test_compare_hf_script_runs_on_tiny_local_models(tmp_path, capsys):
     import json
 
-    from conftest import load_script
+    from conftest import command
 
     target = build(tmp_path / "target", "neox", 0, 20.0)
     build(tmp_path / "draft", None, 4, None, noise=(target, 0.002))
-    script = load_script("compare_hf")
+    script = command("compare_hf")
     out = tmp_path / "compare.json"
     assert script.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
                         "--max-new-tokens", "8", "--repeats", "1", "--batch", "3", "--device", "cpu",

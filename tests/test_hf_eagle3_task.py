@@ -202,7 +202,7 @@ def test_a_cache_lacking_the_heads_layers_is_refused_in_one_line(hf, caches, tmp
     from train.run import validate
     with pytest.raises(SpecdecError, match=r"holds hidden states of layers \[2\]; the head needs \[0, 1, 2\]") as err:
         validate(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['last']}"))
-    assert "--layers 0 1 2" in str(err.value) and "\n" not in str(err.value)
+    assert "--layers 0,1,2" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_schedule_anneals_within_the_time_budget():
@@ -284,14 +284,14 @@ def test_the_precision_bench_times_each_precision_on_the_same_batches_and_names_
                                                                                                  capsys):
     """scripts/bench_train.py --eagle3-step: both precisions step their own copy of the head on the
     cache's rows, interleaved; the report holds every timed step, paired ratios and the rule's pick."""
-    from conftest import load_script
+    from conftest import command
 
     from specdec_models.cpu import fast_precision
 
-    bench_train = load_script("bench_train")
+    bench_train = command("bench_train")
 
     out = tmp_path / "bench"
-    argv = ["--eagle3-step", str(caches["full"]), "--draft-vocab-size", "0", "--aux-layers", "0", "1", "2",
+    argv = ["--eagle3-step", str(caches["full"]), "--draft-vocab-size", "0", "--aux-layers", "0,1,2",
             "--ttt-steps", "3", "--rounds", "3", "--out", str(out)]
     assert bench_train.main(argv) == 0
     report = json.loads(out.with_suffix(".json").read_text())
@@ -366,12 +366,12 @@ def test_the_acceptance_command_measures_a_trained_head_end_to_end(online, hf, t
     # every measure a probability, the decoding's round starts observed exactly. In fp32 whatever
     # the host: `--dtype auto` is bf16 on a CPU with bf16 instructions, where the head's cached
     # logits differ from a fresh computation by bf16 rounding (1.6e-2 on an AMD EPYC with bf16 instructions)
-    from conftest import load_script
+    from conftest import command
 
     out = tmp_path / "acceptance"
-    assert load_script("compare_hf_drafts").main([
+    assert command("compare_hf_drafts").main([
         "acceptance", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
-        str(hf["prompts"]), "--chat", "--count", "2", "--max-new-tokens", "8", "--temperatures", "0", "1",
+        str(hf["prompts"]), "--chat", "--count", "2", "--max-new-tokens", "8", "--temperatures", "0,1",
         "--gamma", "3", "--draws", "2", "--dtype", "float32", "--out", str(out)]) == 0, capsys.readouterr().err
     [row] = json.loads((out / "results.json").read_text())["rows"]
     assert (row["head"], row["prompt_set"], row["temperature"]) == ("tiny", "prompts", 1.0)
@@ -388,10 +388,10 @@ def test_the_comparison_times_block_and_token_verification_side_by_side(online, 
     # (not of wider trees); at T=0 the twins emit their drafter's tokens, and the greedy check
     # against transformers leaves them out (it checks the drafters themselves). --eagle3-auto adds the
     # head at gamma auto, checked like the others
-    from conftest import load_script
+    from conftest import command
 
     out = tmp_path / "compare"
-    assert load_script("compare_hf_drafts").main([
+    assert command("compare_hf_drafts").main([
         "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--tree", "3,1,1,0.2",
         "--tree", "2,2,1", "--token-verify", "--eagle3-auto", "--prompts", str(hf["prompts"]), "--chat", "--count",
         "2", "--batch1-count", "2", "--batch1-only", "--max-new-tokens", "8", "--rounds", "1", "--gamma", "3",
@@ -411,12 +411,12 @@ def test_the_comparison_races_the_chain_at_several_gammas_at_batch_8_only(online
     # --eagle3-gamma 1 2 decodes a chain per gamma, named by it; --batch1-count 0 leaves out batch 1
     # (the batch-8 study of docs/results.md). At T=0 every chain emits plain decoding's tokens, and a
     # chain at gamma g drafts at most g tokens a row-call
-    from conftest import load_script
+    from conftest import command
 
     out = tmp_path / "compare"
-    assert load_script("compare_hf_drafts").main([
-        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--eagle3-gamma", "1",
-        "2", "--prompts", str(hf["prompts"]), "--chat", "--count", "2", "--batch1-count", "0", "--max-new-tokens",
+    assert command("compare_hf_drafts").main([
+        "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--eagle3-gamma", "1,2",
+        "--prompts", str(hf["prompts"]), "--chat", "--count", "2", "--batch1-count", "0", "--max-new-tokens",
         "8", "--rounds", "1", "--check-count", "1", "--dtype", "float32", "--temperatures", "0",
         "--out", str(out)]) == 0, capsys.readouterr().err
     report = json.loads((out / "results.json").read_text())
@@ -434,12 +434,12 @@ def test_the_comparison_races_the_chain_at_several_gammas_at_batch_8_only(online
 
 @pytest.mark.parametrize("argv, message", [
     (["--batch1-count", "0", "--batch1-only"], "--batch1-count must be >= 0, and >= 1 with --batch1-only"),
-    (["--eagle3-gamma", "2", "2"], "--eagle3-gamma takes distinct gammas >= 1"),
+    (["--eagle3-gamma", "2,2"], "--eagle3-gamma takes distinct gammas >= 1"),
 ])
 def test_the_comparison_refuses_an_empty_or_repeated_setting(online, hf, tmp_path, capsys, argv, message):
-    from conftest import load_script
+    from conftest import command
 
-    code = load_script("compare_hf_drafts").main([
+    code = command("compare_hf_drafts").main([
         "compare", "--target", str(hf["llama"]), "--eagle3", f"tiny={online['export_dir']}", "--prompts",
         str(hf["prompts"]), *argv, "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
@@ -531,13 +531,13 @@ def test_a_datastore_of_the_caches_answers_drafts_in_the_comparison_and_the_cli(
     # vocabulary fingerprint; `compare --datastore` adds a "+ datastore" row to each tree with a
     # lookup (not to one without), checked against transformers like the others; the decoding CLI
     # drafts with it; a datastore of another tokenizer is refused in one line by both
-    from conftest import load_script
+    from conftest import command
     from test_decode_cli import cli
 
     from specdec_models.decode.datastore import Datastore
     from train.data.regenerate import cache_answers
 
-    script = load_script("compare_hf_drafts")
+    script = command("compare_hf_drafts")
     store_file = tmp_path / "store.npz"
     assert script.main(["datastore", "--target", str(hf["llama"]), "--cache", str(caches["full"]),
                         "--val-windows", "4", "--out", str(store_file)]) == 0, capsys.readouterr().err
@@ -581,14 +581,14 @@ def test_a_checkpoint_from_another_machine_exports_with_its_target_path_replaced
     # a checkpoint made on a GPU box records that box's target path: `scripts/export.py --set
     # target_path=...` exports it here, the same export as the run's own; another model is refused by
     # the weights hash the checkpoint recorded, and a setting it lacks or holds as no text in one line
-    from conftest import load_script
+    from conftest import command
 
     ckpt = torch.load(online["last_ckpt"], map_location="cpu", weights_only=False)
     elsewhere = tmp_path / "gpu-box" / "llama"
     ckpt["hyper_parameters"]["target_path"] = str(elsewhere)
     moved = tmp_path / "moved.ckpt"
     torch.save(ckpt, moved)
-    export = load_script("export")
+    export = command("export")
     assert export.main([str(moved), str(tmp_path / "a")]) == 2
     assert str(elsewhere) in capsys.readouterr().err and not (tmp_path / "a").exists()
     assert export.main([str(moved), str(tmp_path / "b"), "--set", f"target_path={hf['llama']}"]) == 0

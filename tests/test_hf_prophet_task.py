@@ -251,9 +251,9 @@ def test_bad_input_fails_in_one_line_before_any_work(hf, caches, tmp_path, extra
 
 
 def test_the_cache_builder_refuses_bad_input_in_one_line_before_any_work(hf, tmp_path, capsys):
-    from conftest import load_script
+    from conftest import command
 
-    script = load_script("cache_embeddings")
+    script = command("cache_embeddings")
     out = tmp_path / "c"
     for argv, message in [(["--gguf", "/nonexistent/m.gguf", "--prompts", str(hf["prompts"])], "does not exist"),
                           (["--hf-model", str(hf["llama"])], "give either text files or a prompts file"),
@@ -280,9 +280,9 @@ def test_an_interrupted_regenerated_cache_resumes_to_the_uninterrupted_rows(hf, 
 # ---------------------------------------------------------------- the SmolLM2 pipeline's scripts, on tiny targets
 
 def _script(name):
-    from conftest import load_script
+    from conftest import command
 
-    return load_script(name).main
+    return command(name).main
 
 
 def test_make_prompts_writes_chat_prompts_from_disjoint_splits(tmp_path, capsys):
@@ -307,7 +307,7 @@ def test_make_prompts_writes_chat_prompts_from_disjoint_splits(tmp_path, capsys)
 def test_compare_hf_drafts_prepares_a_student_and_compares_the_three_drafters(online, hf, caches, tmp_path, capsys):
     compare = _script("compare_hf_drafts")
     models = tmp_path / "models"
-    assert compare(["student", "--target", str(hf["llama"]), "--layers", "1", "--out", str(models)]) == 0
+    assert compare(["student", "--target", str(hf["llama"]), "--depth", "1", "--out", str(models)]) == 0
     assert compare(["corpus", "--target", str(hf["llama"]), "--cache", str(caches["dir"] / "regenerated"),
                     "--val-windows", "4", "--out", str(models / "corpus.jsonl")]) == 0
     student = load_causal_lm(models / "student")

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import load_script
+from conftest import command
 
 from specdec_models.errors import SpecdecError
 from specdec_models.hf.weights import check_source
@@ -17,7 +17,7 @@ from train.data.regenerate import read_prompts
 
 
 def make_prompts():
-    return load_script("make_prompts").main
+    return command("make_prompts").main
 
 
 @pytest.fixture

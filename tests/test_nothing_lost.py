@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import StopAt, load_script
+from conftest import StopAt, command
 
 from specdec_models.errors import SpecdecError
 from specdec_models.files import MARKER, check_not_input, check_output, folder_kind, mark_dir, staged_dir
@@ -107,7 +107,7 @@ def test_an_input_is_never_written_over_whatever_the_flags(tmp_path, target, rel
 # ---------------------------------------------------------------- scripts/compare_hf_drafts.py
 
 def compare_hf_drafts(argv) -> int:
-    return load_script("compare_hf_drafts").main([str(a) for a in argv])
+    return command("compare_hf_drafts").main([str(a) for a in argv])
 
 
 @pytest.fixture
@@ -173,9 +173,9 @@ def test_make_prompts_and_draft_vocab_never_write_over_their_inputs(prompts, tmp
     report = tmp_path / "report.json"
     report.write_text("{}")
     before = snapshot(tmp_path)
-    one_line(capsys, load_script("make_prompts").main(["--text", str(prompts), "--count", "2", "--out", str(prompts),
+    one_line(capsys, command("make_prompts").main(["--text", str(prompts), "--count", "2", "--out", str(prompts),
                                                        "--force"]), f"--out {prompts} is the input {prompts}")
-    one_line(capsys, load_script("draft_vocab").main(["--cache", str(tmp_path / "cache"), "--out",
+    one_line(capsys, command("draft_vocab").main(["--cache", str(tmp_path / "cache"), "--out",
                                                       str(tmp_path / "counts.json"), "--report", str(report)]),
              f"--report {report} exists")
     assert snapshot(tmp_path) == before
@@ -313,7 +313,7 @@ def test_a_speculators_head_without_a_target_is_one_line_or_uses_its_local_verif
     status, out, err = decode(capsys, "--eagle3", eagle3_heads["local"], "--prompt", "a", "--max-new-tokens", 3,
                               "--temperature", 0, "--dtype", "float32", "--json")
     assert status == 0 and json.loads(out)["method"] == "eagle3", err
-    export = load_script("export_eagle3").main
+    export = command("export_eagle3").main
     out = eagle3_heads["root"] / "sglang"
     one_line(capsys, export([str(eagle3_heads["hub"]), str(out), "--layout", "sglang"]), "names its verifier")
     assert not out.exists()
@@ -372,10 +372,10 @@ def test_a_temperature_that_is_no_finite_number_is_refused(tiny_decoder_export, 
 
 
 def test_cache_embeddings_threads_0_is_refused(tmp_path, capsys):
-    status = load_script("cache_embeddings").main(["--hf-model", str(tmp_path / "m"), "--text", "a.txt", "--out",
+    status = command("cache_embeddings").main(["--hf-model", str(tmp_path / "m"), "--text", "a.txt", "--out",
                                                    str(tmp_path / "cache"), "--threads", "0"])
     one_line(capsys, status, "--threads must be >= 1, got 0")
-    status = load_script("cache_embeddings").main(["--hf-model", str(tmp_path), "--text", "a.txt", "--out",
+    status = command("cache_embeddings").main(["--hf-model", str(tmp_path), "--text", "a.txt", "--out",
                                                    str(tmp_path / "cache"), "--overwrite"])
     one_line(capsys, status, f"--out {tmp_path / 'cache'} lies inside the input {tmp_path}")
     assert list(tmp_path.iterdir()) == []
@@ -400,15 +400,15 @@ def test_draft_vocab_refuses_a_size_it_would_ignore(text_cache, tmp_path, capsys
     from train.data.embeddings_cache import read_cache_meta
 
     vocab = read_cache_meta(text_cache)["vocab_size"]
-    status = load_script("draft_vocab").main(["--cache", str(text_cache), "--out", str(tmp_path / "counts.json"),
-                                              "--sizes", "8", "100000", "--val-windows", "4"])
+    status = command("draft_vocab").main(["--cache", str(text_cache), "--out", str(tmp_path / "counts.json"),
+                                              "--sizes", "8,100000", "--val-windows", "4"])
     one_line(capsys, status, f"--sizes 100000: a draft vocabulary is smaller than the target's {vocab} tokens")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_make_prompts_count_is_bounded(tmp_path, capsys):
     started = time.perf_counter()
-    status = load_script("make_prompts").main(["--kind", "open", "--count", "100000000", "--out",
+    status = command("make_prompts").main(["--kind", "open", "--count", "100000000", "--out",
                                                str(tmp_path / "p.jsonl")])
     one_line(capsys, status, "--count 100000000 is more than the 1,000,000 prompts this script makes")
     assert time.perf_counter() - started < 5 and list(tmp_path.iterdir()) == []
@@ -445,6 +445,6 @@ def test_a_specdec_export_or_a_draft_head_given_as_a_model_says_what_it_is(tiny_
 
 
 def test_acceptance_with_no_prompts_says_so(trained, tiny_corpus, capsys):
-    status = load_script("acceptance").main(["--export", str(trained["export_dir"]), "--data", str(tiny_corpus),
+    status = command("acceptance").main(["--export", str(trained["export_dir"]), "--data", str(tiny_corpus),
                                              "--prompts", "0"])
     one_line(capsys, status, "--prompts must be a positive integer, got 0")

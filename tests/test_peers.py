@@ -148,9 +148,9 @@ def test_a_cache_without_the_last_layer_or_three_aux_layers_is_refused_in_one_li
 
 def _train_peers(tiny, tmp_path, peers):
     """scripts/train_peers.py on the tiny cache, draft vocabulary the 24 most counted tokens, 3 steps."""
-    from conftest import load_script
+    from conftest import command
 
-    train_peers = load_script("train_peers")
+    train_peers = command("train_peers")
     from specdec_models.hf.weights import load_tokenizer, tokenizer_fingerprint
     from train.tasks.hf_eagle3 import COUNTS_FORMAT
 
@@ -161,7 +161,7 @@ def _train_peers(tiny, tmp_path, peers):
     out = tmp_path / "peers"
     status = train_peers.main(["--cache", str(tiny["cache"]), "--target", str(tiny["target"]), "--draft-vocab",
                                str(counts), "--draft-vocab-size", "24", "--max-steps", "3", "--out", str(out),
-                               "--python", sys.executable, "--data-dtype", "float32", "--peers", *peers])
+                               "--python", sys.executable, "--data-dtype", "float32", "--peers", ",".join(peers)])
     logs = "\n".join((out / p / "train.log").read_text()[-3000:] for p in peers if (out / p / "train.log").is_file())
     assert status == 0, logs
     return out, meta

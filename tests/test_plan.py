@@ -126,11 +126,11 @@ def test_a_gguf_header_gives_the_same_shape_as_the_config():
 def test_the_recipe_takes_the_plans_sizes_unless_told_and_the_draft_vocabulary_is_overridable(folders, tmp_path):
     import argparse
 
-    from conftest import load_script
+    from conftest import command
 
     from train import eagle3_recipe as recipe
 
-    script = load_script("eagle3")
+    script = command("eagle3")
     small = gpu_plan(folders / "Llama-3.1-8B-Instruct", "24GiB")
     names = ("conversations", "answer_batch", "answer_chunk", "cache_batch", "train_minutes")
     args = argparse.Namespace(device="cuda", **dict.fromkeys(names))

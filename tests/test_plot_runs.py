@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_script
+from conftest import command
 
 pytest.importorskip("matplotlib")
 
@@ -25,7 +25,7 @@ def fake_run(folder, minutes_per_100_steps: float) -> None:
 
 
 def test_minutes_come_from_the_progress_lines_and_are_interpolated_between_them(tmp_path):
-    script = load_script("plot_runs")
+    script = command("plot_runs")
     fake_run(tmp_path / "a", minutes_per_100_steps=2)
     known = script.step_minutes(tmp_path / "a" / "train.log")
     assert known[0] == 0 and known[500] == pytest.approx(10 + 0.5 / 60)
@@ -35,7 +35,7 @@ def test_minutes_come_from_the_progress_lines_and_are_interpolated_between_them(
 
 
 def test_it_writes_the_png_and_refuses_a_metric_no_run_logged(tmp_path, capsys):
-    script = load_script("plot_runs")
+    script = command("plot_runs")
     fake_run(tmp_path / "a", 2)
     fake_run(tmp_path / "b", 3)
     out = tmp_path / "fig" / "runs.png"

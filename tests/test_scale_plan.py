@@ -9,9 +9,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import load_script
+from conftest import command
 
-plan = load_script("scale_plan")
+plan = command("scale_plan")
 
 
 def test_llama_parameter_counts_are_the_published_ones():

@@ -7,7 +7,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from conftest import CONF, REPO, load_script
+from conftest import CONF, REPO, command
 
 from specdec_models import ModelConfig, ProphetConfig
 from specdec_models.errors import SpecdecError
@@ -242,7 +242,7 @@ def test_the_recipe_sizes_its_data_and_training_for_the_device_unless_told(devic
     # either device
     import argparse
 
-    script = load_script("eagle3")
+    script = command("eagle3")
     args = argparse.Namespace(device=device, **{"conversations": None, "answer_batch": None, "answer_chunk": None,
                                                 "cache_batch": None, "train_minutes": None, **given})
     got = script.device_defaults(args)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import NOBODY, REPO, forked, load_script
+from conftest import NOBODY, REPO, command, forked
 
 from specdec_models import Decoder, ModelConfig, save_export
 from specdec_models.errors import SpecdecError
@@ -270,7 +270,7 @@ def test_hydra_run_dir_and_another_output_dir_is_one_line_and_leaves_nothing(tin
 # ---------------------------------------------------------------- scripts/export.py
 
 def export_script():
-    return load_script("export")
+    return command("export")
 
 
 def test_export_script_refuses_other_folders_without_force_and_says_what_it_replaces(trained, tmp_path, capsys):

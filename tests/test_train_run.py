@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import TEXTMIX, StopAt, load_script
+from conftest import TEXTMIX, StopAt, command
 
 import train.run as train_run
 from train.run import run
@@ -128,7 +128,7 @@ def test_resume_from_last_ckpt_continues_the_same_run(trained, tiny_cfg, tmp_pat
 def test_export_script_writes_a_loadable_export(trained, tmp_path, capsys):
     from specdec_models.export import load_export
 
-    script = load_script("export")
+    script = command("export")
     assert script.main([str(trained["last_ckpt"]), str(tmp_path / "exp")]) == 0
     assert str(tmp_path / "exp") in capsys.readouterr().out
     load_export(tmp_path / "exp")

@@ -1,6 +1,6 @@
 """train: the Lightning side of specdec.
 
-`python -m train experiment=...` runs `train.run.run(cfg)`: one of the tasks in `train.tasks`
+`specdec train experiment=...` runs `train.run.run(cfg)`: one of the tasks in `train.tasks`
 (one file each: the joint prophet, a prophet on a frozen main model, draft distillation, Hugging
 Face draft distillation, a prophet head for a Hugging Face target) on a DataModule of
 `train.data`, with the evaluation callback of `train.callbacks`, and exports through

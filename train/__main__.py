@@ -1,4 +1,4 @@
-"""`python -m train experiment=enwik8_prophet`: the Hydra shell around `train.run.run`.
+"""`specdec train experiment=enwik8_prophet`: the Hydra shell around `train.run.run`.
 
 Mistakes answer in one line on stderr with exit status 2, whether Hydra finds them (an unknown
 key, a bad override, a missing config option) or the project does (`SpecdecError`);

@@ -1,5 +1,5 @@
 """Training checkpoints: written atomically, checked before a resume, and
-turned into exports (`export_checkpoint`: the one export writer of `train` and scripts/export.py).
+turned into exports (`export_checkpoint`: the one export writer of `train` and specdec export).
 
 A Lightning checkpoint holds the module's hyper-parameters (plain values), its state_dict and the
 task's name (`TaskModule.on_save_checkpoint`); `load_module` rebuilds the module from them through

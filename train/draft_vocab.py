@@ -7,7 +7,7 @@ the target's LM head over the last-layer hidden states a cache holds (at answer 
 counts with the fingerprint of the tokenizer they were counted with (task=hf_eagle3 refuses a
 count file of another tokenizer, `train.tasks.hf_eagle3.read_token_counts`), atomically.
 
-`draft_vocab(DraftVocabJob(...))` (scripts/draft_vocab.py, the recipe's draft_vocab step) counts
+`draft_vocab(DraftVocabJob(...))` (specdec draft-vocab, the recipe's draft_vocab step) counts
 and writes them and reports, for each candidate size N, the coverage (the share of held-out greedy
 tokens inside the N most counted) and the draft cost c (one head step with an N-row LM head over
 one target step, timed side by side: `time_costs`), so the default size comes from measurements.

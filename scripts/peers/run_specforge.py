@@ -1,6 +1,6 @@
 """Train SpecForge's (0.2.0) offline EAGLE-3 trainer on this CPU, patched at run time only.
 
-    python scripts/peers/run_specforge.py --data DIR --verifier DIR --out DIR --aux-layers 2 15 27 \
+    python scripts/peers/run_specforge.py --data DIR --verifier DIR --out DIR --aux-layers 2,15,27 \
         [--draft-vocab-size D --vocab-mapping FILE] [--minutes M] [--max-steps N] [--threads 1] \
         [--ttt-steps 3] [--lr 1e-4] [--max-length 2048] [-- EXTRA section.field=value overrides]
 
@@ -31,7 +31,7 @@ Patches, none of them a file edit:
 The target folder SpecForge reads its embedding and LM head from (`TargetHead`, which requires a
 `*.index.json`) is OUT/target: links to the verifier's files and a `model.safetensors.index.json`
 naming each tensor of `model.safetensors`, `lm_head.weight` included (SmolLM2 ties it to the
-embedding; `scripts/train_peers.py` writes the tied tensor under both names). The final checkpoint
+embedding; `specdec peers` writes the tied tensor under both names). The final checkpoint
 is exported with SpecForge's own `export_to_sglang` to OUT/head, the SGLang layout
 (`LlamaForCausalLMEagle3`, `midlayer.*`) `specdec_models.export.eagle3.load_eagle3` reads;
 OUT/report.json holds the throughput.

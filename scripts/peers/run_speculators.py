@@ -1,6 +1,6 @@
 """Train vLLM's `speculators` (0.9.0) EAGLE-3 trainer on this CPU, patched at run time only.
 
-    python scripts/peers/run_speculators.py --data DIR --verifier DIR --out DIR --aux-layers 2 15 27 \
+    python scripts/peers/run_speculators.py --data DIR --verifier DIR --out DIR --aux-layers 2,15,27 \
         --mask-token-id ID [--draft-vocab-size D --d2t FILE --t2d FILE] [--minutes M] [--max-steps N] \
         [--threads 1] [--ttt-steps 3] [-- EXTRA speculators train flags]
 

@@ -3,7 +3,7 @@
 
 Each runner (scripts/peers/run_speculators.py, scripts/peers/run_specforge.py) runs in the
 environment where its package is installed (`make setup-interop`: .venv-interop), one process per
-peer trainer, started by `scripts/train_peers.py` as `python scripts/peers/run_<trainer>.py`; it
+peer trainer, started by `specdec peers` as `python scripts/peers/run_<trainer>.py`; it
 imports this module by its file name (its folder is first on sys.path). They live outside the
 installed `train` package: their packages pin other versions than specdec's environment. Each
 applies its peer's runtime patches (no file of the package is edited), trains from the data

@@ -21,7 +21,7 @@ The rules read the CPU's flags, never a clock, so one machine always answers the
   fp32, bf16, fp16; torch's names as aliases), with one help text (`dtypes`);
 - `fast_precision(accelerator)`: the training precision, Lightning's "bf16-mixed" or "32-true" (`dtypes`);
 - the few-row layers' library and kernel by vendor and instruction set (`few_rows`).
-`PIECES` names what `scripts/bench_cpu.py` measures on and off (`pieces_off`, or SPECDEC_CPU_OFF
+`PIECES` names what `specdec bench cpu` measures on and off (`pieces_off`, or SPECDEC_CPU_OFF
 for a whole run: `pieces`); `host_report()` says what this host uses.
 
 Modules: `dtypes` (the dtype and precision rules, CPU flags), `few_rows` (the layers),
@@ -130,7 +130,7 @@ def host_report() -> dict[str, Any]:
 
 
 def comparisons() -> list[tuple[str, tuple[torch.dtype, frozenset[str]], tuple[torch.dtype, frozenset[str]]]]:
-    """What `scripts/bench_cpu.py` times to tell what each piece this host uses buys: (name, on,
+    """What `specdec bench cpu` times to tell what each piece this host uses buys: (name, on,
     off), each setting a (dtype, pieces off) pair. Few-row layers in fp32 (and in bf16 where oneDNN
     runs it), each fp32 kernel the host's rule takes against what it would take without it, and
     the dtype rule: bf16 against fp32, each as `prepare_for_device` makes it."""

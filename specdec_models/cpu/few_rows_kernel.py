@@ -6,8 +6,8 @@ Decoding reads every weight once per call and multiplies it by few rows, so a ca
 what reading the weights costs; MKL's few-row product runs well below that on an AVX2 EPYC
 (docs/cpu.md). This kernel streams each weight row once and takes its dot products with the rows of
 x four at a time while the weight row sits in L1 (each x row is read from cache), the output rows
-split between threads (kernels alone: `python scripts/bench_cpu.py --matmul-rows 1 4 8 16`; end to
-end: `python scripts/bench_cpu.py`, the piece "dot"). It is plain numba
+split between threads (kernels alone: `specdec bench cpu --matmul-rows 1,4,8,16`; end to
+end: `specdec bench cpu`, the piece "dot"). It is plain numba
 (`njit(parallel=True, fastmath=True)`): LLVM vectorises the dot products for the host's own
 instructions.
 

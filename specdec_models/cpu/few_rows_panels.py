@@ -5,7 +5,7 @@ fp32 calls of a few to 64 rows on an AVX2 CPU, at close to the host's arithmetic
 four rows that runs at the speed of reading the weights, but every four rows more take another pass
 in which each step loads five vectors for four multiply-adds, and from 8 rows x no longer sits in
 L1, so at 16 rows it takes more than twice what reading the weights or the arithmetic costs, and
-oneDNN's packed product is no faster (docs/cpu.md; `python scripts/bench_cpu.py --matmul-rows 16`).
+oneDNN's packed product is no faster (docs/cpu.md; `specdec bench cpu --matmul-rows 16`).
 
 Here the weight is packed once into panels of 16 output columns, (out / 16, in, 16): panel p, row
 k holds W[16p : 16p + 16, k]. A tile of up to 6 rows of x by one panel keeps its 6 x 16 sums in

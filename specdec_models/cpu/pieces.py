@@ -2,9 +2,9 @@
 
 Each piece is a rule the corner applies by itself where this host's flags say it pays; none is a
 user option. To measure what one buys, turn it off:
-- in a process, for a block: `with pieces_off({"dot"}): ...` (`scripts/bench_cpu.py` does so,
+- in a process, for a block: `with pieces_off({"dot"}): ...` (`specdec bench cpu` does so,
   interleaving pieces on and off prompt by prompt);
-- for a whole run: `SPECDEC_CPU_OFF=dot,panels python -m specdec_models.decode ...` (the one
+- for a whole run: `SPECDEC_CPU_OFF=dot,panels specdec decode ...` (the one
   environment variable the corner reads, once, at import; a name it does not know is a one-line
   error at the first `prepare_for_device`).
 

@@ -1,10 +1,10 @@
-"""Kernel timings for `scripts/bench_cpu.py --matmul-rows`: what each few-row path costs alone.
+"""Kernel timings for `specdec bench cpu --matmul-rows`: what each few-row path costs alone.
 
 `matmul_costs(model, rows)` multiplies `rows` rows by every linear weight of an fp32 model (its
 whole set of weights, streamed from memory as a decoding step streams them, without the step's
 other work) by each path `few_rows.FewRowsLinear` can take; the rules of `few_rows` (how many rows
 each kernel takes on which host) were set from such timings. The end-to-end figure of each piece
-is `scripts/bench_cpu.py`'s own.
+is `specdec bench cpu`'s own.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The decoding CLI: `python -m specdec_models.decode --export DIR --prompt TEXT`.
+"""The decoding CLI: `specdec decode --export DIR --prompt TEXT`.
 
 Loads an export (see `specdec_models.export`), encodes the prompt with the export's tokenizer
 (kind "bytes": the UTF-8 bytes, token id = byte value), runs `generate` with the chosen method
@@ -20,13 +20,13 @@ an `hf_prophet` export trained for this target (alone, it names its target by th
 and `--eagle3 DIR` an EAGLE-3 head for this target in any layout: specdec's hf_eagle3 export, vLLM's
 speculators format or SGLang's (`specdec_models.export.eagle3`), e.g. one trained by another tool.
 
-    python -m specdec_models.decode --export outputs/run/export --prompt "The quick brown fox" \
+    specdec decode --export outputs/run/export --prompt "The quick brown fox" \
         --gamma 5 --temperature 0.8 --top-p 0.95 --max-new-tokens 200 --batch 4 --json
-    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --prophet HEAD_DIR \
+    specdec decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --prophet HEAD_DIR \
         --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4
-    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --eagle3 SPECULATORS_DIR \
+    specdec decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --eagle3 SPECULATORS_DIR \
         --chat --prompt "What is the capital of France?" --temperature 0 --gamma 4 --json
-    python -m specdec_models.decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --lookup 4..16 \
+    specdec decode --gguf SmolLM2-135M-Instruct.Q4_1.gguf --lookup 4..16 \
         --chat --prompt "Repeat after me: the cat sat on the mat." --temperature 0
 """
 
@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from .. import byte_tokenizer
+from ..cli_args import Parser
 from ..cpu import add_dtype_argument, prepare_for_device, resolve_device, resolve_dtype
 from ..device import HELP, pick_device
 from ..errors import SpecdecError, check, prog
@@ -52,25 +53,15 @@ from .cost import stored_profile
 from .datastore import Datastore
 from .drafters import Drafter, DraftModel, HeadDrafter, Lookup, TreeDrafter
 from .inputs import parse_gamma
+from .lookup import parse_lookup
 from .speculative import VERIFY
-from .tree import TreeSpec
+from .tree import TreeSpec, add_tree_argument
 
 METHODS = ("base", "draft", "prophet", "eagle3", "lookup")
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse prints the usage and exits on a bad argument; this CLI answers one line, exit 2."""
-
-    def error(self, message: str):
-        raise _UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog("python -m specdec_models.decode"),
+    parser = Parser(prog=prog("specdec decode"),
                      description="Generate text from a specdec export or a Hugging Face model with plain or "
                                  "speculative decoding.")
     parser.add_argument("--export", metavar="DIR",
@@ -88,16 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eagle3", metavar="DIR",
                         help="Hugging Face target: an EAGLE-3 head for it (specdec hf_eagle3 export, speculators or "
                              "SGLang layout)")
-    parser.add_argument("--tree", metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]",
-                        default=None,
-                        help="with --eagle3: draft a tree instead of a chain (e.g. 3,2,1: 3 steps, 2 children per "
-                             "expanded node, 1 node expanded per step; gamma is then unused); a fourth number adds "
-                             "that many prompt-lookup tokens as one more path (e.g. 3,2,1,6; 4..16: doubling after "
-                             "each fully accepted lookup, up to 16); a last number with a point expands only nodes "
-                             "whose draft probability reaches it (e.g. 6,3,1,4..16,0.3); nodes=N verifies only the N "
-                             "most probable of the head's nodes (e.g. 6,3,2,4..16,0.3,nodes=12); keep=P (greedy) "
-                             "verifies only the head's nodes whose draft probability reaches P (e.g. "
-                             "8,4,3,4..16,0.1,keep=0.05)")
+    add_tree_argument(parser, "with --eagle3: draft a tree instead of a chain (gamma is then unused)")
     parser.add_argument("--lookup", metavar="N[..MAX]", default=None,
                         help="prompt-lookup decoding (method lookup, no draft model): N tokens that followed the "
                              "context's last n-gram earlier in it, verified in one call per round; N..MAX doubles "
@@ -117,11 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verify", choices=VERIFY, default="block",
                         help="how a sampled draft chain is accepted: block (default; decode/block.py: lossless, "
                              "never fewer tokens per round) or token by token")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample from the K most probable tokens only (default: all)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="sample from the smallest set of tokens whose probability reaches P (default: all)")
     parser.add_argument("--repetition-penalty", type=float, default=None,
                         help="divide the logits (> 0; multiply those < 0) of ids already in the context (1 = none)")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=200,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--batch", type=int, default=1, help="decode the prompt N times as one batch")
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling generator")
     parser.add_argument("--eos-id", type=int, default=None,
@@ -140,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result = run(args)
-    except (_UsageError, SpecdecError) as error:
+    except SpecdecError as error:
         message = " ".join(str(error).split())
         print(f"error: {message}", file=sys.stderr)
         return 2
@@ -162,8 +147,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check(len(args.prompt) > 0, "--prompt is empty: give at least one character")
     # one that is not here: refused before any loading; auto said on stderr (stdout is the text)
     args.device = resolve_device(pick_device(args.device, sys.stderr), "--device")
+    args.tree = TreeSpec.parse(args.tree) if args.tree else None      # checked by the parser, before any loading
     if args.tree is not None:
-        args.tree = TreeSpec.parse(args.tree)          # parsed once, before any model is loaded
         check(args.eagle3, "--tree drafts with an EAGLE-3 head: give --eagle3 DIR")
     if args.lookup is not None:
         args.lookup = parse_lookup(args.lookup)
@@ -258,15 +243,6 @@ def run_hf(args: argparse.Namespace, sampling: SamplingConfig) -> dict[str, Any]
                              generator=_generator(args))
     continuations = [hf.tokenizer.decode(t.tolist(), skip_special_tokens=True) for t in tokens]
     return {"method": method, "continuations": continuations, "stats": stats.to_dict()}
-
-
-def parse_lookup(text: str) -> tuple[int, int]:
-    """--lookup 'N' or 'N..MAX': (lookup, lookup_max), as `Lookup` takes them (lookup_max 0: fixed)."""
-    parts = text.split("..")
-    check(len(parts) <= 2 and all(p.strip().isdigit() for p in parts),
-          f"--lookup is N or N..MAX (positive integers, e.g. 4 or 4..16), got {text!r}")
-    Lookup(*(int(p) for p in parts))              # its own one-line checks (N >= 1, MAX >= N), before any loading
-    return int(parts[0]), int(parts[1]) if len(parts) == 2 else 0
 
 
 def _drafter(draft: Any = None, head: Any = None, tree: TreeSpec | None = None, lookup: tuple[int, int] | None = None,

@@ -147,8 +147,8 @@ def cost_ratios(times: StepTimes, target_times: StepTimes | None = None) -> tupl
 
 def measure_costs(target, batch: int, context: int, gammas: Sequence[int], drafter: Any = None, *,
                   steps: int = 20, warmup: int = 3) -> StepTimes:
-    """Time 1-token target steps, verify calls of gamma + 1 tokens for each gamma, and the chain
-    drafter's steps (a `DraftModel`'s or a `HeadDrafter`'s) on KV caches filled with `context`
+    """Time 1-token target steps, verify calls of gamma + 1 tokens for each gamma, and the drafter's
+    steps (a `DraftModel`'s or a `HeadDrafter`'s; a block head's one pass) on KV caches filled with `context`
     random tokens, each call rolled back so all see the same length. For gammas a decoding run did
     not use; a run's own `StepTimes` (timed inside `generate`) is the better source for the gamma it ran."""
     # the drafter is told by its method: this module is below the drafters (decode.protocol)

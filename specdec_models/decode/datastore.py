@@ -77,7 +77,7 @@ class Datastore:
         """A datastore `save` wrote; a missing or foreign file is one line."""
         path = Path(path).expanduser()
         check(path.is_file(), f"datastore {path} does not exist (write one from a regenerated cache: "
-                              f"scripts/compare_hf_drafts.py datastore --cache CACHE --out FILE)")
+                              f"specdec bench compare-hf-drafts datastore --cache CACHE --out FILE)")
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))

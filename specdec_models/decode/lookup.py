@@ -79,3 +79,12 @@ class Lookup(Drafter):
         path = self.path
         self.context += verdict.tokens
         self.lookup = self.tree.next_lookup(self.lookup, len(verdict.path) == len(path) if path else None)
+
+
+def parse_lookup(text: str) -> tuple[int, int]:
+    """--lookup 'N' or 'N..MAX': (lookup, lookup_max), as `Lookup` takes them (lookup_max 0: fixed)."""
+    parts = text.split("..")
+    check(len(parts) <= 2 and all(p.strip().isdigit() for p in parts),
+          f"--lookup is N or N..MAX (positive integers, e.g. 4 or 4..16), got {text!r}")
+    Lookup(*(int(p) for p in parts))              # its own one-line checks (N >= 1, MAX >= N), before any loading
+    return int(parts[0]), int(parts[1]) if len(parts) == 2 else 0

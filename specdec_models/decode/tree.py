@@ -87,6 +87,7 @@ of the tree; `stats.drafted` counts the draft nodes the target verified (the loo
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import math
 from dataclasses import dataclass
@@ -103,6 +104,14 @@ from .chain import Eagle3Drafter
 from .datastore import Datastore
 from .protocol import Draft, Plan, Verdict
 from .stats import NODE_Q_EDGES
+
+# The tree grammar every command line takes (`TreeSpec.parse`, the one parser; `add_tree_argument`)
+TREE_METAVAR = "DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]"
+TREE_HELP = ("DEPTH head steps, TOPK children per expanded node, WIDTH nodes expanded per step (e.g. 6,3,1); LOOKUP "
+             "adds that many prompt-lookup tokens as one more path (LOOKUP..MAX: doubling after each fully accepted "
+             "lookup, up to MAX, e.g. 6,3,1,4..16); a last number with a point expands only nodes whose draft "
+             "probability reaches it (e.g. 6,3,1,4..16,0.3); nodes=N verifies only the N most probable of the "
+             "head's nodes; keep=P (greedy) only the head's nodes of draft probability >= P")
 
 
 @dataclass(frozen=True)
@@ -148,9 +157,8 @@ class TreeSpec:
         the best path's draft probability stays >= 0.2), '6,3,2,4..16,0.3,nodes=12' (the 12 most
         probable of the head's nodes verified) or '8,4,3,4..16,0.1,keep=0.05' (greedy: only head
         nodes of draft probability >= 0.05 verified)."""
-        usage = ("a tree is DEPTH,TOPK,WIDTH[,LOOKUP[..LOOKUP_MAX]][,MIN_PROB][,keep=P][,nodes=N] (positive "
-                 "integers, MIN_PROB and P in [0, 1); e.g. 5,3,3 or 3,2,1,4..16 or 6,3,2,4,0.2,nodes=12 or "
-                 f"8,4,3,4..16,0.1,keep=0.05), got {text!r}")
+        usage = (f"a tree is {TREE_METAVAR} (positive integers, MIN_PROB and P in [0, 1); e.g. 5,3,3 or "
+                 f"3,2,1,4..16 or 6,3,2,4,0.2,nodes=12 or 8,4,3,4..16,0.1,keep=0.05), got {text!r}")
         parts = [p.strip() for p in text.split(",")]
         named: dict[str, str] = {}
         while len(parts) > 3 and "=" in parts[-1]:
@@ -211,6 +219,24 @@ class TreeSpec:
         if not self.adaptive or accepted_all is None:
             return length
         return min(2 * length, self.lookup_max) if accepted_all else self.lookup
+
+
+def tree_argument(text: str) -> str:
+    """An argparse type: `text` if it is a tree (`TreeSpec.parse`) or '' (none), so a bad tree is
+    the parser's one-line error, before any work; the text is kept, as configs and reports hold it."""
+    if text.strip():
+        try:
+            TreeSpec.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return text.strip()
+
+
+def add_tree_argument(parser, what: str, *, flag: str = "--tree", **kwargs):
+    """Add `flag` to `parser`: a draft tree in the one grammar (`TREE_METAVAR`, `TREE_HELP`), its
+    value the tree's text ('' for none); `what` says what the tree does in this command."""
+    return parser.add_argument(flag, type=tree_argument, metavar=TREE_METAVAR, help=f"{what}. {TREE_HELP}",
+                               **kwargs)
 
 
 def lookup_continuation(context: list[int], length: int, max_ngram: int = 3) -> list[int]:

@@ -72,7 +72,7 @@ SPECULATORS_VERSION = "0.9.0"       # the speculators release whose format is wr
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 # speculators' `speculative_tokens` when no drafting is given: the chain every specdec evaluation of an
-# eagle3 head measures (scripts/evaluate.py's and the recipe's gamma 5)
+# eagle3 head measures (specdec evaluate's and the recipe's gamma 5)
 SPECULATIVE_TOKENS = 5
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # what a speculators checkpoint may hold beside the head: the verifier's copies, read and dropped

@@ -40,7 +40,7 @@ def check_hf_draft_dir(out_dir: str | os.PathLike, force: bool = False) -> str |
     others = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".tmp"))
     check(force or not others, f"{out_dir} is not a draft export of this task (it holds {', '.join(others[:3])}"
                                f"{', ...' if len(others) > 3 else ''}): choose an empty or new export directory, "
-                               f"or replace it on purpose (force, scripts/export.py --force)")
+                               f"or replace it on purpose (force, specdec export --force)")
     return None
 
 

@@ -124,7 +124,7 @@ HEAD_EXPORTS = {
 HEAD_KINDS = tuple(HEAD_EXPORTS)
 HEAD_TYPES = tuple(entry.head for entry in HEAD_EXPORTS.values())
 KINDS = ("decoder", "model_with_prophet", *HEAD_KINDS)
-FORCE = "force=True, scripts/export.py --force"
+FORCE = "force=True, specdec export --force"
 CONFIG_HASH_KEY = "specdec_config_sha256"       # in the weights file's safetensors metadata
 HEADER_KEYS = ("format", "format_version", "kind", "main", "prophet", "tokenizer", "target")
 
@@ -287,9 +287,9 @@ def read_export_config(directory: str | os.PathLike) -> dict[str, Any]:
     with what to do when the directory is not a readable export of this format version."""
     directory = Path(directory)
     check(directory.is_dir(), f"export directory {directory} does not exist: pass a directory written by "
-                              f"save_export (python -m train or scripts/export.py)")
+                              f"save_export (specdec train or specdec export)")
     path = directory / CONFIG_NAME
-    check(path.is_file(), f"{path} is missing: {directory} is not a specdec export (write one with scripts/export.py)")
+    check(path.is_file(), f"{path} is missing: {directory} is not a specdec export (write one with specdec export)")
     config = read_json_object(path, "re-export the model")
     check(config.get("format") == FORMAT,
           f"{path} has format {config.get('format')!r}, expected {FORMAT!r}: not a specdec export")

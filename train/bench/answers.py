@@ -1,4 +1,4 @@
-"""The two in-process answering paths raced on the same ShareGPT conversations (`scripts/bench_answers.py`).
+"""The two in-process answering paths raced on the same ShareGPT conversations (`specdec bench answers`).
 
 The first path ("simple": `chat_answers.answer_batch`, turn k of a batch of `slots` conversations
 together, each turn's context prefilled whole) and the engine ("batched": `answer_engine`,

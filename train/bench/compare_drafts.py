@@ -1,4 +1,4 @@
-"""Which draft should a trained target use? The benchmark behind `scripts/compare_drafts.py`.
+"""Which draft should a trained target use? The benchmark behind `specdec bench compare-drafts`.
 
 The target is a `model_with_prophet` export of `python -m train` (its main model is the target;
 its jointly trained prophet is one candidate). The trained candidates (`candidates`):
@@ -98,7 +98,7 @@ def train_candidate(name: str, overrides: list[str], run_dir: Path, retrain: boo
 def compare(args: Any) -> dict[str, Any]:
     """The whole comparison: train (or reuse) every candidate under `args.out`/runs, decode the
     validation prompts with each, interleaved with plain decoding; the result (`markdown`, `plot`,
-    `write_result`). `args`: scripts/compare_drafts.py's arguments (target_export, data, student,
+    `write_result`). `args`: specdec bench compare-drafts's arguments (target_export, data, student,
     steps, seq_len, batch_size, prompt_len, lr, gamma, divergences, data_sources, no_frozen_prophet,
     prompts, prompt_bytes, max_new_tokens, repeats, threads, retrain, out)."""
     from specdec_models import ModelWithProphet, load_export

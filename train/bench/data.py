@@ -1,4 +1,4 @@
-"""The bytes the training benchmarks read (scripts/bench_train.py): `data_file` (a byte file, else
+"""The bytes the training benchmarks read (specdec bench train): `data_file` (a byte file, else
 the shared text file, else synthetic bytes), `byte_batches` (training batches by index and the
 validation split, split as the enwik8 DataModule splits a file) and `validation_rows` (fixed
 validation windows and prompts from that split)."""

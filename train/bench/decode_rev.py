@@ -1,5 +1,5 @@
 """The decoding loop of this checkout against the loop of an earlier git revision, on one target
-and one EAGLE-3 head, batch 1, interleaved in one process: `scripts/bench_decode_rev.py`.
+and one EAGLE-3 head, batch 1, interleaved in one process: `specdec bench decode-rev`.
 
 A change to `specdec_models.decode` must not make decoding slower. The only fair comparison is
 side by side: the same target object, the same head weights, the same prompts and the same

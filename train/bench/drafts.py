@@ -19,12 +19,12 @@ length). A drafter's keyword arguments may hold its own "gamma" (each drafter at
 suits its cost and acceptance).
 
 `compare_hf(loaded, target, prompt_sets, HFDrafters(...), CompareSettings(...))` is the
-comparison of scripts/compare_hf_drafts.py: the drafters of one Hugging Face target (eagle3 heads
+comparison of specdec bench compare-hf-drafts: the drafters of one Hugging Face target (eagle3 heads
 in any layout, a prophet head, a distilled student, prompt lookup, an untrained head) on each
 prompt set, then greedy exactness in fp32. `greedy_matches_transformers` checks greedy output
 against transformers' own `generate()`; `write_report` writes results.json, table.md
 (`markdown_table`) and compare.png (`plot`, matplotlib) together. `first_layers`
-(`train.bench.hf`) makes the student a distilled draft starts from (scripts/compare_hf_drafts.py).
+(`train.bench.hf`) makes the student a distilled draft starts from (specdec bench compare-hf-drafts).
 """
 
 from __future__ import annotations

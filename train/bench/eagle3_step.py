@@ -1,7 +1,7 @@
 """Which precision trains an eagle3 head faster on this machine: its training step timed per
 precision, interleaved, on the rows of a hidden-state cache.
 
-    python scripts/bench_train.py --eagle3-step CACHE --draft-vocab COUNTS.json --threads 1
+    specdec bench train --eagle3-step CACHE --draft-vocab COUNTS.json --threads 1
 
 One copy of the head per precision (`32-true`, `bf16-mixed`), all starting from the same weights,
 each trained with its own AdamW on the same batches; a round steps every copy once on the round's
@@ -64,7 +64,7 @@ def _autocast(precision: str):
 
 def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, log=print, **settings: Any) -> dict[str, Any]:
     """Time interleaved training steps per precision (module docstring) by `settings`, the fields
-    of `Eagle3StepSettings`; `counts`: a scripts/draft_vocab.py file (needed when the draft
+    of `Eagle3StepSettings`; `counts`: a specdec draft-vocab file (needed when the draft
     vocabulary is below the target's; None: the whole vocabulary); `log` hears a line per round."""
     precisions, rounds, warmup, batch_size, ttt_steps, draft_vocab_size, aux_layers, lr, seed = astuple(
         Eagle3StepSettings(**settings))
@@ -81,7 +81,7 @@ def bench_eagle3_step(cache: str | Path, counts: str | Path | None, *, log=print
     check(draft_vocab_size is None or counts is not None,
           f"a draft vocabulary of {draft_vocab_size} tokens is chosen from token counts: give --draft-vocab "
           f"COUNTS.json "
-          f"(scripts/draft_vocab.py), or --draft-vocab-size 0 for the target's whole vocabulary")
+          f"(specdec draft-vocab), or --draft-vocab-size 0 for the target's whole vocabulary")
     check(counts is None or Path(counts).expanduser().is_file(), f"--draft-vocab {counts} does not exist")
     meta = check_cache(cache)
     check(meta["model"]["kind"] == "hf", f"{cache} caches a specdec export's embeddings, not a Hugging Face target's")

@@ -1,8 +1,8 @@
-"""scripts/evaluate.py as a library call: `EvalJob` (what the command line gives), `check_job`
+"""specdec evaluate as a library call: `EvalJob` (what the command line gives), `check_job`
 (every input checked before any model loads, one line), `run_evaluation` (load, decode, write).
 
 The recipe (`train.eagle3_recipe`) checks its evaluation's job with `check_job` before its first
-step and runs it with `run_evaluation` as its evaluate step; scripts/evaluate.py parses a command
+step and runs it with `run_evaluation` as its evaluate step; specdec evaluate parses a command
 line into the same job. What is scored and how: `train.bench.evaluate`; the report:
 `train.bench.eval_report`.
 """
@@ -25,7 +25,7 @@ TREE_COLUMNS = ("+tree", "+tree+lookup")     # NAME+tree: the head's own tree; N
 
 @dataclass(frozen=True)
 class EvalJob:
-    """scripts/evaluate.py's inputs, as its --help describes them: the target, the heads
+    """specdec evaluate's inputs, as its --help describes them: the target, the heads
     ("NAME=PATH" each), the tree SPEC and chain gamma they draft with, prompt lookup ("N[..MAX]"),
     the benchmarks and their subset, the speed part's prompts per benchmark ("K|NAME=K,..."),
     the acceptance part's rows per chain call, the temperatures ("0,1"), the answers' length, dtype
@@ -73,9 +73,9 @@ class CheckedEval:
 
 
 def parse_heads(specs) -> dict[str, str]:
-    """--head NAME=PATH ...: {name: path}, each path holding an EAGLE-3 head in one of the three
-    layouts (`export.eagle3.detect_layout`, which reads only its config)."""
-    from specdec_models.export.eagle3 import detect_layout
+    """--head NAME=PATH ...: {name: path}, each path holding a head of a kind `export.heads.HEADS`
+    lists, in one of its layouts (`export.heads.detect_head`, which reads only its config)."""
+    from specdec_models.export.heads import detect_head
 
     heads: dict[str, str] = {}
     for spec in specs:
@@ -85,7 +85,7 @@ def parse_heads(specs) -> dict[str, str]:
         check(name not in RESERVED and not name.endswith(TREE_COLUMNS),
               f"--head name {name!r} is reserved: plain, lookup, NAME+tree and NAME+tree+lookup name other columns")
         check(name not in heads, f"--head {name} is given twice")
-        detect_layout(path)
+        detect_head(path)
         heads[name] = path
     return heads
 
@@ -120,7 +120,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
     `heads_exist=False`: the heads are checked as NAME=PATH only (the recipe checks its evaluation
     before the head is trained); `load_prompts=False`: the benchmarks' files are not read."""
     from specdec_models.cpu import parse_dtype, resolve_device, resolve_dtype
-    from specdec_models.decode.__main__ import parse_lookup
+    from specdec_models.decode.lookup import parse_lookup
     from specdec_models.decode.tree import TreeSpec
     from specdec_models.device import auto_device
     from specdec_models.files import check_output
@@ -161,69 +161,125 @@ def run_evaluation(job: EvalJob, command: str) -> list[Path]:
     import torch
 
     from specdec_models.device import AUTO, auto_line
-    from train.bench import eval_report
+    from train.bench import eval_report, eval_resume
 
     c = check_job(job)
+    wanted = eval_resume.settings(job, c)
+    done = {name: kept for name, kept in eval_resume.resume(c.out, wanted, job.force).items() if name in c.names}
     if job.device == AUTO:
         print(auto_line(c.device), file=sys.stderr, flush=True)
     if job.threads is not None:
         torch.set_num_threads(job.threads)
-    hf, drafters = load(job.target, c.heads, c.tree, c.lookup, c.device, c.dtype)
+    hf, loaded, found = load(job.target, c.heads, c.device, c.dtype)
+    drafters = drafters_for(loaded, c.tree, c.lookup)
+    columns = head_columns(loaded, found, c.heads, job.gamma, c.tree)
+    for column, why in columns["skipped"].items():
+        print(f"{column}: skipped, {why}", file=sys.stderr, flush=True)
     strict = c.dtype == torch.float32
     results, parts = {}, {}
     for name in c.names:
         def progress(line: str, name: str = name) -> None:
             print(f"{name}: {line}", file=sys.stderr, flush=True)
 
-        results[name], parts[name] = score_benchmark(hf, drafters, name, c, job, strict, progress)
+        if name in done:
+            progress(f"resumed: scored by an earlier run of this command ({eval_resume.partial_dir(c.out)})")
+            results[name], parts[name] = done[name]["results"], done[name]["parts"]
+            continue
+        results[name], parts[name] = score_benchmark(hf, drafters, name, c, job, strict, progress,
+                                                     {k: v["gamma"] for k, v in columns["heads"].items()})
+        eval_resume.save(c.out, wanted, name, results[name], parts[name])
     report = make_report(command, job, c, strict, drafters, results, parts)
-    return eval_report.write(report, c.out)
+    report["settings"].update(columns)
+    report["resumed"] = sorted(done)
+    written = eval_report.write(report, c.out)
+    eval_resume.finish(c.out)
+    return written
 
 
-def load(target: str, heads: dict[str, str], tree, lookup, device, dtype):
-    """The target (`export.load_hf_run`), each head on it (`export.eagle3.load_eagle3`), readied
-    for the device; the drafters in column order (`drafters_for`)."""
+def load(target: str, heads: dict[str, str], device, dtype):
+    """The target (`export.load_hf_run`) and each head on it, whatever its kind and layout
+    (`export.heads`), readied for the device. Returns (the run, {name: head}, {name: `FoundHead`})."""
     from transformers.utils import logging
 
     from specdec_models.cpu import prepare_for_device
     from specdec_models.export import load_hf_run
-    from specdec_models.export.eagle3 import load_eagle3
+    from specdec_models.export.heads import detect_head
+    from specdec_models.export.layouts import load_head
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()
     hf = load_hf_run(target, dtype=dtype)
     check(getattr(hf.tokenizer, "chat_template", None), f"--target {target}: its tokenizer has no chat template; "
                                                         "MT-Bench and HumanEval are asked as chat turns")
-    loaded = {name: load_eagle3(path, hf.target) for name, path in heads.items()}
+    found = {name: detect_head(path) for name, path in heads.items()}
+    loaded = {name: load_head(path, hf.target, found[name].kind) for name, path in heads.items()}
     prepare_for_device([hf.target, *loaded.values()], device, dtype)
     sizes = {head.vocab_size for head in loaded.values()}
     check(len(sizes) <= 1, f"the heads draft in different vocabularies ({sorted(sizes)}): one target, one vocabulary")
-    return hf._replace(vocab_size=sizes.pop() if sizes else hf.vocab_size), drafters_for(loaded, tree, lookup)
+    return hf._replace(vocab_size=sizes.pop() if sizes else hf.vocab_size), loaded, found
+
+
+def block_tree(tree, head):
+    """A block head's tree (`decode.block_draft.BlockDrafter`): `tree`'s top-k per position and
+    frontier width, its depth capped at the head's block, without the lookup path, node budget or
+    keep that only an EAGLE-3 head's tree takes."""
+    from specdec_models.decode.tree import TreeSpec
+
+    return TreeSpec(depth=min(tree.depth, head.max_gamma), topk=tree.topk, width=tree.width, min_prob=tree.min_prob)
 
 
 def drafters_for(heads: dict, tree, lookup: tuple[int, int] | None) -> dict:
     """{column: Drafter} in column order: each head's chain (NAME), its own tree (NAME+tree: `tree`
-    with its lookup part removed, so the column is the head's alone) and, when `tree` has a lookup
-    part, the full tree (NAME+tree+lookup: the head's paths and a looked-up one in one verify
-    call); then prompt lookup alone (lookup)."""
+    with its lookup part removed, so the column is the head's alone; a block head's is `block_tree`)
+    and, when `tree` has a lookup part and the head's tree drafter takes one (an EAGLE-3 head's, not a
+    block head's: `head_columns` says it is skipped), the full tree (NAME+tree+lookup: the head's
+    paths and a looked-up one in one verify call); then prompt lookup alone (lookup)."""
     from dataclasses import replace
 
     from specdec_models.decode import HeadDrafter, Lookup, TreeDrafter
+    from specdec_models.decode.block_draft import BlockDrafter, is_block_head
 
     drafters = {}
     for name, head in heads.items():
         drafters[name] = HeadDrafter(head)
-        if tree is not None:
-            drafters[f"{name}+tree"] = TreeDrafter(head, replace(tree, lookup=0, lookup_max=0))
-            if tree.lookup:
-                drafters[f"{name}+tree+lookup"] = TreeDrafter(head, tree)
+        if tree is None:
+            continue
+        if is_block_head(head):
+            drafters[f"{name}+tree"] = BlockDrafter(head, block_tree(tree, head))
+            continue
+        drafters[f"{name}+tree"] = TreeDrafter(head, replace(tree, lookup=0, lookup_max=0))
+        if tree.lookup:
+            drafters[f"{name}+tree+lookup"] = TreeDrafter(head, tree)
     if lookup is not None:
         drafters["lookup"] = Lookup(*lookup)
     return drafters
 
 
-def score_benchmark(hf, drafters, name: str, c: CheckedEval, job: EvalJob, strict: bool, progress):
-    """One benchmark's two parts (`train.bench.evaluate`): the contexts built once with the
+def head_columns(heads: dict, found: dict, paths: dict[str, str], gamma: int, tree) -> dict:
+    """What the report says of each head: {"heads": {name: {"path", "kind", "layout", "gamma" (its
+    chain's length: --gamma, capped at a block head's block), "tree_depth" (its tree's, with --tree)}},
+    "skipped": {column: why}} (a block head's NAME+tree+lookup, when --tree has a lookup part)."""
+    from specdec_models.decode.block_draft import is_block_head
+
+    described, skipped = {}, {}
+    for name, head in heads.items():
+        block = is_block_head(head)
+        kind = found[name].kind.name
+        entry = {"path": str(paths[name]), "kind": kind, "layout": found[name].layout,
+                 "gamma": min(gamma, head.max_gamma) if block else gamma}
+        if tree is not None:
+            entry["tree_depth"] = block_tree(tree, head).depth if block else tree.depth
+            if block and tree.lookup:
+                skipped[f"{name}+tree+lookup"] = (f"a {kind} head drafts its tree from one pass and takes no "
+                                                  f"lookup path")
+        described[name] = entry
+    return {"heads": described, "skipped": skipped}
+
+
+def score_benchmark(hf, drafters, name: str, c: CheckedEval, job: EvalJob, strict: bool, progress,
+                    gammas: dict[str, int] | None = None):
+    """One benchmark's two parts (`train.bench.evaluate`), each head's chain `gammas[name]` long
+    (default --gamma): the contexts built once with the
     target's batched greedy answers, the speed part on `c.speed[name]` of the prompts taken across
     categories, then the acceptance part on every prompt (the speed part's drafter calls count
     there too, not decoded twice). Returns ({temperature key: {"acceptance": groups, "speed":
@@ -234,7 +290,8 @@ def score_benchmark(hf, drafters, name: str, c: CheckedEval, job: EvalJob, stric
     from train.bench.evaluate import acceptance, contexts, evaluate
 
     prompts = c.prompts[name]
-    common = {"gamma": job.gamma, "vocab_size": hf.vocab_size, "batch": job.tau_batch, "progress": progress}
+    common = {"gamma": job.gamma, "gammas": gammas, "vocab_size": hf.vocab_size, "batch": job.tau_batch,
+              "progress": progress}
     turns = contexts(hf.target, hf.tokenizer, prompts, job.max_new_tokens, c.kwargs, **common)
     picked = across_categories(prompts, c.speed[name])
     decoded: dict = {}

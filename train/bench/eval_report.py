@@ -1,4 +1,4 @@
-"""The evaluation's report (scripts/evaluate.py): `evaluation.json`, `evaluation.md` and
+"""The evaluation's report (specdec evaluate): `evaluation.json`, `evaluation.md` and
 `evaluation.png` written into one folder as a whole (`files.staged_dir`).
 
 The report dict holds `results` = {benchmark: {temperature as text ("0", "1"): {part: {category
@@ -7,8 +7,10 @@ per-position acceptance of each drafter on every prompt) and "speed" (`evaluate.
 decoding and each drafter, batch 1, timed: tokens/s and speed-up), and `prompts` = {benchmark:
 {part: {"prompts", "turns", "ids"}}}, which prompts each part rests on; `parts` says in words how
 each part was decoded. Beside them: the command, the date, the host (its CPU and the flags the
-CPU corner reads, torch, threads, GPU), the device, the dtype and how the greedy check ran
-(`greedy_check`: enforced in fp32, counted in bf16). `markdown(report)` renders per benchmark and
+CPU corner reads, torch, threads, GPU), the device, the dtype, how the greedy check ran
+(`greedy_check`: enforced in fp32, counted in bf16) and, in `settings`, each head's kind, layout,
+chain and tree depth (`heads`) and the columns skipped (`skipped`), which the markdown's header
+lists. `markdown(report)` renders per benchmark and
 temperature a tau table (rows: categories then overall; a column of turns, then each drafter's
 tau), the per-position acceptance (overall) and a speed table (plain decoding's tokens/s, then
 each drafter's tokens/s and speed-up), each headed by its prompt and turn count; `plot(report,
@@ -68,7 +70,10 @@ def markdown(report: dict[str, Any]) -> str:
               "decoding's on the speed prompts, interleaved in one process, batch 1. Prompt lookup "
               "is its own column, never part of a head's tau; NAME+tree+lookup is the head's tree with a "
               "looked-up path."), "",
-             f"Greedy check: {report['greedy_check']}.", ""]
+             f"Greedy check: {report['greedy_check']}.", "", *_head_lines(report)]
+    if report.get("resumed"):
+        lines += [f"Resumed: {', '.join(report['resumed'])} scored by an earlier run of this command (same "
+                  "settings), which was stopped before the report.", ""]
     for bench, by_temperature in report["results"].items():
         for temperature, parts in by_temperature.items():
             lines += [f"## {bench}, T={temperature} ({_prompts(report['prompts'][bench]['acceptance']['prompts'])})",
@@ -76,6 +81,22 @@ def markdown(report: dict[str, Any]) -> str:
             lines += _acceptance_lines(bench, temperature, parts["acceptance"], report)
             lines += _speed_lines(bench, temperature, parts["speed"], report)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _head_lines(report: dict[str, Any]) -> list[str]:
+    """Each head's kind, layout, chain and tree depth, and the columns skipped (reports that record
+    them: `eval_job.head_columns`)."""
+    heads = report.get("settings", {}).get("heads") or {}
+    described = [f"{name}: {h['kind']} ({h['layout']} layout), chain of {h['gamma']}"
+                 + (f", tree depth {h['tree_depth']}" if "tree_depth" in h else "")
+                 for name, h in heads.items() if isinstance(h, dict)]
+    if not described:
+        return []
+    lines = ["Heads: " + "; ".join(described) + ".", ""]
+    skipped = report["settings"].get("skipped") or {}
+    if skipped:
+        lines += ["Skipped: " + "; ".join(f"{column} ({why})" for column, why in skipped.items()) + ".", ""]
+    return lines
 
 
 def _acceptance_lines(bench: str, temperature: str, by_group: dict, report: dict) -> list[str]:

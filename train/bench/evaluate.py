@@ -150,15 +150,22 @@ class EvalOptions:
     target's greedy answers that build second turns, `acceptance`'s chains), `turns`: each
     prompt's turns already built (`contexts`), else they are built here, and `decoded`: a dict
     that `evaluate` fills with each drafter's `DecodeStats` per (temperature, drafter, prompt id,
-    turn) and in which `acceptance` finds the turns it need not decode again."""
+    turn) and in which `acceptance` finds the turns it need not decode again; `gammas`: {drafter
+    name: its chain's length} for the drafters whose chain is not `gamma` long (a block head's,
+    capped at its block)."""
 
     gamma: int = 5
+    gammas: Mapping[str, int] | None = None
     vocab_size: int | None = None
     strict: bool = True
     progress: Callable[[str], None] | None = None
     batch: int = 16
     turns: Sequence[Sequence[Tensor]] | None = None
     decoded: dict | None = None
+
+    def gamma_of(self, name: str) -> int:
+        """The chain length drafter `name` drafts (`gammas`, else `gamma`)."""
+        return (self.gammas or {}).get(name, self.gamma)
 
 
 class _Pace:
@@ -270,7 +277,7 @@ def evaluate(target, tokenizer, drafters: Mapping[str, Drafter | None], prompts:
                 for name in order:
                     g = torch.Generator(device=ids.device).manual_seed(_seed(seed, i, k))
                     tokens, stats, seconds = _timed(target, ids, max_new_tokens, drafters.get(name), sampling,
-                                                    eos_id, g, o.gamma, o.vocab_size)
+                                                    eos_id, g, o.gamma_of(name), o.vocab_size)
                     emitted[name] = tokens
                     if o.decoded is not None and name != PLAIN:
                         o.decoded[temperature, name, prompt.id, k] = stats
@@ -346,14 +353,15 @@ class _Acceptance:
             for k in range(len(ids_per_turn)):
                 if known(prompt, k) is not None:
                     add(prompt.category, known(prompt, k))
-        rows = self.o.batch if drafter.plan(self.o.gamma).rows is None else 1
+        gamma = self.o.gamma_of(name)
+        rows = self.o.batch if drafter.plan(gamma).rows is None else 1
         calls = _calls(self.prompts, self.turns, rows, lambda p, k: known(p, k) is not None)
         done, total = 0, sum(len(items) for _, items in calls)
         for category, items in calls:
             i, k, ids = items[0]
             g = torch.Generator(device=ids.device).manual_seed(_seed(self.seed, i, k))
             _, stats = generate(self.target, [x for _, _, x in items], self.max_new_tokens, drafter,
-                                sampling=_sampling(temperature), eos_id=self.eos_id, generator=g, gamma=self.o.gamma,
+                                sampling=_sampling(temperature), eos_id=self.eos_id, generator=g, gamma=gamma,
                                 vocab_size=self.o.vocab_size)
             add(category, stats)
             done += len(items)

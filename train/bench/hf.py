@@ -268,7 +268,7 @@ def compare_with_assisted(target: Any, draft: Any, ids: Tensor, *, max_new_token
     its assisted generation with `draft` (hf_assisted) and specdec's `generate` without and with
     the draft (specdec_base, specdec_draft), best of `repeats` each: tokens/s, whether the output
     equals the reference, specdec's tokens per call and acceptance. `batch` > 1 adds specdec rows
-    at that batch (ragged prompts), which transformers cannot run assisted (scripts/compare_hf.py)."""
+    at that batch (ragged prompts), which transformers cannot run assisted (specdec bench compare-hf)."""
     n = max_new_tokens
     hf_kw = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "pad_token_id": 0,
              "attention_mask": torch.ones_like(ids[None])}

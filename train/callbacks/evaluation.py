@@ -183,7 +183,7 @@ class SpeculativeEval(SpecdecCallback):
         self.last_metrics: dict[str, float] = {}
         self.text = byte_tokenizer.decode       # tokens -> text of the samples; the DataModule's decode_text if any
 
-    # -- the evaluation itself (no trainer needed: scripts/bench_train.py times it alone) --------
+    # -- the evaluation itself (no trainer needed: specdec bench train times it alone) --------
 
     def check_module(self, module: L.LightningModule) -> None:
         """What the module's `speculative_models()` decode fits this callback's settings."""

@@ -7,7 +7,7 @@ total and an ETA from this run's pace (a resumed run starts at its checkpoint's 
 otherwise (a pipe, a file, a batch job) it logs plain lines through the `train.progress` logger:
 one every `log_every_seconds`, one after each validation and one at the end, so redirected output
 stays readable line by line (`train.run_log` also writes them to the run's `train.log`, where
-`scripts/plot_runs.py` reads them under the logger name `train.progress`).
+`specdec plot` reads them under the logger name `train.progress`).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def read_answers(out: str | os.PathLike) -> tuple[list[tuple[Conversation, bool]
     """The conversations (with their `truncated` flag) of an answers folder, and its answers.json."""
     out = Path(out).expanduser()
     meta_path = out / META_FILE
-    check(meta_path.is_file(), f"{out} holds no answers ({META_FILE} is missing): write it with scripts/eagle3.py "
+    check(meta_path.is_file(), f"{out} holds no answers ({META_FILE} is missing): write it with specdec eagle3 "
                                f"(step answers) or train.data.chat_answers.answer_conversations")
     meta = json.loads(meta_path.read_text())
     check(meta.get("format") == FORMAT, f"{meta_path} is not a specdec answers file")

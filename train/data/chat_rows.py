@@ -222,7 +222,7 @@ class HFChatDataModule(SpecdecDataModule):
     source of `conversations.read_conversations` with the data's own answers (EAGLE-1's way).
     Conversations held out by id hash (`held_out` of them, `conversations.split_held_out`) are
     the fixed validation rows (`val_windows` of them at most). (A smaller share of a source is a
-    smaller source: `scripts/eagle3.py --conversations N` samples one.)"""
+    smaller source: `specdec eagle3 --conversations N` samples one.)"""
 
     def __init__(self, answers: str | None = None, conversations: str | None = None, tokenizer: str | None = None,
                  seq_len: int = 512, batch_size: int = 4, val_windows: int = 16, val_batch_size: int = 4,

@@ -4,7 +4,7 @@ The enwik8 DataModule (validation, test windows and prompts unchanged, so valida
 compare with online runs) whose training batches are dicts {"tokens": (b, seq_len + 1) int64,
 "embeds": (b, seq_len, dim) bf16 or fp16, and when cached "topk_values" (b, seq_len, K) fp16,
 "topk_indices" (b, seq_len, K) int64} drawn from an embeddings cache (`train.data.embeddings_cache`,
-written by `scripts/cache_embeddings.py`). Batch k of process `rank` is a pure function of
+written by `specdec cache`). Batch k of process `rank` is a pure function of
 (seed, rank, k), as for enwik8, so a resumed run continues the same stream.
 """
 

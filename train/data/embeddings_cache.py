@@ -3,7 +3,7 @@
 A prophet trained on a frozen model (task=prophet_frozen on a specdec export, task=hf_prophet on a
 Hugging Face target) reads that model's last-layer hidden states of each training row; an
 EAGLE-3-class head also reads a few earlier layers ("aux" layers). They can be computed on the
-fly, or once, ahead of training, by `scripts/cache_embeddings.py`, which runs the model over N rows
+fly, or once, ahead of training, by `specdec cache`, which runs the model over N rows
 and stores, per row, the hidden states of `layers` (Hugging Face `hidden_states` indices, 0..depth:
 i is the input of decoder layer i, 0 the embedding output, depth the last layer after the final
 norm, the head's input; default [depth] only), all from one forward pass (regenerated rows:
@@ -83,7 +83,7 @@ META_NAME = "cache.json"
 DATASET_DIR = "dataset"
 MASK = "mask"              # a RowSource column kind: seq_len + 1 uint8 per row (a per-token loss mask)
 DTYPES = ("bfloat16", "float16", "int8")      # names as in specdec_models.config.DTYPES, plus int8
-HOW_TO_BUILD = ("build one with scripts/cache_embeddings.py (--export MAIN_EXPORT --data DATA, or --hf-model DIR / "
+HOW_TO_BUILD = ("build one with specdec cache (--export MAIN_EXPORT --data DATA, or --hf-model DIR / "
                 "--gguf FILE) --out CACHE_DIR")
 
 
@@ -598,7 +598,7 @@ def check_cache(cache: str | os.PathLike, *, weights_sha256: str | None = None, 
     if layers is not None:
         need = normalize_layers(list(layers), meta["depth"])
         check(set(need) <= set(meta["layers"]), f"embeddings cache {cache} holds layers {meta['layers']}; the head "
-                                                f"needs {need}: rebuild it with --layers {' '.join(map(str, need))}")
+                                                f"needs {need}: rebuild it with --layers {','.join(map(str, need))}")
     for name, size in meta["files"].items():
         path = cache / name
         check(path.is_file(), f"embeddings cache {cache} is incomplete: {name} is missing; rebuild it")

@@ -1,7 +1,7 @@
 """The DataModule of a prophet head trained from a Hugging Face target's hidden-state cache
 (`data=hf_embeddings`, task=hf_prophet).
 
-The cache (`train.data.embeddings_cache`, written by `scripts/cache_embeddings.py --hf-model DIR |
+The cache (`train.data.embeddings_cache`, written by `specdec cache --hf-model DIR |
 --gguf FILE`) holds rows of token ids and the target's hidden states at the layers it was built
 with (`cache_meta()["layers"]`: `hidden_states` indices, default the last layer only): token
 windows of text, or prompts continued by the target itself (`train.data.regenerate`). Its last
@@ -109,7 +109,7 @@ class HFEmbeddingsDataModule(SpecdecDataModule):
         """`cache`: the cache directory; `tokenizer`: a model directory or GGUF file whose
         tokenizer shows tokens as text (None: the cache's target); `val_windows`: the cache's last
         rows held out for validation; `extra_caches`: more caches of the same target, layers,
-        seq_len, dtype and kind of rows (e.g. fresh answers, `scripts/cache_embeddings.py
+        seq_len, dtype and kind of rows (e.g. fresh answers, `specdec cache
         --exclude-prompts-of CACHE`), every row of which trains, after `cache`'s training rows;
         `train_windows`: train on the first that many of those rows only (None: all of them), e.g.
         to measure what more rows are worth against the same validation rows."""

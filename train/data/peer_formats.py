@@ -2,7 +2,7 @@
 
 The peers train the same head (Li et al. 2025, "EAGLE-3") from the same kind of data, the
 target's hidden states of training rows, each in its own files. These pure functions write a
-specdec cache made with `--layers A B C L` (three aux layers as Hugging Face `hidden_states`
+specdec cache made with `--layers A,B,C,L` (three aux layers as Hugging Face `hidden_states`
 indices, then L = the target's depth: its last layer AFTER the final norm) in their formats, so
 both train on exactly the rows, features and answer tokens specdec's head trains on.
 
@@ -93,14 +93,14 @@ def before_final_norm(post: Tensor, norm_weight: Tensor) -> Tensor:
 
 def cache_layout(meta: dict[str, Any]) -> tuple[list[int], int]:
     """(the aux layers as `hidden_states` indices, in the cache's order; the cache's slot of each,
-    then the slot of the last layer) of a cache made with `--layers A B C L`, L its depth."""
+    then the slot of the last layer) of a cache made with `--layers A,B,C,L`, L its depth."""
     layers = [int(i) for i in meta["layers"]]
     depth = int(meta["depth"])
     check(depth in layers, f"the cache holds layers {layers}, not the last ({depth}): the peers' teacher is the "
-                           f"target's last layer; rebuild it with --layers A B C {depth}")
+                           f"target's last layer; rebuild it with --layers A,B,C,{depth}")
     aux = [i for i in layers if i != depth]
     check(len(aux) == 3, f"the cache holds aux layers {aux}: the peers' EAGLE-3 heads fuse exactly 3; rebuild it with "
-                         f"--layers A B C {depth}")
+                         f"--layers A,B,C,{depth}")
     return aux, [layers.index(i) for i in aux] + [layers.index(depth)]
 
 

@@ -2,7 +2,7 @@
 
 A draft head is measured on what people ask a chat model, not only on text snippets: these
 prompts are made from templates and topics written here, in two disjoint halves, so the ones a
-head is evaluated on ("valid") never appear in its training data ("train"). `scripts/make_prompts.py
+head is evaluated on ("valid") never appear in its training data ("train"). `specdec prompts
 --kind open` writes them; `--kind text` makes prompts from snippets of a text
 (`train.data.regenerate.prompts_from_text`), `--kind mix` half of each.
 """

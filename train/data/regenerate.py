@@ -31,7 +31,7 @@ recipe's `--batch-size 256` continues 128 rows per call (why 128: docs/eagle3.md
 The target is loaded from a local model directory or a GGUF file (`specdec_models.hf.weights`);
 every input is checked before the weights load, the weights before any row is made.
 `prompts_from_text` makes instruction prompts from snippets of any text (there is no chat dataset
-on an offline machine); `scripts/make_prompts.py` writes them as a chat file.
+on an offline machine); `specdec prompts` writes them as a chat file.
 """
 
 from __future__ import annotations
@@ -425,7 +425,7 @@ def cache_answers(cache: str | os.PathLike, val_windows: int = 0) -> list[list[i
     meta = read_cache_meta(cache)
     check(meta.get("source", {}).get("kind") == "regenerated",
           f"{cache} holds windows of a text, not the target's answers: a datastore is built from a cache of "
-          f"scripts/cache_embeddings.py --prompts")
+          f"specdec cache --prompts")
     check(0 <= val_windows < meta["windows"], f"val_windows must be in [0, {meta['windows']}), got {val_windows}")
     table = open_cache(cache, meta).select_columns(["tokens", "prompt_len", "valid_len"])
     table = table.select(range(meta["windows"] - val_windows))

@@ -1,12 +1,12 @@
 """task=draft_distill: a small draft `Decoder` (the student) distilled from a frozen teacher.
 
-`python -m train experiment=enwik8_draft_distill teacher.export=DIR`. The objective (divergence,
+`specdec train experiment=enwik8_draft_distill teacher.export=DIR`. The objective (divergence,
 decoding settings, corpus / teacher / on-policy data) is `train.tasks.distillation`'s. The
 teacher is loaded from an export (`teacher.export`: a decoder, or the main model of a
 model_with_prophet export) on first use, frozen, and absent from the student's state_dict,
 checkpoints and export (a resumed run reloads it and checks its weights hash). The evaluation
 callback decodes with the teacher as target and the student as draft. The export is the student
-alone, a `decoder` export for `python -m specdec_models.decode --export TEACHER --draft STUDENT`.
+alone, a `decoder` export for `specdec decode --export TEACHER --draft STUDENT`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..data.enwik8 import Enwik8DataModule
 from .base import FrozenModel, NoOptions, SpeculativeModels, Task, required, to_plain, warn_if_not_smaller
 from .distillation import DistillConfig, DistillModule
 
-HOW_TO_EXPORT = "DIR (an export written by python -m train or scripts/export.py)"
+HOW_TO_EXPORT = "DIR (an export written by specdec train or specdec export)"
 
 
 def teacher_config(directory: str | Path) -> ModelConfig:

@@ -1,6 +1,6 @@
 """task=hf_eagle3: an EAGLE-3-class head trained against a frozen Hugging Face target.
 
-`python -m train experiment=smollm2_eagle3 data.cache=DIR head.draft_vocab=COUNTS.json` (from a
+`specdec train experiment=smollm2_eagle3 data.cache=DIR head.draft_vocab=COUNTS.json` (from a
 cache of the target's hidden states, `data=hf_embeddings`), or online (the target runs under
 no_grad at every step) from conversations (`data=hf_chat data.answers=DIR`, `train.data.chat_rows`)
 or plain text (`data=hf_text data.files=[...]`). The head is
@@ -24,7 +24,7 @@ label; `task.feature_noise` adds noise of that many times each aux layer's RMS t
 states in training (both off: neither moved the held-out figures).
 
 Draft vocabulary: the `head.draft_vocab_size` tokens the target emits most as its greedy choice
-on the training data, from a token-count file written by `scripts/draft_vocab.py` (which also
+on the training data, from a token-count file written by `specdec draft-vocab` (which also
 reports coverage and the draft cost c per size); the file records the tokenizer it counted with,
 and another target's is refused in one line. `head.draft_vocab_size: null` keeps the whole
 vocabulary (no file needed). `head.train_lm_head`: the LM head's rows start from the target's and
@@ -114,7 +114,7 @@ class Eagle3Sizes:
     kind: str = "eagle3"
     aux_layers: list[int] | None = None
     draft_vocab_size: int | None = 8192       # null: the target's whole vocabulary
-    draft_vocab: str | None = None            # token counts (scripts/draft_vocab.py), needed below the whole vocabulary
+    draft_vocab: str | None = None            # token counts (specdec draft-vocab), needed below the whole vocabulary
     train_lm_head: bool = True
     init_layer: bool = False                  # start the decoder layer (and fc) from the target's layer
     init_from: str | None = None              # an hf_eagle3 export whose weights the head starts from
@@ -137,22 +137,22 @@ class Eagle3Sizes:
 # ------------------------------------------------------------------------------ token counts
 
 def read_token_counts(path: str | Path, tokenizer: Any, vocab_size: int) -> torch.Tensor:
-    """The token counts (vocab_size,) of a `scripts/draft_vocab.py` file, checked against the
+    """The token counts (vocab_size,) of a `specdec draft-vocab` file, checked against the
     target's tokenizer."""
     path = Path(path).expanduser()
-    check(path.is_file(), f"head.draft_vocab: {path} does not exist (write it with scripts/draft_vocab.py)")
+    check(path.is_file(), f"head.draft_vocab: {path} does not exist (write it with specdec draft-vocab)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise SpecdecError(f"head.draft_vocab: {path} is not a token-count file: {one_line(error)}") from None
     check(isinstance(data, dict) and data.get("format") == COUNTS_FORMAT,
-          f"head.draft_vocab: {path} is not a token-count file of scripts/draft_vocab.py")
+          f"head.draft_vocab: {path} is not a token-count file of specdec draft-vocab")
     # files written since carry the vocabulary's fingerprint, which no library version changes; older
     # ones only the tokenizer's serialized definition
     same = (data["vocabulary_sha256"] == vocabulary_fingerprint(tokenizer) if "vocabulary_sha256" in data
             else data.get("tokenizer_sha256") == tokenizer_fingerprint(tokenizer))
     check(same, f"head.draft_vocab: {path} was counted with another tokenizer than the target's: count again for "
-                f"this target (scripts/draft_vocab.py)")
+                f"this target (specdec draft-vocab)")
     counts = data.get("counts")
     check(isinstance(counts, list) and len(counts) == vocab_size,
           f"head.draft_vocab: {path} holds {len(counts) if isinstance(counts, list) else 'no'} counts, the target's "
@@ -234,7 +234,7 @@ def validate_head(cfg: DictConfig, sizes: Any, make_config: Any, positions: int,
     elif draft_size < vocab:
         counts_file = sizes.draft_vocab
         check(counts_file is not None, f"head.draft_vocab is not set: a draft vocabulary of {draft_size} < {vocab} "
-                                       f"tokens is chosen from token counts (scripts/draft_vocab.py --out FILE)")
+                                       f"tokens is chosen from token counts (specdec draft-vocab --out FILE)")
         draft_ids = choose_draft_vocab(read_token_counts(counts_file, tokenizer, vocab), draft_size).tolist()
         check(start is None or draft_ids == start_ids,
               f"head.draft_vocab={counts_file} chooses another draft vocabulary than the export head.init_from "
@@ -252,7 +252,7 @@ def validate_head(cfg: DictConfig, sizes: Any, make_config: Any, positions: int,
         missing = [i for i in needed if i not in cache_layers]
         check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {cache_layers}; the head needs "
                            f"{needed} (aux layers {head.aux_layers} and the last, {head.target_layers}): rebuild it "
-                           f"with scripts/cache_embeddings.py --layers {' '.join(map(str, needed))}")
+                           f"with specdec cache --layers {','.join(map(str, needed))}")
     metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
                 "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
                 "aux_layers": head.aux_layers}

@@ -1,6 +1,6 @@
 """task=hf_prophet: a prophet head trained against a frozen Hugging Face target.
 
-`python -m train experiment=hf_prophet target.path=DIR|FILE.gguf data.files=[...]` (hidden states
+`specdec train experiment=hf_prophet target.path=DIR|FILE.gguf data.files=[...]` (hidden states
 online) or `... data=hf_embeddings data.cache=DIR` (from a cache). The head is
 `specdec_models.heads.hf_prophet.HFProphet`: the prophet's window layout and loss (`ProphetHead`,
 lucidrains' prophet idea) reading the target's last-layer hidden states after its final norm, and
@@ -8,7 +8,7 @@ sharing (frozen) the target's token embedding and output head, as EAGLE does (Li
 its own weights are a few transformer blocks even for a 49k-token vocabulary.
 
 The hidden states come online (the target runs under no_grad at every step, `data=hf_text`) or
-from a cache (`data=hf_embeddings`, written by `scripts/cache_embeddings.py`; best from prompts
+from a cache (`data=hf_embeddings`, written by `specdec cache`; best from prompts
 the target continues itself, `train.data.regenerate`, so the head learns the target's own
 distribution). `task.distill` (fkl, rkl, jsd or tvd; DistillSpec, Zhou et al. 2023) trains toward
 the target's full next-token distribution instead of (distill_weight 1) or besides the data's

@@ -1,13 +1,13 @@
 """task=prophet_frozen: train a prophet on a frozen main model read from an export.
 
-`python -m train experiment=enwik8_prophet_frozen main.export=DIR`. The main model (an export of
+`specdec train experiment=enwik8_prophet_frozen main.export=DIR`. The main model (an export of
 kind decoder, or the `.model` of a model_with_prophet export) gets no gradient and stays in eval
 mode; only the prophet and its start projection train (a linear projection when the widths
 differ, see `specdec_models.ModelWithProphet`), on the prophet's loss alone. The prophet idea is
 lucidrains/speculative-decoding's; drafts are verified as in Leviathan et al. 2023.
 
 The main model's embeddings come either online (computed under no_grad at every step, with
-`data=enwik8`) or from an embeddings cache written once by `scripts/cache_embeddings.py`
+`data=enwik8`) or from an embeddings cache written once by `specdec cache`
 (`data=enwik8_embeddings data.cache=DIR`, see `train.data.embeddings_cache`). Validation always
 computes them online on the fixed enwik8 windows, so its numbers compare between runs and modes;
 val/main_loss and val/bpc are the frozen main model's.
@@ -48,7 +48,7 @@ from .base import LN2, Task, data_class, required, to_plain
 from .prophet import ProphetNetModule, check_prophet_fits
 
 DISTILL = tuple(d for d in DIVERGENCES if d != "ce")     # ce is the undistilled loss: task.distill=null
-HOW_TO_EXPORT = "DIR, an export of the main model to freeze (python -m train or scripts/export.py)"
+HOW_TO_EXPORT = "DIR, an export of the main model to freeze (specdec train or specdec export)"
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def validate(cfg: DictConfig, options: FrozenProphetOptions) -> dict[str, Any]:
                            seq_len=cfg.data.seq_len, dim=main.dim, model="main.export")
         check(options.distill is None or meta["top_k_logits"] > 0,
               f"task.distill={options.distill} with data=enwik8_embeddings needs a cache with top-k logits: rebuild "
-              f"{cfg.data.cache} with scripts/cache_embeddings.py --top-k-logits K")
+              f"{cfg.data.cache} with specdec cache --top-k-logits K")
     metadata = {"main_export": str(export.resolve()), "main_weights_sha256": sha,
                 "embeddings": "cached" if cached else "online", "distill": options.distill}
     return dict(main=main.to_dict(), prophet=prophet.to_dict(), export=str(export.resolve()), weights_sha256=sha,

@@ -1,6 +1,6 @@
 """Count a target's greedy tokens on a hidden-state cache, and measure draft vocabularies.
 
-    python scripts/draft_vocab.py --cache CACHE_DIR --out counts.json --sizes 2048 4096 8192 16384 32768
+    specdec draft-vocab --cache CACHE_DIR --out counts.json --sizes 2048,4096,8192,16384,32768
 
 Writes the token-count file task=hf_eagle3 reads (`head.draft_vocab=counts.json`: the head covers
 the `head.draft_vocab_size` most counted tokens) and prints, for each size N, the coverage (the
@@ -8,8 +8,8 @@ share of the target's greedy tokens on the cache's validation rows that lie in t
 counted on its training rows: the best greedy acceptance a draft over them can reach) and the draft
 cost c (one EAGLE-3 head step with an N-row LM head over one target step, batch 1, timed side by
 side in --dtype), beside the full vocabulary. `--report FILE` also writes them as JSON. The cache
-needs the target's last layer (scripts/cache_embeddings.py --layers ... L). The work is
-`train.draft_vocab.draft_vocab`, which the recipe (scripts/eagle3.py) calls too.
+needs the target's last layer (specdec cache --layers ... L). The work is
+`train.draft_vocab.draft_vocab`, which the recipe (specdec eagle3) calls too.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main, prog
 
 
@@ -24,18 +25,20 @@ def parser() -> argparse.ArgumentParser:
     from specdec_models.cpu import add_dtype_argument
     from train.draft_vocab import DRAFT_VOCAB_SIZES
 
-    p = argparse.ArgumentParser(prog=prog("python scripts/draft_vocab.py"), description=__doc__.splitlines()[0])
+    p = Parser(prog=prog("specdec draft-vocab"), description=__doc__.splitlines()[0])
     p.add_argument("--cache", required=True, help="a hidden-state cache holding the target's last layer")
     p.add_argument("--target", help="model directory or GGUF file (default: the one the cache records)")
     p.add_argument("--out", required=True, help="the token-count file to write (.json)")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(DRAFT_VOCAB_SIZES))
+    p.add_argument("--sizes", type=comma_list(int, "--sizes"), default=list(DRAFT_VOCAB_SIZES),
+                   help="draft vocabulary sizes measured, comma-separated")
     p.add_argument("--val-windows", type=int, default=16, help="the cache's last rows, held out for coverage")
     p.add_argument("--positions", type=int, default=65536, help="answer positions counted, spread over the rows")
     add_dtype_argument(p, what="the dtype c is timed in")
     p.add_argument("--no-timing", action="store_true", help="skip measuring c")
     p.add_argument("--report", help="also write coverage and c as JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing --out (and --report) file")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default %(default)s; none: torch's)")
     return p
 
 

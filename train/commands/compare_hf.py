@@ -1,6 +1,6 @@
 """Compare specdec's speculative decoding with Hugging Face's own on a pair of local causal LMs.
 
-Run `python scripts/compare_hf.py --target DIR --draft DIR` with two `save_pretrained` directories
+Run `specdec bench compare-hf --target DIR --draft DIR` with two `save_pretrained` directories
 (or hub snapshots already on disk; nothing is downloaded) sharing one tokenizer, e.g. Pythia 1.4B
 and 160M (seed 001). Greedy, fp32 by default, batch 1 (transformers' assisted generation refuses
 larger batches). It times, best of `--repeats`:
@@ -21,22 +21,27 @@ from pathlib import Path
 
 import torch
 
-from specdec_models.errors import cli_main
+from specdec_models.cli_args import Parser
+from specdec_models.errors import cli_main, prog
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from specdec_models.cpu import add_dtype_argument
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench compare-hf"), description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, type=Path, help="directory of the target causal LM")
     parser.add_argument("--draft", required=True, type=Path, help="directory of the draft causal LM")
-    parser.add_argument("--gamma", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=5,
+                        help="tokens drafted per round (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=64,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--batch", type=int, default=1, help="also time specdec at this batch (ragged prompts)")
     parser.add_argument("--vocab-size", default=None, help="shared vocabulary: an integer or 'min' (padded heads)")
     add_dtype_argument(parser, default="fp32", what="the target's and the draft's dtype")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="torch device (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved runs per setting (default %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     return parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Write an EAGLE-3 head in another layout: `python scripts/export_eagle3.py HEAD_DIR OUT_DIR --layout L`.
+"""Write an EAGLE-3 head in another layout: `specdec export-eagle3 HEAD_DIR OUT_DIR --layout L`.
 
 HEAD_DIR holds an eagle3 head in any layout (specdec's hf_eagle3 export, vLLM's speculators
 format, SGLang's; `specdec_models.export.eagle3`); it is loaded for the target (`--hf-model DIR`
@@ -6,32 +6,34 @@ or `--gguf FILE`; default: the target a specdec export records) and written to O
 `--layout specdec | speculators | sglang` (`train.eagle3_export.export_head`, which the recipe
 calls too). The speculators layout records how many tokens vLLM should draft per step: give the
 drafting you evaluated, `--speculative-tokens N` (a chain of gamma N) or `--tree SPEC` (its depth);
-without either, scripts/evaluate.py's default chain (gamma 5). The line printed says which, and the
+without either, specdec evaluate's default chain (gamma 5). The line printed says which, and the
 number to give vLLM (`num_speculative_tokens`) or SGLang (`--speculative-num-steps`):
 docs/serving.md. OUT_DIR must be new, empty, or hold the same layout's head of the same model;
 `--force` replaces any folder but the head's own or the target's (or one holding them). Bad input:
 one line, exit status 2, nothing written.
 
-    python scripts/export_eagle3.py outputs/run/export serve/eagle3-vllm --layout speculators \\
+    specdec export-eagle3 outputs/run/export serve/eagle3-vllm --layout speculators \\
         --gguf SmolLM2-135M-Instruct.Q4_1.gguf --verifier HuggingFaceTB/SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from specdec_models.errors import check, cli_main
+from specdec_models.cli_args import Parser
+from specdec_models.errors import check, cli_main, prog
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    from specdec_models.decode.tree import add_tree_argument
     from train.eagle3_export import LAYOUTS, Drafting, ExportJob, export_head
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec export-eagle3"), description=__doc__.splitlines()[0])
     parser.add_argument("head", help="the eagle3 head to read (any layout)")
     parser.add_argument("out_dir", help="the directory to write")
-    parser.add_argument("--layout", required=True, choices=LAYOUTS)
+    parser.add_argument("--layout", required=True, choices=LAYOUTS,
+                        help="the layout written: specdec (specdec's own), speculators (vLLM's) or sglang")
     parser.add_argument("--hf-model", metavar="DIR", help="the target: a local save_pretrained directory")
     parser.add_argument("--gguf", metavar="FILE", help="the target: a GGUF file")
     parser.add_argument("--verifier", help="speculators layout: the verifier's name or path to record "
@@ -39,13 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     drafting = parser.add_mutually_exclusive_group()
     drafting.add_argument("--speculative-tokens", type=int, metavar="N",
                           help="tokens drafted per step, as evaluated: a chain of gamma N (default: "
-                               "scripts/evaluate.py's default chain, gamma 5); written into the speculators layout")
-    drafting.add_argument("--tree", metavar="SPEC", help="the tree the head was evaluated with (e.g. 6,3,1): its depth "
-                                                         "is the tokens drafted per step")
+                               "specdec evaluate's default chain, gamma 5); written into the speculators layout")
+    add_tree_argument(drafting, "the tree the head was evaluated with: its depth is the tokens drafted per step")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR whatever it holds")
     args = parser.parse_args(argv)
     check(not (args.hf_model and args.gguf), "give one target, not --hf-model and --gguf")
-    plan = Drafting.of(args.speculative_tokens, tree=args.tree)
+    plan = Drafting.of(args.speculative_tokens, tree=args.tree or None)
     path = export_head(ExportJob(args.head, args.out_dir, args.layout, args.hf_model or args.gguf, args.verifier,
                                  args.force, plan))
     print(f"{args.layout}: {path}")

@@ -1,11 +1,11 @@
 """Benchmark plain vs speculative decoding (draft model, prophet, lucidrains' prophet) side by side.
 
-    python scripts/bench_decode.py                                   # seed sizes, random weights
-    python scripts/bench_decode.py --methods base draft prophet lucidrains  # + lucidrains' prophet decoding
-    python scripts/bench_decode.py --gamma 2 3 4 5 6 7 8 auto        # fixed gammas against gamma auto
-    python scripts/bench_decode.py --target-export DIR --gamma 2 3 4 5 6 auto stored
+    specdec bench decode                                   # seed sizes, random weights
+    specdec bench decode --methods base,draft,prophet,lucidrains  # + lucidrains' prophet decoding
+    specdec bench decode --gamma 2,3,4,5,6,7,8,auto        # fixed gammas against gamma auto
+    specdec bench decode --target-export DIR --gamma 2,3,4,5,6,auto,stored
                                      # stored: gamma auto from the profile training stored in the export
-    python scripts/bench_decode.py --target-export DIR [--draft-export DIR]
+    specdec bench decode --target-export DIR [--draft-export DIR]
 
 Settings run interleaved in one process (base, draft, prophet, ..., base, ...) and c and v come
 from the model calls timed inside the same runs (see `train.bench.decode`). Writes
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
+from specdec_models.cli_args import Parser, comma_list
 from specdec_models.decode.inputs import parse_gamma
-from specdec_models.errors import check, cli_main
+from specdec_models.errors import check, cli_main, prog
 from train.bench.decode import METHODS, DecodeBench, markdown, run, write_report
 from train.bench.report import check_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "bench" / "decode.json"
 
 
@@ -34,22 +35,28 @@ def gamma_setting(text: str) -> int | str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench decode"), description=__doc__.splitlines()[0])
     parser.add_argument("--target-export", metavar="DIR", help="trained target (decoder or model_with_prophet)")
     parser.add_argument("--draft-export", metavar="DIR", help="trained draft decoder (needs --target-export)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["base", "draft", "prophet"],
+    parser.add_argument("--methods", type=comma_list(str, "--methods", choices=METHODS),
+                        default=["base", "draft", "prophet"],
+                        metavar="{" + ",".join(METHODS) + "},...",
                         help="base always runs; lucidrains = lucidrains' prophet decoding, as published and with "
                              "its feed-forward blocks applied")
-    parser.add_argument("--gamma", type=gamma_setting, nargs="+", default=[5],
-                        help="one or more gammas, auto, or stored (auto from the export's stored profile)")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--gamma", type=comma_list(gamma_setting, "--gamma"), default=[5],
+                        help="comma-separated gammas, auto, or stored (auto from the export's stored profile)")
+    parser.add_argument("--batch", type=comma_list(int, "--batch"), default=[1, 8],
+                        help="batch sizes, comma-separated (default 1,8)")
+    parser.add_argument("--max-new-tokens", type=int, default=200,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per setting (merged)")
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature, 0 greedy (default %(default)s)")
     parser.add_argument("--top-k", type=int, default=None, help="default: none (the whole vocabulary)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: on shared cores, extra threads wait on each other)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (default %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output; .md and .png go next to it (default bench/decode.json, replaced)")
     parser.add_argument("--force", action="store_true", help="replace an existing --out report")

@@ -1,13 +1,13 @@
 """Run the peer trainers (the EAGLE-3 trainers of vLLM's speculators and SpecForge) live, on specdec's cache.
 
-    python scripts/train_peers.py --cache CACHE_DIR --draft-vocab COUNTS.json --minutes 10 --threads 1 --out DIR
+    specdec peers --cache CACHE_DIR --draft-vocab COUNTS.json --minutes 10 --threads 1 --out DIR
 
 For the same data, wall time and threads as specdec's eagle3 head (task=hf_eagle3 on the same
 cache and token counts):
 1. the target (`--target`, default the model cache.json names; its weights must be the cache's)
    is written as a Hugging Face model directory DIR/verifier, which the peers read their
    verifier's embedding, final norm and LM head from;
-2. the cache (made with `--layers A B C L`) is converted to each peer's offline data
+2. the cache (made with `--layers A,B,C,L`) is converted to each peer's offline data
    (`train.data.peer_formats`: DIR/data/<peer>), and the draft vocabulary (the `--draft-vocab-size`
    tokens most counted in COUNTS.json, as specdec chooses them; without COUNTS.json the whole
    vocabulary) into each peer's vocabulary-mapping files;
@@ -18,8 +18,8 @@ cache and token counts):
    competes with the other for the CPU; its head lands in DIR/<peer>/head (SpecForge's in the
    SGLang layout its own exporter writes);
 4. each head is loaded into specdec (`load_eagle3(DIR/<peer>/head, target)`) and drafts a few
-   tokens, so `python scripts/evaluate.py --head NAME=DIR/<peer>/head ...`
-   and `python -m specdec_models.decode --eagle3 DIR/<peer>/head ...` take it.
+   tokens, so `specdec evaluate --head NAME=DIR/<peer>/head ...`
+   and `specdec decode --eagle3 DIR/<peer>/head ...` take it.
 
 DIR/peers.json collects each peer's report: steps, tokens trained on, training seconds and
 throughput (tokens/s: every position of the packed rows; answer_tokens/s: those with a label),
@@ -36,10 +36,11 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_models.errors import check, cli_main
+from specdec_models.cli_args import Parser, comma_list
+from specdec_models.errors import check, cli_main, prog
 from specdec_models.files import check_output, mark_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PEERS = ("speculators", "specforge")
 KIND = "peer runs"          # the folder kind of --out (`specdec_models.files.mark_dir`)
 RUNNERS = {peer: REPO / "scripts" / "peers" / f"run_{peer}.py" for peer in PEERS}   # run by path, in --python
@@ -48,16 +49,20 @@ RUNNERS = {peer: REPO / "scripts" / "peers" / f"run_{peer}.py" for peer in PEERS
 def parse(argv: list[str] | None) -> argparse.Namespace:
     from specdec_models.cpu import add_dtype_argument
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cache", required=True, help="specdec's embeddings cache, made with --layers A B C L")
-    p.add_argument("--draft-vocab", help="token counts (scripts/draft_vocab.py); none: the whole vocabulary")
-    p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p = Parser(prog=prog("specdec peers"), description=__doc__.splitlines()[0])
+    p.add_argument("--cache", required=True, help="specdec's embeddings cache, made with --layers A,B,C,L")
+    p.add_argument("--draft-vocab", help="token counts (specdec draft-vocab); none: the whole vocabulary")
+    p.add_argument("--draft-vocab-size", type=int, default=8192,
+                   help="the head's draft vocabulary: the most counted tokens of --draft-vocab")
     p.add_argument("--target", help="the cache's target (GGUF file or model directory); default: cache.json's")
-    p.add_argument("--out", required=True)
-    p.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    p.add_argument("--out", required=True,
+                   help="the folder written")
+    p.add_argument("--peers", type=comma_list(str, "--peers", choices=PEERS), default=list(PEERS),
+                   help="the peers trained, comma-separated")
     p.add_argument("--minutes", type=float, help="training wall time per peer")
     p.add_argument("--max-steps", type=int, help="optimizer steps per peer (tests, smoke runs)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default %(default)s; none: torch's)")
     p.add_argument("--ttt-steps", type=int, default=3, help="draft steps unrolled in training (speculators' default)")
     p.add_argument("--rows", type=int, help="convert only the cache's first ROWS rows")
     add_dtype_argument(p, "--data-dtype", default="bf16", allowed=("bf16", "fp32"),

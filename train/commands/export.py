@@ -1,8 +1,8 @@
-"""Export a training checkpoint for decoding: `python scripts/export.py CKPT OUT_DIR [--force]`.
+"""Export a training checkpoint for decoding: `specdec export CKPT OUT_DIR [--force]`.
 
 Writes the same export as the end of `python -m train` (safetensors + JSON config, no pickle),
 through `train.checkpoints.export_checkpoint`; `specdec_models.load_export(OUT_DIR)` and
-`python -m specdec_models.decode --export OUT_DIR` load it. OUT_DIR must be new, empty or an
+`specdec decode --export OUT_DIR` load it. OUT_DIR must be new, empty or an
 export of the same model (which it replaces, and says so); `--force` writes into any folder but
 one that is, holds or lies inside the checkpoint or a --set path (`files.check_not_input`).
 
@@ -14,15 +14,15 @@ against the hash the checkpoint recorded.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from specdec_models.cli_args import Parser
 from specdec_models.errors import cli_main, prog
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("python scripts/export.py"), description=__doc__.splitlines()[0])
+    parser = Parser(prog=prog("specdec export"), description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", help="a Lightning checkpoint of any task (e.g. outputs/<run>/checkpoints/last.ckpt)")
     parser.add_argument("out_dir", help="the export directory to write")
     parser.add_argument("--force", action="store_true",
