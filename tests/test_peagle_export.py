@@ -128,10 +128,10 @@ def test_a_flipped_byte_is_refused_in_one_line(llama, head, tmp_path):
 
 @pytest.mark.parametrize("layout", ["specdec", "speculators"])
 def test_the_eagle3_export_command_refuses_a_peagle_head_in_one_line_exit_2(head, tmp_path, capsys, layout):
-    from conftest import load_script
+    from conftest import command
 
     source = save_peagle(tmp_path / "head", head, layout)
-    status = load_script("export_eagle3").main([str(source), str(tmp_path / "out"), "--layout", "sglang"])
+    status = command("export_eagle3").main([str(source), str(tmp_path / "out"), "--layout", "sglang"])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert ("hf_peagle export" if layout == "specdec" else "speculators peagle model") in err
