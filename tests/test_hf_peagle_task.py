@@ -34,13 +34,18 @@ def cfg(hf, out, *extra, target="llama"):
     return prophet_cfg(hf, out, *extra, target=target, experiment="hf_peagle", head=HEAD)
 
 
-def test_a_cached_run_trains_evaluates_exports_and_the_exported_head_decodes_exactly(hf, caches, tmp_path):
+@pytest.mark.parametrize("layers_from_target", [0, 1])
+def test_a_cached_run_trains_evaluates_exports_and_the_exported_head_decodes_exactly(hf, caches, tmp_path,
+                                                                                    layers_from_target):
+    """With layers_from_target 1 (smollm2_peagle's) the target's layer is read by P-EAGLE's config,
+    not EAGLE-3's, which has no such field."""
     from specdec_models import load_export
     from specdec_models.decode import GREEDY, HeadDrafter, generate
     from specdec_models.export import read_export_config
     from specdec_models.heads.peagle import PEagleHead
 
-    result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}"))
+    result = run(cfg(hf, tmp_path / "run", "data=hf_embeddings", f"data.cache={caches['full']}",
+                     f"head.layers_from_target={layers_from_target}"))
     m = result["metrics"]
     assert result["global_step"] == 6
     for key in ("train/loss", "val/loss", "val/ttt_kl/step0", "val/ttt_accuracy/pos3", "val/simulated_tokens_per_call",

@@ -15,6 +15,8 @@
   SGLang reads z-lab's own layout, which is not written);
 - `heads`: any head kind's export told apart by what it holds (`HEADS`, one row per head kind;
   `detect_head`, `load_any_head`), what the evaluation loads a `--head` with;
+- `peagle`: a P-EAGLE head in specdec's and speculators' layouts (`save_peagle` / `load_peagle`;
+  speculators' mask_hidden (1, 1, A*H) and the target's embedding table with the mask row replaced);
 - `hf_draft`: a draft causal LM as a Hugging Face model directory for transformers' assisted
   generation and vLLM (`save_hf_draft`, `check_hf_draft_dir`; task=hf_draft_distill's export);
 - `load`: a Hugging Face target with a draft or a head loaded and checked for decoding

@@ -63,6 +63,7 @@ from torch import Tensor
 from ..errors import SpecdecError, check, check_positive_int
 from ..heads.eagle3 import EAGLE3_WEIGHTS, Eagle3Config, Eagle3Head, default_aux_layers
 from ..heads.peagle import PEagleHead
+from ..heads.weights import WeightTable
 from ..hf.adapter import logits_width, text_config
 from .layouts import SPECDEC, HeadKind, Layout, NameMap, Rename, TapNumbering, detect, load_head, save_head
 
@@ -303,9 +304,11 @@ def load_eagle3(directory: str | os.PathLike, target: Any) -> Eagle3Head:
 
 
 def _build(cfg: Eagle3Config, target: Any, tensors: dict[str, Tensor], copies: dict[str, Tensor],
-           directory: Path) -> Eagle3Head:
+           directory: Path, head_type: type[Eagle3Head] = Eagle3Head,
+           table: WeightTable = EAGLE3_WEIGHTS) -> Eagle3Head:
     """An Eagle3Head for `target` holding `tensors` (canonical names), checked name by name against
-    `EAGLE3_WEIGHTS`; `copies`, the verifier's weights a layout may hold, must be the target's shape."""
+    `EAGLE3_WEIGHTS`; `copies`, the verifier's weights a layout may hold, must be the target's shape.
+    `head_type` and `table`: a subclass and its weight table (`export.peagle` builds a PEagleHead)."""
     emb = copies.get("embed_tokens.weight")
     if emb is not None:
         want = tuple(target.get_input_embeddings().weight.shape)
@@ -322,21 +325,21 @@ def _build(cfg: Eagle3Config, target: Any, tensors: dict[str, Tensor], copies: d
               f"{directory}: d2t must be ({cfg.draft_vocab_size},) integers, got {tuple(d2t.shape)} {d2t.dtype}")
         ids = d2t.long() + torch.arange(cfg.draft_vocab_size)
     try:
-        head = Eagle3Head(cfg, target, ids, init_from_target=False)
+        head = head_type(cfg, target, ids, init_from_target=False)
     except SpecdecError as error:
         raise SpecdecError(f"{directory}: {error}") from None
     t2d = tensors.get("t2d")
     if t2d is not None:
         check(t2d.shape == head.t2d.shape and torch.equal(t2d.bool(), head.t2d.cpu()),
               f"{directory}: t2d does not mark the target ids d2t names")
-    maps = EAGLE3_WEIGHTS.vocab_maps
+    maps = table.vocab_maps
     state = {k: v for k, v in tensors.items() if k not in maps}
     if "lm_head.weight" not in state and full:
         # SGLang without draft_vocab_size loads the LM head from the target
         state["lm_head.weight"] = target.get_output_embeddings().weight[:cfg.target_vocab_size].detach()
-    shapes = {k: shape for k, shape in EAGLE3_WEIGHTS.shapes(cfg).items() if k not in maps}
+    shapes = {k: shape for k, shape in table.shapes(cfg).items() if k not in maps}
     missing, unexpected = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
-    check(not missing and not unexpected, f"{directory}: the weights do not make specdec's eagle3 head: missing "
+    check(not missing and not unexpected, f"{directory}: the weights do not make specdec's {table.kind} head: missing "
                                           f"{_few(missing)}, unexpected {_few(unexpected)}")
     for k, v in state.items():
         check(tuple(v.shape) == shapes[k], f"{directory}: {k} is {tuple(v.shape)}, the config makes it {shapes[k]}")

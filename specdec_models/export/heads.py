@@ -18,19 +18,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import SpecdecError, check
-from ..heads.peagle import PEagleHead
 from .dflash import DFLASH
 from .eagle3 import EAGLE3
 from .layouts import SPECDEC, HeadKind, describe, load_head
+from .peagle import PEAGLE
 from .specdec import CONFIG_NAME, FORMAT, read_json_object
-
-
-def _specdec_only(config: Any, target: Any, tensors: Any, copies: Any, directory: Path) -> Any:
-    raise SpecdecError(f"{directory}: a peagle head is read from specdec's layout only (kind hf_peagle)")
-
-
-# P-EAGLE: specdec's layout only (export kind hf_peagle); speculators' peagle layout is not written or read here
-PEAGLE = HeadKind("peagle", PEagleHead, "hf_peagle", (), _specdec_only)
 
 # the head kinds an evaluation or a recipe loads, by name: a new head kind is one row
 HEADS: dict[str, HeadKind] = {kind.name: kind for kind in (EAGLE3, DFLASH, PEAGLE)}

@@ -164,7 +164,9 @@ class Layout:
     canonical names the layout leaves out when the head drafts over the whole target vocabulary
     (None: the table's vocabulary maps, then the identity); a reader then rebuilds them.
     `settings`: a config.json less its serving settings (speculators' tokens per step), which a new
-    export of the same head may change in place (None: the config has none)."""
+    export of the same head may change in place (None: the config has none). `stored(head, tensors)`:
+    the head's canonical tensors as the layout stores them, before renaming, for a layout that
+    reshapes or merges a weight (speculators' P-EAGLE: `export.peagle`); None: as they are."""
 
     name: str
     table: WeightTable
@@ -178,11 +180,13 @@ class Layout:
     ignored: frozenset[str] = frozenset()
     omit_with_full_vocab: frozenset[str] | None = None
     settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    stored: Callable[[Any, dict[str, Tensor]], dict[str, Tensor]] | None = None
 
 
 def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
     """The weights of `head` (its `state_dict`, which must be its table's) under the layout's names,
-    on the CPU and contiguous; with a full draft vocabulary, less the layout's `omit_with_full_vocab`."""
+    on the CPU and contiguous; with a full draft vocabulary, less the layout's `omit_with_full_vocab`;
+    through the layout's `stored` where it has one."""
     state = head.state_dict()
     table = layout.table
     check(set(state) == set(table.names), f"the {table.kind} head's weights ({', '.join(state)}) are not its "
@@ -190,6 +194,8 @@ def layout_tensors(head: Any, layout: Layout) -> dict[str, Tensor]:
     omitted = table.vocab_maps if layout.omit_with_full_vocab is None else layout.omit_with_full_vocab
     drop = omitted if table.full_vocab(head.config) else frozenset()
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items() if name not in drop}
+    if layout.stored is not None:
+        tensors = {name: t.contiguous() for name, t in layout.stored(head, tensors).items()}
     return rename(tensors, layout.names, to_layout=True, where=f"the {layout.name} layout")
 
 

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the target: a save_pretrained directory or a GGUF file, with a chat template")
     p.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
                    help="a head for the target, any kind and layout specdec loads (eagle3: specdec, speculators or "
-                        "SGLang layout; dflash: specdec or speculators layout; peagle: specdec layout); repeatable")
+                        "SGLang layout; dflash and peagle: specdec or speculators layout); repeatable")
     add_tree_argument(p, "also draft each head as a tree: column NAME+tree without the tree's lookup part, and "
                          "NAME+tree+lookup with it (e.g. 6,3,1,4..16,0.3)")
     p.add_argument("--gamma", type=int, default=5, help="tokens a head's chain drafts per round (default 5)")

@@ -319,6 +319,7 @@ class HFEagle3Settings:
 class HFEagle3Module(HFTargetHead, TaskModule):
     task = "hf_eagle3"
     settings_type: type = HFEagle3Settings
+    config_type: type = Eagle3Config          # the head's config class (a subclass task's head has more fields)
 
     def __init__(self, optim: dict[str, Any] | None = None, seed: int = 0, metadata: dict[str, Any] | None = None,
                  compile: bool = False, **settings: Any) -> None:
@@ -360,8 +361,7 @@ class HFEagle3Module(HFTargetHead, TaskModule):
         """The target layer `head.init_layer` starts the head's layer from (`Eagle3Head.init_layer_from`)."""
         if not self.hparams.init_layer:
             return []
-        config = Eagle3Config.from_dict(self.hparams.head)
-        return [init_layer_index(config)]
+        return [init_layer_index(self.config_type.from_dict(self.hparams.head))]
 
     # -- steps -----------------------------------------------------------------------------------
 

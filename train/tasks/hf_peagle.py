@@ -122,6 +122,7 @@ class HFPEagleSettings(HFEagle3Settings):
 class HFPEagleModule(HFEagle3Module):
     task = "hf_peagle"
     settings_type: type = HFPEagleSettings
+    config_type: type = PEagleConfig
 
     def build_head(self, s: Any, target: Any, ids: torch.Tensor | None) -> PEagleHead:
         return PEagleHead(PEagleConfig.from_dict(s.head), target, ids)
