@@ -55,7 +55,8 @@ def build_parser() -> Parser:
                         help="--prompts: sampling temperatures, row i uses the (i mod count)-th; default 1")
     parser.add_argument("--out", required=True, help="the cache directory to write (must not exist, or --overwrite)")
     parser.add_argument("--seq-len", type=int, default=512, help="row length (data.seq_len of the run); default 512")
-    parser.add_argument("--windows", type=int, default=1024, help="number of rows; default 1024")
+    parser.add_argument("--windows", type=int, default=1024,
+                        help="number of rows (each a window of --seq-len tokens); default 1024")
     add_dtype_argument(parser, default="bf16", allowed=STORAGE_DTYPES,
                        what="the stored hidden states' dtype (int8: absmax per token, with its scale)")
     parser.add_argument("--top-k-logits", type=int, default=0, help="--export: also store the K largest logits")
