@@ -84,6 +84,7 @@ def one_process(hf, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow     # about 12 s: two processes
 def test_two_processes_answer_the_same_conversations_with_the_same_tokens_as_one(hf, one_process, tmp_path):
     out = tmp_path / "answers"
     results = launch(tmp_path, "answers", hf["stop"], out, 2)
@@ -94,6 +95,7 @@ def test_two_processes_answer_the_same_conversations_with_the_same_tokens_as_one
     assert meta["ranks"] == 2 and meta["batches_done"] == 4 and not (out / "finalize.lock").exists()
 
 
+@pytest.mark.slow     # about 20 s: two processes and a kill; test_train_ddp.py keeps two processes by default
 def test_a_killed_process_leaves_its_written_batches_and_the_next_run_answers_the_rest(hf, one_process, tmp_path):
     out = tmp_path / "answers"
     first = launch(tmp_path, "answers", hf["stop"], out, 2, env={"DIE_AFTER_ONE": "1"})
@@ -197,6 +199,7 @@ def train_two(setup, out, *extra):
     return result.stdout
 
 
+@pytest.mark.slow     # about 30 s: two processes of Lightning and gloo
 def test_a_target_split_across_two_processes_trains_as_the_whole_one_does_and_each_holds_half_its_layers(
         shard_setup, tmp_path):
     whole = tmp_path / "whole"

@@ -100,6 +100,8 @@ def test_prompt_lookup_stops_rows_at_eos_and_decodes_nothing_for_zero_tokens():
     assert all(t.numel() == 0 for t in none) and stats.target_calls == 0
 
 
+@pytest.mark.slow     # about 40 s; a lookup chain is verified by block verification, whose exact enumeration
+# runs by default (test_block_verify.py), and the tree's looked-up path keeps its chi-square there
 def test_prompt_lookup_sampling_is_lossless_chi_square():
     # 3 new tokens of an 8-token target (512 joint outcomes; cells expected below 5 pooled), 2,000
     # samples after a prompt that ends in a loop, so every round has a looked-up path (point-mass
@@ -111,6 +113,7 @@ def test_prompt_lookup_sampling_is_lossless_chi_square():
     assert chi_square_p_value(observed, exact, 2000) > 1e-4
 
 
+@pytest.mark.slow     # the twin of the test above, run with it
 def test_prompt_lookup_chi_square_catches_a_rejected_token_left_in_p(monkeypatch):
     from specdec_models.decode import tree
 

@@ -256,6 +256,7 @@ def test_feature_noise_is_scaled_by_each_layers_rms_at_each_position():
     torch.testing.assert_close(ratio, torch.full((3,), 0.2), rtol=0.03, atol=0)
 
 
+@pytest.mark.slow     # about 20 s: two processes; test_train_ddp.py keeps two CPU processes training by default
 def test_two_cpu_processes_train_the_head_each_on_its_share_of_the_cache(hf, caches, tmp_path):
     import os
     import subprocess

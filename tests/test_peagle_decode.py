@@ -106,6 +106,7 @@ def test_peagle_chain_chi_square_catches_a_correction_drawn_from_p(toy, monkeypa
     assert chi_square_p_value(observed, exact, 6000) < 1e-20
 
 
+@pytest.mark.slow     # about 20 s; the block drafter's tree sampling keeps its chi-square and twin in test_dflash.py
 def test_peagle_tree_sampling_is_lossless_chi_square(sharp):
     # a tree of depth 2, 3 children per node (drawn without replacement from that depth's q), both
     # nodes of the first depth expanded, 2,000 rows one at a time. Threshold p < 1e-4: a correct
@@ -116,6 +117,7 @@ def test_peagle_tree_sampling_is_lossless_chi_square(sharp):
     assert chi_square_p_value(observed, exact, 2000) > 1e-4
 
 
+@pytest.mark.slow     # about 10 s; test_dflash.py's twin catches the same bug in the same drafter by default
 def test_peagle_tree_chi_square_catches_children_drawn_with_replacement(sharp, monkeypatch):
     from specdec_models.decode import tree
 
