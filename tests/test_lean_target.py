@@ -130,6 +130,7 @@ def test_a_head_trained_from_a_cache_never_builds_the_targets_decoder_layers(hf,
 
 
 @pytest.mark.real
+@pytest.mark.slow     # about 37 s with SmolLM2's load; the lean form's tests above run on tiny targets by default
 def test_smollm2s_gguf_hashes_alike_streamed_and_loaded_and_its_lean_form_holds_one_layer(smollm2):
     model, _, source = smollm2
     lean = lean_causal_lm(source, layers=[27])

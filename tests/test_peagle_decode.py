@@ -185,6 +185,7 @@ def test_every_rounds_pass_is_the_teacher_forced_heads_and_a_misplaced_pass_is_c
 
 
 @pytest.mark.real
+@pytest.mark.slow     # about 25 s with SmolLM2's load; the greedy tests above check the same on tiny targets
 def test_a_peagle_head_on_smollm2_decodes_greedily_exactly_as_a_chain_and_a_tree(smollm2):
     # the real target's shapes (grouped-query attention, 30 layers, a 49,152-token vocabulary): an
     # untrained head started from the target's layer 27, mask token <empty_output> (id 16) as in
