@@ -51,7 +51,7 @@ from ..errors import check, check_positive_int
 from ..hf.adapter import is_hf_model, logits_width, text_config
 from ..kv_cache import KVCache
 from ..model import RMSNorm, Rotary, rotate_half
-from .base import DraftHead
+from .base import TargetVocabHead
 from .eagle3 import (
     _MLP,
     _decoder_layer,
@@ -332,7 +332,7 @@ def _block_stats(loss: Tensor, kl: Tensor, right: Tensor, counted: Tensor) -> Bl
 
 # ------------------------------------------------------------------------------ the head
 
-class DFlashHead(DraftHead):
+class DFlashHead(TargetVocabHead):
     """A DFlash head for the Hugging Face causal LM `target` (frozen, shared: its token embedding
     is read, never trained or saved; see the module docstring).
 
@@ -419,59 +419,17 @@ class DFlashHead(DraftHead):
         self.fc.weight[:, slot * H:(slot + 1) * H].copy_(torch.eye(H))
 
     @property
-    def target(self) -> Any:
-        return self._target[0]
-
-    @property
-    def draft_ids(self) -> Tensor:
-        """The target ids of the draft vocabulary (draft_vocab_size,), ascending."""
-        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.target_vocab_size
-
-    @property
-    def aux_layers(self) -> list[int]:
-        return self.config.aux_layers
-
-    @property
     def block_size(self) -> int:
         return self.config.block_size
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
 
     @property
     def max_gamma(self) -> int:
         """A pass drafts block_size - 1 tokens."""
         return self.config.block_size - 1
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        """The target's (frozen) token embeddings of tokens (..., n), in the head's dtype."""
-        emb = self.target.get_input_embeddings()
-        with torch.no_grad():
-            x = emb(tokens.to(emb.weight.device))
-        return x.to(device=self.device, dtype=self.fc.weight.dtype)
-
     def context(self, aux: Tensor) -> Tensor:
         """The fused context feature hidden_norm(fc(taps)) (..., H) of the taps concatenated (..., A*H)."""
         return self.hidden_norm(self.fc(aux.to(self.fc.weight)))
-
-    def logits(self, hidden: Tensor) -> Tensor:
-        """Draft-vocabulary logits (..., draft_vocab_size) of the last layer's slots."""
-        return self.lm_head(self.norm(hidden))
-
-    def target_ids(self, draft_tokens: Tensor) -> Tensor:
-        return draft_tokens + self.d2t.to(draft_tokens.device)[draft_tokens]
-
-    def to_target_vocab(self, logits: Tensor) -> Tensor:
-        """Draft logits (..., draft) spread over the target vocabulary, -inf outside the draft vocabulary."""
-        if self.config.draft_vocab_size == self.config.target_vocab_size:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.target_vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_ids.to(logits.device), logits)
 
     def run_blocks(self, anchor_tokens: Tensor, anchor_pos: Tensor, contexts: list[tuple[Tensor, Tensor]],
                    context_visible: Tensor) -> Tensor:
@@ -569,22 +527,6 @@ class DFlashHead(DraftHead):
         wc = w[counted]
         loss = (wc * kl).sum() / wc.sum().clamp_min(1e-12)
         return _block_stats(loss, kl.detach(), logq.argmax(-1) == label, counted)
-
-    @torch.no_grad()
-    def target_draft_logits(self, last: Tensor) -> Tensor:
-        """The target's logits over the draft vocabulary (..., draft) from its last-layer hidden
-        states after the final norm (..., H): its LM head's rows of the draft ids."""
-        head = self.target.get_output_embeddings()
-        w = head.weight[self.draft_ids.to(head.weight.device)]
-        return F.linear(last.to(w), w).to(self.device).float()
-
-    @torch.no_grad()
-    def greedy_in_vocab(self, last: Tensor) -> Tensor:
-        """Whether the target's greedy token (its full head's argmax) at each of last (..., H) lies
-        in the draft vocabulary (...,)."""
-        head = self.target.get_output_embeddings()
-        greedy = F.linear(last.to(head.weight), head.weight[: self.config.target_vocab_size]).argmax(-1)
-        return self.t2d.to(greedy.device)[greedy].to(self.device)
 
     def forward(self, tokens: Tensor, aux: Tensor, last: Tensor, label_mask: Tensor | None = None,
                 **kw: Any) -> BlockLoss:

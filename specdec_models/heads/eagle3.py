@@ -61,7 +61,7 @@ from ..errors import check, check_positive_int
 from ..hf.adapter import is_hf_model, logits_width, text_config
 from ..kv_cache import KVCache
 from ..model import RMSNorm, Rotary, rotate_half
-from .base import DraftHead
+from .base import TargetVocabHead
 from .weights import Weight, WeightTable
 
 
@@ -361,7 +361,7 @@ class TTTLoss(NamedTuple):
 
 # ------------------------------------------------------------------------------ the head
 
-class Eagle3Head(DraftHead):
+class Eagle3Head(TargetVocabHead):
     """An EAGLE-3 head for the Hugging Face causal LM `target` (frozen, shared: its token embedding
     is read, never trained or saved; see the module docstring).
 
@@ -458,58 +458,13 @@ class Eagle3Head(DraftHead):
         self.fc.weight[:, slot * H:(slot + 1) * H].copy_(torch.eye(H))
 
     @property
-    def target(self) -> Any:
-        return self._target[0]
-
-    @property
-    def draft_ids(self) -> Tensor:
-        """The target ids of the draft vocabulary (draft_vocab_size,), ascending."""
-        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
-
-    @property
-    def vocab_size(self) -> int:
-        """The target vocabulary the head drafts in (the `vocab_size` of its HFDecoder target)."""
-        return self.config.target_vocab_size
-
-    @property
-    def aux_layers(self) -> list[int]:
-        return self.config.aux_layers
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
-
-    @property
     def max_gamma(self) -> int:
         """The head drafts as far as asked; the speed model's `gamma=auto` stops at 8."""
         return 8
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        """The target's (frozen) token embeddings of tokens (..., n), in the head's dtype."""
-        emb = self.target.get_input_embeddings()
-        with torch.no_grad():
-            x = emb(tokens.to(emb.weight.device))
-        return x.to(device=self.device, dtype=self.fc.weight.dtype)
-
     def fuse(self, aux: Tensor) -> Tensor:
         """The fused target feature (..., H) from its aux layers' hidden states concatenated (..., A*H)."""
         return self.fc(aux.to(self.fc.weight))
-
-    def logits(self, hidden: Tensor) -> Tensor:
-        """Draft-vocabulary logits (..., draft_vocab_size) of the layer's outputs."""
-        return self.lm_head(self.norm(hidden))
-
-    def target_ids(self, draft_tokens: Tensor) -> Tensor:
-        """The target ids (...) of draft-vocabulary tokens (...)."""
-        return draft_tokens + self.d2t.to(draft_tokens.device)[draft_tokens]
-
-    def to_target_vocab(self, logits: Tensor) -> Tensor:
-        """Draft logits (..., draft) spread over the target vocabulary (..., target vocab), -inf
-        outside the draft vocabulary: what sampling and the verify step read."""
-        if self.config.draft_vocab_size == self.config.target_vocab_size:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.target_vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_ids, logits)
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -691,22 +646,6 @@ class Eagle3Head(DraftHead):
         row = torch.full((b, T), -1, dtype=torch.long, device=mask.device)          # (b, t) -> row of p
         row[mask] = torch.arange(int(mask.sum()), device=mask.device)
         return p, p_logp, label, row
-
-    @torch.no_grad()
-    def target_draft_logits(self, last: Tensor) -> Tensor:
-        """The target's logits over the draft vocabulary (..., draft) from its last-layer hidden
-        states after the final norm (..., H): its LM head's rows of the draft ids."""
-        head = self.target.get_output_embeddings()
-        w = head.weight[self.draft_ids.to(head.weight.device)]
-        return F.linear(last.to(w), w).to(self.device).float()
-
-    @torch.no_grad()
-    def greedy_in_vocab(self, last: Tensor) -> Tensor:
-        """Whether the target's greedy token (its full head's argmax) at each of last (..., H)
-        lies in the draft vocabulary (...,): the full head, so for validation rather than every step."""
-        head = self.target.get_output_embeddings()
-        greedy = F.linear(last.to(head.weight), head.weight[: self.config.target_vocab_size]).argmax(-1)
-        return self.t2d.to(greedy.device)[greedy].to(self.device)
 
     @torch.no_grad()
     def _draft_mass(self, last: Tensor, mask: Tensor) -> Tensor:
