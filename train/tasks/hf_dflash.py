@@ -43,12 +43,11 @@ from specdec_models.heads.eagle3 import choose_draft_vocab
 from specdec_models.hf import HFDecoder, logits_width
 
 from ..data.chat_rows import HFChatDataModule
-from ..data.embeddings_cache import HOW_TO_BUILD, check_cache
 from ..data.hf_embeddings import HFEmbeddingsDataModule, label_mask
 from ..data.hf_text import HFTextDataModule
 from ..data.settings import read_settings
-from .base import FrozenModel, Task, TaskModule, required, to_plain
-from .hf_eagle3 import cached_layers, read_token_counts
+from .base import FrozenModel, Task, TaskModule, to_plain
+from .hf_eagle3 import cached_layers, check_cache_layers, read_token_counts
 from .hf_target import HFTargetHead, check_head_kind, check_target
 
 
@@ -115,7 +114,7 @@ def validate(cfg: DictConfig, options: DFlashOptions) -> dict[str, Any]:
         draft_ids = choose_draft_vocab(read_token_counts(sizes.draft_vocab, tokenizer, vocab), draft_size).tolist()
     limit = HFDecoder(model).cfg.max_seq_len
     check(seq_len <= limit, f"data.seq_len ({seq_len}) exceeds the target's {limit} positions")
-    cache_layers = _cache_layers(cfg, head, sha, seq_len) if cached else None
+    cache_layers = check_cache_layers(cfg, head, sha, seq_len) if cached else None
     metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
                 "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
                 "aux_layers": head.aux_layers, "block_size": head.block_size}
@@ -123,19 +122,6 @@ def validate(cfg: DictConfig, options: DFlashOptions) -> dict[str, Any]:
                 draft_ids=draft_ids, train_lm_head=sizes.train_lm_head, anchors=options.anchors,
                 decay=float(paper_decay(head.block_size) if options.decay is None else options.decay),
                 cache_layers=cache_layers, target_shard=target.shard, metadata=metadata)
-
-
-def _cache_layers(cfg: DictConfig, head: DFlashConfig, sha: str, seq_len: int) -> list[int]:
-    """The layers the cache `data.cache` concatenates, checked to hold the head's taps and the last."""
-    needed = sorted(set(head.aux_layers) | {head.target_layers})
-    meta = check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), weights_sha256=sha,
-                       seq_len=seq_len, model="target.path")
-    layers = [int(i) for i in meta.get("layers", [head.target_layers])]
-    missing = [i for i in needed if i not in layers]
-    check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {layers}; the head needs {needed} "
-                       f"(its taps {head.aux_layers} and the last, {head.target_layers}): rebuild it with "
-                       f"scripts/cache_embeddings.py --layers {' '.join(map(str, needed))}")
-    return layers
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,20 @@ def validate(cfg: DictConfig, options: Eagle3Options) -> dict[str, Any]:
                 ttt_ramp=float(options.ttt_ramp), feature_noise=float(options.feature_noise))
 
 
+
+def check_cache_layers(cfg: Any, head: Any, sha: str, seq_len: int) -> list[int]:
+    """The layers the cache `data.cache` concatenates, checked to hold the head's aux layers (its
+    taps) and the target's last (`head`: any config with `aux_layers` and `target_layers`)."""
+    needed = sorted(set(head.aux_layers) | {head.target_layers})
+    meta = check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), weights_sha256=sha,
+                       seq_len=seq_len, model="target.path")
+    layers = [int(i) for i in meta.get("layers", [head.target_layers])]
+    missing = [i for i in needed if i not in layers]
+    check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {layers}; the head needs "
+                       f"{needed} (aux layers {head.aux_layers} and the last, {head.target_layers}): rebuild it "
+                       f"with specdec cache --layers {','.join(map(str, needed))}")
+    return layers
+
 def validate_head(cfg: DictConfig, sizes: Any, make_config: Any, positions: int, needs: str) -> dict[str, Any]:
     """What every EAGLE-3-family task checks before any work (the target, the draft vocabulary,
     a start export, the cache's layers), and the settings it gives its module but the task's own
@@ -245,14 +259,7 @@ def validate_head(cfg: DictConfig, sizes: Any, make_config: Any, positions: int,
     check(seq_len >= positions, f"data.seq_len ({seq_len}) is too short for {needs}")
     cache_layers = None
     if cached:
-        needed = sorted(set(head.aux_layers) | {head.target_layers})
-        meta = check_cache(required(cfg, "data.cache", f"CACHE_DIR ({HOW_TO_BUILD})"), weights_sha256=sha,
-                           seq_len=seq_len, model="target.path")
-        cache_layers = [int(i) for i in meta.get("layers", [head.target_layers])]
-        missing = [i for i in needed if i not in cache_layers]
-        check(not missing, f"data.cache {cfg.data.cache} holds hidden states of layers {cache_layers}; the head needs "
-                           f"{needed} (aux layers {head.aux_layers} and the last, {head.target_layers}): rebuild it "
-                           f"with specdec cache --layers {','.join(map(str, needed))}")
+        cache_layers = check_cache_layers(cfg, head, sha, seq_len)
     metadata = {"target": str(path.resolve()), "target_weights_sha256": sha,
                 "embeddings": "cached" if cached else "online", "draft_vocab_size": draft_size,
                 "aux_layers": head.aux_layers}
