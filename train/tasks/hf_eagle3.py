@@ -107,6 +107,18 @@ class Eagle3Options:
               and 0 <= self.ttt_ramp < 1, f"task.ttt_ramp must be in [0, 1), got {self.ttt_ramp!r}")
 
 
+def check_vocab_sizes(head: Any) -> None:
+    """The `head:` fields an EAGLE-3-class head shares (eagle3's, peagle's): `draft_vocab_size`,
+    `aux_layers` and `train_lm_head`, each one line when wrong."""
+    if head.draft_vocab_size is not None:
+        check_positive_int(head.draft_vocab_size, "head.draft_vocab_size")
+    if head.aux_layers is not None:
+        check(isinstance(head.aux_layers, (list, tuple)) and len(head.aux_layers) >= 1
+              and all(isinstance(i, int) and not isinstance(i, bool) for i in head.aux_layers),
+              f"head.aux_layers must be a list of layer indices or null, got {head.aux_layers!r}")
+    check(isinstance(head.train_lm_head, bool), f"head.train_lm_head must be true or false, got {head.train_lm_head!r}")
+
+
 @dataclass(frozen=True)
 class Eagle3Sizes:
     """The `head:` node: its kind, aux layers (null: [2, L//2, L-3]), the draft vocabulary and its source."""
@@ -121,14 +133,7 @@ class Eagle3Sizes:
 
     def __post_init__(self) -> None:
         check_head_kind(self.kind, "eagle3")
-        if self.draft_vocab_size is not None:
-            check_positive_int(self.draft_vocab_size, "head.draft_vocab_size")
-        if self.aux_layers is not None:
-            check(isinstance(self.aux_layers, (list, tuple)) and len(self.aux_layers) >= 1
-                  and all(isinstance(i, int) and not isinstance(i, bool) for i in self.aux_layers),
-                  f"head.aux_layers must be a list of layer indices or null, got {self.aux_layers!r}")
-        check(isinstance(self.train_lm_head, bool),
-              f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
+        check_vocab_sizes(self)
         check(isinstance(self.init_layer, bool), f"head.init_layer must be true or false, got {self.init_layer!r}")
         check(self.init_from is None or (isinstance(self.init_from, str) and self.init_from),
               f"head.init_from must be an export directory or null, got {self.init_from!r}")

@@ -31,14 +31,14 @@ import torch
 from omegaconf import DictConfig
 
 from specdec_models.config import from_dict
-from specdec_models.errors import check, check_positive_int
+from specdec_models.errors import check
 from specdec_models.heads.peagle import PEagleConfig, PEagleHead
 
 from ..data.chat_rows import HFChatDataModule
 from ..data.hf_embeddings import HFEmbeddingsDataModule
 from ..data.hf_text import HFTextDataModule
 from .base import Task, to_plain
-from .hf_eagle3 import HFEagle3Module, HFEagle3Settings, validate_head, with_noise
+from .hf_eagle3 import HFEagle3Module, HFEagle3Settings, check_vocab_sizes, validate_head, with_noise
 from .hf_target import check_head_kind
 
 
@@ -76,14 +76,7 @@ class PEagleSizes:
 
     def __post_init__(self) -> None:
         check_head_kind(self.kind, "peagle")
-        if self.draft_vocab_size is not None:
-            check_positive_int(self.draft_vocab_size, "head.draft_vocab_size")
-        if self.aux_layers is not None:
-            check(isinstance(self.aux_layers, (list, tuple)) and len(self.aux_layers) >= 1
-                  and all(isinstance(i, int) and not isinstance(i, bool) for i in self.aux_layers),
-                  f"head.aux_layers must be a list of layer indices or null, got {self.aux_layers!r}")
-        check(isinstance(self.train_lm_head, bool),
-              f"head.train_lm_head must be true or false, got {self.train_lm_head!r}")
+        check_vocab_sizes(self)
 
     @property
     def init_layer(self) -> bool:
