@@ -99,3 +99,27 @@ def test_a_full_vocabulary_head_with_the_targets_lm_head_is_written_without_it_m
     head = DFlashHead(DFlashConfig.for_target(llama, block_size=4), llama).eval()     # LM head = the target's
     back = load_dflash(save_dflash(tmp_path / "s", head, "speculators"), llama)
     assert torch.equal(back.lm_head.weight, head.lm_head.weight) and torch.equal(back.d2t, head.d2t)
+
+
+def test_the_export_command_writes_the_speculators_layout_drafting_the_block_and_refuses_sglang(llama, tmp_path,
+                                                                                              capsys):
+    from conftest import command
+
+    head = head_for(llama, ids=torch.arange(0, V, 3), aux_layers=[0, 1, 2], block_size=4, mask_token_id=5)
+    source = save_dflash(tmp_path / "head", head, "specdec", target_path=llama.name_or_path)
+    export = command("export_head").main
+    assert export([str(source), str(tmp_path / "sglang"), "--layout", "sglang"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a dflash head has no sglang layout (SGLang's DFlash reads z-lab's" in err, err
+    assert not (tmp_path / "sglang").exists()
+    out = tmp_path / "vllm"
+    assert export([str(source), str(out), "--layout", "speculators"]) == 0
+    assert "speculative tokens 3 (not given: the whole block, drafted in one pass)" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    back = load_dflash(out, llama)
+    tokens = torch.randint(0, V, (2, 12))
+    aux, _ = taps(llama, tokens[:, :-1], head.aux_layers)
+    anchors = torch.tensor([[2, 6], [3, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(back.block_logits(tokens, aux, anchors), head.block_logits(tokens, aux, anchors))

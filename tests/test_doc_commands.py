@@ -94,7 +94,7 @@ COMMANDS = doc_commands()
 
 def test_the_docs_show_the_journeys_commands():
     verbs = {argv[0] for _, argv in COMMANDS if argv}
-    assert {"plan", "eagle3", "evaluate", "train", "cache", "export-eagle3", "decode"} <= verbs, verbs
+    assert {"plan", "eagle3", "evaluate", "train", "cache", "export-head", "decode"} <= verbs, verbs
     assert any(where == "Makefile" and argv[:1] == ["eagle3"] for where, argv in COMMANDS)
 
 

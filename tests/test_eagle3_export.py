@@ -35,7 +35,7 @@ from specdec_models.heads.eagle3 import Eagle3Config, Eagle3Head
 
 
 def export_script():
-    return command("export_eagle3")
+    return command("export_head")
 
 
 @pytest.fixture(autouse=True)
@@ -372,10 +372,11 @@ def test_a_bad_drafting_is_one_line_and_writes_nothing(setup, tmp_path, capsys, 
 
 def test_the_default_drafting_is_the_chain_the_evaluation_measures():
     from specdec_models.export.eagle3 import SPECULATIVE_TOKENS
-    from train.bench.eval_job import EvalJob
+    from train.bench.eval_job import CHAIN, EvalJob
     from train.eagle3_export import Drafting
 
-    assert EvalJob.gamma == SPECULATIVE_TOKENS == Drafting.of().tokens == 5
+    # without --gamma, specdec evaluate drafts an EAGLE-3 head's chain of CHAIN
+    assert EvalJob.gamma is None and CHAIN == SPECULATIVE_TOKENS == Drafting.of().tokens == 5
     assert Drafting.of(2, gamma=5, tree="6,3,1").tokens == 2             # a number given wins
     assert Drafting.of(gamma=4, tree="6,3,1") == Drafting(4, "the evaluated chain, gamma 4")
 

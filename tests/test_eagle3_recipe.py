@@ -82,6 +82,11 @@ def test_the_recipe_runs_to_the_export_and_a_second_run_resumes_past_every_step(
     assert spec["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
     assert "speculative tokens 5 (the evaluated chain, gamma 5)" in log
     assert all((out / f"export_{layout}" / "SHA256SUMS").is_file() for layout in ("speculators", "sglang"))
+    # a block head in speculators' layout, drafting its whole block (smollm2_dflash: 8, so 7 drafts)
+    block = json.loads((out / "dflash" / "export_speculators" / "config.json").read_text())
+    assert block["speculators_model_type"] == "dflash"
+    assert block["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 7
+    assert "[export] dflash:speculators: " in log and "speculative tokens 7 (not given: the whole block" in log
     steps = json.loads((out / "steps.json").read_text())
     assert steps["facts"]["export"]["speculative_tokens"] == 5
     assert steps["facts"]["export"]["speculative_tokens_from"] == "the evaluated chain, gamma 5"
@@ -146,11 +151,16 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(hf, tmp_path, capsys, 
 def test_the_export_writes_the_evaluated_chains_gamma_or_the_speculative_tokens_given(tmp_path):
     s = recipe.Settings(target="T", data="D", out=tmp_path)
     jobs = recipe.export_jobs(s, tmp_path)
-    assert [job.layout for job in jobs] == ["speculators", "sglang"]
-    assert {job.drafting.tokens for job in jobs} == {recipe.eval_job(s, tmp_path).gamma} == {5}
-    assert jobs[0].drafting.source == "the evaluated chain, gamma 5"
+    assert [(name, job.layout) for name, job in jobs.items()] == [("speculators", "speculators"), ("sglang", "sglang")]
+    assert {job.drafting.tokens for job in jobs.values()} == {5}
+    assert jobs["speculators"].drafting.source == "the evaluated chain, gamma 5"
     given = recipe.export_jobs(recipe.Settings(target="T", data="D", out=tmp_path, speculative_tokens=3), tmp_path)
-    assert given[0].drafting.tokens == 3 and given[0].drafting.source == "--speculative-tokens"
+    assert given["speculators"].drafting.tokens == 3 and given["speculators"].drafting.source == "--speculative-tokens"
+    # block heads: speculators' layout only (SGLang has none specdec writes), drafting left to the head's block
+    both = recipe.export_jobs(recipe.Settings(target="T", data="D", out=tmp_path, heads=("dflash", "peagle")), tmp_path)
+    assert {name: (job.head, job.out_dir, job.drafting) for name, job in both.items()} == {
+        f"{kind}:speculators": (str(tmp_path / kind / "export"), str(tmp_path / kind / "export_speculators"), None)
+        for kind in ("dflash", "peagle")}
 
 
 def turns(*pairs):

@@ -568,6 +568,25 @@ def test_the_command_scores_every_head_kind_side_by_side_each_capped_at_its_bloc
     assert "Skipped: d+tree+lookup (a dflash head" in md and "| d+tree | " in md
 
 
+def test_without_gamma_a_block_head_drafts_its_whole_block_and_an_eagle3_head_a_chain_of_5():
+    """One pass drafts a block head's every position, so a shorter chain saves it nothing: without
+    --gamma it drafts the block; an EAGLE-3 head pays one pass per token and drafts 5."""
+    from train.bench.eval_job import own_gamma
+
+    class Block:          # the block-head protocol (`is_block_head`): draft_block and extend
+        max_gamma = 7
+
+        def draft_block(self): ...
+
+        def extend(self): ...
+
+    class Chain:
+        max_gamma = 16
+
+    assert (own_gamma(Block(), None), own_gamma(Block(), 3), own_gamma(Block(), 12)) == (7, 3, 7)
+    assert (own_gamma(Chain(), None), own_gamma(Chain(), 3), own_gamma(Chain(), 12)) == (5, 3, 12)
+
+
 def test_the_speed_part_rests_on_the_speed_subset_and_tau_on_every_prompt(cli_inputs, command, tmp_path,
                                                                           monkeypatch):
     import json

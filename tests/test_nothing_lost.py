@@ -313,7 +313,7 @@ def test_a_speculators_head_without_a_target_is_one_line_or_uses_its_local_verif
     status, out, err = decode(capsys, "--eagle3", eagle3_heads["local"], "--prompt", "a", "--max-new-tokens", 3,
                               "--temperature", 0, "--dtype", "float32", "--json")
     assert status == 0 and json.loads(out)["method"] == "eagle3", err
-    export = command("export_eagle3").main
+    export = command("export_head").main
     out = eagle3_heads["root"] / "sglang"
     one_line(capsys, export([str(eagle3_heads["hub"]), str(out), "--layout", "sglang"]), "names its verifier")
     assert not out.exists()

@@ -127,12 +127,29 @@ def test_a_flipped_byte_is_refused_in_one_line(llama, head, tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["specdec", "speculators"])
-def test_the_eagle3_export_command_refuses_a_peagle_head_in_one_line_exit_2(head, tmp_path, capsys, layout):
+def test_the_export_command_refuses_an_sglang_layout_for_a_peagle_head_in_one_line_exit_2(head, tmp_path, capsys,
+                                                                                         layout):
     from conftest import command
 
     source = save_peagle(tmp_path / "head", head, layout)
-    status = command("export_eagle3").main([str(source), str(tmp_path / "out"), "--layout", "sglang"])
+    status = command("export_head").main([str(source), str(tmp_path / "out"), "--layout", "sglang"])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("error: ") and err.count("\n") == 1, err
-    assert ("hf_peagle export" if layout == "specdec" else "speculators peagle model") in err
-    assert "not an eagle3 head" in err and not (tmp_path / "out").exists()
+    assert "a peagle head has no sglang layout (SGLang has no P-EAGLE layout" in err
+    assert err.rstrip().endswith("--layout specdec or speculators") and not (tmp_path / "out").exists()
+
+
+def test_the_export_command_writes_a_peagle_head_in_speculators_layout_drafting_the_same_block(llama, head, tmp_path,
+                                                                                               capsys):
+    from conftest import command
+
+    source = save_peagle(tmp_path / "head", head, "specdec", target_path=llama.name_or_path)
+    out = tmp_path / "vllm"
+    assert command("export_head").main([str(source), str(out), "--layout", "speculators"]) == 0
+    printed = capsys.readouterr().out
+    assert "speculative tokens 4 (not given: the whole block, drafted in one pass)" in printed       # K = 4
+    assert detect_layout(out) == "speculators"
+    back, tokens = load_peagle(out, llama), torch.randint(0, V, (2, 9))
+    torch.testing.assert_close(block(back, llama, tokens), block(head, llama, tokens))
+
+

@@ -47,8 +47,9 @@ VERBS = {     # the journey's verbs (issue 70)
 }
 
 TOOLS = {     # the other commands: listed after the journey's verbs in `specdec --help`
-    "export-eagle3": Verb("module:train.commands.export_eagle3", "write an EAGLE-3 head in another layout (vLLM's "
-                                                                 "speculators, SGLang, specdec's)"),
+    "export-head": Verb("module:train.commands.export_head", "write a trained head (EAGLE-3, DFlash, P-EAGLE) in "
+                                                             "another layout (vLLM's speculators, SGLang, specdec's)"),
+    "export-eagle3": Verb("module:train.commands.export_head", "export-head's first name, for EAGLE-3 heads"),
     "prompts": Verb("module:train.commands.make_prompts", "make single-turn prompts from a text file"),
     "peers": Verb("module:train.commands.train_peers", "train speculators' and SpecForge's heads on a specdec cache "
                                                        "(make setup-interop)"),

@@ -1,26 +1,33 @@
-"""An EAGLE-3 head written in another layout: specdec export-eagle3 and the recipe's export step.
+"""A trained head written in another layout: specdec export-head and the recipe's export step.
 
-`ExportJob` holds what the command line gives (the head in any layout, the output folder, the
-layout, the target, the drafting to serve); `check` refuses bad input in one line before anything
-loads, and `export_head` loads the head for its target (`specdec_models.export.load_hf_run`) and
-writes it (`specdec_models.export.eagle3.save_eagle3`).
+`ExportJob` holds what the command line gives (the head of any kind in any layout, the output
+folder, the layout, the target, the drafting to serve); `check` refuses bad input in one line before
+anything loads, a layout the head's kind has none of included (SGLang's DFlash reads z-lab's own
+checkpoint layout, which specdec does not write; SGLang has no P-EAGLE), and `export_head` loads the
+head for its target and writes it with its kind's writer (`WRITERS`: `save_eagle3`, `save_dflash`,
+`save_peagle`).
 
 `Drafting` is how many tokens a server drafts per step with the head, and where that number comes
 from: written into the speculators layout as `speculative_tokens`, printed with vLLM's
 `num_speculative_tokens` and SGLang's `--speculative-num-steps` (docs/serving.md). It is the
 drafting that was evaluated: a chain of gamma G drafts G tokens, a tree of depth D drafts paths D
-tokens deep; or the number given (`--speculative-tokens N`); without either, the chain
-specdec evaluate evaluates by default (gamma 5, `specdec_models.export.eagle3.SPECULATIVE_TOKENS`).
+tokens deep; or the number given (`--speculative-tokens N`); without either, the chain specdec
+evaluate drafts by default: 5 for an EAGLE-3 head (`specdec_models.export.eagle3.SPECULATIVE_TOKENS`),
+the whole block for a block head (one pass drafts it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from specdec_models.errors import check, check_positive_int
 
 LAYOUTS = ("specdec", "speculators", "sglang")
+# why a head kind has no layout of that name (`specdec_models.export.heads.HEADS` says which it has)
+NO_LAYOUT = {("dflash", "sglang"): "SGLang's DFlash reads z-lab's own checkpoint layout, which specdec does not write",
+             ("peagle", "sglang"): "SGLang has no P-EAGLE layout, and an EAGLE-3 one cannot hold its mask inputs"}
 
 
 @dataclass(frozen=True)
@@ -61,11 +68,12 @@ class Drafting:
 
 @dataclass(frozen=True)
 class ExportJob:
-    """head: the eagle3 head to read (specdec's hf_eagle3 export, speculators' or SGLang's layout);
+    """head: the head to read, of any kind and layout `specdec_models.export.heads.detect_head` knows;
     out_dir: the folder to write in `layout`; target: the model directory or GGUF file (None: the
     one a specdec export records); verifier: the speculators layout's verifier name or path (None:
     the target); force: replace out_dir whatever it holds (never an input); drafting: the tokens
-    a server drafts per step, written into the speculators layout (None: `Drafting.of()`)."""
+    a server drafts per step, written into the speculators layout (None: an EAGLE-3 head's
+    `Drafting.of()`, a block head's whole block)."""
 
     head: str
     out_dir: str
@@ -76,7 +84,8 @@ class ExportJob:
     drafting: Drafting | None = None
 
     def check(self) -> None:
-        """The layout, the verifier's use and the output folder, before anything loads."""
+        """The layout, the verifier's use and the output folder, before anything loads (the head
+        need not exist yet: the recipe checks its jobs before it trains)."""
         from specdec_models.files import check_not_input
 
         check(self.layout in LAYOUTS, f"--layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
@@ -85,18 +94,56 @@ class ExportJob:
             check_positive_int(self.drafting.tokens, "--speculative-tokens")
         check_not_input(self.out_dir, [self.head, self.target], "OUT_DIR")
 
+    def head_kind(self):
+        """The head's `FoundHead` (kind and layout, from its config alone), one line when its kind has
+        no `layout` (`NO_LAYOUT` says why)."""
+        from specdec_models.export.heads import detect_head
 
-def export_head(job: ExportJob) -> Path:
-    """Load job.head for its target and write it to job.out_dir in job.layout; returns the folder."""
-    from specdec_models.export import load_hf_run
+        found = detect_head(self.head)
+        names = found.kind.layout_names
+        check(self.layout in names, f"a {found.kind.name} head has no {self.layout} layout "
+                                    f"({NO_LAYOUT.get((found.kind.name, self.layout), 'none exists')}): "
+                                    f"--layout {' or '.join(names)}")
+        return found
+
+
+def writers() -> dict:
+    """{head kind: its writer}: each `save_KIND(directory, head, layout, *, target_path, verifier,
+    speculative_tokens, force)`."""
+    from specdec_models.export.dflash import save_dflash
     from specdec_models.export.eagle3 import save_eagle3
+    from specdec_models.export.peagle import save_peagle
+
+    return {"eagle3": save_eagle3, "dflash": save_dflash, "peagle": save_peagle}
+
+
+class Exported(NamedTuple):
+    """What `export_head` wrote: the folder, and the drafting written (or, for a layout without a
+    place for it, the one a server should be given)."""
+
+    path: Path
+    drafting: Drafting
+
+
+def export_head(job: ExportJob) -> Exported:
+    """Load job.head for its target and write it to job.out_dir in job.layout."""
+    from specdec_models.decode.block_draft import is_block_head
+    from specdec_models.export.heads import load_any_head
+    from specdec_models.export.load import recorded_target
+    from specdec_models.hf import load_causal_lm
 
     job.check()
-    run = load_hf_run(job.target, eagle3=job.head)
+    found = job.head_kind()
+    target = load_causal_lm(job.target or recorded_target(job.head, found.layout), what="target")   # fp32
+    head = load_any_head(job.head, target)
+    save = writers()[found.kind.name]
+    drafting = job.drafting or (Drafting(head.max_gamma, "not given: the whole block, drafted in one pass")
+                                if is_block_head(head) else Drafting.of())
     if job.layout == "specdec":
-        return save_eagle3(job.out_dir, run.prophet, "specdec", target_path=job.target, force=job.force)
-    if job.layout == "speculators":
-        drafting = job.drafting or Drafting.of()
-        return save_eagle3(job.out_dir, run.prophet, "speculators", verifier=job.verifier or job.target,
-                           speculative_tokens=drafting.tokens, force=job.force)
-    return save_eagle3(job.out_dir, run.prophet, "sglang", force=job.force)
+        path = save(job.out_dir, head, "specdec", target_path=job.target, force=job.force)
+    elif job.layout == "speculators":
+        path = save(job.out_dir, head, "speculators", verifier=job.verifier or job.target,
+                    speculative_tokens=drafting.tokens, force=job.force)
+    else:
+        path = save(job.out_dir, head, "sglang", force=job.force)
+    return Exported(Path(path), drafting)

@@ -25,10 +25,10 @@ cache resume batch by batch inside their step):
    specdec export (OUT/<kind>/export);
 6. peers (`--peers`): vLLM's speculators' and SpecForge's trainers on the same cache for the same
    minutes (`specdec peers`, in their own environment: `make setup-interop`);
-7. export (with eagle3 among the kinds): the eagle3 head in the speculators and SGLang layouts
-   (`train.eagle3_export`), the speculators
-   layout's `speculative_tokens` the evaluated chain's gamma (or `--speculative-tokens`), printed and
-   recorded with where it comes from;
+7. export: the eagle3 head in the speculators and SGLang layouts (`train.eagle3_export`), the
+   speculators layout's `speculative_tokens` the evaluated chain's gamma (or `--speculative-tokens`),
+   printed and recorded with where it comes from; each block head in speculators' layout
+   (OUT/<kind>/export_speculators), drafting its whole block;
 8. evaluate: MT-Bench and HumanEval, T=0 and T=1 (`train.bench.eval_job`): each kind's head as a
    chain and as a tree, side by side (one --head per kind), the peers' heads and prompt lookup; tau
    on every prompt of `--subset`, the speed-up over plain decoding on `--speed-subset` of them, batch 1;
@@ -279,7 +279,7 @@ def check_later_steps(s: Settings, out: Path) -> None:
 
     for kind in s.heads:
         train_config(s, out, s.held_out, kind)
-    for job in export_jobs(s, out):
+    for job in export_jobs(s, out).values():
         job.check()
     check_job(eval_job(s, out), heads_exist=False)
     if s.peers:
@@ -568,21 +568,33 @@ def train_config(s: Settings, out: Path, held_out_rows: int, kind: str = "eagle3
 def drafting(s: Settings, out: Path):
     """The tokens per step the export writes (`train.eagle3_export.Drafting`): --speculative-tokens,
     else the gamma of the chain the evaluate step drafts (a server such as vLLM drafts a chain)."""
+    from train.bench.eval_job import CHAIN
+
     from .eagle3_export import Drafting
 
-    return Drafting.of(s.speculative_tokens, gamma=eval_job(s, out).gamma)
+    gamma = eval_job(s, out).gamma
+    return Drafting.of(s.speculative_tokens, gamma=CHAIN if gamma is None else gamma)
 
 
 def export_jobs(s: Settings, out: Path) -> list:
-    """The export step: the trained eagle3 head in the speculators and SGLang layouts (none without
-    eagle3 among the kinds: the others' exports are their runs' own, OUT/<kind>/export)."""
+    """The export step, {name: ExportJob} in --head's order: the eagle3 head in the speculators and
+    SGLang layouts (OUT/export_speculators, OUT/export_sglang: names "speculators" and "sglang",
+    drafting `drafting`), each block head in speculators' layout (OUT/<kind>/export_speculators:
+    name "<kind>:speculators", drafting its whole block); SGLang has no layout specdec writes for
+    those (`train.eagle3_export.NO_LAYOUT`)."""
     from .eagle3_export import ExportJob
 
-    if "eagle3" not in s.heads:
-        return []
-    plan = drafting(s, out)
-    return [ExportJob(str(out / "eagle3" / "export"), str(out / f"export_{layout}"), layout, s.target, force=True,
-                      drafting=plan) for layout in ("speculators", "sglang")]
+    jobs = {}
+    for kind in s.heads:
+        head = str(out / kind / "export")
+        if kind == "eagle3":
+            plan = drafting(s, out)
+            jobs |= {layout: ExportJob(head, str(out / f"export_{layout}"), layout, s.target, force=True,
+                                       drafting=plan) for layout in ("speculators", "sglang")}
+        else:
+            jobs[f"{kind}:speculators"] = ExportJob(head, str(out / kind / "export_speculators"), "speculators",
+                                                    s.target, force=True)
+    return jobs
 
 
 def eval_job(s: Settings, out: Path):
@@ -635,8 +647,9 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class ExportResult:
-    """The export step's folders, {layout: path}, and the tokens a server drafts per step written
-    into the speculators layout, with where that number comes from."""
+    """The export step's folders, {name: path} (`export_jobs`' names), and the tokens a server drafts
+    per step written into the first one's speculators layout (the eagle3 head's, when it is among
+    the kinds), with where that number comes from."""
 
     layouts: dict[str, str]
     speculative_tokens: int
@@ -698,15 +711,15 @@ def step_peers(s: Settings, out: Path, held_out_rows: int, rows: int) -> None:
 
 
 def step_export(s: Settings, out: Path) -> ExportResult:
-    """Step 7: `train.eagle3_export.export_head` for each layout; prints the tokens per step written."""
+    """Step 7: `train.eagle3_export.export_head` for each of `export_jobs`; prints each one's
+    folder and the tokens per step written."""
     from .eagle3_export import export_head
 
-    jobs = export_jobs(s, out)
-    layouts = {job.layout: str(export_head(job)) for job in jobs}
-    plan = jobs[0].drafting
-    for job in jobs:
-        print(f"[export] {job.layout}: {layouts[job.layout]}; {plan.describe(job.layout)}", flush=True)
-    return ExportResult(layouts, plan.tokens, plan.source)
+    done = {name: export_head(job) for name, job in export_jobs(s, out).items()}
+    for name, result in done.items():
+        print(f"[export] {name}: {result.path}; {result.drafting.describe(name.rpartition(':')[2])}", flush=True)
+    first = next(iter(done.values())).drafting
+    return ExportResult({name: str(result.path) for name, result in done.items()}, first.tokens, first.source)
 
 
 def step_evaluate(s: Settings, out: Path) -> EvaluateResult:
@@ -722,7 +735,8 @@ def markers(out: Path, heads: Sequence[str] = ("eagle3",)) -> dict[str, Path]:
     return {"data": out / "data" / "data.json", "answers": out / "answers" / "answers.json",
             "cache": out / "cache" / "cache.json", "draft_vocab": out / "draft_vocab.json",
             "train": out / heads[-1] / "export" / "config.json", "peers": out / "peers" / "peers.json",
-            "export": out / "export_sglang" / "config.json",
+            "export": (out / "export_sglang" if heads[-1] == "eagle3" else out / heads[-1] / "export_speculators")
+            / "config.json",
             "evaluate": out / "report" / "evaluation" / "evaluation.json", "report": out / "report" / "steps.md"}
 
 

@@ -20,7 +20,7 @@
 - `hf_draft`: a draft causal LM as a Hugging Face model directory for transformers' assisted
   generation and vLLM (`save_hf_draft`, `check_hf_draft_dir`; task=hf_draft_distill's export);
 - `load`: a Hugging Face target with a draft or a head loaded and checked for decoding
-  (`load_hf_run`, `HFRun`; `encode_prompt`), what the decoding CLI and `specdec export-eagle3` call.
+  (`load_hf_run`, `HFRun`; `encode_prompt`), what the decoding CLI and `specdec export-head` call.
 
 Every writer is atomic: a crash leaves the previous export readable (see each module).
 """

@@ -44,7 +44,7 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
     check(sum(x is not None for x in (draft, prophet, eagle3)) <= 1,
           "give one of a draft, a prophet head or an eagle3 head, not several")
     if eagle3 is not None and target is None:
-        target = _recorded_target(eagle3)
+        target = recorded_target(eagle3, detect_layout(eagle3))
     head_config = read_export_config(prophet) if prophet is not None else None
     if head_config is not None:
         check(head_config["kind"] == "hf_prophet",
@@ -75,17 +75,17 @@ def load_hf_run(target: str | os.PathLike | None, draft: str | os.PathLike | Non
     return HFRun(target_model, tokenizer, draft_model, head, vocab_size)
 
 
-def _recorded_target(directory: str | os.PathLike) -> str:
-    """The target an eagle3 head names: a specdec export's target path, a speculators head's
-    verifier if it is a local path; else a one-line error asking for the target."""
-    layout = detect_layout(directory)
+def recorded_target(directory: str | os.PathLike, layout: str) -> str:
+    """The target a head of any kind in `layout` names (`export.heads.detect_head` tells the
+    layout): a specdec export's target path, a speculators head's verifier if it is a local path;
+    else a one-line error asking for the target."""
     ask = "give the target: --hf-model DIR or --gguf FILE"
     if layout == "specdec":
         recorded = read_export_config(directory)["target"].get("path")
         check(recorded is not None, f"the head in {directory} records no target path: {ask}")
         return recorded
     if layout == "speculators":
-        config = read_json_object(Path(directory, "config.json"), "give an eagle3 head directory")
+        config = read_json_object(Path(directory, "config.json"), "give a head directory")
         name = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         check(isinstance(name, str) and os.path.exists(name),
               f"the head in {directory} names its verifier {name!r}, not a local path: {ask}")

@@ -20,6 +20,7 @@ from typing import Any
 from specdec_models.errors import SpecdecError, check
 
 RESERVED = ("plain", "lookup")
+CHAIN = 5                # an EAGLE-3 head's chain without --gamma (the export's SPECULATIVE_TOKENS)
 TREE_COLUMNS = ("+tree", "+tree+lookup")     # NAME+tree: the head's own tree; NAME+tree+lookup: with SPEC's lookup
 
 
@@ -35,7 +36,7 @@ class EvalJob:
     target: str
     heads: tuple[str, ...] = ()
     tree: str | None = None
-    gamma: int = 5
+    gamma: int | None = None        # None: each head's own chain (`own_gamma`)
     lookup: str | None = None
     benchmarks: str = "mt_bench,humaneval"
     subset: str | None = None
@@ -133,7 +134,7 @@ def check_job(job: EvalJob, *, load_prompts: bool = True, heads_exist: bool = Tr
         check(name in SOURCES, f"unknown benchmark {name!r}: choose from {', '.join(sorted(SOURCES))}")
     check(len(set(names)) == len(names), f"--benchmarks names one twice: {job.benchmarks}")
     temperatures = parse_temperatures(job.temperatures)
-    check(job.gamma >= 1, f"--gamma must be >= 1, got {job.gamma}")
+    check(job.gamma is None or job.gamma >= 1, f"--gamma must be >= 1, got {job.gamma}")
     check(job.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {job.max_new_tokens}")
     check(job.tau_batch >= 1, f"--tau-batch must be >= 1, got {job.tau_batch}")
     check(job.threads is None or job.threads >= 1, f"--threads must be >= 1, got {job.threads}")
@@ -255,9 +256,20 @@ def drafters_for(heads: dict, tree, lookup: tuple[int, int] | None) -> dict:
     return drafters
 
 
-def head_columns(heads: dict, found: dict, paths: dict[str, str], gamma: int, tree) -> dict:
+def own_gamma(head, gamma: int | None) -> int:
+    """The chain head `head` drafts per round: `gamma` (--gamma), capped at a block head's block;
+    without it, a block head's whole block (one pass drafts every position, so a shorter chain saves
+    no drafting) and an EAGLE-3 head's `CHAIN` (each token one more pass of the head)."""
+    from specdec_models.decode.block_draft import is_block_head
+
+    if is_block_head(head):
+        return head.max_gamma if gamma is None else min(gamma, head.max_gamma)
+    return CHAIN if gamma is None else gamma
+
+
+def head_columns(heads: dict, found: dict, paths: dict[str, str], gamma: int | None, tree) -> dict:
     """What the report says of each head: {"heads": {name: {"path", "kind", "layout", "gamma" (its
-    chain's length: --gamma, capped at a block head's block), "tree_depth" (its tree's, with --tree)}},
+    chain's length, `own_gamma`), "tree_depth" (its tree's, with --tree)}},
     "skipped": {column: why}} (a block head's NAME+tree+lookup, when --tree has a lookup part)."""
     from specdec_models.decode.block_draft import is_block_head
 
@@ -266,7 +278,7 @@ def head_columns(heads: dict, found: dict, paths: dict[str, str], gamma: int, tr
         block = is_block_head(head)
         kind = found[name].kind.name
         entry = {"path": str(paths[name]), "kind": kind, "layout": found[name].layout,
-                 "gamma": min(gamma, head.max_gamma) if block else gamma}
+                 "gamma": own_gamma(head, gamma)}
         if tree is not None:
             entry["tree_depth"] = block_tree(tree, head).depth if block else tree.depth
             if block and tree.lookup:
@@ -290,8 +302,8 @@ def score_benchmark(hf, drafters, name: str, c: CheckedEval, job: EvalJob, stric
     from train.bench.evaluate import acceptance, contexts, evaluate
 
     prompts = c.prompts[name]
-    common = {"gamma": job.gamma, "gammas": gammas, "vocab_size": hf.vocab_size, "batch": job.tau_batch,
-              "progress": progress}
+    common = {"gamma": CHAIN if job.gamma is None else job.gamma, "gammas": gammas, "vocab_size": hf.vocab_size,
+              "batch": job.tau_batch, "progress": progress}
     turns = contexts(hf.target, hf.tokenizer, prompts, job.max_new_tokens, c.kwargs, **common)
     picked = across_categories(prompts, c.speed[name])
     decoded: dict = {}

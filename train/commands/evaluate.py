@@ -9,9 +9,10 @@ each drafter only, chains `--tau-batch` turns per call; speed-up and tokens/s fr
 1, interleaved prompt by prompt. Drafters: each `--head NAME=PATH` (a head of any kind
 `specdec_models.export.heads` loads, told by its export: EAGLE-3 in specdec's hf_eagle3,
 speculators' or SGLang's layout, so heads trained by speculators or SpecForge too; DFlash in
-specdec's or speculators' layout) as a chain of `--gamma` tokens (a block head's capped at its
-block), with `--tree SPEC` also as the head's own tree (column NAME+tree; a block head's: top-k per
-position, the depth capped at its block) and, when SPEC has a lookup part, as that tree with a
+specdec's or speculators' layout) as a chain of `--gamma` tokens (capped at a block head's block;
+without it, 5 for an EAGLE-3 head and the whole block for a block head), with `--tree SPEC` also as
+the head's own tree (column NAME+tree; a block head's: top-k per position, the depth capped at its
+block) and, when SPEC has a lookup part, as that tree with a
 looked-up path (NAME+tree+lookup; skipped, said on stderr, for a block head, whose tree takes none);
 with `--lookup` prompt lookup is its own baseline column. The report names each head's kind. OUT
 (`--out`) gets evaluation.json, evaluation.md and evaluation.png (`train.bench.eval_report`) per
@@ -48,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "SGLang layout; dflash and peagle: specdec or speculators layout); repeatable")
     add_tree_argument(p, "also draft each head as a tree: column NAME+tree without the tree's lookup part, and "
                          "NAME+tree+lookup with it (e.g. 6,3,1,4..16,0.3)")
-    p.add_argument("--gamma", type=int, default=5, help="tokens a head's chain drafts per round (default 5)")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="tokens a head's chain drafts per round, capped at a block head's block (default: 5 "
+                        "for an EAGLE-3 head, one per pass; a block head's whole block, drafted in one pass)")
     p.add_argument("--lookup", nargs="?", const="4..16", metavar="N[..MAX]",
                    help="prompt lookup as a baseline drafter, its own column (default 4..16 when given bare)")
     p.add_argument("--benchmarks", default="mt_bench,humaneval", help="comma-separated (default mt_bench,humaneval)")
