@@ -4,7 +4,7 @@
 folder, the layout, the target, the drafting to serve); `check` refuses bad input in one line before
 anything loads, a layout the head's kind has none of included (SGLang's DFlash reads z-lab's own
 checkpoint layout, which specdec does not write; SGLang has no P-EAGLE), and `export_head` loads the
-head for its target and writes it with its kind's writer (`WRITERS`: `save_eagle3`, `save_dflash`,
+head for its target and writes it with its kind's writer (`writers`: `save_eagle3`, `save_dflash`,
 `save_peagle`).
 
 `Drafting` is how many tokens a server drafts per step with the head, and where that number comes
@@ -131,13 +131,15 @@ def export_head(job: ExportJob) -> Exported:
     from specdec_models.export.heads import load_any_head
     from specdec_models.export.load import recorded_target
     from specdec_models.hf import load_causal_lm
+    from train.bench.eval_job import own_gamma
 
     job.check()
     found = job.head_kind()
     target = load_causal_lm(job.target or recorded_target(job.head, found.layout), what="target")   # fp32
     head = load_any_head(job.head, target)
     save = writers()[found.kind.name]
-    drafting = job.drafting or (Drafting(head.max_gamma, "not given: the whole block, drafted in one pass")
+    # without a drafting given, the chain specdec evaluate drafts by default (`own_gamma`)
+    drafting = job.drafting or (Drafting(own_gamma(head, None), "not given: the whole block, drafted in one pass")
                                 if is_block_head(head) else Drafting.of())
     if job.layout == "specdec":
         path = save(job.out_dir, head, "specdec", target_path=job.target, force=job.force)
